@@ -1,0 +1,129 @@
+"""The ``dbgext`` console entry and the shared runner for ``commands/*.py``.
+
+One registry of commands: every capability package exposes a ``COMMAND`` (or
+``COMMANDS``) in its ``command`` module, listed in ``COMMAND_MODULES``.
+"""
+
+import argparse
+import importlib
+import sys
+import traceback
+
+from .command import Context
+from .errors import DbgextError
+from .render.output import Output
+from .target import open_dump
+
+COMMAND_MODULES = [
+    "dbgext.basic.command",
+    "dbgext.sample.command",
+    "dbgext.rtltrace.command",
+    "dbgext.etwcache.command",
+    "dbgext.ipt.command",
+    "dbgext.stackuse.command",
+    "dbgext.triage.command",
+]
+
+
+def load_commands():
+    commands = []
+    for module_name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as error:
+            # A capability that is not built yet is simply absent.
+            if getattr(error, "name", None) and module_name.startswith(error.name):
+                continue
+            raise
+        commands.extend(getattr(module, "COMMANDS", None) or [module.COMMAND])
+    return commands
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of calling sys.exit inside WinDbg (where exit
+    would end the debugger's Python, not the command)."""
+
+    def error(self, message):
+        raise _UsageError("%s: error: %s" % (self.prog, message), self.format_usage())
+
+
+class _UsageError(Exception):
+    def __init__(self, message, usage):
+        super().__init__(message)
+        self.usage = usage
+
+
+def add_target_options(parser):
+    parser.add_argument("--dump", metavar="FILE", help="kernel crash/live dump or minidump to analyse "
+                        "(inside WinDbg: default is the current target)")
+    parser.add_argument("--symbols", metavar="PATH", action="append",
+                        help="ISF symbol file or directory (repeatable; default: <dump>.symbols/ or "
+                        "symbols/ beside the dump)")
+
+
+def build_parser(commands, prog="dbgext"):
+    parser = _Parser(prog=prog, description="Windows kernel and driver debugging analyses "
+                     "(WinDbg via pykd, or offline over dumps).")
+    parser.add_argument("--debug", action="store_true", help="show Python tracebacks for internal errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for command in commands:
+        command_parser = sub.add_parser(command.name, help=command.help, description=command.help)
+        if command.needs_target:
+            add_target_options(command_parser)
+        if command.json_option:
+            command_parser.add_argument("--json", action="store_true", help="print one JSON document")
+        command.add_arguments(command_parser)
+        command_parser.set_defaults(_command=command)
+    return parser
+
+
+def open_target(args, windbg):
+    if getattr(args, "dump", None):
+        return open_dump(args.dump, symbols=args.symbols)
+    if windbg:
+        from .target.pykd_backend import open_pykd_target
+        return open_pykd_target()
+    raise DbgextError("no target: give --dump FILE (or run inside WinDbg with pykd)")
+
+
+def main(argv=None, windbg=False, stream=None):
+    """Run one command; returns the exit code.  Never lets a traceback reach the
+    user unless --debug is given."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    out = Output(stream)
+    commands = load_commands()
+    prog = "!py dbgext" if windbg else "dbgext"
+    parser = build_parser(commands, prog=prog)
+    try:
+        args = parser.parse_args(argv)
+    except _UsageError as error:
+        out.line(error.usage.rstrip())
+        out.line(str(error))
+        return 2
+    except SystemExit as exit_request:  # -h / --help
+        return exit_request.code or 0
+    if not getattr(args, "_command", None):
+        out.lines(parser.format_help().rstrip().split("\n"))
+        return 2
+    ctx = Context(args, out=out, windbg=windbg, target_factory=lambda a: open_target(a, windbg))
+    try:
+        return args._command.run(ctx, args) or 0
+    except DbgextError as error:
+        out.line("error: %s" % error)
+        return 1
+    except KeyboardInterrupt:
+        out.line("interrupted")
+        return 130
+    except Exception as error:  # a bug in dbgext: one line unless asked for more
+        if args.debug:
+            out.lines(traceback.format_exc().rstrip().split("\n"))
+        else:
+            out.line("internal error: %s: %s (run with --debug for the traceback)"
+                     % (type(error).__name__, error))
+        return 3
+    finally:
+        ctx.close()
+
+
+def console_main():
+    sys.exit(main())

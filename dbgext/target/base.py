@@ -1,0 +1,488 @@
+"""The memory layer every analysis reads through.
+
+A *backend* knows how to fetch one 4 KiB page of the target's virtual memory (from
+pykd, a kernel dump, a minidump, or an in-memory image).  A :class:`Target` puts a
+page cache in front of it and offers typed readers, so walkers may read field by
+field while the backend only ever sees page-sized requests — the debugger round
+trip (or kdmp-parser's ~28 µs page conversion) is paid once per page, not per field.
+
+Every reader either returns data or raises :class:`UnreadableMemory` naming the
+first address it could not read; :meth:`Target.try_read` is the non-raising form
+that returns what it could read plus the holes (Fay's TryRead).
+"""
+
+import struct
+from collections import OrderedDict
+
+from ..errors import UnreadableMemory
+from .symbols import SymbolTable
+
+PAGE_SIZE = 0x1000
+PAGE_MASK = ~(PAGE_SIZE - 1)
+
+ARCH_POINTER_SIZE = {"x64": 8, "x86": 4}
+
+
+class Module(object):
+    """A loaded image: debugger name (``nt``, ``ntdll``), base, size, file name."""
+
+    __slots__ = ("name", "base", "size", "image")
+
+    def __init__(self, name, base, size, image=None):
+        self.name = name
+        self.base = base
+        self.size = size
+        self.image = image or name
+
+    @property
+    def end(self):
+        return self.base + self.size
+
+    def contains(self, address):
+        return self.base <= address < self.base + self.size
+
+    def __repr__(self):
+        return "Module(%r, 0x%x, 0x%x)" % (self.name, self.base, self.size)
+
+    def __eq__(self, other):
+        return isinstance(other, Module) and (self.name, self.base, self.size) == (
+            other.name, other.base, other.size)
+
+    def __hash__(self):
+        return hash((self.name, self.base, self.size))
+
+
+class Backend(object):
+    """What a memory source must provide.  Subclasses override the page reader.
+
+    ``read_page(page_address)`` returns exactly PAGE_SIZE bytes or None when the page
+    is not present.  ``read_pages`` may be overridden when the source can return a
+    run of pages more cheaply than one at a time.
+    """
+
+    arch = "x64"
+    kind = "memory"  # "kernel-dump", "minidump", "pykd", "image"
+
+    def read_page(self, page_address):
+        raise NotImplementedError
+
+    def read_pages(self, page_address, count):
+        read = self.read_page
+        return [read(page_address + i * PAGE_SIZE) for i in range(count)]
+
+    def mapped_ranges(self):
+        """Readable virtual ranges as sorted, non-overlapping (start, end) pairs,
+        or None when the source cannot enumerate them (a live session)."""
+        return None
+
+    def modules(self):
+        return []
+
+    def symbols(self):
+        return SymbolTable()
+
+    def info(self):
+        """Facts about the target for triage: kind, build, bug check, context..."""
+        return {"kind": self.kind, "arch": self.arch}
+
+    def close(self):
+        pass
+
+
+class ReadStats(object):
+    """Counters for benchmarks: what the analyses asked for and what the backend did."""
+
+    __slots__ = ("reads", "bytes_read", "backend_calls", "backend_pages", "cache_hits")
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.reads = 0
+        self.bytes_read = 0
+        self.backend_calls = 0
+        self.backend_pages = 0
+        self.cache_hits = 0
+
+    def as_dict(self):
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+class PartialRead(object):
+    """Result of :meth:`Target.try_read`: ``data`` has the requested length with
+    unreadable bytes zero-filled; ``holes`` lists the unreadable (start, end) ranges."""
+
+    __slots__ = ("address", "data", "holes")
+
+    def __init__(self, address, data, holes):
+        self.address = address
+        self.data = data
+        self.holes = holes
+
+    @property
+    def complete(self):
+        return not self.holes
+
+    def readable(self, address, size):
+        """True when [address, address+size) lies in the read and in no hole."""
+        if address < self.address or address + size > self.address + len(self.data):
+            return False
+        for start, end in self.holes:
+            if start < address + size and address < end:
+                return False
+        return True
+
+
+class ListWalk(object):
+    """Entries of a LIST_ENTRY list, and why the walk stopped if not at the head."""
+
+    __slots__ = ("entries", "problem", "problem_address")
+
+    def __init__(self):
+        self.entries = []
+        self.problem = None  # None | "cycle" | "unreadable" | "limit" | "null_link"
+        self.problem_address = None
+
+
+class Target(object):
+    """Typed, cached, read-only access to a target's virtual memory plus its
+    symbols, types and modules."""
+
+    def __init__(self, backend, cache_pages=8192, symbols=None):
+        self.backend = backend
+        self.arch = backend.arch
+        self.pointer_size = ARCH_POINTER_SIZE[self.arch]
+        self._ptr_fmt = "<Q" if self.pointer_size == 8 else "<I"
+        self._ptr_char = "Q" if self.pointer_size == 8 else "I"
+        self.address_mask = (1 << (8 * self.pointer_size)) - 1
+        self.stats = ReadStats()
+        self._cache = OrderedDict()
+        self._cache_limit = cache_pages
+        self._modules = None
+        self._symbols = symbols
+
+    # -- pages ------------------------------------------------------------------
+
+    def _pages(self, first_page, count):
+        """Pages [first_page, first_page + count*PAGE_SIZE) as a list of bytes|None."""
+        cache = self._cache
+        if count == 1:
+            page = cache.get(first_page, False)
+            if page is not False:
+                self.stats.cache_hits += 1
+                return [page]
+            self.stats.backend_calls += 1
+            self.stats.backend_pages += 1
+            page = self.backend.read_page(first_page)
+            self._remember(first_page, page)
+            return [page]
+        result = [cache.get(first_page + i * PAGE_SIZE, False) for i in range(count)]
+        # Fetch each run of missing pages with one backend call.
+        i = 0
+        while i < count:
+            if result[i] is not False:
+                self.stats.cache_hits += 1
+                i += 1
+                continue
+            j = i
+            while j < count and result[j] is False:
+                j += 1
+            run_start = first_page + i * PAGE_SIZE
+            fetched = self.backend.read_pages(run_start, j - i)
+            self.stats.backend_calls += 1
+            self.stats.backend_pages += j - i
+            for k, page in enumerate(fetched):
+                result[i + k] = page
+            # Big scans would flush the working set; cache only modest runs.
+            if j - i <= 64:
+                for k, page in enumerate(fetched):
+                    self._remember(run_start + k * PAGE_SIZE, page)
+            i = j
+        return result
+
+    def _remember(self, page_address, page):
+        cache = self._cache
+        cache[page_address] = page
+        if len(cache) > self._cache_limit:
+            cache.popitem(last=False)
+
+    def drop_cache(self):
+        self._cache.clear()
+
+    # -- raw reads --------------------------------------------------------------
+
+    def read(self, address, size):
+        """Exactly ``size`` bytes at ``address``, or UnreadableMemory naming the
+        first unreadable address."""
+        if size < 0:
+            raise ValueError("negative size")
+        self.stats.reads += 1
+        self.stats.bytes_read += size
+        if size == 0:
+            return b""
+        if address < 0 or address + size - 1 > self.address_mask:
+            raise UnreadableMemory(address & self.address_mask, size, "outside the address space")
+        offset = address & (PAGE_SIZE - 1)
+        first = address - offset
+        if offset + size <= PAGE_SIZE:
+            page = self._pages(first, 1)[0]
+            if page is None:
+                raise UnreadableMemory(address, size)
+            return page[offset:offset + size]
+        count = (offset + size + PAGE_SIZE - 1) // PAGE_SIZE
+        pages = self._pages(first, count)
+        for i, page in enumerate(pages):
+            if page is None:
+                raise UnreadableMemory(max(address, first + i * PAGE_SIZE), size)
+        return b"".join(pages)[offset:offset + size]
+
+    def try_read(self, address, size):
+        """Read what can be read: a :class:`PartialRead` whose holes are zero-filled."""
+        self.stats.reads += 1
+        self.stats.bytes_read += size
+        if size <= 0:
+            return PartialRead(address, b"", [])
+        end = address + size
+        if address < 0 or end - 1 > self.address_mask:
+            lo = max(address, 0)
+            hi = min(end, self.address_mask + 1)
+            if lo >= hi:
+                return PartialRead(address, bytes(size), [(address, end)])
+            inner = self.try_read(lo, hi - lo)
+            holes = ([(address, lo)] if address < lo else []) + inner.holes + (
+                [(hi, end)] if hi < end else [])
+            return PartialRead(address, bytes(lo - address) + inner.data + bytes(end - hi), holes)
+        offset = address & (PAGE_SIZE - 1)
+        first = address - offset
+        count = (offset + size + PAGE_SIZE - 1) // PAGE_SIZE
+        pages = self._pages(first, count)
+        holes = []
+        zero = None
+        for i, page in enumerate(pages):
+            if page is None:
+                if zero is None:
+                    zero = bytes(PAGE_SIZE)
+                pages[i] = zero
+                start = max(address, first + i * PAGE_SIZE)
+                stop = min(end, first + (i + 1) * PAGE_SIZE)
+                if holes and holes[-1][1] == start:
+                    holes[-1] = (holes[-1][0], stop)
+                else:
+                    holes.append((start, stop))
+        return PartialRead(address, b"".join(pages)[offset:offset + size], holes)
+
+    def is_readable(self, address, size=1):
+        if size <= 0:
+            return True
+        if address < 0 or address + size - 1 > self.address_mask:
+            return False
+        offset = address & (PAGE_SIZE - 1)
+        first = address - offset
+        count = (offset + size + PAGE_SIZE - 1) // PAGE_SIZE
+        return all(page is not None for page in self._pages(first, count))
+
+    # -- typed reads ------------------------------------------------------------
+
+    def unpack(self, fmt, address):
+        """struct.unpack(fmt, memory at address); fmt must be little-endian ('<...')."""
+        return struct.unpack(fmt, self.read(address, struct.calcsize(fmt)))
+
+    def u8(self, address):
+        return self.read(address, 1)[0]
+
+    def u16(self, address):
+        return struct.unpack("<H", self.read(address, 2))[0]
+
+    def u32(self, address):
+        return struct.unpack("<I", self.read(address, 4))[0]
+
+    def i32(self, address):
+        return struct.unpack("<i", self.read(address, 4))[0]
+
+    def u64(self, address):
+        return struct.unpack("<Q", self.read(address, 8))[0]
+
+    def pointer(self, address):
+        return struct.unpack(self._ptr_fmt, self.read(address, self.pointer_size))[0]
+
+    def array(self, type_char, address, count):
+        """``count`` little-endian values of struct type ``type_char`` ('I', 'Q', 'H'...)."""
+        fmt = "<%d%s" % (count, type_char)
+        return list(struct.unpack(fmt, self.read(address, struct.calcsize(fmt))))
+
+    def pointers(self, address, count):
+        return self.array(self._ptr_char, address, count)
+
+    def cstring(self, address, max_length=0x1000, encoding="latin-1"):
+        """A NUL-terminated narrow string (at most ``max_length`` bytes, stopping at
+        the first unreadable page)."""
+        return self._terminated(address, max_length, 1).decode(encoding, "replace")
+
+    def wstring(self, address, max_chars=0x1000):
+        return self._terminated(address, max_chars * 2, 2).decode("utf-16-le", "replace")
+
+    def _terminated(self, address, max_bytes, unit):
+        chunks = []
+        total = 0
+        cursor = address
+        terminator = b"\0" * unit
+        while total < max_bytes:
+            span = min(PAGE_SIZE - (cursor & (PAGE_SIZE - 1)), max_bytes - total)
+            span -= span % unit if span >= unit else 0
+            if span <= 0:
+                span = unit
+            data = self.read(cursor, span)
+            for index in range(0, len(data) - unit + 1, unit):
+                if data[index:index + unit] == terminator:
+                    chunks.append(data[:index])
+                    return b"".join(chunks)
+            chunks.append(data)
+            total += len(data)
+            cursor += len(data)
+        return b"".join(chunks)[:max_bytes]
+
+    def unicode_string(self, address, max_chars=0x8000):
+        """A UNICODE_STRING {u16 Length, u16 MaximumLength, PWSTR Buffer}."""
+        length, maximum = struct.unpack("<HH", self.read(address, 4))
+        buffer = self.pointer(address + self.pointer_size)
+        if length == 0:
+            return ""
+        if length > maximum or length & 1:
+            from ..errors import BadInput
+            raise BadInput("corrupt UNICODE_STRING at 0x%x (Length %d, MaximumLength %d)"
+                           % (address, length, maximum))
+        return self.read(buffer, min(length, max_chars * 2)).decode("utf-16-le", "replace")
+
+    def walk_list(self, head, max_entries=100000, link_offset=0):
+        """Follow Flink from a LIST_ENTRY head until it returns to the head.
+
+        Returns a :class:`ListWalk` with the entry (LIST_ENTRY) addresses in order;
+        a cycle that does not pass through the head, an unreadable link, a NULL link
+        or more than ``max_entries`` entries stop the walk with ``problem`` set.
+        """
+        walk = ListWalk()
+        seen = {head}
+        current = head
+        while True:
+            try:
+                nxt = self.pointer(current + link_offset)
+            except UnreadableMemory:
+                walk.problem, walk.problem_address = "unreadable", current
+                return walk
+            if nxt == head:
+                return walk
+            if nxt == 0:
+                walk.problem, walk.problem_address = "null_link", current
+                return walk
+            if nxt in seen:
+                walk.problem, walk.problem_address = "cycle", nxt
+                return walk
+            if len(walk.entries) >= max_entries:
+                walk.problem, walk.problem_address = "limit", nxt
+                return walk
+            seen.add(nxt)
+            walk.entries.append(nxt)
+            current = nxt
+
+    def readable_ranges(self, start=0, end=None):
+        """Yield (start, end) ranges of readable memory within [start, end).
+
+        Uses the backend's map when it has one; otherwise probes page by page,
+        which is only sensible over a bounded range."""
+        if end is None:
+            end = self.address_mask + 1
+        mapped = self.backend.mapped_ranges()
+        if mapped is not None:
+            for lo, hi in mapped:
+                lo, hi = max(lo, start), min(hi, end)
+                if lo < hi:
+                    yield lo, hi
+            return
+        run_start = None
+        page = start & PAGE_MASK
+        while page < end:
+            if self._pages(page, 1)[0] is not None:
+                if run_start is None:
+                    run_start = max(page, start)
+            elif run_start is not None:
+                yield run_start, page
+                run_start = None
+            page += PAGE_SIZE
+        if run_start is not None:
+            yield run_start, end
+
+    def scan(self, pattern, start=0, end=None, chunk=0x100000, alignment=1, limit=100000):
+        """Addresses of ``pattern`` (bytes) in readable memory, in ascending order."""
+        found = []
+        overlap = len(pattern) - 1
+        for lo, hi in self.readable_ranges(start, end):
+            cursor = lo
+            while cursor < hi:
+                stop = min(hi, cursor + chunk)
+                data = self.try_read(cursor, stop - cursor + overlap if stop < hi else stop - cursor).data
+                index = data.find(pattern)
+                while index != -1:
+                    address = cursor + index
+                    if address >= stop:
+                        break
+                    if address % alignment == 0:
+                        found.append(address)
+                        if len(found) >= limit:
+                            return found
+                    index = data.find(pattern, index + 1)
+                cursor = stop
+        return found
+
+    # -- modules and symbols ------------------------------------------------------
+
+    def modules(self):
+        if self._modules is None:
+            self._modules = sorted(self.backend.modules(), key=lambda m: m.base)
+        return self._modules
+
+    def module_at(self, address):
+        for module in self.modules():
+            if module.contains(address):
+                return module
+        return None
+
+    def module_named(self, name):
+        wanted = name.lower()
+        for module in self.modules():
+            if module.name.lower() == wanted or module.image.lower() == wanted:
+                return module
+        return None
+
+    @property
+    def symbols(self):
+        if self._symbols is None:
+            self._symbols = self.backend.symbols()
+            self._symbols.bind(self.modules())
+        return self._symbols
+
+    def symbol_address(self, name):
+        """``module!name`` or bare ``name`` -> address, or None."""
+        return self.symbols.address(name)
+
+    def symbolize(self, address):
+        """``module!symbol+0xoff``, ``module+0xoff`` or ``0x...`` — never raises."""
+        return self.symbols.describe(address)
+
+    def field_offset(self, type_name, field):
+        """Offset of ``field`` (dotted paths allowed) in ``type_name``, or None."""
+        return self.symbols.field_offset(type_name, field)
+
+    def type_size(self, type_name):
+        return self.symbols.type_size(type_name)
+
+    def info(self):
+        return self.backend.info()
+
+    def close(self):
+        self.backend.close()
+
+    def format_address(self, address):
+        """WinDbg style: 64-bit as ``fffff800`00001000``, 32-bit as ``80001000``."""
+        if self.pointer_size == 8:
+            return "%08x`%08x" % (address >> 32, address & 0xFFFFFFFF)
+        return "%08x" % address
