@@ -41,7 +41,14 @@ def load_commands():
 
 class _Parser(argparse.ArgumentParser):
     """argparse that raises instead of calling sys.exit inside WinDbg (where exit
-    would end the debugger's Python, not the command)."""
+    would end the debugger's Python, not the command), and prints help through the
+    command's Output (the debugger's stdout takes str only)."""
+
+    output_stream = None
+
+    def _print_message(self, message, file=None):
+        if message:
+            (self.output_stream or sys.stdout).write(message)
 
     def error(self, message):
         raise _UsageError("%s: error: %s" % (self.prog, message), self.format_usage())
@@ -61,11 +68,14 @@ def add_target_options(parser):
                         "symbols/ beside the dump)")
 
 
-def build_parser(commands, prog="dbgext"):
-    parser = _Parser(prog=prog, description="Windows kernel and driver debugging analyses "
+def build_parser(commands, prog="dbgext", stream=None):
+    class Parser(_Parser):
+        output_stream = stream
+
+    parser = Parser(prog=prog, description="Windows kernel and driver debugging analyses "
                      "(WinDbg via pykd, or offline over dumps).")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks for internal errors")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for command in commands:
         command_parser = sub.add_parser(command.name, help=command.help, description=command.help)
         if command.needs_target:
@@ -93,7 +103,7 @@ def main(argv=None, windbg=False, stream=None):
     out = Output(stream)
     commands = load_commands()
     prog = "!py dbgext" if windbg else "dbgext"
-    parser = build_parser(commands, prog=prog)
+    parser = build_parser(commands, prog=prog, stream=out.stream)
     try:
         args = parser.parse_args(argv)
     except _UsageError as error:

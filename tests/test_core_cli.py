@@ -1,0 +1,42 @@
+"""The dbgext console entry: one-line errors, exit codes, never a traceback."""
+
+import io
+
+from dbgext.cli import main
+
+
+def run(*argv):
+    stream = io.StringIO()
+    code = main(list(argv), stream=stream)
+    return code, stream.getvalue()
+
+
+def test_no_command_prints_help_and_fails():
+    code, text = run()
+    assert code == 2 and "COMMAND" in text
+
+
+def test_an_unknown_command_is_a_usage_error_not_a_crash():
+    code, text = run("no-such-command")
+    assert code == 2 and "invalid choice" in text and "Traceback" not in text
+
+
+def test_a_missing_dump_file_is_a_one_line_error(tmp_path):
+    code, text = run("lm", "--dump", str(tmp_path / "missing.dmp"))
+    assert code == 1
+    assert text.startswith("error: cannot open") and len(text.strip().split("\n")) == 1
+
+
+def test_a_file_that_is_not_a_dump_is_rejected_by_signature(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_bytes(b"hello world, not a dump")
+    code, text = run("lm", "--dump", str(path))
+    assert code == 1 and "is not a Windows dump" in text
+
+
+def test_help_is_available_for_every_command():
+    from dbgext.cli import load_commands
+    for command in load_commands():
+        code, text = run(command.name, "-h")
+        assert code == 0, command.name
+        assert "usage:" in text.lower() or "usage" in text
