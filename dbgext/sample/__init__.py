@@ -1,0 +1,81 @@
+"""The bundled sample: a Windows x64 kernel crash dump (with ISF symbol files) that
+carries one of everything dbgext analyses — a trace database, an ETW logger with a
+stack cache, an IPT event with the code it traced, and a driver image with a thread
+running through it.  ``dbgext sample --out DIR`` writes it; ``dbgext demo`` builds it
+(once, in a cache directory) and runs the analyses on it.
+
+Each capability contributes its part through its fixtures module; a capability
+that is not installed is left out of the sample (and the manifest says so).
+"""
+
+import importlib
+import io
+import json
+import os
+
+from ..testing.scenario import Scenario
+
+NT_BASE = 0xFFFFF80000000000
+NT_SIZE = 0x100000
+HAL_BASE = 0xFFFFF80000400000
+
+# (fixtures module, function, manifest key): each adds its structures to the scenario.
+CONTRIBUTIONS = [
+    ("dbgext.rtltrace.fixtures", "add_sample_database", "rtltrace"),
+    ("dbgext.etwcache.fixtures", "add_sample_logger", "etwstacks"),
+    ("dbgext.ipt.fixtures", "add_sample_trace", "ipt"),
+    ("dbgext.stackuse.fixtures", "add_sample_driver", "stackuse"),
+]
+
+NT_SYMBOLS = {
+    "KiSystemStartup": 0x1000, "KeBugCheckEx": 0x2000, "KiPageFault": 0x3000,
+    "ExAllocatePool2": 0x4000, "ExFreePoolWithTag": 0x4400, "IofCallDriver": 0x5000,
+    "IopfCompleteRequest": 0x5400, "KeWaitForSingleObject": 0x6000, "KiSwapContext": 0x6400,
+    "ObReferenceObjectByHandle": 0x7000, "NtDeviceIoControlFile": 0x8000, "KiSystemCall64": 0x9000,
+    "RtlStackTraceHashFunction": 0xA000, "EtwpTraceStackKey": 0xB000,
+}
+
+
+def build_sample_scenario():
+    """The sample's Scenario and a manifest of what each capability placed where."""
+    scenario = Scenario(arch="x64", mode="kernel", build=19041)
+    scenario.add_module("nt", NT_BASE, NT_SIZE, image="ntoskrnl.exe")
+    scenario.add_module("hal", HAL_BASE, 0x10000, image="hal.dll")
+    for name, rva in NT_SYMBOLS.items():
+        scenario.add_symbol("nt", name, rva)
+    scenario.add_symbol("hal", "HalRequestSoftwareInterrupt", 0x1200)
+    manifest = {"format": 1, "contents": {}, "missing": []}
+    for module_name, function_name, key in CONTRIBUTIONS:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            manifest["missing"].append(key)
+            continue
+        manifest["contents"][key] = getattr(module, function_name)(scenario)
+    if scenario.bugcheck == (0, 0, 0, 0, 0):
+        scenario.bugcheck = (0xD1, 0x10, 2, 0, NT_BASE + NT_SYMBOLS["IofCallDriver"] + 0x40)
+    return scenario, manifest
+
+
+def write_sample(directory):
+    """Write ``sample.dmp``, its ISF symbols (``sample.dmp.symbols/``) and
+    ``sample.json`` (the manifest) into ``directory``; returns the dump path."""
+    os.makedirs(directory, exist_ok=True)
+    scenario, manifest = build_sample_scenario()
+    dump_path = os.path.join(directory, "sample.dmp")
+    scenario.write_kernel_dump(dump_path)
+    scenario.write_symbols(dump_path + ".symbols")
+    with io.open(os.path.join(directory, "sample.json"), "w", encoding="utf-8") as handle:
+        json.dump(manifest, handle, indent=1, default=_jsonable)
+    return dump_path
+
+
+def _jsonable(value):
+    if hasattr(value, "name") and hasattr(value, "base"):
+        return {"name": value.name, "base": value.base, "size": value.size}
+    raise TypeError("not JSON serialisable: %r" % (value,))
+
+
+def load_manifest(directory):
+    with io.open(os.path.join(directory, "sample.json"), "r", encoding="utf-8") as handle:
+        return json.load(handle)

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The test suite, as README.md gives it: under the default python3 and under
+# Python 3.8 (the oldest CPython pykd runs on inside WinDbg), each in its own venv.
+# Exits non-zero if either run fails or collects no tests (pytest exit code 5).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+run_suite() {
+    local python=$1 venv=$2 extras=$3
+    [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[$extras]"
+    echo "== tests under $("$venv/bin/python" --version)"
+    "$venv/bin/python" -m pytest -q -p no:cacheprovider
+}
+
+run_suite python3 .venv "dumps,triage,test"
+PYENV_VERSION=3.8.18 run_suite python3.8 .venv38 "dumps,triage,test"
