@@ -1,0 +1,191 @@
+"""Layouts of the Windows dump file structures and thread contexts.
+
+One table per structure, shared by the fixture writers (``dbgext.testing``) and
+the dump readers (``dbgext.target.kdump`` / ``dbgext.target.minidump``).  Because
+writer and reader share these numbers, the tests cross-check every file through
+independent parsers (kdmp-parser, ``minidump``) — a wrong offset here cannot hide.
+Facts: /work/shared/reference/dump-formats.md (DUMP_HEADER64, _SUMMARY_DUMP64,
+MINIDUMP_* from the Windows headers).
+"""
+
+PAGE_SIZE = 0x1000
+
+# -- kernel crash dump ----------------------------------------------------------
+
+# DUMP_HEADER64: offsets from the start of the file.  Unset bytes hold "PAGE".
+DUMP_HEADER64 = {
+    "size": 0x2000,
+    "Signature": 0x000,             # b"PAGE"
+    "ValidDump": 0x004,             # b"DU64" (b"DUMP" = 32-bit dump)
+    "MajorVersion": 0x008,
+    "MinorVersion": 0x00C,          # build number
+    "DirectoryTableBase": 0x010,
+    "PfnDataBase": 0x018,
+    "PsLoadedModuleList": 0x020,
+    "PsActiveProcessHead": 0x028,
+    "MachineImageType": 0x030,
+    "NumberProcessors": 0x034,
+    "BugCheckCode": 0x038,
+    "BugCheckParameters": 0x040,    # 4 x u64
+    "VersionUser": 0x060,
+    "KdDebuggerDataBlock": 0x080,
+    "PhysicalMemoryBlock": 0x088,   # u32 NumberOfRuns, u32 pad, u64 NumberOfPages
+    "PhysicalMemoryRuns": 0x098,    # {u64 BasePage, u64 PageCount} x NumberOfRuns
+    "ContextRecord": 0x348,
+    "Exception": 0xF00,             # EXCEPTION_RECORD64
+    "DumpType": 0xF98,
+    "RequiredDumpSpace": 0xFA0,
+    "SystemTime": 0xFA8,
+    "Comment": 0xFB0,
+    "SystemUpTime": 0x1030,
+    "MiniDumpFields": 0x1038,
+    "SecondaryDataState": 0x103C,
+    "ProductType": 0x1040,
+    "SuiteMask": 0x1044,
+    "WriterStatus": 0x1048,
+    "Unused1": 0x104C,
+    "KdSecondaryVersion": 0x104D,
+    "Attributes": 0x1050,
+    "BootId": 0x1054,
+}
+MAX_PHYSICAL_RUNS = 42                # what fits in the 700-byte PhysicalMemoryBlock
+UNSET_U32 = 0x45474150                # "PAGE" read as a u32
+UNSET_U64 = 0x4547415045474150
+MACHINE_AMD64 = 0x8664
+
+DUMP_TYPE_FULL = 1
+DUMP_TYPE_BITMAP = 5
+DUMP_TYPE_LIVE_BITMAP = 6
+DUMP_KIND = {
+    DUMP_TYPE_FULL: "kernel-dump",
+    DUMP_TYPE_BITMAP: "kernel-bitmap-dump",
+    DUMP_TYPE_LIVE_BITMAP: "live-kernel-dump",
+}
+
+# _SUMMARY_DUMP64 (bitmap dumps), offsets from file offset 0x2000.
+SUMMARY_DUMP64 = {
+    "offset": 0x2000,
+    "Signature": 0x00,              # b"SDMP" (kernel bitmap) or b"FDMP" (full bitmap)
+    "ValidDump": 0x04,              # b"DUMP"
+    "FirstPage": 0x20,              # absolute file offset of the first page
+    "TotalPresentPages": 0x28,
+    "Pages": 0x30,                  # number of bits, one per PFN
+    "Bitmap": 0x38,
+}
+
+# EXCEPTION_RECORD64 (kernel header) and MINIDUMP_EXCEPTION share this layout.
+EXCEPTION_RECORD64 = {
+    "size": 0x98,
+    "ExceptionCode": 0x00,
+    "ExceptionFlags": 0x04,
+    "ExceptionRecord": 0x08,
+    "ExceptionAddress": 0x10,
+    "NumberParameters": 0x18,
+    "ExceptionInformation": 0x20,   # 15 x u64
+}
+
+# x64 paging: 4-level tables, 512 entries each.
+PTE_PRESENT = 0x1
+PTE_WRITE = 0x2
+PTE_USER = 0x4
+PTE_ACCESSED = 0x20
+PTE_DIRTY = 0x40
+PTE_LARGE = 0x80                      # PS bit in a PDPTE (1 GiB) or PDE (2 MiB)
+PTE_PROTOTYPE = 0x400                 # Windows software bits of a not-present PTE
+PTE_TRANSITION = 0x800
+PTE_PFN_MASK = 0x000FFFFFFFFFF000
+LARGE_2M_PFN_MASK = 0x000FFFFFFFE00000
+LARGE_1G_PFN_MASK = 0x000FFFFFC0000000
+
+# _KLDR_DATA_TABLE_ENTRY (x64), the entries of nt!PsLoadedModuleList.
+KLDR_DATA_TABLE_ENTRY_X64 = {
+    "size": 0xA0,
+    "InLoadOrderLinks": 0x00,
+    "DllBase": 0x30,
+    "EntryPoint": 0x38,
+    "SizeOfImage": 0x40,
+    "FullDllName": 0x48,
+    "BaseDllName": 0x58,
+}
+
+# -- thread contexts --------------------------------------------------------------
+
+# AMD64 CONTEXT (0x4D0 bytes).  Register offsets, value sizes in bytes.
+CONTEXT_AMD64 = {
+    "size": 0x4D0,
+    "flags": 0x10001F,              # AMD64 | CONTROL | INTEGER | SEGMENTS | FLOATING_POINT | DEBUG
+    "ContextFlags": 0x30,
+    "MxCsr": 0x34,
+    "FltSave.MxCsr": 0x118,
+    "registers": {
+        "cs": (0x38, 2), "ds": (0x3A, 2), "es": (0x3C, 2), "fs": (0x3E, 2), "gs": (0x40, 2),
+        "ss": (0x42, 2), "efl": (0x44, 4),
+        "dr0": (0x48, 8), "dr1": (0x50, 8), "dr2": (0x58, 8), "dr3": (0x60, 8),
+        "dr6": (0x68, 8), "dr7": (0x70, 8),
+        "rax": (0x78, 8), "rcx": (0x80, 8), "rdx": (0x88, 8), "rbx": (0x90, 8),
+        "rsp": (0x98, 8), "rbp": (0xA0, 8), "rsi": (0xA8, 8), "rdi": (0xB0, 8),
+        "r8": (0xB8, 8), "r9": (0xC0, 8), "r10": (0xC8, 8), "r11": (0xD0, 8),
+        "r12": (0xD8, 8), "r13": (0xE0, 8), "r14": (0xE8, 8), "r15": (0xF0, 8),
+        "rip": (0xF8, 8),
+    },
+    # What a kernel thread's segment registers and flags hold when nothing is given.
+    "defaults": {"cs": 0x10, "ds": 0x2B, "es": 0x2B, "fs": 0x53, "gs": 0x2B, "ss": 0x18,
+                 "efl": 0x40202},
+}
+
+# x86 CONTEXT (0x2CC bytes): FLOATING_SAVE_AREA (112 bytes) at 0x1C, then the
+# segment and integer registers, then 512 bytes of ExtendedRegisters.
+CONTEXT_X86 = {
+    "size": 0x2CC,
+    "flags": 0x1003F,               # i386 | CONTROL | INTEGER | SEGMENTS | FLOATING_POINT | DEBUG | EXTENDED
+    "ContextFlags": 0x00,
+    "registers": {
+        "dr0": (0x04, 4), "dr1": (0x08, 4), "dr2": (0x0C, 4), "dr3": (0x10, 4),
+        "dr6": (0x14, 4), "dr7": (0x18, 4),
+        "gs": (0x8C, 4), "fs": (0x90, 4), "es": (0x94, 4), "ds": (0x98, 4),
+        "edi": (0x9C, 4), "esi": (0xA0, 4), "ebx": (0xA4, 4), "edx": (0xA8, 4),
+        "ecx": (0xAC, 4), "eax": (0xB0, 4), "ebp": (0xB4, 4), "eip": (0xB8, 4),
+        "cs": (0xBC, 4), "efl": (0xC0, 4), "esp": (0xC4, 4), "ss": (0xC8, 4),
+    },
+    "defaults": {"cs": 0x23, "ds": 0x2B, "es": 0x2B, "fs": 0x53, "gs": 0x2B, "ss": 0x2B,
+                 "efl": 0x202},
+}
+
+CONTEXTS = {"x64": CONTEXT_AMD64, "x86": CONTEXT_X86}
+
+# -- user-mode minidump -------------------------------------------------------------
+
+MINIDUMP_SIGNATURE = b"MDMP"
+MINIDUMP_VERSION = 0xA793
+MINIDUMP_HEADER_SIZE = 0x20
+MINIDUMP_DIRECTORY_ENTRY_SIZE = 12
+MINIDUMP_STREAM = {
+    "ThreadList": 3,
+    "ModuleList": 4,
+    "MemoryList": 5,
+    "Exception": 6,
+    "SystemInfo": 7,
+    "Memory64List": 9,
+}
+MINIDUMP_SYSTEM_INFO_SIZE = 56
+MINIDUMP_MODULE_SIZE = 108
+MINIDUMP_THREAD_SIZE = 48
+MINIDUMP_MEMORY_DESCRIPTOR_SIZE = 16
+MINIDUMP_MEMORY_DESCRIPTOR64_SIZE = 16
+# MINIDUMP_EXCEPTION_STREAM: u32 ThreadId, u32 pad, MINIDUMP_EXCEPTION (EXCEPTION_RECORD64
+# layout), then the thread's context location {u32 DataSize, u32 Rva}.
+MINIDUMP_EXCEPTION_STREAM = {"ThreadId": 0x00, "ExceptionRecord": 0x08, "ThreadContext": 0xA0,
+                             "size": 0xA8}
+PROCESSOR_ARCHITECTURE = {"x64": 9, "x86": 0}
+ARCH_OF_PROCESSOR = {9: "x64", 0: "x86"}
+
+# TEB -> PEB -> RTL_USER_PROCESS_PARAMETERS, per arch: what a process's first
+# thread points at (the ``minidump`` package walks it when a thread list exists).
+PROCESS_BLOCKS = {
+    "x64": {"teb_size": 0x1000, "Teb.Peb": 0x60, "peb_size": 0x400, "Peb.ImageBaseAddress": 0x10,
+            "Peb.ProcessParameters": 0x20, "params_size": 0x400, "Params.Environment": 0x80,
+            "Params.strings": (0x38, 0x50, 0x60, 0x70, 0xB0)},
+    "x86": {"teb_size": 0x1000, "Teb.Peb": 0x30, "peb_size": 0x250, "Peb.ImageBaseAddress": 0x08,
+            "Peb.ProcessParameters": 0x10, "params_size": 0x2A0, "Params.Environment": 0x48,
+            "Params.strings": (0x24, 0x30, 0x38, 0x40, 0x70)},
+}

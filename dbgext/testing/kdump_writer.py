@@ -1,0 +1,297 @@
+"""Write a Scenario as a Windows x64 kernel crash dump (PAGEDU64).
+
+The writer plays the part of the machine: it assigns physical pages to the
+scenario's virtual pages, builds x64 4-level page tables for them (with a PML4
+self-map entry and the PML4 at a conventional physical address, so the
+page-table scans of memory-forensics tools find it), and writes either a full
+dump (DumpType 1: run table + pages) or a bitmap dump (DumpType 5/6: a
+``_SUMMARY_DUMP64`` bitmap + pages).  Facts: shared/reference/dump-formats.md.
+
+Two levels:
+- :func:`write_kernel_dump` (what ``Scenario.write_kernel_dump`` calls);
+- :func:`write_physical_dump`, which writes any physical memory image with any
+  DTB — tests use it to hand-craft page tables (1 GiB pages, transition PTEs,
+  broken tables) that a scenario cannot express.
+"""
+
+import struct
+
+from ..layouts.dump_formats import (
+    CONTEXT_AMD64, DUMP_HEADER64, DUMP_TYPE_BITMAP, DUMP_TYPE_FULL, DUMP_TYPE_LIVE_BITMAP,
+    EXCEPTION_RECORD64, MACHINE_AMD64, MAX_PHYSICAL_RUNS, PAGE_SIZE, PTE_ACCESSED, PTE_DIRTY,
+    PTE_LARGE, PTE_PFN_MASK, PTE_PRESENT, PTE_USER, PTE_WRITE, SUMMARY_DUMP64)
+from .scenario import KUSER_SHARED_DATA
+
+DEFAULT_DTB = 0x1A0000              # where Windows' boot PML4 conventionally sits
+PREFERRED_SELF_MAP_INDEX = 0x1ED    # the pre-1607 fixed self-map slot (0xFFFFF6FB7DBED000)
+LARGE_PAGE = 0x200000
+# Physical layout: page tables from the DTB up, then data pages in a few runs
+# separated by one-page holes, so readers must honour the run table.
+DATA_PHYSICAL_BASE = 0x1000000
+PAGES_PER_DATA_RUN = 0x1000
+TABLE_FLAGS = PTE_PRESENT | PTE_WRITE | PTE_ACCESSED | PTE_DIRTY
+BREAKPOINT_EXCEPTION = 0x80000003
+
+
+def is_canonical(address):
+    top = address >> 47
+    return top == 0 or top == 0x1FFFF
+
+
+def write_kernel_dump(scenario, path, bitmap=False, dump_type=None, large_pages=True):
+    """Write ``scenario`` (x64, kernel mode) as a kernel crash dump; returns ``path``.
+
+    ``bitmap`` selects DumpType 5 over 1; ``dump_type`` may force 1, 5 or 6
+    (live kernel dump).  With ``large_pages``, every 2 MiB-aligned, fully mapped
+    2 MiB of virtual memory is mapped by one large-page PDE."""
+    if scenario.arch != "x64" or scenario.mode != "kernel":
+        raise ValueError("kernel dumps need an x64 kernel-mode scenario, not %s/%s"
+                         % (scenario.arch, scenario.mode))
+    if dump_type is None:
+        dump_type = DUMP_TYPE_BITMAP if bitmap else DUMP_TYPE_FULL
+    if not scenario.ps_loaded_module_list and scenario.modules:
+        scenario.build_loaded_module_list()
+    if KUSER_SHARED_DATA["x64"] not in scenario.pages:
+        scenario.map_kuser_shared_data()
+    virtual_pages = {va: bytes(data) for va, data in scenario.pages.items()
+                     if va not in scenario.excluded_pages}
+    physical, dtb = build_physical_memory(virtual_pages, large_pages=large_pages)
+    header = KernelDumpHeader(
+        directory_table_base=dtb,
+        build=scenario.build,
+        bugcheck=scenario.bugcheck,
+        registers=scenario.registers,
+        system_time=scenario.system_time,
+        ps_loaded_module_list=scenario.ps_loaded_module_list,
+        ps_active_process_head=getattr(scenario, "ps_active_process_head", 0),
+        kd_debugger_data_block=scenario.kd_debugger_data_block,
+    )
+    return write_physical_dump(path, physical, header, dump_type)
+
+
+class KernelDumpHeader(object):
+    """The DUMP_HEADER64 facts a writer fills in (everything else stays "PAGE")."""
+
+    def __init__(self, directory_table_base=DEFAULT_DTB, build=19041, bugcheck=(0, 0, 0, 0, 0),
+                 registers=None, system_time=0, ps_loaded_module_list=0, ps_active_process_head=0,
+                 kd_debugger_data_block=0, processors=1):
+        self.directory_table_base = directory_table_base
+        self.build = build
+        self.bugcheck = tuple(bugcheck) + (0,) * (5 - len(bugcheck))
+        self.registers = dict(registers or {})
+        self.system_time = system_time
+        self.ps_loaded_module_list = ps_loaded_module_list
+        self.ps_active_process_head = ps_active_process_head
+        self.kd_debugger_data_block = kd_debugger_data_block
+        self.processors = processors
+
+
+# -- physical layout and page tables -------------------------------------------------
+
+
+def build_physical_memory(virtual_pages, large_pages=True):
+    """Assign physical pages to ``virtual_pages`` ({va: 4 KiB bytes}) and build the
+    page tables mapping them.  Returns ({pa: 4 KiB bytes}, dtb)."""
+    for va in virtual_pages:
+        if va & (PAGE_SIZE - 1) or not is_canonical(va):
+            raise ValueError("virtual page 0x%x is not a canonical page address" % va)
+    ordered = sorted(virtual_pages)
+    large_regions = []
+    if large_pages:
+        large_regions = _fully_mapped_large_regions(ordered)
+    in_large = set(large_regions)
+    small = [va for va in ordered if (va & ~(LARGE_PAGE - 1)) not in in_large]
+
+    physical = {}
+    # Data: large pages first (2 MiB-aligned physical frames), then 4 KiB pages in
+    # runs separated by a one-page hole.
+    cursor = DATA_PHYSICAL_BASE
+    leaf_of = {}  # va -> (pa, is_large)
+    for region in large_regions:
+        for i in range(0, LARGE_PAGE, PAGE_SIZE):
+            physical[cursor + i] = virtual_pages[region + i]
+        leaf_of[region] = (cursor, True)
+        cursor += LARGE_PAGE
+    for index, va in enumerate(small):
+        if index and index % PAGES_PER_DATA_RUN == 0:
+            cursor += PAGE_SIZE
+        physical[cursor] = virtual_pages[va]
+        leaf_of[va] = (cursor, False)
+        cursor += PAGE_SIZE
+
+    used_pml4 = {(va >> 39) & 0x1FF for va in ordered}
+    self_map = _self_map_index(used_pml4)
+    tables = _PageTables(DEFAULT_DTB, data_floor=DATA_PHYSICAL_BASE)
+    for va, (pa, is_large) in sorted(leaf_of.items()):
+        flags = TABLE_FLAGS | (PTE_USER if va >> 47 == 0 else 0)
+        if is_large:
+            tables.map_large(va, pa, flags)
+        else:
+            tables.map_page(va, pa, flags)
+    tables.set_entry(DEFAULT_DTB, self_map, DEFAULT_DTB | TABLE_FLAGS)
+    for pa, table in tables.pages.items():
+        physical[pa] = bytes(table)
+    return physical, DEFAULT_DTB
+
+
+def _fully_mapped_large_regions(ordered_pages):
+    counts = {}
+    for va in ordered_pages:
+        region = va & ~(LARGE_PAGE - 1)
+        counts[region] = counts.get(region, 0) + 1
+    return sorted(region for region, count in counts.items() if count == LARGE_PAGE // PAGE_SIZE)
+
+
+def _self_map_index(used_pml4):
+    if PREFERRED_SELF_MAP_INDEX not in used_pml4:
+        return PREFERRED_SELF_MAP_INDEX
+    for index in range(0x1FF, 0x100, -1):
+        if index not in used_pml4:
+            return index
+    raise ValueError("no free kernel PML4 slot for the page-table self-map")
+
+
+class _PageTables(object):
+    """x64 4-level tables allocated upward from the DTB (the PML4 itself)."""
+
+    def __init__(self, dtb, data_floor):
+        self.dtb = dtb
+        self.pages = {dtb: bytearray(PAGE_SIZE)}
+        self._next = dtb + PAGE_SIZE
+        self._floor = data_floor
+
+    def _allocate(self):
+        if self._next >= self._floor:
+            raise ValueError("too many page tables for the physical layout")
+        pa = self._next
+        self._next += PAGE_SIZE
+        self.pages[pa] = bytearray(PAGE_SIZE)
+        return pa
+
+    def set_entry(self, table_pa, index, value):
+        struct.pack_into("<Q", self.pages[table_pa], index * 8, value)
+
+    def _child(self, table_pa, index, flags):
+        entry = struct.unpack_from("<Q", self.pages[table_pa], index * 8)[0]
+        if entry & PTE_PRESENT:
+            return entry & PTE_PFN_MASK
+        child = self._allocate()
+        self.set_entry(table_pa, index, child | flags)
+        return child
+
+    def _pd(self, va, flags):
+        pdpt = self._child(self.dtb, (va >> 39) & 0x1FF, flags)
+        return self._child(pdpt, (va >> 30) & 0x1FF, flags)
+
+    def map_large(self, va, pa, flags):
+        self.set_entry(self._pd(va, flags), (va >> 21) & 0x1FF, pa | flags | PTE_LARGE)
+
+    def map_page(self, va, pa, flags):
+        pt = self._child(self._pd(va, flags), (va >> 21) & 0x1FF, flags)
+        self.set_entry(pt, (va >> 12) & 0x1FF, pa | flags)
+
+
+# -- the file ------------------------------------------------------------------------------
+
+
+def physical_runs(page_addresses):
+    """Sorted page addresses -> [(first PFN, page count)] of contiguous frames."""
+    runs = []
+    for pa in sorted(page_addresses):
+        pfn = pa >> 12
+        if runs and runs[-1][0] + runs[-1][1] == pfn:
+            runs[-1][1] += 1
+        else:
+            runs.append([pfn, 1])
+    return [tuple(run) for run in runs]
+
+
+def write_physical_dump(path, physical, header, dump_type=DUMP_TYPE_FULL):
+    """Write {pa: 4 KiB bytes} as a kernel dump of ``dump_type`` (1, 5 or 6); returns path."""
+    if dump_type not in (DUMP_TYPE_FULL, DUMP_TYPE_BITMAP, DUMP_TYPE_LIVE_BITMAP):
+        raise ValueError("cannot write DumpType %r" % (dump_type,))
+    for pa, data in physical.items():
+        if pa & (PAGE_SIZE - 1) or len(data) != PAGE_SIZE:
+            raise ValueError("physical page 0x%x must be page-aligned and 4 KiB long" % pa)
+    runs = physical_runs(physical)
+    if len(runs) > MAX_PHYSICAL_RUNS:
+        raise ValueError("%d physical runs; a dump header holds at most %d"
+                         % (len(runs), MAX_PHYSICAL_RUNS))
+    ordered = sorted(physical)
+    if dump_type == DUMP_TYPE_FULL:
+        prologue = b""
+    else:
+        prologue = _summary_dump(ordered)
+    first_page = DUMP_HEADER64["size"] + len(prologue)
+    file_size = first_page + PAGE_SIZE * len(ordered)
+    head = _dump_header(header, runs, len(ordered), dump_type, file_size)
+    with open(path, "wb") as handle:
+        handle.write(head)
+        handle.write(prologue)
+        for pa in ordered:
+            handle.write(physical[pa])
+    return path
+
+
+def _summary_dump(ordered_pages):
+    """_SUMMARY_DUMP64 + bitmap, zero-padded so the first page is page-aligned."""
+    highest = (ordered_pages[-1] >> 12) + 1 if ordered_pages else 0
+    bit_count = (highest + 63) // 64 * 64  # both parsers agree only on multiples of 64
+    bitmap = bytearray(bit_count // 8)
+    for pa in ordered_pages:
+        pfn = pa >> 12
+        bitmap[pfn >> 3] |= 1 << (pfn & 7)
+    layout = SUMMARY_DUMP64
+    fixed = bytearray(layout["Bitmap"])
+    fixed[layout["Signature"]:layout["Signature"] + 8] = b"SDMPDUMP"
+    unpadded = layout["offset"] + layout["Bitmap"] + len(bitmap)
+    first_page = (unpadded + PAGE_SIZE - 1) & ~(PAGE_SIZE - 1)
+    struct.pack_into("<QQQ", fixed, layout["FirstPage"], first_page, len(ordered_pages), bit_count)
+    return bytes(fixed) + bytes(bitmap) + bytes(first_page - unpadded)
+
+
+def _dump_header(header, runs, page_count, dump_type, file_size):
+    h = DUMP_HEADER64
+    out = bytearray(b"PAGE" * (h["size"] // 4))
+    out[h["ValidDump"]:h["ValidDump"] + 4] = b"DU64"
+    struct.pack_into("<II", out, h["MajorVersion"], 0xF, header.build)
+    struct.pack_into("<QQQQ", out, h["DirectoryTableBase"], header.directory_table_base, 0,
+                     header.ps_loaded_module_list, header.ps_active_process_head)
+    struct.pack_into("<IIII", out, h["MachineImageType"], MACHINE_AMD64, header.processors,
+                     header.bugcheck[0], 0)
+    struct.pack_into("<4Q", out, h["BugCheckParameters"], *header.bugcheck[1:5])
+    out[h["VersionUser"]:h["VersionUser"] + 32] = bytes(32)
+    struct.pack_into("<Q", out, h["KdDebuggerDataBlock"], header.kd_debugger_data_block)
+    struct.pack_into("<IIQ", out, h["PhysicalMemoryBlock"], len(runs), 0, page_count)
+    for index, (base, count) in enumerate(runs):
+        struct.pack_into("<QQ", out, h["PhysicalMemoryRuns"] + 16 * index, base, count)
+    context = pack_context(CONTEXT_AMD64, header.registers)
+    out[h["ContextRecord"]:h["ContextRecord"] + len(context)] = context
+    exception = bytearray(EXCEPTION_RECORD64["size"])
+    struct.pack_into("<IIQQI", exception, 0, BREAKPOINT_EXCEPTION, 0, 0,
+                     header.registers.get("rip", 0), 0)
+    out[h["Exception"]:h["Exception"] + len(exception)] = exception
+    struct.pack_into("<IIQQ", out, h["DumpType"], dump_type, 0, file_size, header.system_time)
+    out[h["Comment"]:h["Comment"] + 128] = bytes(128)
+    struct.pack_into("<QIIIII", out, h["SystemUpTime"], 0, 0, 0, 1, 0x110, 0)
+    struct.pack_into("<BBHII", out, h["Unused1"], 0, 0, 0, 0, 0)
+    return bytes(out)
+
+
+def pack_context(layout, registers):
+    """A CONTEXT (``CONTEXT_AMD64`` or ``CONTEXT_X86`` layout) holding ``registers``
+    ({"rip": ..., "rsp": ...}); unknown register names are an error."""
+    out = bytearray(layout["size"])
+    struct.pack_into("<I", out, layout["ContextFlags"], layout["flags"])
+    if "MxCsr" in layout:
+        # kdmp-parser rejects a CONTEXT whose two MxCsr copies differ.
+        struct.pack_into("<I", out, layout["MxCsr"], 0x1F80)
+        struct.pack_into("<I", out, layout["FltSave.MxCsr"], 0x1F80)
+    values = dict(layout["defaults"])
+    values.update((name.lower(), value) for name, value in registers.items())
+    for name, value in values.items():
+        if name not in layout["registers"]:
+            raise ValueError("unknown register %r for this CONTEXT" % name)
+        offset, size = layout["registers"][name]
+        out[offset:offset + size] = (value & ((1 << (8 * size)) - 1)).to_bytes(size, "little")
+    return bytes(out)
