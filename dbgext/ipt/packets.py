@@ -1,0 +1,432 @@
+"""Layer 1: the Intel PT packet decoder.
+
+Decoding runs on a compiled regular expression: every packet encoding is a fixed
+pattern on its first one to three bytes, so one alternation tokenizes the buffer in
+C.  Runs of TNT-8 bytes and of PAD bytes come out as one token each, which is what
+makes the decoder fast on real traces (TNT-8 bytes dominate them); the consumers
+expand a run byte by byte only when they list packets.
+
+Everything starts at a PSB.  An unknown opcode, a reserved IPBytes value or a packet
+cut off by the end of the buffer is reported with its offset and decoding resumes
+at the next PSB, so the decoder never reads past the buffer and always terminates.
+"""
+
+import re
+import struct
+
+PSB = b"\x02\x82" * 8
+
+# Token kinds yielded by tokens().
+K_TNT8_RUN = 0   # value: the bytes of a run of TNT-8 packets
+K_PAD_RUN = 1    # value: number of PAD bytes
+K_IP = 2         # value: (type name, ipbytes, decompressed ip or None)
+K_TNT64 = 3      # value: bits string
+K_PSB = 4
+K_PSBEND = 5
+K_OVF = 6
+K_MODE = 7       # value: fields dict, type name mode.exec / mode.tsx
+K_OTHER = 8      # value: (type name, fields dict)
+K_ERROR = 9      # value: message
+
+IP_TYPES = {0x01: "tip.pgd", 0x0D: "tip", 0x11: "tip.pge", 0x1D: "fup"}
+# IPBytes -> payload length; 5 and 7 are reserved.
+IP_PAYLOAD = {0: 0, 1: 2, 2: 4, 3: 6, 4: 6, 6: 8}
+EXEC_MODE_NAMES = {(0, 0): "16bit", (0, 1): "32bit", (1, 0): "64bit", (1, 1): "invalid"}
+
+
+def _tnt_bits(value, count):
+    """TNT payload bits, oldest first: the highest payload bit is the oldest."""
+    return "".join("T" if value >> (count - 1 - i) & 1 else "N" for i in range(count))
+
+
+def _tnt8_table():
+    table = {}
+    for byte in range(4, 256, 2):
+        payload = byte >> 1
+        count = payload.bit_length() - 1
+        table[byte] = _tnt_bits(payload & ((1 << count) - 1), count)
+    return table
+
+
+TNT8_BITS = _tnt8_table()  # TNT-8 byte -> "TNNT..." oldest first
+
+
+def _byte_class(values):
+    return b"[" + b"".join(re.escape(bytes([v])) for v in sorted(values)) + b"]"
+
+
+def _build_pattern():
+    ip_opcodes = {length: set() for length in (0, 2, 4, 6, 8)}
+    reserved_ip = set()
+    for low in IP_TYPES:
+        for ipbytes in range(8):
+            opcode = low | (ipbytes << 5)
+            if ipbytes in IP_PAYLOAD:
+                ip_opcodes[IP_PAYLOAD[ipbytes]].add(opcode)
+            else:
+                reserved_ip.add(opcode)
+    tnt8 = [b for b in range(4, 256, 2)]
+    cyc_last = [b for b in range(256) if b & 3 == 3 and not b & 4]
+    cyc_more = [b for b in range(256) if b & 3 == 3 and b & 4]
+    odd = [b for b in range(1, 256, 2)]
+    even = [b for b in range(0, 256, 2)]
+    alternatives = [
+        ("tnt8", _byte_class(tnt8) + b"+"),
+        ("pad", b"\\x00+"),
+        ("ip2", _byte_class(ip_opcodes[2]) + b".."),
+        ("ip0", _byte_class(ip_opcodes[0])),
+        ("ip4", _byte_class(ip_opcodes[4]) + b".{4}"),
+        ("ip6", _byte_class(ip_opcodes[6]) + b".{6}"),
+        ("ip8", _byte_class(ip_opcodes[8]) + b".{8}"),
+        ("mtc", b"\\x59."),
+        ("cyc", _byte_class(cyc_last) + b"|" + _byte_class(cyc_more) + _byte_class(odd) + b"{0,7}"
+         + _byte_class(even)),
+        ("tsc", b"\\x19.{7}"),
+        ("mode", b"\\x99."),
+        ("psb", b"(?:\\x02\\x82){8}"),
+        ("psbend", b"\\x02\\x23"),
+        ("tnt64", b"\\x02\\xa3.{6}"),
+        ("pip", b"\\x02\\x43.{6}"),
+        ("cbr", b"\\x02\\x03.."),
+        ("tma", b"\\x02\\x73.{5}"),
+        ("ovf", b"\\x02\\xf3"),
+        ("vmcs", b"\\x02\\xc8.{5}"),
+        ("stop", b"\\x02\\x83"),
+        ("mnt", b"\\x02\\xc3\\x88.{8}"),
+        ("exstop", b"\\x02[\\x62\\xe2]"),
+        ("mwait", b"\\x02\\xc2.{8}"),
+        ("pwre", b"\\x02\\x22.."),
+        ("pwrx", b"\\x02\\xa2.{5}"),
+        ("ptw4", b"\\x02[\\x12\\x92].{4}"),
+        ("ptw8", b"\\x02[\\x32\\xb2].{8}"),
+        ("bad", b"."),
+    ]
+    source = b"|".join(b"(?P<" + name.encode() + b">" + body + b")" for name, body in alternatives)
+    return re.compile(source, re.DOTALL), reserved_ip
+
+
+PACKET_RE, RESERVED_IP_OPCODES = _build_pattern()
+G = PACKET_RE.groupindex
+G_TNT8, G_PAD, G_IP0, G_IP2, G_IP4, G_IP6, G_IP8 = (
+    G["tnt8"], G["pad"], G["ip0"], G["ip2"], G["ip4"], G["ip6"], G["ip8"])
+G_PSB, G_PSBEND, G_OVF, G_MODE, G_TNT64, G_BAD = (
+    G["psb"], G["psbend"], G["ovf"], G["mode"], G["tnt64"], G["bad"])
+IP_GROUPS = (G_IP0, G_IP2, G_IP4, G_IP6, G_IP8)
+
+# Size of a well-formed packet from its first bytes, for telling "truncated" from "unknown".
+_MIN_SIZES = [(b"\x02\x82", 16), (b"\x02\xa3", 8), (b"\x02\x43", 8), (b"\x02\x03", 4), (b"\x02\x73", 7),
+              (b"\x02\xc8", 7), (b"\x02\xc3", 11), (b"\x02\xc2", 10), (b"\x02\x22", 4), (b"\x02\xa2", 7),
+              (b"\x02\x12", 6), (b"\x02\x92", 6), (b"\x02\x32", 10), (b"\x02\xb2", 10)]
+
+
+def _error_message(data, offset, end):
+    """Why the packet at ``offset`` does not decode."""
+    byte = data[offset]
+    remaining = end - offset
+    if byte in RESERVED_IP_OPCODES:
+        return "%s with reserved IPBytes %d" % (IP_TYPES[byte & 0x1F], byte >> 5)
+    if byte & 0x1F in IP_TYPES:
+        need = 1 + IP_PAYLOAD[byte >> 5]
+    elif byte == 0x19:
+        need = 8
+    elif byte in (0x59, 0x99):
+        need = 2
+    elif byte & 3 == 3:
+        need = None
+        for index in range(offset + 1, min(end, offset + 9)):
+            if not data[index] & 1:
+                break
+        else:
+            if end - offset <= 8:
+                return "truncated cyc packet (%d bytes left)" % remaining
+            return "cyc packet longer than 64 bits"
+    elif byte == 0x02:
+        if remaining < 2:
+            return "truncated extended packet (1 byte left)"
+        need = None
+        for prefix, size in _MIN_SIZES:
+            if data[offset:offset + 2] == prefix:
+                need = size
+        if data[offset + 1] == 0x82 and remaining >= 16:
+            return "malformed psb"
+        if data[offset + 1] == 0xC3 and remaining >= 3 and data[offset + 2] != 0x88:
+            return "unknown opcode 02 c3 %02x" % data[offset + 2]
+        if need is None:
+            return "unknown extended opcode 02 %02x" % data[offset + 1]
+    else:
+        return "unknown opcode %02x" % byte
+    if need is not None and remaining < need:
+        return "truncated packet (%d of %d bytes)" % (remaining, need)
+    return "malformed packet starting %s" % data[offset:offset + 4].hex()
+
+
+def _u(data, start, length):
+    return int.from_bytes(data[start:start + length], "little")
+
+
+def other_fields(name, data, offset):
+    """Payload fields, by name, of a non-IP, non-TNT packet starting at ``offset``."""
+    if name == "tsc":
+        return "tsc", {"tsc": _u(data, offset + 1, 7)}
+    if name == "mtc":
+        return "mtc", {"ctc": data[offset + 1]}
+    if name == "cyc":
+        value = data[offset] >> 3
+        shift = 5
+        index = offset
+        while data[index] & (4 if index == offset else 1):
+            index += 1
+            value |= (data[index] >> 1) << shift
+            shift += 7
+        return "cyc", {"value": value}
+    if name == "pip":
+        payload = _u(data, offset + 2, 6)
+        return "pip", {"cr3": (payload >> 1) << 5, "nr": payload & 1}
+    if name == "cbr":
+        return "cbr", {"ratio": data[offset + 2]}
+    if name == "tma":
+        return "tma", {"ctc": _u(data, offset + 2, 2), "fc": data[offset + 5] | (data[offset + 6] & 1) << 8}
+    if name == "vmcs":
+        return "vmcs", {"base": _u(data, offset + 2, 5) << 12}
+    if name == "mnt":
+        return "mnt", {"payload": _u(data, offset + 3, 8)}
+    if name == "exstop":
+        return "exstop", {"ip": 1 if data[offset + 1] & 0x80 else 0}
+    if name == "mwait":
+        return "mwait", {"hints": _u(data, offset + 2, 4), "ext": _u(data, offset + 6, 4)}
+    if name == "pwre":
+        return "pwre", {"state": data[offset + 3] >> 4, "sub_state": data[offset + 3] & 0xF,
+                        "hw": data[offset + 2] >> 3 & 1}
+    if name == "pwrx":
+        wake = data[offset + 3] & 0xF
+        return "pwrx", {"last": data[offset + 2] >> 4, "deepest": data[offset + 2] & 0xF,
+                        "interrupt": wake & 1, "store": wake >> 2 & 1, "autonomous": wake >> 3 & 1}
+    if name in ("ptw4", "ptw8"):
+        size = 4 if name == "ptw4" else 8
+        return "ptw", {"payload": _u(data, offset + 2, size), "size": size,
+                       "ip": data[offset + 1] >> 7}
+    return name, {}  # stop
+
+
+def mode_fields(payload):
+    if payload >> 5 == 0:
+        csl, csd = payload & 1, payload >> 1 & 1
+        return "mode.exec", {"csl": csl, "csd": csd, "if": payload >> 2 & 1,
+                             "mode": EXEC_MODE_NAMES[(csl, csd)]}
+    if payload >> 5 == 1:
+        return "mode.tsx", {"intx": payload & 1, "abort": payload >> 1 & 1}
+    return None, None
+
+
+_SIGN_BIT_47 = 1 << 47
+_LOW_48 = (1 << 48) - 1
+
+
+def tokens(data, start=0, end=None):
+    """Tokenize ``data[start:end]`` from its first PSB on.
+
+    Yields ``(kind, offset, value)`` (kinds K_*).  Errors come as K_ERROR tokens
+    naming the offset; the tokenizer then resumes at the next PSB.  The first token
+    is an error when the range holds no PSB at all.
+    """
+    if end is None:
+        end = len(data)
+    end = min(end, len(data))
+    position = data.find(PSB, start, end)
+    if position < 0:
+        yield K_ERROR, start, "no PSB in the %d bytes from offset %d" % (max(end - start, 0), start)
+        return
+    last_ip = 0
+    finditer = PACKET_RE.finditer
+    unpack_from = struct.unpack_from
+    while position >= 0:
+        resume = -1
+        for match in finditer(data, position, end):
+            group = match.lastindex
+            offset = match.start()
+            if group == G_TNT8:
+                yield K_TNT8_RUN, offset, match.group()
+            elif group in IP_GROUPS:
+                opcode = data[offset]
+                ipbytes = opcode >> 5
+                if ipbytes == 0:
+                    ip = None
+                elif ipbytes == 1:
+                    ip = last_ip = (last_ip & ~0xFFFF) | unpack_from("<H", data, offset + 1)[0]
+                elif ipbytes == 2:
+                    ip = last_ip = (last_ip & ~0xFFFFFFFF) | unpack_from("<I", data, offset + 1)[0]
+                elif ipbytes == 6:
+                    ip = last_ip = unpack_from("<Q", data, offset + 1)[0]
+                else:
+                    payload = int.from_bytes(data[offset + 1:offset + 7], "little")
+                    if ipbytes == 3:
+                        ip = payload | (0xFFFF << 48) if payload & _SIGN_BIT_47 else payload
+                    else:
+                        ip = (last_ip & ~_LOW_48) | payload
+                    last_ip = ip
+                yield K_IP, offset, (IP_TYPES[opcode & 0x1F], ipbytes, ip)
+            elif group == G_PAD:
+                yield K_PAD_RUN, offset, match.end() - offset
+            elif group == G_PSB:
+                last_ip = 0
+                yield K_PSB, offset, None
+            elif group == G_PSBEND:
+                yield K_PSBEND, offset, None
+            elif group == G_MODE:
+                name, fields = mode_fields(data[offset + 1])
+                if name is None:
+                    yield K_ERROR, offset, "mode packet with unknown leaf %d" % (data[offset + 1] >> 5)
+                    resume = offset + 1
+                    break
+                yield K_MODE, offset, (name, fields)
+            elif group == G_TNT64:
+                payload = int.from_bytes(data[offset + 2:offset + 8], "little")
+                if not payload:
+                    yield K_ERROR, offset, "tnt64 packet without stop bit"
+                    resume = offset + 1
+                    break
+                count = payload.bit_length() - 1
+                yield K_TNT64, offset, _tnt_bits(payload, count)
+            elif group == G_OVF:
+                yield K_OVF, offset, None
+            elif group == G_BAD:
+                yield K_ERROR, offset, _error_message(data, offset, end)
+                resume = offset + 1
+                break
+            else:
+                yield K_OTHER, offset, other_fields(match.lastgroup, data, offset)
+        if resume < 0:
+            return
+        position = data.find(PSB, resume, end)
+
+
+class Packet(object):
+    """One decoded packet: offset in the buffer, type name, size in bytes, payload fields."""
+
+    __slots__ = ("offset", "type", "size", "fields")
+
+    def __init__(self, offset, type, size, fields):
+        self.offset = offset
+        self.type = type
+        self.size = size
+        self.fields = fields
+
+    def as_dict(self):
+        document = {"offset": self.offset, "type": self.type}
+        document.update(self.fields)
+        return document
+
+    def __repr__(self):
+        return "Packet(%d, %r, %r)" % (self.offset, self.type, self.fields)
+
+
+class PacketDecode(object):
+    """Result of decode_packets: packets in order, errors as (offset, message)."""
+
+    __slots__ = ("packets", "errors", "truncated")
+
+    def __init__(self):
+        self.packets = []
+        self.errors = []
+        self.truncated = False  # stopped at max_packets
+
+
+_IP_SIZES = {0: 1, 1: 3, 2: 5, 3: 7, 4: 7, 6: 9}
+_FIXED_SIZES = {K_PSB: 16, K_PSBEND: 2, K_OVF: 2, K_TNT64: 8, K_MODE: 2}
+_OTHER_SIZES = {"tsc": 8, "mtc": 2, "pip": 8, "cbr": 4, "tma": 7, "vmcs": 7, "mnt": 11, "exstop": 2,
+                "mwait": 10, "pwre": 4, "pwrx": 7, "stop": 2}
+
+
+def _simple_name(kind):
+    return {K_PSB: "psb", K_PSBEND: "psbend", K_OVF: "ovf"}[kind]
+
+
+def decode_packets(data, start=0, end=None, max_packets=None):
+    """Every packet of ``data[start:end]`` as :class:`Packet` objects (from the first PSB)."""
+    result = PacketDecode()
+    packets = result.packets
+    append = packets.append
+    limit = max_packets if max_packets is not None else -1
+    for kind, offset, value in tokens(data, start, end):
+        if kind == K_TNT8_RUN:
+            for index, byte in enumerate(value):
+                append(Packet(offset + index, "tnt8", 1, {"bits": TNT8_BITS[byte]}))
+        elif kind == K_PAD_RUN:
+            for index in range(value):
+                append(Packet(offset + index, "pad", 1, {}))
+        elif kind == K_IP:
+            name, ipbytes, ip = value
+            append(Packet(offset, name, _IP_SIZES[ipbytes], {"ip": ip, "ipbytes": ipbytes}))
+        elif kind == K_TNT64:
+            append(Packet(offset, "tnt64", 8, {"bits": value}))
+        elif kind == K_MODE:
+            append(Packet(offset, value[0], 2, value[1]))
+        elif kind == K_OTHER:
+            name, fields = value
+            if name == "cyc":
+                size = 1
+                while data[offset + size - 1] & (4 if size == 1 else 1):
+                    size += 1
+            elif name == "ptw":
+                size = 2 + fields["size"]
+            else:
+                size = _OTHER_SIZES[name]
+            append(Packet(offset, name, size, fields))
+        elif kind == K_ERROR:
+            result.errors.append((offset, value))
+        else:
+            append(Packet(offset, _simple_name(kind), _FIXED_SIZES[kind], {}))
+        if 0 <= limit < len(packets):
+            del packets[limit:]
+            result.truncated = True
+            break
+    return result
+
+
+PACKET_TYPES = ("pad", "tnt8", "tnt64", "tip", "tip.pge", "tip.pgd", "fup", "psb", "psbend", "pip",
+                "mode.exec", "mode.tsx", "tsc", "mtc", "cyc", "cbr", "tma", "vmcs", "ovf", "stop", "mnt",
+                "exstop", "mwait", "pwre", "pwrx", "ptw")
+
+
+class PacketStats(object):
+    """Totals of a decode: packets per type, bytes covered, errors."""
+
+    __slots__ = ("counts", "bytes", "errors")
+
+    def __init__(self, size):
+        self.counts = dict.fromkeys(PACKET_TYPES, 0)
+        self.bytes = size
+        self.errors = []
+
+    @property
+    def packets(self):
+        return sum(self.counts.values())
+
+    def as_dict(self):
+        return {"bytes": self.bytes, "packets": self.packets,
+                "types": {name: count for name, count in self.counts.items() if count},
+                "errors": len(self.errors)}
+
+
+def packet_stats(data, start=0, end=None):
+    """Decode everything, keep only totals (what the benchmark times)."""
+    if end is None:
+        end = len(data)
+    stats = PacketStats(max(0, min(end, len(data)) - start))
+    counts = stats.counts
+    for kind, offset, value in tokens(data, start, end):
+        if kind == K_TNT8_RUN:
+            counts["tnt8"] += len(value)
+        elif kind == K_IP:
+            counts[value[0]] += 1
+        elif kind == K_PAD_RUN:
+            counts["pad"] += value
+        elif kind == K_TNT64:
+            counts["tnt64"] += 1
+        elif kind == K_MODE or kind == K_OTHER:
+            counts[value[0]] += 1
+        elif kind == K_ERROR:
+            stats.errors.append((offset, value))
+        else:
+            counts[_simple_name(kind)] += 1
+    return stats

@@ -1,0 +1,337 @@
+"""ctypes bindings to Intel's libipt (Debian libipt2), the oracle for the ipt tests.
+
+Only what the differential tests and the benchmark need: the packet encoder, the
+packet decoder, and the instruction / block flow decoders over an image whose
+memory is served by a Python callback.
+"""
+
+import ctypes
+import ctypes.util
+import struct
+
+PPT = ["invalid", "unknown", "pad", "psb", "psbend", "fup", "tip", "tip.pge", "tip.pgd", "tnt8", "tnt64",
+       "mode", "pip", "vmcs", "cbr", "tsc", "tma", "mtc", "cyc", "stop", "ovf", "mnt", "exstop", "mwait",
+       "pwre", "pwrx", "ptw"]
+PPT_CODE = {name: code for code, name in enumerate(PPT)}
+
+PTS_EVENT_PENDING = 1 << 0
+PTS_EOS = 1 << 2
+PTE_NOMAP = 13
+PTE_EOS = 7  # -pte_eos
+PTEM_64BIT = 3
+
+
+def _load():
+    for name in ("libipt.so.2", ctypes.util.find_library("ipt")):
+        if not name:
+            continue
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
+
+
+LIB = _load()
+SKIP_REASON = "libipt is not installed (apt-get install libipt2 libipt-dev)"
+
+
+class Config(ctypes.Structure):
+    """The leading fields of struct pt_config; libipt zero-fills the rest from ``size``."""
+    _fields_ = [("size", ctypes.c_size_t), ("begin", ctypes.c_void_p), ("end", ctypes.c_void_p),
+                ("callback", ctypes.c_void_p), ("context", ctypes.c_void_p),
+                ("cpu", ctypes.c_byte * 12), ("errata", ctypes.c_uint32 * 4),
+                ("cpuid_0x15_eax", ctypes.c_uint32), ("cpuid_0x15_ebx", ctypes.c_uint32),
+                ("mtc_freq", ctypes.c_uint8), ("nom_freq", ctypes.c_uint8)]
+
+
+class RawPacket(ctypes.Structure):
+    """struct pt_packet: type, size, 16-byte payload union."""
+    _fields_ = [("type", ctypes.c_int), ("size", ctypes.c_uint8), ("alignment", ctypes.c_uint8 * 3),
+                ("payload", ctypes.c_uint8 * 16)]
+
+
+class Insn(ctypes.Structure):
+    _fields_ = [("ip", ctypes.c_uint64), ("isid", ctypes.c_int), ("mode", ctypes.c_int),
+                ("iclass", ctypes.c_int), ("raw", ctypes.c_uint8 * 15), ("size", ctypes.c_uint8),
+                ("flags", ctypes.c_uint32)]
+
+
+class Block(ctypes.Structure):
+    _fields_ = [("ip", ctypes.c_uint64), ("end_ip", ctypes.c_uint64), ("isid", ctypes.c_int),
+                ("mode", ctypes.c_int), ("iclass", ctypes.c_int), ("ninsn", ctypes.c_uint16),
+                ("raw", ctypes.c_uint8 * 15), ("size", ctypes.c_uint8), ("flags", ctypes.c_uint32)]
+
+
+EVENT_SIZE = 128
+READ_MEMORY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_uint8), ctypes.c_size_t,
+                               ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p)
+
+if LIB is not None:
+    for _name, _restype in [("pt_alloc_encoder", ctypes.c_void_p), ("pt_pkt_alloc_decoder", ctypes.c_void_p),
+                            ("pt_insn_alloc_decoder", ctypes.c_void_p), ("pt_blk_alloc_decoder", ctypes.c_void_p),
+                            ("pt_image_alloc", ctypes.c_void_p), ("pt_insn_get_image", ctypes.c_void_p),
+                            ("pt_blk_get_image", ctypes.c_void_p)]:
+        getattr(LIB, _name).restype = _restype
+    for _name in ("pt_free_encoder", "pt_pkt_free_decoder", "pt_insn_free_decoder", "pt_blk_free_decoder",
+                  "pt_image_free"):
+        getattr(LIB, _name).argtypes = [ctypes.c_void_p]
+        getattr(LIB, _name).restype = None
+    for _name in ("pt_enc_next", "pt_pkt_next", "pt_insn_next", "pt_blk_next", "pt_insn_event",
+                  "pt_blk_event"):
+        getattr(LIB, _name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    for _name in ("pt_pkt_sync_forward", "pt_insn_sync_forward", "pt_blk_sync_forward"):
+        getattr(LIB, _name).argtypes = [ctypes.c_void_p]
+    for _name in ("pt_pkt_get_offset", "pt_insn_get_offset", "pt_enc_get_offset"):
+        getattr(LIB, _name).argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64)]
+    LIB.pt_image_set_callback.argtypes = [ctypes.c_void_p, READ_MEMORY, ctypes.c_void_p]
+    LIB.pt_insn_set_image.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    LIB.pt_blk_set_image.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+
+
+def _config(buffer):
+    config = Config()
+    config.size = ctypes.sizeof(Config)
+    address = ctypes.addressof(buffer)
+    config.begin = address
+    config.end = address + len(buffer)
+    return config
+
+
+# -- encoding ---------------------------------------------------------------------
+
+def packet(type_name, **fields):
+    """A pt_packet to encode: ``packet("tip", ipc=1, ip=0x1234)``, ``packet("tnt8", bits="TNT")``..."""
+    raw = RawPacket()
+    raw.type = PPT_CODE[type_name]
+    payload = bytearray(16)
+    if type_name in ("fup", "tip", "tip.pge", "tip.pgd"):
+        struct.pack_into("<iIQ", payload, 0, fields.get("ipc", 0), 0, fields.get("ip", 0))
+    elif type_name in ("tnt8", "tnt64"):
+        bits = fields["bits"]
+        value = 0
+        for bit in bits:
+            value = value << 1 | (bit == "T")
+        struct.pack_into("<B7xQ", payload, 0, len(bits), value)
+    elif type_name == "mode":
+        struct.pack_into("<iI", payload, 0, fields["leaf"], fields["bits"])
+    elif type_name == "pip":
+        struct.pack_into("<QI", payload, 0, fields["cr3"], fields.get("nr", 0))
+    elif type_name in ("tsc", "cyc", "vmcs", "mnt"):
+        struct.pack_into("<Q", payload, 0, fields["value"])
+    elif type_name in ("cbr", "mtc"):
+        payload[0] = fields["value"]
+    elif type_name == "tma":
+        struct.pack_into("<HH", payload, 0, fields["ctc"], fields["fc"])
+    elif type_name == "exstop":
+        struct.pack_into("<I", payload, 0, fields.get("ip", 0))
+    elif type_name == "mwait":
+        struct.pack_into("<II", payload, 0, fields["hints"], fields["ext"])
+    elif type_name == "pwre":
+        struct.pack_into("<BBB", payload, 0, fields["state"], fields["sub_state"], fields.get("hw", 0))
+    elif type_name == "pwrx":
+        flags = fields.get("interrupt", 0) | fields.get("store", 0) << 1 | fields.get("autonomous", 0) << 2
+        struct.pack_into("<BBB", payload, 0, fields["last"], fields["deepest"], flags)
+    elif type_name == "ptw":
+        struct.pack_into("<QBB", payload, 0, fields["payload"], fields["plc"], fields.get("ip", 0))
+    raw.payload[:] = list(payload)
+    return raw
+
+
+def encode(packets, capacity=1 << 16):
+    """Encode pt_packets with libipt's encoder; returns the bytes."""
+    buffer = (ctypes.c_uint8 * capacity)()
+    config = _config(buffer)
+    encoder = LIB.pt_alloc_encoder(ctypes.byref(config))
+    try:
+        for raw in packets:
+            status = LIB.pt_enc_next(encoder, ctypes.byref(raw), ctypes.sizeof(RawPacket))
+            if status < 0:
+                raise ValueError("libipt encoder: error %d on %s" % (status, PPT[raw.type]))
+        offset = ctypes.c_uint64()
+        LIB.pt_enc_get_offset(encoder, ctypes.byref(offset))
+        return bytes(buffer[:offset.value])
+    finally:
+        LIB.pt_free_encoder(encoder)
+
+
+# -- packet decoding ----------------------------------------------------------------
+
+def decode_packets(data):
+    """libipt's packet decoder from the first PSB: [(offset, type, fields)], [(offset, status)].
+
+    IP packets come with libipt's raw payload (``ipc``, ``payload``); TNT with ``bits``."""
+    buffer = (ctypes.c_uint8 * max(len(data), 1)).from_buffer_copy(data or b"\0")
+    config = _config(buffer)
+    config.end = config.begin + len(data)
+    decoder = LIB.pt_pkt_alloc_decoder(ctypes.byref(config))
+    packets, errors = [], []
+    offset = ctypes.c_uint64()
+    try:
+        status = LIB.pt_pkt_sync_forward(decoder)
+        while status >= 0:
+            LIB.pt_pkt_get_offset(decoder, ctypes.byref(offset))
+            raw = RawPacket()
+            status = LIB.pt_pkt_next(decoder, ctypes.byref(raw), ctypes.sizeof(RawPacket))
+            if status < 0:
+                if status == -PTE_EOS:
+                    break
+                errors.append((offset.value, status))
+                status = LIB.pt_pkt_sync_forward(decoder)
+                continue
+            packets.append((offset.value, PPT[raw.type], _fields(raw)))
+    finally:
+        LIB.pt_pkt_free_decoder(decoder)
+    return packets, errors
+
+
+def _fields(raw):
+    payload = bytes(raw.payload)
+    name = PPT[raw.type]
+    if name in ("fup", "tip", "tip.pge", "tip.pgd"):
+        ipc, _, ip = struct.unpack_from("<iIQ", payload)
+        return {"ipc": ipc, "payload": ip}
+    if name in ("tnt8", "tnt64"):
+        count, value = struct.unpack_from("<B7xQ", payload)
+        return {"bits": "".join("T" if value >> (count - 1 - i) & 1 else "N" for i in range(count))}
+    if name == "mode":
+        leaf, bits = struct.unpack_from("<iI", payload)
+        return {"leaf": leaf, "bits": bits & 7 if leaf == 0 else bits & 3}
+    if name == "pip":
+        cr3, nr = struct.unpack_from("<QI", payload)
+        return {"cr3": cr3, "nr": nr & 1}
+    if name in ("tsc", "cyc", "vmcs", "mnt"):
+        return {"value": struct.unpack_from("<Q", payload)[0]}
+    if name in ("cbr", "mtc"):
+        return {"value": payload[0]}
+    if name == "tma":
+        ctc, fc = struct.unpack_from("<HH", payload)
+        return {"ctc": ctc, "fc": fc}
+    if name == "exstop":
+        return {"ip": payload[0] & 1}
+    if name == "mwait":
+        hints, ext = struct.unpack_from("<II", payload)
+        return {"hints": hints, "ext": ext}
+    if name == "pwre":
+        state, sub, hw = struct.unpack_from("<BBB", payload)
+        return {"state": state, "sub_state": sub, "hw": hw & 1}
+    if name == "pwrx":
+        last, deepest, flags = struct.unpack_from("<BBB", payload)
+        return {"last": last, "deepest": deepest, "interrupt": flags & 1, "store": flags >> 1 & 1,
+                "autonomous": flags >> 2 & 1}
+    if name == "ptw":
+        value, plc, ip = struct.unpack_from("<QBB", payload)
+        return {"payload": value, "plc": plc, "ip": ip & 1}
+    return {}
+
+
+# -- flow decoding ------------------------------------------------------------------
+
+class _Memory(object):
+    """Serves libipt's image callback from {base: bytes} regions (kept alive with the decoder)."""
+
+    def __init__(self, regions):
+        self.regions = sorted(regions.items())
+        self.callback = READ_MEMORY(self._read)
+
+    def _read(self, buffer, size, asid, ip, context):
+        for base, code in self.regions:
+            if base <= ip < base + len(code):
+                chunk = code[ip - base:ip - base + size]
+                ctypes.memmove(buffer, chunk, len(chunk))
+                return len(chunk)
+        return -PTE_NOMAP
+
+
+def instruction_flow(trace, regions, max_insns=10 ** 7):
+    """libipt's instruction flow decoder: (list of instruction IPs, list of (offset, status) errors).
+
+    Errors resync at the next PSB, like the dbgext flow decoder."""
+    buffer = (ctypes.c_uint8 * max(len(trace), 1)).from_buffer_copy(trace or b"\0")
+    config = _config(buffer)
+    config.end = config.begin + len(trace)
+    decoder = LIB.pt_insn_alloc_decoder(ctypes.byref(config))
+    memory = _Memory(regions)
+    image = LIB.pt_insn_get_image(decoder)
+    LIB.pt_image_set_callback(image, memory.callback, None)
+    ips, errors = [], []
+    insn = Insn()
+    event = (ctypes.c_uint8 * EVENT_SIZE)()
+    offset = ctypes.c_uint64()
+    try:
+        status = LIB.pt_insn_sync_forward(decoder)
+        while status >= 0 and len(ips) < max_insns:
+            while status & PTS_EVENT_PENDING:
+                status = LIB.pt_insn_event(decoder, event, EVENT_SIZE)
+                if status < 0:
+                    break
+            if status < 0:
+                break
+            status = LIB.pt_insn_next(decoder, ctypes.byref(insn), ctypes.sizeof(Insn))
+            if status < 0:
+                if status != -PTE_EOS:
+                    LIB.pt_insn_get_offset(decoder, ctypes.byref(offset))
+                    errors.append((offset.value, status))
+                    status = LIB.pt_insn_sync_forward(decoder)
+                continue
+            ips.append(insn.ip)
+        if status < 0 and status != -PTE_EOS and len(ips) < max_insns:
+            LIB.pt_insn_get_offset(decoder, ctypes.byref(offset))
+            errors.append((offset.value, status))
+    finally:
+        LIB.pt_insn_free_decoder(decoder)
+    return ips, errors
+
+
+def block_flow_count(trace, regions):
+    """libipt's block decoder: total instructions (for the benchmark)."""
+    buffer = (ctypes.c_uint8 * max(len(trace), 1)).from_buffer_copy(trace or b"\0")
+    config = _config(buffer)
+    config.end = config.begin + len(trace)
+    decoder = LIB.pt_blk_alloc_decoder(ctypes.byref(config))
+    memory = _Memory(regions)
+    LIB.pt_image_set_callback(LIB.pt_blk_get_image(decoder), memory.callback, None)
+    block = Block()
+    event = (ctypes.c_uint8 * EVENT_SIZE)()
+    total = 0
+    try:
+        status = LIB.pt_blk_sync_forward(decoder)
+        while status >= 0:
+            while status & PTS_EVENT_PENDING:
+                status = LIB.pt_blk_event(decoder, event, EVENT_SIZE)
+                if status < 0:
+                    break
+            if status < 0:
+                break
+            status = LIB.pt_blk_next(decoder, ctypes.byref(block), ctypes.sizeof(Block))
+            if status < 0:
+                if status != -PTE_EOS:
+                    status = LIB.pt_blk_sync_forward(decoder)
+                continue
+            total += block.ninsn
+    finally:
+        LIB.pt_blk_free_decoder(decoder)
+    return total
+
+
+def packet_decode_count(data):
+    """libipt packet decoding of the whole buffer, counting packets (for the benchmark)."""
+    buffer = (ctypes.c_uint8 * max(len(data), 1)).from_buffer_copy(data or b"\0")
+    config = _config(buffer)
+    config.end = config.begin + len(data)
+    decoder = LIB.pt_pkt_alloc_decoder(ctypes.byref(config))
+    raw = RawPacket()
+    count = 0
+    size = ctypes.sizeof(RawPacket)
+    next_packet = LIB.pt_pkt_next
+    try:
+        status = LIB.pt_pkt_sync_forward(decoder)
+        while status >= 0:
+            status = next_packet(decoder, ctypes.byref(raw), size)
+            if status >= 0:
+                count += 1
+            elif status != -PTE_EOS:
+                status = LIB.pt_pkt_sync_forward(decoder)
+    finally:
+        LIB.pt_pkt_free_decoder(decoder)
+    return count

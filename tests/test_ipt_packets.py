@@ -1,0 +1,259 @@
+"""Layer 1: the packet decoder, by hand-made cases and against libipt's encoder/decoder."""
+
+import random
+
+import pytest
+
+import ipt_support as libipt
+from dbgext.ipt.packets import PSB, decode_packets, packet_stats
+
+needs_libipt = pytest.mark.skipif(libipt.LIB is None, reason=libipt.SKIP_REASON)
+
+PSBEND = b"\x02\x23"
+
+
+def types(result):
+    return [packet.type for packet in result.packets]
+
+
+def test_every_packet_type_by_hand():
+    trace = (PSB + b"\x99\x01" + b"\x7d\x78\x56\x34\x12\xff\x7f" + PSBEND  # mode.exec 64, fup sext48
+             + b"\x1a" + b"\x2d\x34\x12"                                    # tnt8 TNT, tip 16-bit update
+             + b"\x02\xa3\x01\x00\x50\x0e\x00\x00"                          # tnt64
+             + b"\xc7\x67\x8b\x8d\x08"                                      # cyc 0x12345678
+             + b"\x02\x22\x08\x35" + b"\x02\xa2\x12\x09\x00\x00\x00"          # pwre, pwrx
+             + b"\x02\x92\x34\x12\x00\x00"                                  # ptw 4 bytes with ip
+             + b"\x02\x73\x34\x12\x00\xff\x01"                              # tma
+             + b"\x02\x43\x01\x45\x23\x01\x00\x00"                          # pip
+             + b"\x02\xc8\x34\x12\x00\x00\x00"                              # vmcs
+             + b"\x02\xc3\x88" + (99).to_bytes(8, "little")                 # mnt
+             + b"\x02\xc2\x05\x00\x00\x00\x01\x00\x00\x00"                  # mwait
+             + b"\x02\xe2" + b"\x02\x83" + b"\x02\xf3" + b"\x02\x03\x21\x00"   # exstop(ip), stop, ovf, cbr
+             + b"\x19" + (12345).to_bytes(7, "little") + b"\x59\x07" + b"\x00"  # tsc, mtc, pad
+             + b"\x99\x21" + b"\xd1\x00\x10\x00\x00\x00\x00\xff\xff"          # mode.tsx, tip.pge full ip
+             + b"\x01")                                                     # tip.pgd suppressed
+    result = decode_packets(trace)
+    assert result.errors == []
+    assert types(result) == ["psb", "mode.exec", "fup", "psbend", "tnt8", "tip", "tnt64", "cyc", "pwre",
+                             "pwrx", "ptw", "tma", "pip", "vmcs", "mnt", "mwait", "exstop", "stop", "ovf",
+                             "cbr", "tsc", "mtc", "pad", "mode.tsx", "tip.pge", "tip.pgd"]
+    by_type = {packet.type: packet.as_dict() for packet in result.packets}
+    assert by_type["mode.exec"]["mode"] == "64bit"
+    assert by_type["fup"] == {"offset": 18, "type": "fup", "ip": 0x7FFF12345678, "ipbytes": 3}
+    assert by_type["tip"]["ip"] == 0x7FFF12341234  # upper bits from the last IP
+    assert by_type["tnt8"]["bits"] == "TNT"
+    assert by_type["tnt64"]["bits"] == "TTNNTNTNNNNNNNNNNNNNNNNNNNT"
+    assert by_type["cyc"]["value"] == 0x12345678
+    assert by_type["pwre"]["hw"] == 1 and by_type["pwre"]["state"] == 3
+    assert by_type["pwrx"]["autonomous"] == 1 and by_type["pwrx"]["interrupt"] == 1
+    assert by_type["ptw"]["size"] == 4 and by_type["ptw"]["ip"] == 1
+    assert by_type["tma"]["fc"] == 0x1FF
+    assert by_type["pip"] == {"offset": 68, "type": "pip", "cr3": 0x12345000, "nr": 1}
+    assert by_type["vmcs"]["base"] == 0x1234000
+    assert by_type["exstop"]["ip"] == 1
+    assert by_type["mode.tsx"] == {"offset": by_type["mode.tsx"]["offset"], "type": "mode.tsx", "intx": 1,
+                                   "abort": 0}
+    assert by_type["tip.pge"]["ip"] == 0xFFFF000000001000
+    assert by_type["tip.pgd"]["ip"] is None
+    assert [p.size for p in result.packets][:6] == [16, 2, 7, 2, 1, 3]
+
+
+def test_ip_decompression_follows_last_ip_and_psb_resets_it():
+    trace = (PSB + b"\xdd" + (0xFFFFF80012345678).to_bytes(8, "little") + PSBEND
+             + b"\x4d\x00\x00\x01\x00"          # tip 32-bit update
+             + b"\x9d\x11\x22\x33\x44\x55\x66"  # fup 48-bit update, upper bits kept
+             + PSB + b"\x2d\x34\x12")           # after PSB last IP is 0
+    ips = [p.fields["ip"] for p in decode_packets(trace).packets if "ip" in p.fields]
+    assert ips == [0xFFFFF80012345678, 0xFFFFF80000010000, 0xFFFF665544332211, 0x1234]
+
+
+def test_decoding_starts_at_first_psb():
+    result = decode_packets(b"\x2d\x34" + PSB + b"\x06")
+    assert result.packets[0].offset == 2 and types(result) == ["psb", "tnt8"]
+
+
+def test_no_psb_is_an_error_not_a_crash():
+    result = decode_packets(b"\x06\x06\x06")
+    assert result.packets == [] and result.errors[0][0] == 0 and "no PSB" in result.errors[0][1]
+
+
+def test_reserved_ipbytes_reports_offset_and_resyncs_at_next_psb():
+    trace = PSB + b"\xad\x01\x02" + b"\x06" + PSB + b"\x0a"
+    result = decode_packets(trace)
+    assert result.errors == [(16, "tip with reserved IPBytes 5")]
+    assert types(result) == ["psb", "psb", "tnt8"]
+    assert result.packets[1].offset == 20
+
+
+@pytest.mark.parametrize("tail, message", [
+    (b"\x19\x01\x02", "truncated packet (3 of 8 bytes)"),
+    (b"\xdd\x01", "truncated packet (2 of 9 bytes)"),
+    (b"\x02", "truncated extended packet (1 byte left)"),
+    (b"\x02\xa3\x01", "truncated packet (3 of 8 bytes)"),
+    (b"\x07\x01", "truncated cyc packet (2 bytes left)"),
+    (b"\x02\x99", "unknown extended opcode 02 99"),
+    (b"\x39", "unknown opcode 39"),
+])
+def test_bad_packets_at_the_end(tail, message):
+    result = decode_packets(PSB + b"\x06" + tail)
+    assert types(result) == ["psb", "tnt8"]
+    assert result.errors == [(17, message)]
+
+
+def test_random_bytes_terminate_with_errors_and_never_read_past_the_end():
+    generator = random.Random(5)
+    for _ in range(50):
+        data = bytes(generator.getrandbits(8) for _ in range(300))
+        data = data[:100] + PSB + data[100:]
+        result = decode_packets(data)
+        assert all(p.offset + p.size <= len(data) for p in result.packets)
+        stats = packet_stats(data)
+        assert stats.packets == len(result.packets) and len(stats.errors) == len(result.errors)
+
+
+def test_range_and_max_packets():
+    trace = PSB + b"\x06" * 10
+    assert len(decode_packets(trace, end=20).packets) == 5
+    limited = decode_packets(trace, max_packets=3)
+    assert len(limited.packets) == 3 and limited.truncated
+
+
+def test_stats_count_runs():
+    stats = packet_stats(PSB + b"\x06" * 7 + b"\x00" * 3 + PSBEND)
+    assert stats.as_dict() == {"bytes": 28, "packets": 12,
+                               "types": {"pad": 3, "tnt8": 7, "psb": 1, "psbend": 1}, "errors": 0}
+
+
+# -- differential against libipt ------------------------------------------------------
+
+def random_packets(generator, count):
+    """Random well-formed pt_packets for libipt's encoder."""
+    result = [libipt.packet("psb"), libipt.packet("psbend")]
+    for _ in range(count):
+        kind = generator.choice(["tnt8", "tnt64", "tip", "fup", "tip.pge", "tip.pgd", "pad", "mode", "pip",
+                                 "tsc", "mtc", "cyc", "cbr", "tma", "vmcs", "ovf", "stop", "mnt", "exstop",
+                                 "mwait", "pwre", "pwrx", "ptw", "psb", "psbend"])
+        if kind == "tnt8":
+            result.append(libipt.packet(kind, bits="".join(generator.choice("TN") for _ in range(
+                generator.randint(1, 6)))))
+        elif kind == "tnt64":
+            result.append(libipt.packet(kind, bits="".join(generator.choice("TN") for _ in range(
+                generator.randint(1, 47)))))
+        elif kind in ("tip", "fup", "tip.pge", "tip.pgd"):
+            ipc = generator.choice([0, 1, 2, 3, 4, 6])
+            ip = generator.getrandbits({0: 0, 1: 16, 2: 32, 3: 48, 4: 48, 6: 64}[ipc])
+            result.append(libipt.packet(kind, ipc=ipc, ip=ip))
+        elif kind == "mode":
+            leaf = generator.choice([0, 0x20])
+            result.append(libipt.packet(kind, leaf=leaf, bits=generator.choice([1, 2, 0, 5]) if leaf == 0
+                                        else generator.randint(0, 3)))
+        elif kind == "pip":
+            result.append(libipt.packet(kind, cr3=generator.getrandbits(47) << 5, nr=generator.randint(0, 1)))
+        elif kind in ("tsc",):
+            result.append(libipt.packet(kind, value=generator.getrandbits(56)))
+        elif kind == "cyc":
+            result.append(libipt.packet(kind, value=generator.getrandbits(generator.randint(1, 40))))
+        elif kind == "vmcs":
+            result.append(libipt.packet(kind, value=generator.getrandbits(40) << 12))
+        elif kind == "mnt":
+            result.append(libipt.packet(kind, value=generator.getrandbits(64)))
+        elif kind in ("cbr", "mtc"):
+            result.append(libipt.packet(kind, value=generator.getrandbits(8)))
+        elif kind == "tma":
+            result.append(libipt.packet(kind, ctc=generator.getrandbits(16), fc=generator.getrandbits(9)))
+        elif kind == "exstop":
+            result.append(libipt.packet(kind, ip=generator.randint(0, 1)))
+        elif kind == "mwait":
+            result.append(libipt.packet(kind, hints=generator.getrandbits(32), ext=generator.getrandbits(32)))
+        elif kind == "pwre":
+            result.append(libipt.packet(kind, state=generator.getrandbits(4), sub_state=generator.getrandbits(4),
+                                        hw=generator.randint(0, 1)))
+        elif kind == "pwrx":
+            result.append(libipt.packet(kind, last=generator.getrandbits(4), deepest=generator.getrandbits(4),
+                                        interrupt=generator.randint(0, 1), store=generator.randint(0, 1),
+                                        autonomous=generator.randint(0, 1)))
+        elif kind == "ptw":
+            plc = generator.randint(0, 1)
+            result.append(libipt.packet(kind, plc=plc, payload=generator.getrandbits(32 << plc),
+                                        ip=generator.randint(0, 1)))
+        else:
+            result.append(libipt.packet(kind))
+    return result
+
+
+def as_libipt(packet):
+    """Our packet in libipt's packet-decoder terms (raw IP payloads, mode as leaf+bits)."""
+    fields = packet.fields
+    name = packet.type
+    if name in ("tip", "fup", "tip.pge", "tip.pgd"):
+        return name, {"ipc": fields["ipbytes"]}
+    if name.startswith("mode."):
+        if name == "mode.exec":
+            return "mode", {"leaf": 0, "bits": fields["csl"] | fields["csd"] << 1 | fields["if"] << 2}
+        return "mode", {"leaf": 0x20, "bits": fields["intx"] | fields["abort"] << 1}
+    renamed = {"tsc": "tsc", "cyc": "value", "mtc": "ctc", "cbr": "ratio", "vmcs": "base", "mnt": "payload"}
+    if name in renamed and name != "tsc":
+        return name, {"value": fields[renamed[name]]}
+    if name == "tsc":
+        return name, {"value": fields["tsc"]}
+    if name == "ptw":
+        return name, {"payload": fields["payload"], "plc": 0 if fields["size"] == 4 else 1, "ip": fields["ip"]}
+    return name, dict(fields)
+
+
+def libipt_view(packets):
+    view = []
+    for offset, name, fields in packets:
+        if name in ("tip", "fup", "tip.pge", "tip.pgd"):
+            fields = {"ipc": fields["ipc"]}
+        view.append((offset, name, fields))
+    return view
+
+
+@needs_libipt
+@pytest.mark.parametrize("seed", range(8))
+def test_random_streams_decode_like_libipt(seed):
+    generator = random.Random(seed)
+    trace = libipt.encode(random_packets(generator, 400))
+    ours = decode_packets(trace)
+    theirs, their_errors = libipt.decode_packets(trace)
+    assert ours.errors == [] and their_errors == []
+    assert [(p.offset,) + as_libipt(p) for p in ours.packets] == libipt_view(theirs)
+
+
+@needs_libipt
+def test_decompressed_ips_match_libipt_payloads():
+    generator = random.Random(99)
+    trace = libipt.encode(random_packets(generator, 600))
+    last_ip = 0
+    expected = []
+    for _, name, fields in libipt.decode_packets(trace)[0]:
+        if name == "psb":
+            last_ip = 0
+        if name in ("tip", "fup", "tip.pge", "tip.pgd"):
+            ipc, payload = fields["ipc"], fields["payload"]
+            if ipc == 0:
+                expected.append(None)
+                continue
+            if ipc == 3:
+                last_ip = payload | (0xFFFF << 48) if payload >> 47 & 1 else payload
+            else:
+                keep = {1: ~0xFFFF, 2: ~0xFFFFFFFF, 4: ~0xFFFFFFFFFFFF, 6: 0}[ipc]
+                last_ip = (last_ip & keep & 0xFFFFFFFFFFFFFFFF) | payload
+            expected.append(last_ip)
+    ours = [p.fields["ip"] for p in decode_packets(trace).packets if p.type in ("tip", "fup", "tip.pge", "tip.pgd")]
+    assert ours == expected
+
+
+@needs_libipt
+@pytest.mark.parametrize("seed", range(6))
+def test_corrupted_streams_resync_like_libipt(seed):
+    generator = random.Random(100 + seed)
+    trace = bytearray(libipt.encode(random_packets(generator, 300)))
+    for _ in range(6):
+        trace[generator.randrange(len(trace))] = generator.getrandbits(8)
+    trace = bytes(trace)
+    ours = decode_packets(trace)
+    theirs, their_errors = libipt.decode_packets(trace)
+    assert [(p.offset,) + as_libipt(p) for p in ours.packets] == libipt_view(theirs)
+    assert [offset for offset, _ in ours.errors] == [offset for offset, _ in their_errors]
