@@ -141,7 +141,8 @@ def random_packets(generator, count):
                 generator.randint(1, 47)))))
         elif kind in ("tip", "fup", "tip.pge", "tip.pgd"):
             ipc = generator.choice([0, 1, 2, 3, 4, 6])
-            ip = generator.getrandbits({0: 0, 1: 16, 2: 32, 3: 48, 4: 48, 6: 64}[ipc])
+            width = {0: 0, 1: 16, 2: 32, 3: 48, 4: 48, 6: 64}[ipc]
+            ip = generator.getrandbits(width) if width else 0  # getrandbits(0) raises before 3.9
             result.append(libipt.packet(kind, ipc=ipc, ip=ip))
         elif kind == "mode":
             leaf = generator.choice([0, 0x20])
