@@ -1,0 +1,68 @@
+"""Binary layouts of .etl files: WMI buffers and the event headers inside them.
+
+A file is a run of buffers, each starting with a 0x48-byte WMI_BUFFER_HEADER
+(BufferSize at +0x00, SavedOffset +0x04, CurrentOffset +0x08, TimeStamp +0x10,
+SequenceNumber +0x18, ClientContext {ProcessorNumber u8, Alignment u8, LoggerId u16}
++0x28, State +0x2C, Offset +0x30, BufferFlag +0x34, BufferType +0x36), followed by
+8-byte aligned events up to the used size; the unused tail is 0xFF bytes.
+
+Every event starts with a ULONG whose top byte is the marker (0x80 flag | 0x40
+"trace header") and whose third byte is the header type.  Kernel (system) events
+carry a SYSTEM_TRACE_HEADER (0x20 bytes), its compact form (0x18) or a
+PERFINFO_TRACE_HEADER (0x10): {u16 Version, u8 HeaderType, u8 Flags}, {u16 Size,
+u8 Type (opcode), u8 Group} (HookId = Group << 8 | Type), then ThreadId, ProcessId,
+SystemTime, KernelTime, UserTime as far as the header goes.  Classic providers use
+EVENT_TRACE_HEADER (0x30: Size, HeaderType, MarkerFlags, Type, Level, Version,
+ThreadId, ProcessId, TimeStamp, Guid, KernelTime, UserTime); manifest providers use
+EVENT_HEADER (0x50: Size, HeaderType, MarkerFlags, Flags, EventProperty, ThreadId,
+ProcessId, TimeStamp, ProviderId, EVENT_DESCRIPTOR {Id u16, Version u8, Channel u8,
+Level u8, Opcode u8, Task u16, Keyword u64}, ProcessorTime, ActivityId).
+"""
+
+import struct
+import uuid
+
+BUFFER_HEADER_SIZE = 0x48
+BUFFER_HEADER = struct.Struct("<IIIiqqQBBHIIHH16s")
+MAX_BUFFER_SIZE = 64 * 1024 * 1024
+PADDING_MARKER = 0xFFFFFFFF
+
+BUFFER_FLAG_COMPRESSED = 0x40
+
+MARKER_FLAGS = 0xC0  # TRACE_HEADER_FLAG | TRACE_HEADER_EVENT_TRACE, the top byte
+
+# HeaderType values (the third byte of an event).
+SYSTEM32, SYSTEM64 = 1, 2
+COMPACT32, COMPACT64 = 3, 4
+FULL_HEADER32, INSTANCE32 = 10, 11
+PERFINFO32, PERFINFO64 = 16, 17
+EVENT_HEADER32, EVENT_HEADER64 = 18, 19
+FULL_HEADER64, INSTANCE64 = 20, 21
+
+SYSTEM_HEADER_SIZES = {SYSTEM32: 0x20, SYSTEM64: 0x20, COMPACT32: 0x18, COMPACT64: 0x18,
+                       PERFINFO32: 0x10, PERFINFO64: 0x10}
+POINTER_SIZE = {SYSTEM32: 4, SYSTEM64: 8, COMPACT32: 4, COMPACT64: 8, PERFINFO32: 4, PERFINFO64: 8,
+                FULL_HEADER32: 4, FULL_HEADER64: 8, EVENT_HEADER32: 4, EVENT_HEADER64: 8,
+                INSTANCE32: 4, INSTANCE64: 8}
+FULL_HEADER_SIZE = 0x30
+EVENT_HEADER_SIZE = 0x50
+
+SYSTEM_PREFIX = struct.Struct("<HBBHBB")                 # Version, HeaderType, Flags, Size, Type, Group
+SYSTEM_REST = struct.Struct("<IIQII")                    # ThreadId, ProcessId, SystemTime, KernelTime, UserTime
+FULL_HEADER = struct.Struct("<HBBBBHIIq16sII")
+EVENT_HEADER = struct.Struct("<HBBHHIIq16sHBBBBHQQ16s")
+
+# Kernel event groups and the classic provider GUIDs consumers show for them.
+STACKWALK_GROUP = 0x18
+EVENT_TRACE_GROUP = 0x00
+STACKWALK_GUID = uuid.UUID("def2fe46-7bd6-4b80-bd94-f57fe20d0ce3")
+EVENT_TRACE_GUID = uuid.UUID("68fdd900-4a3e-11d1-84f4-0000f80464e3")
+INTEL_PT_GUID = uuid.UUID("ff1fd2fd-6008-42bb-9e75-00a20051f3be")
+GROUP_GUIDS = {STACKWALK_GROUP: STACKWALK_GUID, EVENT_TRACE_GROUP: EVENT_TRACE_GUID}
+
+# StackWalk opcodes.
+STACK_WALK = 32
+STACK_DELETE_DEFINITION = 35
+STACK_RUNDOWN_DEFINITION = 36
+STACK_KEY_KERNEL = 37
+STACK_KEY_USER = 38

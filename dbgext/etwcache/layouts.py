@@ -1,0 +1,114 @@
+"""Layouts of the ETW stack cache and of the structures that lead to it (x64).
+
+``_ETW_STACK_CACHE`` is opaque in the public symbols, so its layout is carried here
+as data: two variants seen across Windows 10/11 builds (see
+shared/reference/etw-stack-cache.md).  The logger context and silo state offsets
+come from type information when the target has it; ``LOGGER_PROFILES`` is the
+fallback keyed by build number.
+"""
+
+PIECE_SIZE = 0x128
+FRAMES_PER_PIECE = 32
+MAX_BUCKET_ENTRIES = 4
+BUCKET_SIZE = 0x18
+
+# Windows clamps the configuration to these ranges (not validated, clamped).
+MIN_BUCKET_COUNT = 256
+MAX_BUCKET_COUNT = 4096
+MIN_CACHE_SIZE = 0x300000
+MAX_CACHE_SIZE = 0x3200000
+MAX_PIECES = MAX_CACHE_SIZE // PIECE_SIZE
+
+# A stack walk never captures more frames than this; a larger FrameCount is corrupt.
+MAX_PLAUSIBLE_FRAMES = 1024
+
+# One piece of a cached stack (or a free piece on the SLIST).
+PIECE = {
+    "Links": 0x00,        # LIST_ENTRY in the bucket (first piece) / SLIST next (free piece)
+    "Next": 0x10,         # next piece of the same stack
+    "RefCount": 0x18,     # LONG
+    "Hash": 0x1C,         # ULONG, first piece
+    "FrameCount": 0x20,   # ULONG: total frames (first piece), frames in this piece (later ones)
+    "Frames": 0x28,       # ULONG64[32]
+}
+
+# The cache header.  ``owner`` is how the header names its logger: a ULONG logger id
+# (variant A) or a pointer to the owning _WMI_LOGGER_CONTEXT (variant B).
+CACHE_VARIANTS = {
+    "A": {"owner": 0x00, "owner_kind": "logger_id", "BucketCount": 0x04,
+          "FreeList": 0x10, "Buckets": 0x20, "seen_in": "older builds"},
+    "B": {"owner": 0x00, "owner_kind": "logger_context", "BucketCount": 0x08,
+          "FreeList": 0x10, "Buckets": 0x20, "seen_in": "newer builds"},
+}
+HEADER_SIZE = 0x20
+
+# x64 SLIST_HEADER (16-byte aligned "HeaderX64" format): Depth is the low 16 bits of
+# the first quadword; the next entry is the second quadword with its low 4 bits cleared.
+SLIST_DEPTH_MASK = 0xFFFF
+SLIST_NEXT_MASK = ~0xF & 0xFFFFFFFFFFFFFFFF
+
+# Offsets of _WMI_LOGGER_CONTEXT and _ETW_SILODRIVERSTATE fields (x64) from public
+# type dumps, for targets without type information.  Keyed by the first build of a
+# range; a profile applies up to (not including) the next key, and LAST_PROFILED_BUILD
+# bounds the last one.
+LOGGER_PROFILES = {
+    17134: {"name": "Windows 10 1803-1909",
+            "logger": {"LoggerId": 0x0, "LoggerName": 0x88, "StackCache": 0x348},
+            "silo": {"MaxLoggers": 0x10, "EtwpLoggerContext": 0x1B0}},
+    19041: {"name": "Windows 10 2004-22H2 / 11",
+            "logger": {"LoggerId": 0x0, "LoggerName": 0x98, "StackCache": 0x3E0},
+            "silo": {"MaxLoggers": 0x10, "EtwpLoggerContext": 0x1C8}},
+}
+LAST_PROFILED_BUILD = 22631
+
+LOGGER_TYPE = "nt!_WMI_LOGGER_CONTEXT"
+SILO_TYPE = "nt!_ETW_SILODRIVERSTATE"
+HOST_SILO_SYMBOL = "nt!EtwpHostSiloState"
+
+# Unused logger slots hold a small non-pointer value (1); there are at most 64 loggers.
+MAX_LOGGERS = 64
+KERNEL_SPACE_START = 0xFFFF800000000000
+
+
+def profile_for_build(build):
+    """The LOGGER_PROFILES entry covering ``build``, or None."""
+    if not isinstance(build, int) or build > LAST_PROFILED_BUILD:
+        return None
+    chosen = None
+    for first in sorted(LOGGER_PROFILES):
+        if build >= first:
+            chosen = LOGGER_PROFILES[first]
+    return chosen
+
+
+def pieces_for(frame_count):
+    """Pieces a stack of ``frame_count`` frames occupies."""
+    return (frame_count + FRAMES_PER_PIECE - 1) // FRAMES_PER_PIECE
+
+
+def clamp_bucket_count(count):
+    return max(MIN_BUCKET_COUNT, min(MAX_BUCKET_COUNT, count))
+
+
+def clamp_cache_size(size):
+    return max(MIN_CACHE_SIZE, min(MAX_CACHE_SIZE, size))
+
+
+def is_prime(number):
+    if number < 2:
+        return False
+    if number % 2 == 0:
+        return number == 2
+    divisor = 3
+    while divisor * divisor <= number:
+        if number % divisor == 0:
+            return False
+        divisor += 2
+    return True
+
+
+def prime_at_most(number):
+    """The largest prime <= number (2 at least)."""
+    while number > 2 and not is_prime(number):
+        number -= 1
+    return max(number, 2)
