@@ -39,7 +39,8 @@ def add_arguments(parser):
                         "rtltrace, etwstacks, ipt, stackuse)")
     parser.add_argument("--dask", metavar="tcp://HOST:PORT", help="run on this Dask scheduler instead of locally")
     parser.add_argument("--plugin", action="append", default=[], metavar="MODULE",
-                        help="import MODULE to register extra analyses (repeatable; must import on the workers)")
+                        help="import MODULE (or call MODULE:FUNCTION) to register extra analyses "
+                        "(repeatable; it must import on the workers too)")
     parser.add_argument("--retry-failed", action="store_true", help="analyse again dumps recorded as failed")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     parser.add_argument("--top", type=int, default=10, metavar="N", help="report: rows per section (default: 10)")

@@ -102,16 +102,23 @@ def unregister_analysis(name):
 
 
 def load_plugins(modules=()):
-    """Import the built-in adapters and any extra plug-in modules (each registers
-    its analyses on import).  Idempotent; a missing extra module is a BadInput."""
-    for module_name in tuple(BUILTIN_PLUGIN_MODULES) + tuple(modules or ()):
-        if module_name in _LOADED_PLUGIN_MODULES:
+    """Import the built-in adapters and any extra plug-ins.  A plug-in is a module
+    that registers its analyses on import, or ``module:function`` naming a function
+    that registers them.  Idempotent; one that cannot be loaded is a BadInput."""
+    for spec in tuple(BUILTIN_PLUGIN_MODULES) + tuple(modules or ()):
+        if spec in _LOADED_PLUGIN_MODULES:
             continue
+        module_name, _, function_name = spec.partition(":")
         try:
-            importlib.import_module(module_name)
+            module = importlib.import_module(module_name)
         except ImportError as error:
             raise BadInput("cannot import triage plug-in %s: %s" % (module_name, error))
-        _LOADED_PLUGIN_MODULES.add(module_name)
+        if function_name:
+            register = getattr(module, function_name, None)
+            if not callable(register):
+                raise BadInput("triage plug-in %s has no function %s" % (module_name, function_name))
+            register()
+        _LOADED_PLUGIN_MODULES.add(spec)
 
 
 def registered_analyses():
@@ -264,6 +271,8 @@ def build_record(target, path=None, size=None, content_key=None, analyses=None):
     started = time.time()
     record = DumpRecord(path, size, content_key)
     info = fill_identity(record, target)
+    for message in info.get("problems") or ():
+        record.add_problem("dump", message)
     stack = faulting_signature(target, info)
     record.frames = stack.frames
     record.signature = stack.signature

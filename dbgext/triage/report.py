@@ -27,8 +27,8 @@ def _plain_rows(rows):
 def build_report(store, top=10, examples=3):
     totals = store.query(
         "SELECT count(*) AS dumps, count(*) FILTER (WHERE status = ?) AS ok, "
-        "count(*) FILTER (WHERE status = ?) AS failed, min(%s) AS first_seen, max(%s) AS last_seen FROM dumps"
-        % (WHEN, WHEN), [STATUS_OK, STATUS_FAILED])[0]
+        "count(*) FILTER (WHERE status = ?) AS failed, min(system_time) AS first_seen, max(system_time) AS last_seen "
+        "FROM dumps", [STATUS_OK, STATUS_FAILED])[0]
     buckets = store.query(
         "SELECT bugcheck_code, signature, count(*) AS dumps, min({when}) AS first_seen, max({when}) AS last_seen, "
         "list_slice(list(path ORDER BY {when}), 1, ?) AS examples "

@@ -45,11 +45,14 @@ class StackSignature(object):
 
 
 def context_registers(info):
-    """The crash context from target.info(): ``context`` or ``registers`` (any key case)."""
+    """The crash context from target.info(): ``context`` or ``registers`` (any key
+    case); None when there is none or it is all zero (a dump written without one)."""
     for key in ("context", "registers"):
         registers = info.get(key)
         if isinstance(registers, dict) and registers:
-            return {str(name).lower(): value for name, value in registers.items()}
+            registers = {str(name).lower(): value for name, value in registers.items()}
+            if _first(registers, PC_NAMES) or _first(registers, SP_NAMES):
+                return registers
     return None
 
 
