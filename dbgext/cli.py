@@ -96,9 +96,11 @@ def open_target(args, windbg):
     raise DbgextError("no target: give --dump FILE (or run inside WinDbg with pykd)")
 
 
-def main(argv=None, windbg=False, stream=None):
+def main(argv=None, windbg=False, stream=None, target=None):
     """Run one command; returns the exit code.  Never lets a traceback reach the
-    user unless --debug is given."""
+    user unless --debug is given.  ``target``: an already open Target to run the
+    command on instead of opening one (tests over in-memory scenarios); the caller
+    keeps ownership and closes it."""
     argv = list(sys.argv[1:] if argv is None else argv)
     out = Output(stream)
     commands = load_commands()
@@ -115,7 +117,10 @@ def main(argv=None, windbg=False, stream=None):
     if not getattr(args, "_command", None):
         out.lines(parser.format_help().rstrip().split("\n"))
         return 2
-    ctx = Context(args, out=out, windbg=windbg, target_factory=lambda a: open_target(a, windbg))
+    if target is not None:
+        ctx = Context(args, out=out, windbg=windbg, target_factory=lambda a: target)
+    else:
+        ctx = Context(args, out=out, windbg=windbg, target_factory=lambda a: open_target(a, windbg))
     try:
         return args._command.run(ctx, args) or 0
     except DbgextError as error:
@@ -132,7 +137,8 @@ def main(argv=None, windbg=False, stream=None):
                      % (type(error).__name__, error))
         return 3
     finally:
-        ctx.close()
+        if target is None:
+            ctx.close()
 
 
 def console_main():

@@ -1,0 +1,97 @@
+"""WinDbg-style address expressions and ranges.
+
+Numbers are hexadecimal by default (``1000``, ``0x1000``, ``fffff800`00001000``),
+``0n`` marks decimal; ``module!symbol`` and bare ``module`` (its base) resolve
+through the target's symbols; terms combine with ``+`` and ``-``:
+``nt!KiSystemStartup+10``.  A range after the start address is ``L<count>``
+(units, hex) or an inclusive end address, as WinDbg's ``d*`` commands take.
+"""
+
+import re
+
+from ..errors import BadInput, SymbolNotFound
+
+_HEX = re.compile(r"^(0x)?[0-9a-f]+$", re.IGNORECASE)
+_DECIMAL = re.compile(r"^0n[0-9]+$", re.IGNORECASE)
+_NAME = re.compile(r"^[A-Za-z_$@?][\w$@?.:<>]*(![\w$@?.:<>~]+)?$")
+_LENGTH = re.compile(r"^[Ll](\?)?\s*(.+)$")
+
+ADDRESS_LIMIT = 1 << 64
+
+
+class TargetResolver(object):
+    """What :func:`evaluate` needs from a Target: symbol and module-name lookups."""
+
+    def __init__(self, target):
+        self._target = target
+
+    def address(self, name):
+        return self._target.symbol_address(name)
+
+    def module_base(self, name):
+        module = self._target.module_named(name)
+        return module.base if module else None
+
+
+def evaluate(text, resolver):
+    """The integer an expression stands for; BadInput / SymbolNotFound otherwise."""
+    expression = "".join(text.split())
+    if not expression:
+        raise BadInput("empty address expression")
+    terms = re.split(r"([+-])", expression)
+    total = 0
+    sign = 1
+    expect_term = True
+    for piece in terms:
+        if piece == "":
+            continue
+        if piece in ("+", "-"):
+            if piece == "-":
+                sign = -sign
+            expect_term = True
+            continue
+        total += sign * _term(piece, text, resolver)
+        sign = 1
+        expect_term = False
+    if expect_term:
+        raise BadInput("bad address expression '%s'" % text)
+    if not 0 <= total < ADDRESS_LIMIT:
+        raise BadInput("address expression '%s' is out of range" % text)
+    return total
+
+
+def _term(piece, text, resolver):
+    number = piece.replace("`", "")
+    if _DECIMAL.match(number):
+        return int(number[2:], 10)
+    if _HEX.match(number):
+        return int(number, 16)
+    if not _NAME.match(piece):
+        raise BadInput("bad address expression '%s'" % text)
+    if "!" not in piece:
+        base = resolver.module_base(piece)
+        if base is not None:
+            return base
+    address = resolver.address(piece)
+    if address is None:
+        raise SymbolNotFound("unknown symbol '%s' in '%s'" % (piece, text))
+    return address
+
+
+def parse_range(tokens, start, unit, default_count, resolver):
+    """Unit count for ``d*`` commands from the tokens after the start address:
+    nothing (the default), ``L<count>`` / ``L <count>`` / ``L?<count>``, or an
+    inclusive end address."""
+    text = " ".join(tokens).strip()
+    if not text:
+        return default_count
+    match = _LENGTH.match(text)
+    if match:
+        count = evaluate(match.group(2), resolver)
+        if count == 0:
+            raise BadInput("length must be at least 1 (got '%s')" % text)
+        return count
+    end = evaluate(text, resolver)
+    if end < start:
+        raise BadInput("range end %s is below the start address 0x%x" % (text, start))
+    return (end - start) // unit + 1

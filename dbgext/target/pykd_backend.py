@@ -1,0 +1,216 @@
+"""The live-debugger backend: target memory, modules, symbols and types from pykd
+inside WinDbg (a live session or the dump WinDbg has open).
+
+pykd is imported lazily, only here, so dbgext imports and runs everywhere else.
+Memory comes in whole pages through ``pykd.loadBytes`` (one engine call per page,
+or per run of pages); pykd validates a block read as a whole, so a page that is
+partly invalid is unreadable as a whole.
+
+No memory map: :meth:`PykdBackend.mapped_ranges` is None, so
+``Target.readable_ranges`` probes page by page.  That is fine over a bounded range
+(a pool block, a stack, an image) but far too slow for a whole kernel address
+space — finders running inside WinDbg must be given a range to search.
+"""
+
+import re
+
+from ..errors import DbgextError
+from .base import PAGE_SIZE, Backend, Module, Target
+
+# One loadBytes call covers at most this many pages (pykd's count is 32-bit and a
+# huge list of ints costs memory; 1 MiB runs keep calls few and lists modest).
+MAX_PAGES_PER_CALL = 256
+
+REGISTERS = {
+    "x64": ("rax", "rbx", "rcx", "rdx", "rsi", "rdi", "rbp", "rsp", "r8", "r9", "r10", "r11", "r12",
+            "r13", "r14", "r15", "rip", "efl"),
+    "x86": ("eax", "ebx", "ecx", "edx", "esi", "edi", "ebp", "esp", "eip", "efl"),
+}
+
+# pykd's findSymbol displacement ("nt!Foo+1a", "nt+1a", "nt!Foo-8") -> dbgext's "+0x1a".
+_DISPLACEMENT = re.compile(r"([+-])([0-9a-fA-F]+)$")
+
+
+def import_pykd():
+    try:
+        import pykd
+    except ImportError:
+        raise DbgextError("pykd is not available: run this inside WinDbg with pykd loaded "
+                          "(!py), or give --dump FILE")
+    return pykd
+
+
+class PykdBackend(Backend):
+    kind = "pykd"
+
+    def __init__(self, pykd=None):
+        self.pykd = pykd or import_pykd()
+        self.arch = "x64" if self.pykd.ptrSize() == 8 else "x86"
+
+    def read_page(self, page_address):
+        pykd = self.pykd
+        try:
+            return bytes(pykd.loadBytes(page_address, PAGE_SIZE))
+        except pykd.MemoryException:
+            return None
+
+    def read_pages(self, page_address, count):
+        pages = []
+        while count > 0:
+            run = min(count, MAX_PAGES_PER_CALL)
+            pages.extend(self._read_run(page_address, run))
+            page_address += run * PAGE_SIZE
+            count -= run
+        return pages
+
+    def _read_run(self, page_address, count):
+        """One loadBytes for the whole run; if any page of it is invalid pykd fails
+        the whole call, so fall back to page by page."""
+        if count == 1:
+            return [self.read_page(page_address)]
+        pykd = self.pykd
+        try:
+            data = bytes(pykd.loadBytes(page_address, count * PAGE_SIZE))
+        except pykd.MemoryException:
+            return [self.read_page(page_address + index * PAGE_SIZE) for index in range(count)]
+        return [data[index * PAGE_SIZE:(index + 1) * PAGE_SIZE] for index in range(count)]
+
+    def modules(self):
+        pykd = self.pykd
+        result = []
+        for module in pykd.getModulesList():
+            try:
+                name = module.name()
+                base, size = module.begin(), module.size()
+            except pykd.DbgException:
+                continue  # an unloaded or half-described module: nothing to read in it
+            try:
+                image = module.image()
+            except pykd.DbgException:
+                image = name
+            result.append(Module(name, base, size, image))
+        return result
+
+    def symbols(self):
+        return PykdSymbols(self.pykd)
+
+    def info(self):
+        pykd = self.pykd
+        kernel = bool(pykd.isKernelDebugging())
+        dump = bool(pykd.isDumpAnalyzing())
+        info = {"kind": self.kind, "arch": self.arch, "mode": "kernel" if kernel else "user",
+                "source": "dump" if dump else "live"}
+        try:
+            info["build"] = pykd.getSystemVersion().buildNumber
+        except pykd.DbgException:
+            pass
+        if kernel and dump:
+            try:
+                info["bugcheck"] = list(pykd.bugCheckData())
+            except pykd.DbgException:
+                pass
+        registers = {}
+        for name in REGISTERS[self.arch]:
+            try:
+                registers[name] = pykd.reg(name)
+            except pykd.DbgException:
+                continue
+        info["registers"] = registers
+        return info
+
+
+class PykdSymbols(object):
+    """The :class:`dbgext.target.symbols.SymbolTable` interface answered by the
+    debugger's own symbols (findSymbol, getOffset, typeInfo), with every answer
+    cached — inside WinDbg the same address or type is asked about many times."""
+
+    # Bound on the address cache: a dps over a huge range must not grow it forever.
+    MAX_CACHED_ADDRESSES = 100000
+
+    def __init__(self, pykd):
+        self.pykd = pykd
+        self._modules = []
+        self._addresses = {}
+        self._descriptions = {}
+        self._functions = {}
+        self._type_sizes = {}
+        self._field_offsets = {}
+
+    def bind(self, modules):
+        self._modules = sorted(modules, key=lambda m: m.base)
+
+    @property
+    def empty(self):
+        return False
+
+    def module_symbols(self, module_name):
+        """No ISF tables behind the debugger's symbols."""
+        return None
+
+    def _module_at(self, address):
+        for module in self._modules:
+            if module.contains(address):
+                return module
+        return None
+
+    def address(self, name):
+        if name not in self._addresses:
+            pykd = self.pykd
+            try:
+                self._addresses[name] = pykd.getOffset(name)
+            except pykd.DbgException:
+                self._addresses[name] = None
+        return self._addresses[name]
+
+    def describe(self, address):
+        cached = self._descriptions.get(address)
+        if cached is None:
+            if self._module_at(address) is None:
+                cached = "0x%x" % address
+            else:
+                cached = _with_hex_prefix(self.pykd.findSymbol(address))
+            self._remember(self._descriptions, address, cached)
+        return cached
+
+    def function_of(self, address):
+        if address not in self._functions:
+            if self._module_at(address) is None:
+                found = None
+            else:
+                found = self.pykd.findSymbol(address, False)
+            self._remember(self._functions, address, found)
+        return self._functions[address]
+
+    def _remember(self, cache, key, value):
+        if len(cache) >= self.MAX_CACHED_ADDRESSES:
+            cache.clear()
+        cache[key] = value
+
+    def type_size(self, type_name):
+        if type_name not in self._type_sizes:
+            pykd = self.pykd
+            try:
+                self._type_sizes[type_name] = pykd.typeInfo(type_name).size()
+            except pykd.DbgException:
+                self._type_sizes[type_name] = None
+        return self._type_sizes[type_name]
+
+    def field_offset(self, type_name, field_path):
+        key = (type_name, field_path)
+        if key not in self._field_offsets:
+            pykd = self.pykd
+            try:
+                self._field_offsets[key] = pykd.typeInfo(type_name).fieldOffset(field_path)
+            except (pykd.DbgException, AttributeError, KeyError):
+                self._field_offsets[key] = None
+        return self._field_offsets[key]
+
+
+def _with_hex_prefix(text):
+    return _DISPLACEMENT.sub(lambda match: "%s0x%s" % (match.group(1), match.group(2).lower()), text)
+
+
+def open_pykd_target(pykd=None, cache_pages=8192):
+    """The Target of the session WinDbg is debugging (used by ``dbgext.cli``)."""
+    backend = PykdBackend(pykd)
+    return Target(backend, cache_pages=cache_pages)
