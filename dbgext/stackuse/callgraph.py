@@ -1,0 +1,506 @@
+"""Call graph with stack-pointer tracking at every call site, and worst-case depth.
+
+Each function body is followed from its entry (conditional branches, jumps inside
+the function, chained fragments) with the stack depth below the return address
+tracked per instruction.  The depth at a call site — not the frame size — is what
+a call adds: x86 code pushes arguments right before calls, so summing frame sizes
+undercounts.  Direct ``jmp`` to another function is a tail call (it reuses the
+caller's return address); ``call/jmp [IAT slot]`` goes through an import, resolved
+into the other loaded module when the image came from target memory.
+
+Everything is iterative (WinDbg's Python has a recursion limit of 500) and bounded
+(instructions per function, functions per program).  Recursion, indirect calls,
+dynamic frames, unresolved imports and undecodable code are reported as making a
+bound a lower bound, unknown or unbounded — never dropped.
+"""
+
+import struct
+
+from ..errors import BadInput, UnreadableMemory
+from .functions import ModuleFunctions
+from .pe import PEImage
+from .prologue import (PUSH_SIZE, SEH_EPILOG_NAMES, SEH_PROLOG_FRAME_OVERHEAD, STOPS, SpState,
+                       apply_sp_effect, direct_target, helper_call_effect, is_named, memory_slot,
+                       parse_int)
+
+MAX_INSTRUCTIONS_PER_FUNCTION = 40000
+MAX_FUNCTIONS = 400000
+MAX_CHAIN = 4096
+MAX_REASONS = 3
+
+EXACT, LOWER, UNKNOWN, UNBOUNDED = "exact", "lower", "unknown", "unbounded"
+SEVERITY = {EXACT: 0, LOWER: 1, UNKNOWN: 2, UNBOUNDED: 3}
+
+
+class CallSite(object):
+    """One way control leaves a function for another: call, tail jump or import."""
+
+    __slots__ = ("address", "depth", "target", "kind", "import_name")
+
+    def __init__(self, address, depth, target, kind, import_name=None):
+        self.address = address
+        self.depth = depth          # SP depth below the caller's return address here
+        self.target = target        # callee VA, or None (indirect / unresolved)
+        self.kind = kind            # "call" | "tail" | "indirect" | "indirect-tail"
+        self.import_name = import_name
+
+    @property
+    def is_tail(self):
+        return self.kind.endswith("tail")
+
+
+class Bound(object):
+    """Worst-case stack consumed by a call of a function, its return address included."""
+
+    __slots__ = ("value", "status", "reasons", "via")
+
+    def __init__(self, value, status=EXACT, reasons=(), via=None):
+        self.value = value
+        self.status = status
+        self.reasons = tuple(reasons)
+        self.via = via  # the CallSite on the worst path, or None for the function itself
+
+    @property
+    def depth(self):
+        """The number to report: None when unbounded or unknown."""
+        return self.value if self.status in (EXACT, LOWER) else None
+
+
+class Program(object):
+    """The modules under analysis: one PE file, or a target's loaded modules
+    (loaded lazily when a call leads into them)."""
+
+    def __init__(self, target=None):
+        self.target = target
+        self.modules = []  # ModuleFunctions
+        self.problems = []
+        self._failed_modules = set()
+
+    def add_image(self, image, symbols=None):
+        module = ModuleFunctions(image, symbols)
+        self.modules.append(module)
+        return module
+
+    def add_target_module(self, module):
+        image = PEImage.from_target(self.target, module)
+        symbols = None
+        table = self.target.symbols.module_symbols(module.name)
+        if table is not None:
+            symbols = table.symbols
+        return self.add_image(image, symbols)
+
+    def module_for(self, va, load=True):
+        for module in self.modules:
+            if module.contains(va):
+                return module
+        if not load or self.target is None:
+            return None
+        loaded = self.target.module_at(va)
+        if loaded is None or loaded.base in self._failed_modules:
+            return None
+        try:
+            return self.add_target_module(loaded)
+        except (BadInput, UnreadableMemory) as error:
+            self._failed_modules.add(loaded.base)
+            self.problems.append("cannot analyse %s: %s" % (loaded.name, error))
+            return None
+
+    def function_at(self, va, origin="call"):
+        module = self.module_for(va)
+        if module is None:
+            return None
+        return module.add(va, origin)
+
+    def function_count(self):
+        return sum(len(module.functions) for module in self.modules)
+
+
+class CallGraph(object):
+    """Builds bodies on demand and computes worst-case bounds."""
+
+    def __init__(self, program):
+        self.program = program
+        self.bounds = {}  # function VA -> Bound
+
+    # -- bodies ---------------------------------------------------------------------
+
+    def analyse_all(self, module):
+        """Follow every function of ``module``, including the ones found on the way."""
+        done = set()
+        while True:
+            todo = [f for va, f in sorted(module.functions.items()) if va not in done]
+            if not todo:
+                break
+            for function in todo:
+                done.add(function.va)
+                self.analyse(function)
+            if self.program.function_count() > MAX_FUNCTIONS:
+                module.problem("more than %d functions: discovery stopped" % MAX_FUNCTIONS)
+                break
+        self._refine_stdcall(module)
+
+    def analyse(self, function):
+        if function.analysed_body:
+            return function
+        function.analysed_body = True
+        function.module.compute_frame(function)
+        if function.fragment_of is not None:
+            # Fragments are followed as part of their primary function.
+            return function
+        _follow_body(self.program, function)
+        return function
+
+    def _refine_stdcall(self, module):
+        """x86: re-follow callers of functions that pop their arguments (`ret N`),
+        now that every callee's pop count is known."""
+        if module.arch != "x86":
+            return
+        popping = {va for va, f in module.functions.items() if f.ret_pop}
+        if not popping:
+            return
+        for function in list(module.functions.values()):
+            if any(site.target in popping for site in function.call_sites):
+                _follow_body(self.program, function)
+
+    # -- worst case -------------------------------------------------------------------
+
+    def bound(self, root):
+        """Worst-case Bound for a FunctionInfo (iterative depth-first search)."""
+        if root.va in self.bounds:
+            return self.bounds[root.va]
+        on_path = {}   # va -> index in the explicit stack
+        partial = {}   # va -> [best depth below the return address, status, reasons, via]
+        stack = []     # [function, edge iterator, call site whose callee is being computed]
+
+        def enter(function):
+            self.analyse(function)
+            on_path[function.va] = len(stack)
+            partial[function.va] = _own_bound(function)
+            stack.append([function, iter(function.call_sites), None])
+
+        enter(root)
+        while stack:
+            frame = stack[-1]
+            function, edges, pending = frame
+            pointer = function.module.pointer_size
+            entry = partial[function.va]
+            if pending is not None:
+                frame[2] = None
+                _merge_site(entry, pending, self.bounds[self._callee(pending).va], pointer)
+            descended = False
+            for site in edges:
+                callee = self._callee(site)
+                if callee is None:
+                    _merge_unresolved(entry, site, pointer)
+                    continue
+                known = self.bounds.get(callee.va)
+                if known is not None:
+                    _merge_site(entry, site, known, pointer)
+                    continue
+                if callee.va in on_path:
+                    cycle = [item[0].display_name for item in stack[on_path[callee.va]:]]
+                    cycle.append(callee.display_name)
+                    _merge(entry, None, UNBOUNDED, ("recursion: " + " -> ".join(cycle[-8:]),), site)
+                    continue
+                frame[2] = site
+                enter(callee)
+                descended = True
+                break
+            if descended:
+                continue
+            best, status, reasons, via = partial.pop(function.va)
+            value = None if best is None else best + pointer
+            self.bounds[function.va] = Bound(value, status, reasons, via)
+            del on_path[function.va]
+            stack.pop()
+        return self.bounds[root.va]
+
+    def _callee(self, site):
+        if site.target is None:
+            return None
+        module = self.program.module_for(site.target)
+        if module is None:
+            return None
+        return module.add(site.target, "call")
+
+    def chain(self, root):
+        """The worst path from ``root``: [(FunctionInfo, CallSite or None, Bound)]."""
+        steps = []
+        seen = set()
+        function = root
+        while function is not None and len(steps) < MAX_CHAIN:
+            bound = self.bound(function)
+            site = bound.via
+            steps.append((function, site, bound))
+            if function.va in seen or site is None:
+                break
+            seen.add(function.va)
+            function = self._callee(site)
+        return steps
+
+
+def _own_bound(function):
+    """[best depth below the return address, status, reasons, via] before callees."""
+    status, reasons = EXACT, []
+    if function.body_problem:
+        status = LOWER if function.max_depth or function.call_sites else UNKNOWN
+        reasons.append("%s: %s" % (function.display_name, function.body_problem))
+    if function.dynamic:
+        status = _worse(status, LOWER)
+        reasons.append("%s: dynamic frame (%s)" % (function.display_name, function.dynamic))
+    if function.sp_lost:
+        status = _worse(status, LOWER)
+        reasons.append("%s: stack pointer lost at %s" % (function.display_name, function.sp_lost))
+    own = max(function.max_depth, function.frame_size or 0)
+    return [None if status == UNKNOWN else own, status, reasons[:MAX_REASONS], None]
+
+
+def _worse(a, b):
+    return a if SEVERITY[a] >= SEVERITY[b] else b
+
+
+def _merge(entry, value, status, reasons, site):
+    best, current_status, current_reasons, via = entry
+    entry[1] = _worse(current_status, status)
+    if reasons and len(current_reasons) < MAX_REASONS:
+        entry[2] = (list(current_reasons) + [r for r in reasons if r not in current_reasons])[:MAX_REASONS]
+    if value is not None and (best is None or value > best):
+        if entry[1] != UNKNOWN or best is not None:
+            entry[0] = value
+            entry[3] = site
+
+
+def _merge_site(entry, site, callee_bound, pointer):
+    if callee_bound.status in (UNBOUNDED, UNKNOWN):
+        _merge(entry, None, callee_bound.status, callee_bound.reasons, site)
+        if entry[3] is None:
+            entry[3] = site
+        return
+    value = site.depth + callee_bound.value - (pointer if site.is_tail else 0)
+    _merge(entry, value, callee_bound.status, callee_bound.reasons, site)
+
+
+def _merge_unresolved(entry, site, pointer):
+    if site.import_name:
+        reason = "call into %s (not analysed)" % site.import_name
+    elif site.target is not None:
+        reason = "call to 0x%x outside the analysed code" % site.target
+    else:
+        reason = "indirect %s at 0x%x" % ("jump" if site.is_tail else "call", site.address)
+    value = site.depth + (0 if site.is_tail else pointer)
+    _merge(entry, value, LOWER, (reason,), None)
+
+
+# -- following one function's body ----------------------------------------------------
+
+
+def _follow_body(program, function):
+    """Worklist over the function's instructions with SP state per path."""
+    module = function.module
+    decoder = module.decoder
+    arch = module.arch
+    pointer = PUSH_SIZE[arch]
+    image = module.image
+    fragments = _fragment_ranges(module, function)
+    function.call_sites = []
+    function.max_depth = 0
+    function.body_problem = None
+    function.sp_lost = None
+    visited = set()
+    worklist = [(function.va, SpState())]
+    steps = 0
+    while worklist:
+        address, state = worklist.pop()
+        while True:
+            if address in visited:
+                break
+            if steps >= MAX_INSTRUCTIONS_PER_FUNCTION:
+                function.body_problem = "more than %d instructions: analysis stopped" % MAX_INSTRUCTIONS_PER_FUNCTION
+                worklist = []
+                break
+            if address != function.va and _is_other_function(module, function, fragments, address):
+                # Fell through into the next function: control continues there.
+                function.call_sites.append(CallSite(address, state.depth, address, "tail"))
+                break
+            if not image.is_code(address - image.image_base):
+                function.body_problem = "runs off the code section at 0x%x" % address
+                break
+            insn = decoder.at(address)
+            if insn is None:
+                function.body_problem = decoder.problem(address)
+                break
+            visited.add(address)
+            steps += 1
+            _, size, mnemonic, op_str = insn
+            next_address = address + size
+            if state.depth > function.max_depth:
+                function.max_depth = state.depth
+            first = mnemonic[0]
+            if first == "c" and mnemonic == "call":
+                if not _call(program, function, decoder, insn, state, arch, pointer):
+                    break
+                address = next_address
+                continue
+            if first == "r" and mnemonic.startswith("ret"):
+                popped = parse_int(op_str) if op_str else 0
+                if popped:
+                    function.ret_pop = popped
+                break
+            if first == "j" or mnemonic.startswith("loop"):
+                target = direct_target(op_str)
+                if mnemonic == "jmp":
+                    _jump(program, function, fragments, insn, state, target, worklist, arch)
+                    break
+                if target is not None:
+                    if _is_other_function(module, function, fragments, target):
+                        function.call_sites.append(CallSite(address, state.depth, target, "tail"))
+                    else:
+                        worklist.append((target, state.copy()))
+                address = next_address
+                continue
+            if mnemonic in STOPS:
+                break
+            step = apply_sp_effect(arch, mnemonic, op_str, state)
+            if step is not None:
+                if step.dynamic:
+                    if function.dynamic is None:
+                        function.dynamic = step.dynamic
+                elif step.unknown and function.sp_lost is None:
+                    function.sp_lost = "0x%x (%s)" % (address, step.unknown)
+                    break
+            address = next_address
+    if function.body_problem:
+        module.problem("%s: %s" % (function.display_name, function.body_problem))
+
+
+def _fragment_ranges(module, function):
+    ranges = []
+    if function.end is not None:
+        ranges.append((function.va, function.end))
+    for other in module.functions.values():
+        if other.fragment_of == function.va and other.end is not None:
+            ranges.append((other.va, other.end))
+    return ranges
+
+
+def _inside(function, fragments, address):
+    if not fragments:
+        return True
+    for start, end in fragments:
+        if start <= address < end:
+            return True
+    return False
+
+
+def _is_other_function(module, function, fragments, target):
+    """True when ``target`` starts another known function (not this one's fragment)."""
+    if target == function.va or (fragments and _inside(function, fragments, target)):
+        return False
+    other = module.functions.get(target)
+    return other is not None and other.fragment_of != function.va
+
+
+def _jump(program, function, fragments, insn, state, target, worklist, arch):
+    module = function.module
+    address, size, _, op_str = insn
+    if target is None:
+        slot = memory_slot(arch, op_str, address + size)
+        import_name = module.image.imports.get(slot - module.image.image_base) if slot is not None else None
+        resolved = _resolve_import(program, module, slot) if import_name else None
+        if import_name:
+            function.call_sites.append(CallSite(address, state.depth, resolved, "tail", import_name))
+            if function.name is None and address == function.va:
+                function.name = "thunk:" + import_name
+        else:
+            function.call_sites.append(CallSite(address, state.depth, None, "indirect-tail"))
+        return
+    if _is_other_function(module, function, fragments, target):
+        function.call_sites.append(CallSite(address, state.depth, target, "tail"))
+        return
+    if not module.contains(target):
+        function.call_sites.append(CallSite(address, state.depth, target, "tail"))
+        return
+    inside = _inside(function, fragments, target) if fragments else target >= function.va
+    if state.depth == 0 and not inside:
+        # An epilogue's jump out of the function: a tail call to a function that
+        # has no other record (a leaf without .pdata).
+        program.function_at(target)
+        function.call_sites.append(CallSite(address, state.depth, target, "tail"))
+        return
+    worklist.append((target, state.copy()))
+
+
+def _call(program, function, decoder, insn, state, arch, pointer):
+    """Record a call site and apply its effect on SP; False ends the path."""
+    module = function.module
+    address, size, _, op_str = insn
+    target = direct_target(op_str)
+    effect = helper_call_effect(arch, decoder, insn, state, target, module.name_of)
+    if effect is not None:
+        kind, moved = effect
+        if kind == "probe":
+            state.depth += moved
+        else:
+            locals_size = _push_immediate(decoder, function.va, address)
+            if locals_size is None:
+                function.sp_lost = "0x%x (SEH prologue without a local size)" % address
+                return False
+            state.fp_depth = state.depth - 8 + 4
+            state.depth = state.depth - 8 + SEH_PROLOG_FRAME_OVERHEAD + locals_size
+        if state.depth > function.max_depth:
+            function.max_depth = state.depth
+        return True
+    if target is not None:
+        callee = program.function_at(target)
+        function.call_sites.append(CallSite(address, state.depth, target, "call"))
+        if arch == "x86" and is_named(module.name_of(target), SEH_EPILOG_NAMES):
+            if state.fp_depth is None:
+                function.sp_lost = "0x%x (SEH epilogue without a frame pointer)" % address
+                return False
+            state.depth = state.fp_depth - pointer
+            state.fp_depth = None
+        elif callee is not None and callee.ret_pop:
+            state.depth -= callee.ret_pop
+        state.accumulator = None
+        return True
+    slot = memory_slot(arch, op_str, address + size)
+    import_name = module.image.imports.get(slot - module.image.image_base) if slot is not None else None
+    if import_name:
+        resolved = _resolve_import(program, module, slot)
+        function.call_sites.append(CallSite(address, state.depth, resolved, "call", import_name))
+    else:
+        function.call_sites.append(CallSite(address, state.depth, None, "indirect"))
+    state.accumulator = None
+    return True
+
+
+def _resolve_import(program, module, slot):
+    """The function an IAT slot points to, when the image is the loaded one (the
+    loader wrote the import's address there) and its module is in the target."""
+    if module.image.origin != "memory" or program.target is None:
+        return None
+    rva = slot - module.image.image_base
+    if not module.image.is_readable(rva, module.pointer_size):
+        return None
+    fmt = "<Q" if module.pointer_size == 8 else "<I"
+    value = struct.unpack_from(fmt, module.image.data, rva)[0]
+    other = program.module_for(value)
+    if other is None or other is module:
+        return None
+    other.add(value, "import")
+    return value
+
+
+def _push_immediate(decoder, start, call_address):
+    """Local size pushed for the SEH prologue helper: the immediate of the second
+    push before the call."""
+    pushes = []
+    address = start
+    while address < call_address:
+        insn = decoder.at(address)
+        if insn is None:
+            return None
+        if insn[2] == "push":
+            pushes.append(insn[3])
+        address += insn[1]
+    return parse_int(pushes[-2]) if len(pushes) >= 2 else None

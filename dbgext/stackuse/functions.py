@@ -1,0 +1,213 @@
+"""Function discovery and per-function frame sizes, reconciled from two sources.
+
+Functions come from ``.pdata`` (x64), exports, debugger symbols, the entry point,
+and — through :mod:`callgraph` — the targets of direct calls (leaf functions have
+no ``.pdata`` entry; x86 has no ``.pdata`` at all).  Each function's frame size is
+taken from the unwind data when there is some (it is exact) and from the prologue
+scan otherwise; when both exist they are compared and any disagreement is kept.
+"""
+
+import bisect
+
+from .prologue import Decoder, scan_prologue
+from .unwind import frame_from_unwind
+
+MAX_REPORTED_PROBLEMS = 200
+
+
+class FunctionInfo(object):
+    """What is known about one function (addresses are VAs)."""
+
+    __slots__ = ("module", "va", "rva", "name", "origin", "end", "fragment_of", "unwind_size",
+                 "prologue_size", "dynamic", "problem", "has_handler", "analysed_body",
+                 "body_problem", "ret_pop", "max_depth", "call_sites", "sp_lost")
+
+    def __init__(self, module, va, rva, origin, name=None, end=None):
+        self.module = module
+        self.va = va
+        self.rva = rva
+        self.name = name
+        self.origin = origin        # "pdata", "export", "symbol", "entry", "call", "request"
+        self.end = end              # VA after the last byte (from .pdata) or None
+        self.fragment_of = None     # VA of the primary function for a chained fragment
+        self.unwind_size = None
+        self.prologue_size = None
+        self.dynamic = None         # text of the instruction making the frame dynamic
+        self.problem = None         # why no frame size could be determined
+        self.has_handler = False
+        self.analysed_body = False
+        self.body_problem = None    # first problem met while following the body
+        self.ret_pop = 0            # bytes `ret N` pops (x86 stdcall)
+        self.max_depth = 0          # deepest SP (below the return address) in the body
+        self.call_sites = []        # callgraph.CallSite
+        self.sp_lost = None         # instruction after which SP could not be tracked
+
+    @property
+    def source(self):
+        if self.unwind_size is not None and self.prologue_size is not None \
+                and self.unwind_size == self.prologue_size:
+            return "both"
+        if self.unwind_size is not None:
+            return "unwind"
+        return "prologue"
+
+    @property
+    def frame_size(self):
+        """Bytes the function moves SP below its return address; None when dynamic
+        or undecodable."""
+        if self.dynamic:
+            return None
+        if self.unwind_size is not None:
+            return self.unwind_size
+        return self.prologue_size
+
+    @property
+    def disagreement(self):
+        if self.unwind_size is None or self.prologue_size is None or self.unwind_size == self.prologue_size:
+            if self.dynamic and self.unwind_size is not None:
+                return "dynamic frame (%s) beyond the %d static bytes in the unwind data" % (
+                    self.dynamic, self.unwind_size)
+            return None
+        return "prologue scan found %d bytes, unwind data says %d" % (self.prologue_size, self.unwind_size)
+
+    @property
+    def display_name(self):
+        return self.name or "%s+0x%x" % (self.module.name, self.rva)
+
+
+class ModuleFunctions(object):
+    """The functions of one image and the decoder over its code."""
+
+    def __init__(self, image, symbols=None):
+        """``symbols``: {name: rva} from the debugger/ISF, or None."""
+        self.image = image
+        self.name = image.name
+        self.arch = image.arch
+        self.pointer_size = 8 if image.arch == "x64" else 4
+        self.decoder = Decoder(image)
+        self.functions = {}           # va -> FunctionInfo
+        self.problems = list(image.problems)
+        self.names = {}               # va -> name (exports and symbols)
+        self._unwind_cache = {}
+        self._starts = None
+        self._seed(symbols or {})
+
+    # -- discovery --------------------------------------------------------------------
+
+    def _seed(self, symbols):
+        image = self.image
+        base = image.image_base
+        for rva, name in image.exports.items():
+            self.names[base + rva] = name
+        for name, rva in symbols.items():
+            if image.is_code(rva):
+                self.names.setdefault(base + rva, name)
+        for slot_rva, name in image.imports.items():
+            self.names.setdefault(base + slot_rva, name)
+        if image.arch == "x64":
+            self._seed_pdata()
+        for rva, name in image.exports.items():
+            self.add(base + rva, "export")
+        for name, rva in symbols.items():
+            if image.is_code(rva):
+                self.add(base + rva, "symbol")
+        if image.entry_point and image.is_code(image.entry_point):
+            self.add(base + image.entry_point, "entry")
+
+    def _seed_pdata(self):
+        image = self.image
+        base = image.image_base
+        size = len(image.data)
+        for index, entry in enumerate(image.runtime_functions):
+            begin, end, unwind_rva = entry
+            if begin == 0 and end == 0:
+                continue
+            if not (0 < begin < end <= size) or not image.is_code(begin):
+                self.problem("RUNTIME_FUNCTION #%d [0x%x, 0x%x) lies outside the code of %s"
+                             % (index, begin, end, image.name))
+                continue
+            function = self.functions.get(base + begin)
+            if function is None:
+                function = FunctionInfo(self, base + begin, begin, "pdata", end=base + end)
+                self.functions[base + begin] = function
+            frame = frame_from_unwind(image, entry, self._unwind_cache)
+            function.unwind_size = frame.frame_size
+            function.has_handler = frame.has_handler
+            if frame.problem:
+                function.problem = frame.problem
+                self.problem(frame.problem)
+            if frame.is_fragment:
+                function.fragment_of = base + frame.chain[-1][0]
+        self._starts = None
+
+    def add(self, va, origin):
+        """Make sure a function starts at ``va``; returns its FunctionInfo (or None
+        when ``va`` is not in this image's code)."""
+        function = self.functions.get(va)
+        if function is not None:
+            if function.name is None:
+                function.name = self.names.get(va)
+            return function
+        rva = va - self.image.image_base
+        if not self.image.is_code(rva):
+            return None
+        function = FunctionInfo(self, va, rva, origin, name=self.names.get(va))
+        self.functions[va] = function
+        self._starts = None
+        return function
+
+    def problem(self, text):
+        if len(self.problems) < MAX_REPORTED_PROBLEMS:
+            self.problems.append(text)
+        elif len(self.problems) == MAX_REPORTED_PROBLEMS:
+            self.problems.append("(further problems not listed)")
+
+    def name_of(self, va):
+        return self.names.get(va)
+
+    def contains(self, va):
+        return 0 <= va - self.image.image_base < len(self.image.data)
+
+    def starts(self):
+        if self._starts is None:
+            self._starts = sorted(self.functions)
+        return self._starts
+
+    def function_containing(self, va):
+        """The function starting closest at or below ``va`` that may contain it
+        (within its .pdata range when it has one), or None."""
+        starts = self.starts()
+        index = bisect.bisect_right(starts, va) - 1
+        if index < 0:
+            return None
+        function = self.functions[starts[index]]
+        if function.end is not None and va >= function.end:
+            return None
+        return function
+
+    def find_by_name(self, name):
+        wanted = name.lower()
+        for va, known in self.names.items():
+            if known.lower() == wanted:
+                return self.add(va, "request")
+        return None
+
+    # -- frames -----------------------------------------------------------------------
+
+    def compute_frames(self, functions=None):
+        """Prologue scans for every function (or the given ones) lacking one."""
+        for function in list(functions if functions is not None else self.functions.values()):
+            self.compute_frame(function)
+
+    def compute_frame(self, function):
+        if function.prologue_size is not None or function.fragment_of is not None:
+            return
+        # A fragment's code runs inside its parent's frame: scanning it finds 0 by
+        # design, so fragments take the chain's size only.
+        result = scan_prologue(self.decoder, function.va, self.name_of)
+        if result.dynamic:
+            function.dynamic = result.dynamic
+        if result.frame_size is not None:
+            function.prologue_size = result.frame_size
+        elif function.unwind_size is None and function.problem is None:
+            function.problem = result.problem or "no prologue could be decoded"

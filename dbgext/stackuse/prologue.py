@@ -1,0 +1,421 @@
+"""Instruction-level stack-pointer semantics (capstone, x64 and x86) and the
+prologue scan that estimates a frame size from code alone.
+
+The frame size is what the function moves the stack pointer below its return
+address: pushes plus allocation.  The scan walks the entry path and skips
+everything that leaves SP alone (``mov [rsp+8], rbx`` home-space saves, argument
+spills, ``mov r11, rsp``, frame-pointer set-up), because "pushes then one sub"
+pattern matching is wrong for most Microsoft-built prologues.  It understands the
+stack-probe helpers (``mov eax, N; call __chkstk``, with or without a following
+``sub rsp, rax``), the x86 SEH prologue helper, and shrink-wrapped functions whose
+early-exit test comes before the prologue (it follows the branch).
+
+Instructions are decoded with capstone's ``disasm_lite`` (no detail objects) and
+classified from their text: that is several times faster than detail mode, which
+matters for images with tens of thousands of functions.
+"""
+
+import capstone
+
+from .layouts import SEH_PROLOG_FRAME_OVERHEAD
+
+MAX_PROLOGUE_INSTRUCTIONS = 80
+MAX_PROLOGUE_PATHS = 4
+DECODE_WINDOW = 512
+STACK_PROBE_MINIMUM = 0x1000
+
+SP = {"x64": "rsp", "x86": "esp"}
+FP = {"x64": "rbp", "x86": "ebp"}
+ACCUMULATOR = {"x64": ("rax", "eax"), "x86": ("eax",)}
+CALLEE_SAVED = {
+    "x64": frozenset(["rbx", "rbp", "rdi", "rsi", "r12", "r13", "r14", "r15"]),
+    "x86": frozenset(["ebx", "ebp", "esi", "edi"]),
+}
+PUSH_SIZE = {"x64": 8, "x86": 4}
+# Mnemonics that end a path through a function (besides ret/jmp).
+STOPS = frozenset(["int3", "ud2", "hlt", "iretq", "iretd", "sysret", "sysexit"])
+STACK_PROBE_NAMES = ("chkstk", "alloca_probe")
+SEH_PROLOG_NAMES = ("SEH_prolog",)
+SEH_EPILOG_NAMES = ("SEH_epilog",)
+
+
+def parse_int(text):
+    try:
+        return int(text, 0)
+    except ValueError:
+        return None
+
+
+class Decoder(object):
+    """Decodes instructions of a :class:`PEImage` by VA, caching each one.
+
+    ``at(va)`` -> (address, size, mnemonic, op_str) or None with ``problem(va)``
+    explaining why (unreadable page, outside the image, undecodable bytes)."""
+
+    def __init__(self, image):
+        self.image = image
+        self.arch = image.arch
+        mode = capstone.CS_MODE_64 if image.arch == "x64" else capstone.CS_MODE_32
+        self._cs = capstone.Cs(capstone.CS_ARCH_X86, mode)
+        self._insns = {}
+        self._failed = {}
+
+    def at(self, va):
+        insn = self._insns.get(va)
+        if insn is None and va not in self._failed:
+            self.decode_range(va, va + DECODE_WINDOW)
+            insn = self._insns.get(va)
+            if insn is None and va not in self._failed:
+                self._failed[va] = "undecodable instruction at 0x%x" % va
+        return insn
+
+    def problem(self, va):
+        return self._failed.get(va)
+
+    def decode_range(self, start_va, end_va):
+        """Decode linearly from ``start_va`` up to ``end_va`` (one capstone call)."""
+        image = self.image
+        rva = start_va - image.image_base
+        if rva < 0 or rva >= len(image.data):
+            self._failed[start_va] = "0x%x lies outside %s" % (start_va, image.name)
+            return
+        size = image.readable_span(rva, max(1, min(end_va - start_va, len(image.data) - rva)))
+        if size <= 0:
+            self._failed[start_va] = "code page missing at 0x%x" % start_va
+            return
+        code = bytes(image.data[rva:rva + size])
+        insns = self._insns
+        for insn in self._cs.disasm_lite(code, start_va):
+            if insn[0] in insns:
+                break  # joined code decoded earlier
+            insns[insn[0]] = insn
+
+    def forget(self):
+        self._insns.clear()
+        self._failed.clear()
+
+
+class SpState(object):
+    """What the analyses track along a path: SP depth below the return address,
+    the frame pointer's depth when it was set from SP, the accumulator when it
+    holds a constant (stack-probe size), and registers written so far."""
+
+    __slots__ = ("depth", "fp_depth", "accumulator", "written")
+
+    def __init__(self, depth=0, fp_depth=None, accumulator=None, written=frozenset()):
+        self.depth = depth
+        self.fp_depth = fp_depth
+        self.accumulator = accumulator
+        self.written = written
+
+    def copy(self):
+        return SpState(self.depth, self.fp_depth, self.accumulator, self.written)
+
+
+class StepResult(object):
+    """How one instruction changed SP: ``dynamic`` names a non-static adjustment."""
+
+    __slots__ = ("dynamic", "unknown")
+
+    def __init__(self, dynamic=None, unknown=None):
+        self.dynamic = dynamic
+        self.unknown = unknown
+
+
+def split_operands(op_str):
+    """'qword ptr [rsp + 8], rbx' -> ['qword ptr [rsp + 8]', 'rbx'] (top-level commas)."""
+    if "," not in op_str:
+        return [op_str] if op_str else []
+    return [part.strip() for part in op_str.split(",")]
+
+
+def memory_displacement(operand, base):
+    """Displacement of ``[base + d]`` / ``[base - d]`` / ``[base]`` or None if the
+    operand is not exactly that form."""
+    start = operand.find("[")
+    if start < 0:
+        return None
+    inner = operand[start + 1:operand.rfind("]")].strip()
+    if inner == base:
+        return 0
+    if inner.startswith(base + " + "):
+        return parse_int(inner[len(base) + 3:])
+    if inner.startswith(base + " - "):
+        value = parse_int(inner[len(base) + 3:])
+        return None if value is None else -value
+    return None
+
+
+def apply_sp_effect(arch, mnemonic, op_str, state, called_name=None):
+    """Update ``state`` for one non-control-flow instruction; return a StepResult
+    when the instruction makes the frame dynamic or loses track of SP."""
+    sp = SP[arch]
+    push = PUSH_SIZE[arch]
+    if mnemonic == "push":
+        state.depth += push
+        return None
+    if mnemonic == "pop":
+        state.depth -= push
+        if op_str == FP[arch]:
+            state.fp_depth = None
+        return None
+    if mnemonic in ("pushfq", "pushfd", "pushf"):
+        state.depth += push
+        return None
+    if mnemonic in ("popfq", "popfd", "popf"):
+        state.depth -= push
+        return None
+    if mnemonic in ("pushal", "pushad"):
+        state.depth += 32
+        return None
+    if mnemonic in ("popal", "popad"):
+        state.depth -= 32
+        return None
+    if mnemonic == "leave":
+        if state.fp_depth is None:
+            return StepResult(unknown="leave without a known frame pointer")
+        state.depth = state.fp_depth - push
+        state.fp_depth = None
+        return None
+    if sp not in op_str and not (op_str.startswith(ACCUMULATOR[arch]) or op_str.startswith(FP[arch])):
+        return None
+    operands = split_operands(op_str)
+    if not operands:
+        return None
+    destination = operands[0]
+    source = operands[1] if len(operands) > 1 else ""
+    if destination in ACCUMULATOR[arch]:
+        # Track `mov eax, N` for the stack-probe helpers; anything else forgets it.
+        state.accumulator = parse_int(source) if mnemonic == "mov" else None
+        return None
+    if destination == FP[arch]:
+        if mnemonic == "mov" and source == sp:
+            state.fp_depth = state.depth
+        elif mnemonic == "lea":
+            offset = memory_displacement(source, sp)
+            state.fp_depth = None if offset is None else state.depth - offset
+        elif mnemonic not in ("push", "cmp", "test"):
+            state.fp_depth = None
+        return None
+    if destination != sp:
+        return None
+    if mnemonic == "sub" or mnemonic == "add":
+        value = parse_int(source)
+        if value is None and source in ACCUMULATOR[arch] and state.accumulator is not None:
+            value = state.accumulator
+        if value is None:
+            return StepResult(dynamic="%s %s" % (mnemonic, op_str))
+        state.depth += value if mnemonic == "sub" else -value
+        return None
+    if mnemonic == "lea":
+        offset = memory_displacement(source, sp)
+        if offset is not None:
+            state.depth -= offset
+            return None
+        offset = memory_displacement(source, FP[arch])
+        if offset is not None and state.fp_depth is not None:
+            state.depth = state.fp_depth - offset
+            return None
+        return StepResult(dynamic="%s %s" % (mnemonic, op_str))
+    if mnemonic == "mov":
+        if source == FP[arch] and state.fp_depth is not None:
+            state.depth = state.fp_depth
+            return None
+        return StepResult(dynamic="%s %s" % (mnemonic, op_str))
+    if mnemonic in ("and",):
+        return StepResult(dynamic="stack realignment: %s %s" % (mnemonic, op_str))
+    if mnemonic in ("cmp", "test", "xchg") or mnemonic.startswith("mov"):
+        return None
+    return StepResult(unknown="%s %s" % (mnemonic, op_str))
+
+
+def direct_target(op_str):
+    """The absolute target of ``call 0x1234`` / ``jmp 0x1234``, or None."""
+    if op_str.startswith("0x") or op_str[:1].isdigit():
+        return parse_int(op_str)
+    return None
+
+
+def memory_slot(arch, op_str, next_address):
+    """The address of the pointer an indirect ``call/jmp [mem]`` reads, when it is
+    a fixed location (``[rip + d]`` on x64, ``[abs]`` on x86) — an IAT slot."""
+    start = op_str.find("[")
+    if start < 0:
+        return None
+    inner = op_str[start + 1:op_str.rfind("]")].strip()
+    if arch == "x64":
+        if inner.startswith("rip + "):
+            value = parse_int(inner[6:])
+            return None if value is None else next_address + value
+        if inner.startswith("rip - "):
+            value = parse_int(inner[6:])
+            return None if value is None else next_address - value
+        return None
+    return parse_int(inner)
+
+
+def is_named(name, fragments):
+    if not name:
+        return False
+    lowered = name.lower()
+    return any(fragment.lower() in lowered for fragment in fragments)
+
+
+def helper_call_effect(arch, decoder, insn, state, target, name_of):
+    """Stack effect of calling a prologue helper, or None for an ordinary call.
+
+    Returns ("probe", moved bytes) for a stack probe (``__chkstk``: moves SP by the
+    accumulator unless a ``sub sp, ax`` follows), or ("seh", bytes) for the x86
+    ``__SEH_prolog4`` helper, which builds the frame itself."""
+    name = name_of(target) if target is not None else None
+    probe_size = state.accumulator
+    if probe_size is not None and probe_size >= STACK_PROBE_MINIMUM and (
+            name is None or is_named(name, STACK_PROBE_NAMES)):
+        following = decoder.at(insn[0] + insn[1])
+        if following is not None and following[2] == "sub" and following[3].startswith(SP[arch] + ", ") \
+                and following[3].split(", ")[1] in ACCUMULATOR[arch]:
+            return ("probe", 0)
+        return ("probe", probe_size)
+    if arch == "x86" and is_named(name, SEH_PROLOG_NAMES):
+        return ("seh", None)
+    return None
+
+
+class PrologueResult(object):
+    __slots__ = ("frame_size", "dynamic", "problem", "instructions", "frame_pointer")
+
+    def __init__(self):
+        self.frame_size = None
+        self.dynamic = None
+        self.problem = None
+        self.instructions = 0
+        self.frame_pointer = False
+
+
+def scan_prologue(decoder, entry, name_of=lambda va: None):
+    """Estimate the frame size from the code at ``entry`` (VA).
+
+    Walks the entry path, counting pushes and allocations and skipping moves.  The
+    walk ends at the first ordinary call (the frame is complete there), a return,
+    a jump, or on x86 at a push that is not a callee-saved register save (an
+    outgoing argument).  A conditional branch taken before any stack change is
+    followed too when the fall-through path never builds a frame (shrink-wrapping).
+    """
+    arch = decoder.arch
+    result = PrologueResult()
+    pending = [entry]
+    seen_paths = set()
+    best = None
+    while pending and len(seen_paths) < MAX_PROLOGUE_PATHS:
+        start = pending.pop(0)
+        if start in seen_paths:
+            continue
+        seen_paths.add(start)
+        frame, dynamic, problem, branches, fp = _scan_path(decoder, start, arch, name_of)
+        result.instructions += 1
+        if dynamic:
+            result.dynamic = dynamic
+        if frame is not None and (best is None or frame > best):
+            best = frame
+            result.frame_pointer = fp
+        if problem and best is None:
+            result.problem = problem
+        if frame == 0 or frame is None:
+            pending.extend(branches)
+    if best is not None:
+        result.frame_size = best
+        result.problem = None
+    return result
+
+
+def _scan_path(decoder, start, arch, name_of):
+    state = SpState()
+    written = set()
+    deepest = 0
+    branches = []
+    address = start
+    dynamic = None
+    saves = CALLEE_SAVED[arch]
+    for _ in range(MAX_PROLOGUE_INSTRUCTIONS):
+        insn = decoder.at(address)
+        if insn is None:
+            return (deepest if deepest else None), dynamic, decoder.problem(address), branches, False
+        _, size, mnemonic, op_str = insn
+        next_address = address + size
+        if mnemonic == "call":
+            target = direct_target(op_str)
+            effect = helper_call_effect(arch, decoder, insn, state, target, name_of)
+            if effect is None:
+                break
+            kind, moved = effect
+            if kind == "probe":
+                state.depth += moved
+            else:
+                # push N; push scopetable; call __SEH_prolog4: N comes from the first push.
+                locals_size = _pushed_immediate_before(decoder, start, address, 2)
+                if locals_size is None:
+                    break
+                state.fp_depth = state.depth - 8 + 4
+                state.depth = state.depth - 8 + SEH_PROLOG_FRAME_OVERHEAD + locals_size
+            deepest = max(deepest, state.depth)
+            address = next_address
+            continue
+        if mnemonic.startswith("ret") or mnemonic == "jmp" or mnemonic in STOPS:
+            break
+        if mnemonic[0] == "j" or mnemonic.startswith("loop"):
+            target = direct_target(op_str)
+            if target is not None and state.depth == 0:
+                branches.append(target)
+            address = next_address
+            continue
+        if arch == "x86" and mnemonic == "push" and state.depth > 0:
+            # After the frame starts, only saves of untouched callee-saved registers
+            # belong to the prologue; anything else is an outgoing argument — except
+            # the two pushes that feed the SEH prologue helper.
+            if not (op_str in saves and op_str not in written) and not _feeds_seh_prolog(
+                    decoder, next_address, name_of):
+                break
+        step = apply_sp_effect(arch, mnemonic, op_str, state)
+        if step is not None:
+            if step.dynamic:
+                dynamic = step.dynamic
+            break
+        if mnemonic != "push":
+            operands = op_str.split(",", 1)
+            if operands and "[" not in operands[0]:
+                written.add(operands[0].strip())
+        deepest = max(deepest, state.depth)
+        address = next_address
+    return deepest, dynamic, None, branches, state.fp_depth is not None
+
+
+def _feeds_seh_prolog(decoder, address, name_of):
+    """True when a push at ``address - size`` is followed (within one push) by a call
+    to the SEH prologue helper."""
+    for _ in range(2):
+        insn = decoder.at(address)
+        if insn is None:
+            return False
+        if insn[2] == "call":
+            return is_named(name_of(direct_target(insn[3]) or 0), SEH_PROLOG_NAMES)
+        if insn[2] != "push":
+            return False
+        address += insn[1]
+    return False
+
+
+def _pushed_immediate_before(decoder, start, call_address, count):
+    """The immediate of the ``count``-th push before ``call_address`` on the path from
+    ``start`` (the SEH helper's local size)."""
+    pushes = []
+    address = start
+    while address < call_address:
+        insn = decoder.at(address)
+        if insn is None:
+            return None
+        if insn[2] == "push":
+            pushes.append(insn[3])
+        address += insn[1]
+    if len(pushes) < count:
+        return None
+    return parse_int(pushes[-count])
