@@ -1,0 +1,265 @@
+"""Text (with DML links inside WinDbg) and JSON views of a walked database.
+
+``links`` is a :class:`Links` telling how to build debugger commands: a trace links
+to ``dps`` over its frames, a bucket to this command's ``--bucket N`` view.
+"""
+
+from ..render.output import dml_escape
+from .layouts import DATABASE_MAGIC, HASH_COUNTER_SLOTS, SEGMENT_MAGIC
+from .validate import statistics
+
+
+class Links(object):
+    """Debugger commands for DML links; ``script`` is the ``!py`` path of
+    commands/rtltrace.py (None offline: no bucket links)."""
+
+    def __init__(self, target, script=None):
+        self.target = target
+        self.script = script
+
+    def frames(self, block):
+        return "dps 0x%x L0x%x" % (block.trace or block.address, max(block.size, 1) if block.size <= 256 else 1)
+
+    def bucket(self, db, bucket):
+        if not self.script:
+            return None
+        return "!py %s 0x%x --bucket %d%s" % (self.script, db.address, bucket, self.layout_option(db))
+
+    def trace(self, db, block):
+        if not self.script:
+            return None
+        return "!py %s 0x%x --trace 0x%x%s" % (self.script, db.address, block.address, self.layout_option(db))
+
+    @staticmethod
+    def layout_option(db):
+        return " --layout %s" % db.layout.name
+
+
+# -- JSON ------------------------------------------------------------------------------
+
+def database_document(db, blocks=None, selection="all"):
+    """The --json object (see the issue's output contract)."""
+    stats = statistics(db)
+    shown = db.blocks if blocks is None else blocks
+    return {
+        "address": db.address,
+        "arch": db.arch,
+        "layout": db.layout.name,
+        "layout_reason": db.layout.reason,
+        "magic_ok": db.header_read and db.field("Magic") == DATABASE_MAGIC,
+        "magic": db.field("Magic") if db.header_read else None,
+        "flags": db.field("Flags"),
+        "tag": db.field("Tag"),
+        "buckets": db.field("NoOfBuckets"),
+        "buckets_address": db.field("Buckets"),
+        "traces": db.field("NoOfTraces"),
+        "hits": db.field("NoOfHits"),
+        "current_size": db.field("CurrentSize"),
+        "maximum_size": db.field("MaximumSize"),
+        "owner": db.field("Owner"),
+        "hash_function": dict(db.hash_function),
+        "hash_counter": list(db.field("HashCounter", [])),
+        "hash_counter_expected": db.hash_counter_expected,
+        "hash_counter_overflow": db.overflow_traces,
+        "external_finds": db.external_finds,
+        "segments": [segment.as_dict() for segment in db.segments],
+        "blocks_found": len(db.blocks),
+        "statistics": stats,
+        "complete": db.complete,
+        "selection": selection,
+        "trace_list": [block.as_dict() for block in shown],
+        "problems": [problem.as_dict() for problem in db.problems],
+        "notes": list(db.notes),
+    }
+
+
+def candidates_document(candidates):
+    return [candidate.as_dict() for candidate in candidates]
+
+
+# -- text ------------------------------------------------------------------------------
+
+def _hex(value):
+    return "0x%x" % value
+
+
+def render_header(out, target, db):
+    layout = db.layout
+    out.line("RTL_TRACE_DATABASE at %s (%s layout: %s)" % (target.format_address(db.address),
+                                                        layout.name, layout.reason))
+    if not db.header_read:
+        return
+    magic = db.field("Magic")
+    flags = db.field("Flags")
+    flag_names = []
+    if flags & 1:
+        flag_names.append("user-mode create")
+    if flags & 2:
+        flag_names.append("kernel-mode create")
+    if flags & 4:
+        flag_names.append("non-paged segments")
+    tag = db.field("Tag")
+    tag_text = "".join(chr(b) if 32 <= b < 127 else "." for b in tag.to_bytes(4, "little"))
+    hash_info = db.hash_function
+    rows = [
+        ["Magic", _hex(magic), "ok" if magic == DATABASE_MAGIC else "BAD (expected 0x%x)" % DATABASE_MAGIC],
+        ["Flags", _hex(flags), ", ".join(flag_names)],
+        ["Tag", _hex(tag), "'%s'" % tag_text if tag else ""],
+        ["SegmentList", target.format_address(db.field("SegmentList")), "%d segments" % len(db.segments)],
+        ["MaximumSize", _hex(db.field("MaximumSize")), "unlimited" if not db.field("MaximumSize") else ""],
+        ["CurrentSize", _hex(db.field("CurrentSize")), "%d bytes" % db.field("CurrentSize")],
+        ["Owner", _hex(db.field("Owner")), ""],
+        ["NoOfBuckets", str(db.field("NoOfBuckets")), ""],
+        ["Buckets", target.format_address(db.field("Buckets")), ""],
+        ["HashFunction", target.format_address(db.field("HashFunction")),
+         "%s: %s" % (hash_info.get("symbol"), hash_info.get("description", ""))],
+        ["NoOfTraces", str(db.field("NoOfTraces")), "%d blocks reached through the buckets" % len(db.blocks)],
+        ["NoOfHits", str(db.field("NoOfHits")), ""],
+    ]
+    out.table(rows, ["field", "value", "meaning"])
+
+
+def render_segments(out, target, db):
+    rows = []
+    for index, segment in enumerate(db.segments):
+        total = segment.total_size
+        rows.append([str(index), target.format_address(segment.address), target.format_address(segment.start),
+                     target.format_address(segment.end), target.format_address(segment.free),
+                     "0x%x / 0x%x" % (segment.used, total), _segment_magic(db, segment)])
+    out.line("")
+    out.table(rows, ["#", "segment", "start", "end", "free", "used/total", "magic"],
+              title="Segments (newest first):")
+
+
+def _segment_magic(db, segment):
+    if segment.magic == SEGMENT_MAGIC:
+        return "ok"
+    if segment.start == db.address and segment.magic == (SEGMENT_MAGIC + db.overflow_traces) & 0xFFFFFFFF:
+        return "ok (+%d HashCounter overflow)" % db.overflow_traces
+    return "BAD 0x%08x" % segment.magic
+
+
+def render_buckets(out, db):
+    stats = statistics(db)
+    out.line("")
+    out.line("Buckets: %d walked, %d occupied, %d empty, average chain %.2f, longest chain %d (bucket %s)"
+             % (stats["buckets_walked"], stats["occupied_buckets"], stats["empty_buckets"],
+                stats["average_chain"], stats["longest_chain"]["length"], stats["longest_chain"]["bucket"]))
+    histogram = stats["chain_histogram"]
+    if histogram:
+        top = max(count for _, count in histogram)
+        rows = [[str(length), str(count), "#" * max(1, 40 * count // top)] for length, count in histogram]
+        out.table(rows, ["chain length", "buckets", ""])
+    stored = db.field("HashCounter", [])
+    expected = db.hash_counter_expected
+    if stored:
+        out.line("")
+        rows = []
+        for slot in range(HASH_COUNTER_SLOTS):
+            rows.append([str(slot), str(stored[slot]),
+                         str(expected[slot]) if expected else "-",
+                         str(stored[slot] - expected[slot]) if expected else "-"])
+        out.table(rows, ["slot", "HashCounter", "from blocks", "external finds"],
+                  title="HashCounter (stored vs the lookups the stored blocks account for):")
+        out.line("overflow into the first segment's Magic: %d; external Find calls implied: %s"
+                 % (db.overflow_traces, "?" if db.external_finds is None else db.external_finds))
+
+
+def render_totals(out, db):
+    stats = statistics(db)
+    out.line("")
+    out.line("Totals: %d traces (%d stored), %d hits (%d stored), %d bytes in blocks, %d bytes in segments"
+             % (stats["blocks_found"], db.field("NoOfTraces"), stats["hits_found"], db.field("NoOfHits"),
+                stats["block_bytes"], stats["segment_bytes"]))
+
+
+def trace_rows(target, db, blocks, links):
+    rows = []
+    cell_links = {}
+    for index, block in enumerate(blocks):
+        first = target.symbolize(block.frames[0]) if block.frames else "(frames unreadable)"
+        rows.append([target.format_address(block.address), str(block.bucket), str(block.count),
+                     str(block.size), first])
+        cell_links[(index, 0)] = links.frames(block)
+        bucket_command = links.bucket(db, block.bucket)
+        if bucket_command:
+            cell_links[(index, 1)] = bucket_command
+    return rows, cell_links
+
+
+def render_traces(out, target, db, blocks, links, title):
+    rows, cell_links = trace_rows(target, db, blocks, links)
+    out.line("")
+    out.table(rows, ["block", "bucket", "count", "depth", "top frame"], links=cell_links, title=title)
+
+
+def render_top_traces(out, target, db, links, top):
+    blocks = sorted(db.blocks, key=lambda block: (-block.count, block.address))[:top]
+    out.line("")
+    out.line("Top %d traces by hit count:" % len(blocks))
+    for block in blocks:
+        render_frames(out, target, block, links, indent="    ")
+
+
+def render_frames(out, target, block, links, indent=""):
+    label = target.format_address(block.address)
+    out.markup_line(indent + out.link(label, links.frames(block))
+                    + _escape(out, "  count %d, depth %d, bucket %s" % (block.count, block.size, block.bucket)))
+    for number, frame in enumerate(block.frames or ()):
+        out.line("%s  %02d %s %s" % (indent, number, target.format_address(frame), target.symbolize(frame)))
+
+
+def _escape(out, text):
+    return dml_escape(text) if out.dml else text
+
+
+def render_block(out, target, db, block, links):
+    out.line("RTL_TRACE_BLOCK at %s%s" % (target.format_address(block.address),
+                                          "" if block.bucket is not None else " (not reached through the buckets)"))
+    rows = [["Magic", _hex(block.magic)], ["Count", str(block.count)], ["Size", str(block.size)],
+            ["UserCount", _hex(block.user_count)], ["UserSize", _hex(block.user_size)],
+            ["UserContext", _hex(block.user_context)], ["Next", target.format_address(block.next)],
+            ["Trace", target.format_address(block.trace)],
+            ["bucket", "-" if block.bucket is None else str(block.bucket)],
+            ["hash", "-" if block.hash is None else _hex(block.hash)]]
+    out.table(rows, ["field", "value"])
+    out.line("")
+    render_frames(out, target, block, links)
+
+
+def render_bucket(out, target, db, bucket, blocks, links):
+    out.line("Bucket %d of %d at %s: %d blocks (newest first)"
+             % (bucket, db.field("NoOfBuckets"),
+                target.format_address(db.field("Buckets") + bucket * db.layout.pointer_size), len(blocks)))
+    for block in blocks:
+        render_frames(out, target, block, links, indent="  ")
+
+
+def render_problems(out, target, db, title="Problems"):
+    out.line("")
+    if db.problems:
+        rows = [[problem.kind, target.format_address(problem.address or 0), problem.detail]
+                for problem in db.problems]
+        out.table(rows, ["kind", "address", "detail"], title="%s (%d):" % (title, len(db.problems)))
+    else:
+        out.line("%s: none%s" % (title, "" if db.complete else " found in what could be read"))
+    for note in db.notes:
+        out.line("note: %s" % note)
+
+
+def render_summary(out, target, db, links, top=10):
+    render_header(out, target, db)
+    if db.header_read:
+        render_segments(out, target, db)
+        render_buckets(out, db)
+        render_totals(out, db)
+        render_top_traces(out, target, db, links, top)
+    render_problems(out, target, db)
+
+
+def render_candidates(out, target, candidates):
+    rows = [[target.format_address(c.address), c.layout, str(c.buckets), str(c.traces), str(c.hits),
+             str(c.segments) + ("" if not c.segment_problem else " (%s)" % c.segment_problem),
+             _hex(c.current_size)] for c in candidates]
+    out.table(rows, ["database", "layout", "buckets", "traces", "hits", "segments", "size"],
+              title="Trace databases found: %d" % len(candidates))

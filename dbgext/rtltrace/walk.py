@@ -1,0 +1,432 @@
+"""Read an RTL_TRACE_DATABASE: choose its layout, then walk header, segment list,
+bucket array and bucket chains into plain data objects.
+
+Reading is bulk: each segment's used part is fetched with one ``try_read`` and
+blocks are decoded from those buffers, so the backend sees page-sized runs, not
+one request per field.  Everything is bounded (segments, buckets, blocks, frames)
+and cycle-checked; what cannot be read becomes a problem naming its address and
+the walk goes on with the rest.
+"""
+
+import bisect
+import struct
+
+from ..errors import UnreadableMemory
+from .hashing import stack_trace_hash
+from .layouts import (BLOCK_MAGIC, DATABASE_MAGIC, LAYOUTS, MAX_BUCKETS, MAX_FRAMES, MIN_BUCKETS,
+                      Layout, layout_from_types, layout_named)
+
+MAX_SEGMENTS = 100000
+MAX_BLOCKS = 1000000
+MAX_PROBLEMS_PER_KIND = 200
+# A segment is one allocation of 0x10000 bytes (the first may hold a big bucket
+# array); anything claiming more than this is corrupt and is not read in bulk.
+MAX_BULK_SEGMENT = 16 * 1024 * 1024
+
+TYPE_NAMES = (("ntdll", "user"), ("nt", "kernel"))
+DATABASE_FIELDS = ("Magic", "Flags", "Tag", "SegmentList", "MaximumSize", "CurrentSize", "Owner",
+                   "NoOfBuckets", "Buckets", "HashFunction", "NoOfTraces", "NoOfHits", "HashCounter")
+
+
+class Problem(object):
+    """Something the walk or the validator found wrong, with a stable ``kind``."""
+
+    __slots__ = ("kind", "address", "detail")
+
+    def __init__(self, kind, address, detail):
+        self.kind = kind
+        self.address = address
+        self.detail = detail
+
+    def as_dict(self):
+        return {"kind": self.kind, "address": self.address, "detail": self.detail}
+
+    def __repr__(self):
+        return "Problem(%r, 0x%x, %r)" % (self.kind, self.address or 0, self.detail)
+
+
+class Segment(object):
+    __slots__ = ("address", "magic", "database", "next", "total_size", "start", "end", "free",
+                 "payload_start", "extent_end")
+
+    def __init__(self, address, fields):
+        self.address = address
+        self.magic = fields["Magic"]
+        self.database = fields["Database"]
+        self.next = fields["NextSegment"]
+        self.total_size = fields["TotalSize"]
+        self.start = fields["SegmentStart"]
+        self.end = fields["SegmentEnd"]
+        self.free = fields["SegmentFree"]
+        self.payload_start = self.start  # where blocks may begin (set by the walker)
+        self.extent_end = self.end        # end of the allocation (first segment: rounded up)
+
+    @property
+    def used(self):
+        return max(0, self.free - self.payload_start)
+
+    def as_dict(self):
+        return {"address": self.address, "magic": self.magic, "database": self.database,
+                "next": self.next, "start": self.start, "end": self.end, "free": self.free,
+                "total_size": self.total_size, "used": self.used}
+
+
+class TraceBlock(object):
+    """One stored stack trace; ``bucket`` is the bucket whose chain reached it and
+    ``hash`` the default hash of its frames (None when the frames were not read)."""
+
+    __slots__ = ("address", "magic", "count", "size", "user_count", "user_size", "user_context",
+                 "next", "trace", "frames", "bucket", "hash")
+
+    def as_dict(self):
+        return {"address": self.address, "bucket": self.bucket, "count": self.count,
+                "depth": self.size, "frames": list(self.frames or ())}
+
+
+class TraceDatabase(object):
+    """Everything read from one database, plus what the validator adds."""
+
+    def __init__(self, address, layout):
+        self.address = address
+        self.layout = layout
+        self.header = {}
+        self.header_read = False
+        self.segments = []
+        self.blocks = []
+        self.chain_lengths = []       # per walked bucket
+        self.buckets_walked = 0
+        self.complete = True          # False when anything stopped the walk early
+        self.problems = []
+        self.notes = []
+        self._kind_counts = {}
+        # Filled by the validator:
+        self.hash_function = {}
+        self.hash_counter_expected = None
+        self.overflow_traces = 0      # m: new traces whose HashCounter slot was 16
+        self.external_finds = None    # F
+
+    @property
+    def arch(self):
+        return self.layout.arch
+
+    def field(self, name, default=0):
+        return self.header.get(name, default)
+
+    def problem(self, kind, address, detail):
+        count = self._kind_counts.get(kind, 0) + 1
+        self._kind_counts[kind] = count
+        if count <= MAX_PROBLEMS_PER_KIND:
+            self.problems.append(Problem(kind, address, detail))
+
+    def finish_problems(self):
+        """Summarise problem kinds that were too many to list one by one."""
+        for kind, count in sorted(self._kind_counts.items()):
+            if count > MAX_PROBLEMS_PER_KIND:
+                self.problems.append(Problem("problems_truncated", self.address,
+                                             "%d more %s problems not listed" % (count - MAX_PROBLEMS_PER_KIND, kind)))
+
+    def problem_count(self, kind):
+        return self._kind_counts.get(kind, 0)
+
+    def note(self, text):
+        self.notes.append(text)
+
+
+# -- layout selection --------------------------------------------------------------
+
+def choose_layout(target, address, requested=None):
+    """The layout to read ``address`` with, and why (``Layout.reason``).
+
+    Order: ``--layout``; the debugger's type information for _RTL_TRACE_DATABASE;
+    recognition from memory (the first segment header right after the database
+    header points back to it); else the arch's user layout, saying it is a guess."""
+    if requested:
+        if requested not in LAYOUTS:
+            from ..errors import BadInput
+            raise BadInput("unknown layout %r (known: %s)" % (requested, ", ".join(sorted(LAYOUTS))))
+        return layout_named(requested, "chosen with --layout")
+    from_types = _layout_from_types(target)
+    if from_types is not None:
+        return from_types
+    recognised = recognise_layout(target, address)
+    if recognised is not None:
+        return recognised
+    mode = "kernel" if target.info().get("kind") == "kernel-dump" or target.info().get("mode") == "kernel" \
+        else "user"
+    name = "%s-%s" % (mode, target.arch)
+    if name not in LAYOUTS:
+        name = "user-%s" % target.arch
+    return layout_named(name, "no type information and no first segment header recognised "
+                              "after the database; assuming %s (override with --layout)" % name)
+
+
+def _layout_from_types(target):
+    for module, mode in TYPE_NAMES:
+        type_name = "%s!_RTL_TRACE_DATABASE" % module
+        if target.field_offset(type_name, "NoOfBuckets") is None:
+            continue
+        name = "%s-%s" % (mode, target.arch)
+        if name not in LAYOUTS:
+            continue
+        offsets = {}
+        for field in DATABASE_FIELDS:
+            offset = target.field_offset(type_name, field)
+            if offset is not None:
+                offsets[field] = offset
+        return layout_from_types(name, target.type_size(type_name), offsets,
+                                 "type information for %s" % type_name)
+    return None
+
+
+def recognise_layout(target, address):
+    """The layout whose first segment header (right after the database header) has
+    Database == address and SegmentStart == address, or None."""
+    for name in sorted(LAYOUTS):
+        spec = LAYOUTS[name]
+        if spec["arch"] != target.arch:
+            continue
+        layout = Layout(name, spec, "")
+        segment_address = address + layout.first_segment_offset
+        try:
+            data = target.read(segment_address, layout.segment.span)
+        except UnreadableMemory:
+            continue
+        fields = layout.segment.unpack(data)
+        if fields["Database"] == address and fields["SegmentStart"] == address:
+            layout.reason = ("recognised from memory: the first segment header at +0x%x points back "
+                             "to the database" % layout.first_segment_offset)
+            return layout
+    return None
+
+
+# -- the walk ----------------------------------------------------------------------
+
+class _SegmentMemory(object):
+    """Bulk-read segment contents, looked up by address."""
+
+    def __init__(self, target):
+        self.target = target
+        self._starts = []
+        self._spans = []  # (start, end, PartialRead)
+
+    def add(self, start, end):
+        if end <= start:
+            return
+        partial = self.target.try_read(start, end - start)
+        index = bisect.bisect_left(self._starts, start)
+        self._starts.insert(index, start)
+        self._spans.insert(index, (start, end, partial))
+
+    def view(self, address, size):
+        """(buffer, offset) holding ``size`` bytes at ``address``; raises
+        UnreadableMemory like Target.read."""
+        index = bisect.bisect_right(self._starts, address) - 1
+        if index >= 0:
+            start, end, partial = self._spans[index]
+            if address + size <= end and (not partial.holes or partial.readable(address, size)):
+                return partial.data, address - start
+        return self.target.read(address, size), 0
+
+
+def read_header(target, db):
+    layout = db.layout
+    partial = target.try_read(db.address, layout.database.size)
+    if partial.holes:
+        db.problem("unreadable", partial.holes[0][0],
+                   "database header (0x%x bytes at 0x%x) is not fully readable"
+                   % (layout.database.size, db.address))
+        db.complete = False
+        return False
+    db.header = layout.database.unpack(partial.data)
+    db.header_read = True
+    if db.header["Magic"] != DATABASE_MAGIC:
+        db.problem("bad_magic", db.address, "database magic 0x%08x, expected 0x%08x"
+                   % (db.header["Magic"], DATABASE_MAGIC))
+    return True
+
+
+def walk_segments(target, db, max_segments=MAX_SEGMENTS):
+    layout = db.layout
+    seen = set()
+    address = db.field("SegmentList")
+    while address:
+        if address in seen:
+            db.problem("segment_cycle", address, "segment list returns to 0x%x after %d segments"
+                       % (address, len(db.segments)))
+            db.complete = False
+            return
+        if len(db.segments) >= max_segments:
+            db.problem("segment_limit", address, "stopped after %d segments" % max_segments)
+            db.complete = False
+            return
+        seen.add(address)
+        try:
+            data = target.read(address, layout.segment.span)
+        except UnreadableMemory as error:
+            db.problem("unreadable", error.address, "segment header at 0x%x (segment %d of the list)"
+                       % (address, len(db.segments)))
+            db.complete = False
+            return
+        segment = Segment(address, layout.segment.unpack(data))
+        db.segments.append(segment)
+        address = segment.next
+
+
+def _bucket_array_end(db):
+    count = min(db.field("NoOfBuckets"), MAX_BUCKETS)
+    return db.field("Buckets") + count * db.layout.pointer_size
+
+
+def _place_segments(db, memory):
+    """Set each segment's block area and extent, and bulk-read the used part."""
+    layout = db.layout
+    granularity = layout.segment_granularity
+    buckets_start, buckets_end = db.field("Buckets"), _bucket_array_end(db)
+    for segment in db.segments:
+        segment.payload_start = segment.address + layout.segment.size
+        segment.extent_end = segment.end
+        if segment.start == db.address:
+            # The first allocation: header, first segment, bucket array, blocks.
+            if segment.address <= buckets_start < segment.address + MAX_BULK_SEGMENT:
+                segment.payload_start = max(segment.payload_start, buckets_end)
+            needed = max(segment.payload_start, segment.end) - db.address
+            segment.extent_end = db.address + (needed + granularity - 1) // granularity * granularity
+        read_end = min(segment.free, segment.extent_end)
+        if 0 < read_end - segment.payload_start <= MAX_BULK_SEGMENT:
+            memory.add(segment.payload_start, read_end)
+
+
+def read_buckets(target, db):
+    """Bucket head pointers (a list; unreadable heads are 0 and reported)."""
+    count = db.field("NoOfBuckets")
+    if count < MIN_BUCKETS or count > MAX_BUCKETS:
+        db.problem("bad_bucket_count", db.address + db.layout.database.offsets["NoOfBuckets"],
+                   "NoOfBuckets is %d (Windows uses %d..0x%x)" % (count, MIN_BUCKETS, MAX_BUCKETS))
+        count = min(count, MAX_BUCKETS)
+        if count < db.field("NoOfBuckets"):
+            db.note("only the first 0x%x buckets were walked" % count)
+            db.complete = False
+    if count == 0:
+        return []
+    buckets = db.field("Buckets")
+    if buckets == 0:
+        db.problem("null_buckets", db.address + db.layout.database.offsets["Buckets"],
+                   "Buckets pointer is NULL with %d buckets" % count)
+        db.complete = False
+        return []
+    size = count * db.layout.pointer_size
+    partial = target.try_read(buckets, size)
+    pointer_size = db.layout.pointer_size
+    for start, end in partial.holes:
+        db.problem("unreadable", start, "bucket array: buckets %d..%d are unreadable"
+                   % ((start - buckets) // pointer_size, (end - 1 - buckets) // pointer_size))
+        db.complete = False
+    fmt = "<%d%s" % (count, "Q" if pointer_size == 8 else "I")
+    return list(struct.unpack(fmt, partial.data))
+
+
+def _new_block(address, fields, bucket):
+    """A TraceBlock from the header fields in offset order (Magic, Count, Size,
+    UserCount, UserSize, UserContext, Next, Trace)."""
+    block = TraceBlock()
+    block.address = address
+    (block.magic, block.count, block.size, block.user_count, block.user_size, block.user_context,
+     block.next, block.trace) = fields
+    block.bucket = bucket
+    block.frames = None
+    block.hash = None
+    return block
+
+
+def read_block(target, layout, address):
+    """One block read on its own (not through a bucket): raises UnreadableMemory
+    for its header; frames stay None when unreadable or Size is implausible."""
+    block = _new_block(address, layout.block.unpack_tuple(target.read(address, layout.block.span)), None)
+    if 1 <= block.size <= MAX_FRAMES:
+        frames_size = block.size * layout.pointer_size
+        partial = target.try_read(address + layout.block.size, frames_size)
+        if not partial.holes:
+            block.frames = struct.unpack("<%d%s" % (block.size, "Q" if layout.pointer_size == 8 else "I"),
+                                         partial.data)
+            block.hash = stack_trace_hash(partial.data)
+    return block
+
+
+def walk_chains(db, heads, memory, max_blocks=MAX_BLOCKS):
+    """Follow every bucket chain; fills db.blocks and db.chain_lengths."""
+    layout = db.layout
+    header_size = layout.block.size
+    header_span = layout.block.span
+    unpack_header = layout.block.unpack_tuple
+    pointer_char = "Q" if layout.pointer_size == 8 else "I"
+    pointer_size = layout.pointer_size
+    owner = {}  # block address -> bucket that reached it
+    blocks = db.blocks
+    lengths = db.chain_lengths
+    view = memory.view
+    for bucket, address in enumerate(heads):
+        length = 0
+        came_from = db.field("Buckets") + bucket * pointer_size
+        while address:
+            if address in owner:
+                if owner[address] == bucket:
+                    db.problem("bucket_cycle", address, "bucket %d: chain loops back to 0x%x after %d blocks"
+                               % (bucket, address, length))
+                else:
+                    db.problem("bucket_cross_link", address, "bucket %d: chain joins bucket %d's chain at 0x%x"
+                               % (bucket, owner[address], address))
+                db.complete = False
+                break
+            if len(blocks) >= max_blocks:
+                db.problem("block_limit", address, "stopped after %d blocks" % max_blocks)
+                db.complete = False
+                break
+            try:
+                buffer, offset = view(address, header_span)
+            except UnreadableMemory as error:
+                db.problem("unreadable", error.address, "bucket %d: block 0x%x (linked from 0x%x) is unreadable"
+                           % (bucket, address, came_from))
+                db.complete = False
+                break
+            owner[address] = bucket
+            block = _new_block(address, unpack_header(buffer, offset), bucket)
+            blocks.append(block)
+            length += 1
+            if block.magic != BLOCK_MAGIC:
+                db.problem("bad_magic", address, "bucket %d: block magic 0x%08x, expected 0x%08x "
+                           "(chain not followed further)" % (bucket, block.magic, BLOCK_MAGIC))
+                db.complete = False
+                break
+            size = block.size
+            if 1 <= size <= MAX_FRAMES:
+                frames_size = size * pointer_size
+                try:
+                    buffer, offset = view(address + header_size, frames_size)
+                    block.frames = struct.unpack_from("<%d%s" % (size, pointer_char), buffer, offset)
+                    block.hash = stack_trace_hash(buffer[offset:offset + frames_size])
+                except UnreadableMemory as error:
+                    db.problem("unreadable", error.address, "bucket %d: frames of block 0x%x are unreadable"
+                               % (bucket, address))
+            else:
+                db.problem("bad_block_size", address, "bucket %d: block Size %d (1..%d frames expected); "
+                           "frames not read" % (bucket, size, MAX_FRAMES))
+            came_from = address
+            address = block.next
+        lengths.append(length)
+    db.buckets_walked = len(heads)
+
+
+def walk_database(target, address, layout=None, max_blocks=MAX_BLOCKS):
+    """Read the database at ``address`` (layout: a name, or None to choose)."""
+    chosen = choose_layout(target, address, layout)
+    db = TraceDatabase(address, chosen)
+    if chosen.arch != target.arch:
+        db.note("layout %s is for %s but the target is %s" % (chosen.name, chosen.arch, target.arch))
+    if not read_header(target, db):
+        return db
+    walk_segments(target, db)
+    memory = _SegmentMemory(target)
+    _place_segments(db, memory)
+    heads = read_buckets(target, db)
+    walk_chains(db, heads, memory, max_blocks=max_blocks)
+    return db
