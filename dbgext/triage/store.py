@@ -42,6 +42,7 @@ SCHEMA = [
 CHILD_TABLES = ("frames", "problems", "summaries", "stack_hogs")
 
 
+
 def import_duckdb():
     try:
         import duckdb
@@ -100,26 +101,33 @@ class TriageStore(object):
         unless ``replace_failed`` and the recorded row failed, which is replaced."""
         if isinstance(record, dict):
             record = DumpRecord.from_dict(record)
+        existing = self.connection.execute("SELECT status FROM dumps WHERE hash = ?", [record.hash]).fetchone()
+        if existing is not None:
+            if not (replace_failed and existing[0] == STATUS_FAILED):
+                return False
+            # Older DuckDB rejects re-inserting a primary key deleted in the same
+            # transaction, so the failed row goes in a transaction of its own; a run
+            # killed in between simply finds the dump new next time.
+            self._transaction(self._delete, record.hash)
+        self._transaction(self._insert, record)
+        return True
+
+    def _transaction(self, action, argument):
         con = self.connection
         con.execute("BEGIN TRANSACTION")
         try:
-            existing = con.execute("SELECT status FROM dumps WHERE hash = ?", [record.hash]).fetchone()
-            if existing is not None:
-                if not (replace_failed and existing[0] == STATUS_FAILED):
-                    con.execute("ROLLBACK")
-                    return False
-                for table in ("dumps",) + CHILD_TABLES:
-                    con.execute("DELETE FROM %s WHERE hash = ?" % table, [record.hash])
-            self._insert(record)
+            action(argument)
             con.execute("COMMIT")
         except Exception:
             con.execute("ROLLBACK")
             raise
-        return True
+
+    def _delete(self, content_key):
+        for table in ("dumps",) + CHILD_TABLES:
+            self.connection.execute("DELETE FROM %s WHERE hash = ?" % table, [content_key])
 
     def _insert(self, record):
         con = self.connection
-        document = record.as_dict()
         con.execute(
             "INSERT INTO dumps (hash, path, size, kind, arch, build, system_time, bugcheck_code, "
             "bugcheck_parameters, signature, status, reason, analysis_seconds, analyses, record) "
@@ -128,7 +136,7 @@ class TriageStore(object):
              record.system_time.rstrip("Z").replace("T", " ") if record.system_time else None,
              _u64(record.bugcheck_code), [_u64(p) for p in record.bugcheck_parameters],
              record.signature, record.status, record.reason, record.seconds,
-             list(record.analyses), json.dumps(document, default=str)])
+             list(record.analyses), json.dumps(record.as_dict(), default=str)])
         if record.frames:
             con.executemany("INSERT INTO frames VALUES (?, ?, ?)",
                             [[record.hash, index, frame] for index, frame in enumerate(record.frames)])
