@@ -75,3 +75,56 @@ def run_windbg_script(name, args, target_or_scenario, **fake_options):
         else:
             sys.modules["pykd"] = previous_pykd
     return output.text, fake
+
+
+# -- a small kernel scenario shared by the pykd and basic-command tests --------------
+
+NT_BASE = 0xFFFFF80000000000
+DRIVER_BASE = 0xFFFFF80012340000
+
+
+class Layout(object):
+    """Where :func:`kernel_scenario` put things."""
+
+
+def kernel_scenario():
+    """nt and a driver with symbols and ISF types, a page of data followed by an
+    unmapped page, a 3-entry LIST_ENTRY list of _WIDGETs, strings, one thread."""
+    from dbgext.testing.scenario import Scenario, Thread
+    s = Scenario("x64", "kernel", build=19045)
+    at = Layout()
+    s.add_module("nt", NT_BASE, 0x20000, image="ntoskrnl.exe")
+    s.add_module("mydrv", DRIVER_BASE, 0x3000, image="mydrv.sys")
+    s.add_symbol("nt", "KiSystemStartup", 0x1000)
+    s.add_symbol("nt", "KeBugCheckEx", 0x2000)
+    s.add_symbol("mydrv", "DriverEntry", 0x1100)
+    s.add_type("nt", "_LIST_ENTRY", 0x10, {"Flink": 0, "Blink": 8})
+    s.add_type("nt", "_WIDGET", 0x28, {"Size": 0x0, "Links": (0x8, "_LIST_ENTRY"), "Tag": 0x18})
+    widget = s.module_symbols["nt"].types["_WIDGET"]["fields"]
+    widget["Self"] = {"offset": 0x20, "type": {"kind": "pointer", "subtype": {"kind": "struct", "name": "_WIDGET"}}}
+    widget["Size"]["type"] = {"kind": "base", "name": "unsigned long"}
+    at.page = s.alloc_pages(0x1000)          # readable page; the page after it is unmapped
+    at.hole = at.page + 0x1000
+    s.write(at.page, bytes(range(256)) * 16)
+    at.text = s.alloc(0x40)
+    s.write(at.text, b"Hello, WinDbg\0")
+    at.wide = s.alloc(0x40)
+    s.write(at.wide, "Wide\0".encode("utf-16-le"))
+    at.unicode_string = s.alloc(0x10)
+    s.pack(at.unicode_string, "<HHxxxxQ", 8, 10, at.wide)
+    at.head = s.alloc(0x10)
+    at.widgets = [s.alloc(0x28) for _ in range(3)]
+    chain = [at.head] + [w + 8 for w in at.widgets]
+    for index, node in enumerate(chain):
+        s.pack(node, "<QQ", chain[(index + 1) % len(chain)], chain[index - 1])
+    for number, address in enumerate(at.widgets):
+        s.pack(address, "<I", 0x100 * (number + 1))
+        s.pack(address + 0x18, "<Q", 0x74656757 + number)
+        s.pack(address + 0x20, "<Q", address)
+    at.pointers = s.alloc(0x20)
+    s.pack(at.pointers, "<QQQQ", NT_BASE + 0x1010, 0x1234, DRIVER_BASE + 0x1100, NT_BASE + 0x10)
+    at.kthread = s.alloc(0x400)
+    s.registers = {"rip": NT_BASE + 0x2010, "rsp": 0xFFFFD00000010000, "rbp": 0xFFFFD00000010100, "rax": 7}
+    s.threads.append(Thread(4, kthread=at.kthread))
+    s.bugcheck = (0xD1, 0x10, 2, 0, NT_BASE + 0x2010)
+    return s, at

@@ -334,7 +334,7 @@ class _Session(object):
         self.ptr_size = target.pointer_size
         self.mode = mode
         self.dump = dump
-        self.registers = dict(registers)
+        self.registers = {name.lower(): value for name, value in registers.items()}
         self.threads = list(threads)
         self.bugcheck = tuple(bugcheck) if bugcheck else None
         self.build = build
@@ -1335,10 +1335,10 @@ def _build_module(session):
 
         def _raw(self):
             desc = self._desc
-            session.calls["typedVar value"] += 1
             if self._bytes is not None:
                 start = self._address
                 return bytes(self._bytes[start:start + desc.size])
+            session.calls["typedVar value"] += 1  # one engine read per value use
             return session.read_scalar(self._address, desc.size)
 
         def _numeric_value(self):
