@@ -307,6 +307,8 @@ def _follow_body(program, function):
     function.body_problem = None
     function.sp_lost = None
     visited = set()
+    # Registers loaded from an IAT slot (`mov rax, [__imp_X]; call rax`).
+    import_loads = {}
     worklist = [(function.va, SpState())]
     steps = 0
     while worklist:
@@ -337,7 +339,7 @@ def _follow_body(program, function):
                 function.max_depth = state.depth
             first = mnemonic[0]
             if first == "c" and mnemonic == "call":
-                if not _call(program, function, decoder, insn, state, arch, pointer):
+                if not _call(program, function, decoder, insn, state, arch, pointer, import_loads):
                     break
                 address = next_address
                 continue
@@ -360,6 +362,8 @@ def _follow_body(program, function):
                 continue
             if mnemonic in STOPS:
                 break
+            if mnemonic == "mov" and "[" in op_str:
+                _note_import_load(module, arch, op_str, next_address, import_loads)
             step = apply_sp_effect(arch, mnemonic, op_str, state)
             if step is not None:
                 if step.dynamic:
@@ -430,7 +434,18 @@ def _jump(program, function, fragments, insn, state, target, worklist, arch):
     worklist.append((target, state.copy()))
 
 
-def _call(program, function, decoder, insn, state, arch, pointer):
+def _note_import_load(module, arch, op_str, next_address, import_loads):
+    register, _, source = op_str.partition(", ")
+    if "[" in register:
+        return
+    slot = memory_slot(arch, source, next_address)
+    if slot is not None and slot - module.image.image_base in module.image.imports:
+        import_loads[register] = slot
+    else:
+        import_loads.pop(register, None)
+
+
+def _call(program, function, decoder, insn, state, arch, pointer, import_loads):
     """Record a call site and apply its effect on SP; False ends the path."""
     module = function.module
     address, size, _, op_str = insn
@@ -464,6 +479,8 @@ def _call(program, function, decoder, insn, state, arch, pointer):
         state.accumulator = None
         return True
     slot = memory_slot(arch, op_str, address + size)
+    if slot is None:
+        slot = import_loads.get(op_str)
     import_name = module.image.imports.get(slot - module.image.image_base) if slot is not None else None
     if import_name:
         resolved = _resolve_import(program, module, slot)

@@ -177,6 +177,11 @@ def apply_sp_effect(arch, mnemonic, op_str, state, called_name=None):
         state.depth = state.fp_depth - push
         state.fp_depth = None
         return None
+    accumulator = state.accumulator
+    if mnemonic != "mov":
+        # Only moves keep the stack-probe size: `mul`, `cmpxchg`, `cpuid`... write
+        # the accumulator implicitly.
+        state.accumulator = None
     if sp not in op_str and not (op_str.startswith(ACCUMULATOR[arch]) or op_str.startswith(FP[arch])):
         return None
     operands = split_operands(op_str)
@@ -201,8 +206,8 @@ def apply_sp_effect(arch, mnemonic, op_str, state, called_name=None):
         return None
     if mnemonic == "sub" or mnemonic == "add":
         value = parse_int(source)
-        if value is None and source in ACCUMULATOR[arch] and state.accumulator is not None:
-            value = state.accumulator
+        if value is None and source in ACCUMULATOR[arch] and accumulator is not None:
+            value = accumulator
         if value is None:
             return StepResult(dynamic="%s %s" % (mnemonic, op_str))
         state.depth += value if mnemonic == "sub" else -value
@@ -275,7 +280,9 @@ def helper_call_effect(arch, decoder, insn, state, target, name_of):
         if following is not None and following[2] == "sub" and following[3].startswith(SP[arch] + ", ") \
                 and following[3].split(", ")[1] in ACCUMULATOR[arch]:
             return ("probe", 0)
-        return ("probe", probe_size)
+        # x64's __chkstk never moves RSP; x86's __chkstk/_alloca_probe does.
+        if arch == "x86":
+            return ("probe", probe_size)
     if arch == "x86" and is_named(name, SEH_PROLOG_NAMES):
         return ("seh", None)
     return None
