@@ -30,8 +30,20 @@ class StackStream(object):
 
     def add(self, frames, count=1):
         """Reference the stack ``frames`` ``count`` times (empty stacks are never cached)."""
+        stack_id = self.intern(frames)
+        if stack_id is None or count <= 0:
+            return None
+        if count == 1:
+            self.sequence.append(stack_id)
+        else:
+            self.sequence.extend([stack_id] * count)
+        return stack_id
+
+    def intern(self, frames):
+        """The id of stack ``frames`` (registered if new), without referencing it;
+        None for an empty stack."""
         frames = tuple(frames)
-        if not frames or count <= 0:
+        if not frames:
             return None
         stack_id = self._ids.get(frames)
         if stack_id is None:
@@ -39,10 +51,6 @@ class StackStream(object):
             self._ids[frames] = stack_id
             self.stacks.append(frames)
             self._hashes = None
-        if count == 1:
-            self.sequence.append(stack_id)
-        else:
-            self.sequence.extend([stack_id] * count)
         return stack_id
 
     def add_split(self, frames, count=1):

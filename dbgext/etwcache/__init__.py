@@ -1,0 +1,1 @@
+"""ETW stack cache ("stack caching"): walk, validate, look up StackKeys, simulate."""

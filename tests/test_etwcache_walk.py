@@ -1,0 +1,172 @@
+"""Walking and validating caches in memory, including damaged ones: every problem
+is reported with its address, the walk is bounded and goes on."""
+
+import struct
+
+import pytest
+
+from dbgext.etwcache import layouts, validate, walk
+from dbgext.etwcache.fixtures import PIECE_STRIDE, StackCacheBuilder
+from dbgext.etwcache.hashing import stack_hash
+
+from etwcache_support import kernel_scenario, random_stacks, scenario_with_cache
+
+
+def built(variant="B", buckets=7, pieces=60, count=400, seed=5):
+    stacks = random_stacks(count, distinct=60, seed=seed)
+    scenario, context, builder = scenario_with_cache(stacks, variant, buckets, pieces)
+    return scenario, context, builder
+
+
+def kinds(problems):
+    return sorted({p.kind for p in problems})
+
+
+@pytest.mark.parametrize("variant", ["A", "B"])
+def test_a_healthy_cache_reads_back_whole_and_validates_clean(variant):
+    scenario, context, builder = built(variant, buckets=257)
+    state = walk.read_cache(scenario.target(), builder.address)
+    assert state.variant == variant and state.variant_confidence == "high"
+    assert state.bucket_count == 257
+    assert state.total_pieces == len(builder.pieces)
+    assert len(state.free_pieces) == state.free_depth == len(builder.free)
+    assert state.problems == [] and validate.validate(state) == []
+    for entry in state.entries:
+        assert entry.refcount == 1
+        assert list(entry.frames) == list(builder.stack_frames(entry.key))
+        assert len(entry.frames) == entry.frame_count
+    assert sum(state.occupancy()) == 257
+    assert state.owner == (context if variant == "B" else 3)
+
+
+def test_variant_can_be_forced_and_a_wrong_forced_variant_shows_as_problems():
+    scenario, _context, builder = built("B")
+    state = walk.read_cache(scenario.target(), builder.address, variant="A")
+    assert state.variant == "A" and state.variant_confidence == "given"
+    assert state.problems  # BucketCount read from the pointer's high half
+
+
+def test_unreadable_cache_pointer_is_one_problem():
+    scenario = kernel_scenario()
+    state = walk.read_cache(scenario.target(), 0xFFFFC0DEAD000000)
+    assert not state.readable
+    assert [(p.kind, p.address) for p in state.problems] == [("unreadable", 0xFFFFC0DEAD000000)]
+
+
+def test_memory_that_is_no_cache_has_no_variant():
+    scenario = kernel_scenario()
+    junk = scenario.alloc(0x1000)
+    scenario.write(junk, b"\xAB" * 0x1000)
+    state = walk.read_cache(scenario.target(), junk)
+    assert state.variant is None and kinds(state.problems) == ["variant"]
+
+
+def test_bucket_count_zero_is_reported_and_nothing_is_walked():
+    scenario, _context, builder = built("B")
+    scenario.pack(builder.address + 8, "<I", 0)
+    state = walk.read_cache(scenario.target(), builder.address, variant="B")
+    assert "bucket_count" in kinds(state.problems) and state.buckets == []
+
+
+def test_looping_bucket_list_stops_with_a_cycle_problem():
+    scenario, _context, builder = built("B", buckets=3, pieces=60)
+    bucket = next(i for i in range(3) if len(builder.bucket_entries(i)) >= 2)
+    first, second = builder.bucket_entries(bucket)[:2]
+    scenario.pack(second, "<Q", first)  # second.Flink -> first: a loop that never reaches the head
+    state = walk.read_cache(scenario.target(), builder.address)
+    assert "cycle" in kinds(state.problems)
+    assert len(state.buckets[bucket]) == 2
+
+
+def test_bucket_list_through_unreadable_memory_reports_the_address():
+    scenario, _context, builder = built("B", buckets=3)
+    bucket = next(i for i in range(3) if builder.bucket_entries(i))
+    head = builder.bucket_head(bucket)
+    scenario.pack(head, "<Q", 0xFFFFC0DEAD000000)
+    state = walk.read_cache(scenario.target(), builder.address)
+    assert ("unreadable", 0xFFFFC0DEAD000000) in [(p.kind, p.address) for p in state.problems]
+
+
+def test_piece_chain_that_loops_or_runs_past_frame_count_is_cut():
+    stacks = [[0xFFFFF80000001000 + 8 * i for i in range(70)]]  # 3 pieces
+    scenario, _context, builder = scenario_with_cache(stacks, "B", 7, 10)
+    key = builder.bucket_entries(stack_hash(stacks[0]) % 7)[0]
+    second = builder.pieces[key].next
+    scenario.pack(second + 0x10, "<Q", key)  # second.Next -> first
+    state = walk.read_cache(scenario.target(), builder.address)
+    assert "chain_cycle" in kinds(state.problems)
+    scenario.pack(key + 0x20, "<I", 40)  # FrameCount 40 allows 2 pieces; the chain has 3
+    scenario.pack(second + 0x10, "<Q", builder.pieces[second].next)
+    state = walk.read_cache(scenario.target(), builder.address)
+    assert "chain_too_long" in kinds(state.problems)
+
+
+def test_frame_count_of_all_ones_is_bounded():
+    scenario, _context, builder = built("B", buckets=3)
+    key = next(k for i in range(3) for k in builder.bucket_entries(i))
+    scenario.pack(key + 0x20, "<I", 0xFFFFFFFF)
+    state = walk.read_cache(scenario.target(), builder.address)
+    assert {"frame_count", "chain_short"} <= set(kinds(state.problems))
+    entry = state.find(key)
+    assert len(entry.frames) <= layouts.MAX_PLAUSIBLE_FRAMES
+
+
+def test_slist_depth_that_disagrees_with_its_chain_is_flagged():
+    scenario, _context, builder = built("B")
+    low = struct.unpack("<Q", scenario.read(builder.address + 0x10, 8))[0]
+    scenario.pack(builder.address + 0x10, "<Q", (low & ~0xFFFF) | ((low + 5) & 0xFFFF))
+    state = walk.read_cache(scenario.target(), builder.address)
+    assert kinds(validate.validate(state)) == ["free_depth"]
+
+
+def test_free_list_loop_and_piece_both_free_and_used():
+    scenario, _context, builder = built("B", buckets=3, pieces=80)
+    top = builder.free[-1]
+    scenario.pack(top, "<Q", top)  # the top free piece points to itself
+    state = walk.read_cache(scenario.target(), builder.address)
+    assert "free_list_cycle" in kinds(state.problems)
+    scenario, _context, builder = built("B", buckets=3, pieces=80)
+    used = next(k for i in range(3) for k in builder.bucket_entries(i))
+    scenario.pack(builder.free[0], "<Q", used)  # bottom free piece -> a cached piece
+    state = walk.read_cache(scenario.target(), builder.address)
+    assert "free_and_used" in kinds(validate.validate(state))
+
+
+def test_validator_finds_overfull_buckets_wrong_buckets_hashes_and_refcounts():
+    scenario = kernel_scenario()
+    builder = StackCacheBuilder(scenario, bucket_count=2, total_pieces=20)
+    stacks = [[0xFFFFF80000001000 + i] for i in range(6)]
+    for frames in stacks:
+        builder.reference(frames)
+    builder.finish()
+    # Move every entry of bucket 0 into bucket 1's list: one list of 5+ entries.
+    entries = builder.bucket_entries(0) + builder.bucket_entries(1)
+    head0, head1 = builder.bucket_head(0), builder.bucket_head(1)
+    chain = [head1] + entries
+    for index, node in enumerate(chain):
+        scenario.pack(node, "<QQ", chain[(index + 1) % len(chain)], chain[index - 1])
+    scenario.pack(head0, "<QQ", head0, head0)
+    scenario.pack(entries[0] + 0x18, "<i", 2)
+    scenario.pack(entries[1] + 0x1C, "<I", 0x12345678)
+    state = walk.read_cache(scenario.target(), builder.address, variant="B")
+    found = kinds(validate.validate(state))
+    assert {"bucket_overfull", "wrong_bucket", "hash_mismatch", "refcount"} <= set(found)
+    assert "refcount" not in kinds(validate.validate(state, idle=False))
+
+
+def test_pieces_are_16_byte_aligned_slist_entries():
+    scenario, _context, builder = built("B")
+    assert PIECE_STRIDE % 16 == 0
+    assert all(address % 16 == 0 for address in builder.pieces)
+
+
+def test_summaries_histogram_and_wasted_bytes():
+    scenario = kernel_scenario()
+    builder = StackCacheBuilder(scenario, bucket_count=257, total_pieces=10)
+    builder.reference([0xFFFFF80000001000 + i for i in range(33)])  # 2 pieces, 31 empty slots
+    builder.reference([0xFFFFF80000002000])                          # 1 piece, 31 empty slots
+    builder.finish()
+    state = walk.read_cache(scenario.target(), builder.address)
+    assert state.frame_histogram() == {1: 1, 33: 1}
+    assert state.wasted_bytes() == 62 * 8
+    assert (state.used_pieces, len(state.free_pieces), state.cache_size) == (3, 7, 10 * 0x128)
