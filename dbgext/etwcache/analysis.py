@@ -50,6 +50,6 @@ def advice(state):
                      "missing it")
     current = state.cache_size
     notes.append("observed %.2f pieces per stack: %d buckets x 4 stacks + in-flight headroom need about "
-                 "CacheSize 0x%x (%.1f MB); in force: 0x%x (%.1f MB)"
+                 "CacheSize 0x%x (%.1f MB); in force: 0x%x (%.2f MB)"
                  % (pieces_per_stack, count, needed, needed / 1048576.0, current, current / 1048576.0))
     return notes

@@ -94,11 +94,12 @@ def buckets(out, target, state, limit):
     """Each non-empty bucket's entries in MRU order (at most ``limit`` buckets)."""
     rows, links = [], {}
     shown = 0
+    more = False
     for index, bucket in enumerate(state.buckets):
         if not bucket:
             continue
         if shown >= limit:
-            out.line("  (more buckets not shown: --limit %d)" % limit)
+            more = True
             break
         shown += 1
         for entry in bucket:
@@ -108,6 +109,8 @@ def buckets(out, target, state, limit):
                          target.symbolize(entry.frames[0]) if entry.frames else "-"])
     out.table(rows, ["bucket", "pos", "key", "refs", "hash", "frames", "top frame"], links=links,
               title="buckets (position 0 = most recently used):")
+    if more:
+        out.line("  (more non-empty buckets not shown: --limit %d)" % limit)
 
 
 def stack(out, target, entry):
