@@ -49,14 +49,15 @@ class DebuggerOutput(object):
 
 
 def run_windbg_script(name, args, target_or_scenario, **fake_options):
-    """Run ``commands/<name>.py`` with ``args`` over a fake pykd backed by a
-    Scenario, a Target or a dump path; returns (output text, the fake module).
+    """Run ``commands/<name>.py`` (or ``name`` itself when it is a path ending in
+    ``.py``) with ``args`` over a fake pykd backed by a Scenario, a Target or a
+    dump path; returns (output text, the fake module).
 
     ``fake_options`` go to :func:`make_fake_pykd` (mode, dump, registers...).
     An exception escaping the script propagates (WinDbg would print its traceback;
     a test should see it)."""
     fake = make_fake_pykd(target_or_scenario, **fake_options)
-    path = os.path.join(COMMANDS_DIR, name + ".py")
+    path = name if name.endswith(".py") else os.path.join(COMMANDS_DIR, name + ".py")
     with open(path, "r") as handle:
         source = handle.read()
     output = DebuggerOutput()

@@ -1,0 +1,136 @@
+"""PykdBackend over the fake pykd: pages, runs, modules, symbols, types, info."""
+
+import sys
+
+import pytest
+
+from dbgext.errors import DbgextError, UnreadableMemory
+from dbgext.target.base import PAGE_SIZE
+from dbgext.target.pykd_backend import PykdBackend, open_pykd_target
+from dbgext.testing.fake_pykd import make_fake_pykd
+from dbgext.testing.scenario import Scenario
+from pykd_support import DRIVER_BASE, NT_BASE, kernel_scenario
+
+
+@pytest.fixture
+def session():
+    scenario, at = kernel_scenario()
+    pykd = make_fake_pykd(scenario)
+    return pykd, open_pykd_target(pykd), at
+
+
+def test_reading_a_thousand_fields_of_one_page_is_one_load_bytes(session):
+    pykd, target, at = session
+    pykd.fake_calls.clear()
+    total = sum(target.u32(at.page + 4 * (index % 1024)) for index in range(1000))
+    assert total > 0
+    assert pykd.fake_calls["loadBytes"] == 1
+    assert target.stats.backend_calls == 1
+
+
+def test_a_run_of_pages_is_one_load_bytes_when_all_are_valid(session):
+    pykd, target, at = session
+    pykd.fake_calls.clear()
+    data = target.read(NT_BASE, 4 * PAGE_SIZE)
+    assert len(data) == 4 * PAGE_SIZE
+    assert pykd.fake_calls["loadBytes"] == 1
+
+
+def test_a_run_with_an_invalid_page_falls_back_to_page_by_page(session):
+    pykd, target, at = session
+    pykd.fake_calls.clear()
+    partial = target.try_read(at.page, 2 * PAGE_SIZE)
+    assert partial.holes == [(at.hole, at.hole + PAGE_SIZE)]
+    assert partial.data[:4] == b"\x00\x01\x02\x03"
+    assert pykd.fake_calls["loadBytes"] == 3  # the run, then each page alone
+
+
+def test_unreadable_memory_is_an_unreadable_memory_error_naming_the_address(session):
+    pykd, target, at = session
+    with pytest.raises(UnreadableMemory) as caught:
+        target.u64(at.hole + 0x10)
+    assert caught.value.address == at.hole + 0x10
+
+
+def test_modules_come_from_get_modules_list(session):
+    pykd, target, at = session
+    assert [(m.name, m.base, m.size, m.image) for m in target.modules()] == [
+        ("nt", NT_BASE, 0x20000, "ntoskrnl.exe"), ("mydrv", DRIVER_BASE, 0x3000, "mydrv.sys")]
+    assert target.module_at(DRIVER_BASE + 0x10).name == "mydrv"
+
+
+def test_symbols_use_dbgext_displacement_format(session):
+    pykd, target, at = session
+    assert target.symbolize(NT_BASE + 0x101A) == "nt!KiSystemStartup+0x1a"
+    assert target.symbolize(NT_BASE + 0x1000) == "nt!KiSystemStartup"
+    assert target.symbolize(NT_BASE + 0x20) == "nt+0x20"
+    assert target.symbolize(0x7FFD1234) == "0x7ffd1234"
+    assert target.symbols.function_of(NT_BASE + 0x2004) == "nt!KeBugCheckEx"
+    assert target.symbols.function_of(0x1234) is None
+    assert target.symbol_address("nt!KeBugCheckEx") == NT_BASE + 0x2000
+    assert target.symbol_address("nt!Nope") is None
+    assert target.symbol_address("zz!Nope") is None
+    assert not target.symbols.empty
+
+
+def test_symbol_answers_are_cached(session):
+    pykd, target, at = session
+    pykd.fake_calls.clear()
+    for _ in range(5):
+        target.symbolize(NT_BASE + 0x1010)
+        target.symbol_address("nt!KeBugCheckEx")
+        target.field_offset("nt!_WIDGET", "Tag")
+    assert pykd.fake_calls["findSymbol"] == 1
+    assert pykd.fake_calls["getOffset"] == 1
+
+
+def test_types_come_from_the_debugger(session):
+    pykd, target, at = session
+    assert target.type_size("nt!_WIDGET") == 0x28
+    assert target.field_offset("nt!_WIDGET", "Tag") == 0x18
+    assert target.field_offset("nt!_WIDGET", "Links.Blink") == 0x10
+    assert target.field_offset("nt!_WIDGET", "Nope") is None
+    assert target.type_size("nt!_NOPE") is None
+
+
+def test_info_describes_a_kernel_dump(session):
+    pykd, target, at = session
+    info = target.info()
+    assert info["kind"] == "pykd" and info["arch"] == "x64"
+    assert info["mode"] == "kernel" and info["source"] == "dump"
+    assert info["bugcheck"] == [0xD1, 0x10, 2, 0, NT_BASE + 0x2010]
+    assert info["build"] == 19045
+    assert info["registers"]["rip"] == NT_BASE + 0x2010
+
+
+def test_info_of_a_live_user_session_has_no_bugcheck():
+    scenario = Scenario("x86", "user")
+    target = open_pykd_target(make_fake_pykd(scenario, dump=False, registers={"eip": 0x401000}))
+    info = target.info()
+    assert info["arch"] == "x86" and target.pointer_size == 4
+    assert info["mode"] == "user" and info["source"] == "live"
+    assert "bugcheck" not in info and info["registers"] == {"eip": 0x401000}
+
+
+def test_a_live_target_has_no_memory_map():
+    backend = PykdBackend(make_fake_pykd(Scenario("x64", "kernel")))
+    assert backend.mapped_ranges() is None
+
+
+def test_without_pykd_the_error_says_where_it_works(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pykd", None)  # makes "import pykd" fail
+    with pytest.raises(DbgextError, match="inside WinDbg"):
+        open_pykd_target()
+
+
+def test_the_backend_reads_a_real_kernel_dump_through_the_fake(tmp_path):
+    scenario, at = kernel_scenario()
+    path = str(tmp_path / "k.dmp")
+    scenario.write_kernel_dump(path)
+    scenario.write_symbols(path + ".symbols")
+    pykd = make_fake_pykd(path)
+    target = open_pykd_target(pykd)
+    assert target.read(at.text, 13) == b"Hello, WinDbg"
+    assert not target.is_readable(at.hole)
+    assert target.symbolize(NT_BASE + 0x2010) == "nt!KeBugCheckEx+0x10"
+    assert target.info()["bugcheck"][0] == 0xD1
