@@ -27,8 +27,6 @@ from .layouts import (BLOCK_MAGIC, DATABASE_MAGIC, MAX_BUCKETS, MAX_FRAMES, MIN_
                       SEGMENT_MAGIC, layout_named)
 
 DEFAULT_HASH_SYMBOL = "RtlStackTraceHashFunction"
-# Where the default hash function lives when the scenario's ntdll/nt has no symbol for it.
-DEFAULT_HASH_RVA = {"ntdll": 0x3A5C0, "nt": 0x2F41A0}
 
 DEBUG_HEAP_BUCKETS = 6263
 
@@ -200,10 +198,10 @@ class TraceDatabaseBuilder(object):
         except KeyError:
             raise ValueError("the scenario has no %s module for %s; pass hash_function_address"
                              % (module_name, DEFAULT_HASH_SYMBOL))
-        symbols = self.scenario.module_symbols[module_name].symbols
-        if DEFAULT_HASH_SYMBOL in symbols:
-            return self.scenario.module(module_name).base + symbols[DEFAULT_HASH_SYMBOL]
-        return self.scenario.add_symbol(module_name, DEFAULT_HASH_SYMBOL, DEFAULT_HASH_RVA[module_name])
+        address = ensure_symbol(self.scenario, module_name, DEFAULT_HASH_SYMBOL)
+        if address is None:
+            raise ValueError("no room in %s for %s; pass hash_function_address" % (module_name, DEFAULT_HASH_SYMBOL))
+        return address
 
     def _place(self, frames):
         if self._hash is None:
@@ -317,6 +315,19 @@ _THREAD_START = {
 }
 
 
+def ensure_symbol(scenario, module_name, name):
+    """Address of ``module!name``, adding the symbol after the module's last one
+    when missing; None when the module has no room left."""
+    module = scenario.module(module_name)
+    symbols = scenario.module_symbols[module_name].symbols
+    if name not in symbols:
+        rva = max([0x1000] + [value + _FUNCTION_SPACING for value in symbols.values() if value < module.size])
+        if rva + _FUNCTION_SPACING > module.size:
+            return None
+        scenario.add_symbol(module_name, name, rva)
+    return module.base + symbols[name]
+
+
 class StackSource(object):
     """Call stacks (innermost frame first) made of return addresses inside the named
     functions of ``modules`` (debugger module names present in ``scenario``).
@@ -333,19 +344,9 @@ class StackSource(object):
         self.allocator = modules[0]
         self.callers = list(modules[1:]) or [modules[0]]
         present = set(m.name for m in scenario.modules)
-        self.outer = [self._symbol(module, name) for module, name in _THREAD_START[scenario.mode]
-                      if module in present]
-
-    def _symbol(self, module_name, name):
-        """Address of ``module!name``, adding the symbol after the module's last one."""
-        module = self.scenario.module(module_name)
-        symbols = self.scenario.module_symbols[module_name].symbols
-        if name not in symbols:
-            rva = max([0x1000] + [value + _FUNCTION_SPACING for value in symbols.values()])
-            if rva + _FUNCTION_SPACING > module.size:
-                return None
-            self.scenario.add_symbol(module_name, name, rva)
-        return module.base + symbols[name]
+        outer = [ensure_symbol(scenario, module, name) for module, name in _THREAD_START[scenario.mode]
+                 if module in present]
+        self.outer = [address for address in outer if address is not None]
 
     def _functions(self, module_name, count):
         wanted = list(_FUNCTION_NAMES.get(module_name, []))
@@ -354,7 +355,7 @@ class StackSource(object):
             name = rng.choice(_GENERIC_VERBS) + rng.choice(_GENERIC_NOUNS)
             if name not in wanted:
                 wanted.append(name)
-        functions = [self._symbol(module_name, name) for name in wanted]
+        functions = [ensure_symbol(self.scenario, module_name, name) for name in wanted]
         return [address for address in functions if address is not None]
 
     def _return_address(self, function):
