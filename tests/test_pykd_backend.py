@@ -134,3 +134,28 @@ def test_the_backend_reads_a_real_kernel_dump_through_the_fake(tmp_path):
     assert not target.is_readable(at.hole)
     assert target.symbolize(NT_BASE + 0x2010) == "nt!KeBugCheckEx+0x10"
     assert target.info()["bugcheck"][0] == 0xD1
+
+
+def test_the_backend_reads_a_user_minidump_through_the_fake(tmp_path):
+    from dbgext.testing.scenario import Thread
+    s = Scenario("x64", "user")
+    s.add_module("app", 0x7FF700000000, 0x3000, image="app.exe")
+    s.add_symbol("app", "main", 0x1000)
+    text = s.alloc(0x100)
+    s.write(text, b"hello\0")
+    s.map(0x200000, 0x1000)
+    s.registers = {"rip": 0x7FF700001010, "rsp": 0x200800}
+    s.threads.append(Thread(0x1234, teb=0x300000, stack_base=0x200000, stack_size=0x1000,
+                            registers=dict(s.registers)))
+    path = str(tmp_path / "u.mdmp")
+    s.write_minidump(path)
+    s.write_symbols(path + ".symbols")
+    pykd = make_fake_pykd(path)
+    assert not pykd.isKernelDebugging()
+    assert pykd.getCurrentThread() == 0x300000 and pykd.getThreadSystemID() == 0x1234
+    target = open_pykd_target(pykd)
+    assert target.cstring(text) == "hello"
+    assert target.symbolize(0x7FF700001010) == "app!main+0x10"
+    info = target.info()
+    assert info["mode"] == "user" and "bugcheck" not in info
+    assert info["registers"]["rip"] == 0x7FF700001010

@@ -328,6 +328,17 @@ class _TypeDesc(object):
 
 # -- the session: memory, symbols, state -------------------------------------------------
 
+class _ThreadFacts(object):
+    """One thread, from a Scenario Thread or a backend's info() dict."""
+
+    def __init__(self, thread):
+        get = thread.get if isinstance(thread, dict) else (lambda name, default=0: getattr(thread, name, default))
+        self.thread_id = get("thread_id", 0)
+        self.teb = get("teb", 0)
+        self.kthread = get("kthread", 0)
+        self.registers = {name.lower(): value for name, value in (get("registers", None) or {}).items()}
+
+
 class _Session(object):
     def __init__(self, target, mode, dump, registers, threads, bugcheck, build, stack, process):
         self.target = target
@@ -335,7 +346,7 @@ class _Session(object):
         self.mode = mode
         self.dump = dump
         self.registers = {name.lower(): value for name, value in registers.items()}
-        self.threads = list(threads)
+        self.threads = [_ThreadFacts(thread) for thread in threads]
         self.bugcheck = tuple(bugcheck) if bugcheck else None
         self.build = build
         self.stack = stack
