@@ -65,10 +65,10 @@ def test_good_dumps_get_full_records(batch):
         row = rows(db, "SELECT * FROM dumps WHERE path = ?", [path])[0]
         assert (row["status"], row["bugcheck_code"], row["signature"]) == expectation, name
         assert row["size"] == os.path.getsize(path) and len(row["hash"]) == 64
-        assert row["arch"] == "x64" and row["build"] in (19041, 19042, 19043)
+        assert row["arch"] == "x64" and row["build"] in (19041, 19042, 19043, 22621)
         assert row["system_time"] is not None and row["analyses"] == ["test-hang", "test-explode"]
     kinds = {r["kind"] for r in rows(db, "SELECT kind FROM dumps WHERE status = 'ok'")}
-    assert kinds == {"kernel-dump", "kernel-bitmap-dump", "live-kernel-dump"}
+    assert kinds == {"kernel-dump", "kernel-bitmap-dump", "live-kernel-dump", "minidump"}
 
 
 def test_bad_dumps_become_failed_rows_with_the_reason(batch):
@@ -96,6 +96,7 @@ def test_the_report_buckets_dumps_sharing_a_crash(batch):
     assert buckets[(0xD1, "mydrv!DispatchIoctl")]["dumps"] == 3
     assert buckets[(0x7E, "netdrv!ProcessPacket")]["dumps"] == 2
     assert buckets[(0x161, "netdrv!CompleteRequest")]["dumps"] == 1
+    assert buckets[(0xC0000005, "app!ParseRequest")]["dumps"] == 2     # minidumps: the exception code
     assert report["buckets"][0]["signature"] == "mydrv!DispatchIoctl"
     assert len(report["failures"]) == 4
     code, text = triage("report", "--db", db, "--top", "1")

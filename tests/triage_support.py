@@ -20,7 +20,8 @@ import os
 import time
 
 from dbgext.testing.kdump_writer import write_kernel_dump
-from dbgext.testing.scenario import Scenario
+from dbgext.testing.minidump_writer import write_minidump
+from dbgext.testing.scenario import Scenario, Thread
 from dbgext.triage.record import register_analysis
 
 NT_BASE = 0xFFFFF80000000000
@@ -73,6 +74,42 @@ def crash_scenario(driver="mydrv", function="DispatchIoctl", bugcheck=0xD1, salt
     return scenario
 
 
+APP_BASE = 0x00007FF700000000
+NTDLL_BASE = 0x00007FFA00000000
+ACCESS_VIOLATION = 0xC0000005
+
+
+def user_crash_scenario(function="ParseRequest", salt=0):
+    """A user-mode process (app.exe, ntdll) whose thread 0x1234 faults in
+    ``app!function``; returns (scenario, exception) for write_user_dump."""
+    scenario = Scenario(arch="x64", mode="user", build=22621)
+    scenario.add_module("app", APP_BASE, 0x8000, image="app.exe")
+    for name, rva in {"main": 0x1000, "ParseRequest": 0x2000, "HandleClient": 0x3000}.items():
+        scenario.add_symbol("app", name, rva)
+    scenario.add_module("ntdll", NTDLL_BASE, 0x8000, image="ntdll.dll")
+    scenario.add_symbol("ntdll", "RtlUserThreadStart", 0x1000)
+    stack = scenario.alloc_pages(0x2000)
+    rsp = stack + 0x1800
+    chain = [_return_address(scenario, "app", "HandleClient", 0x30 + salt % 8),
+             _return_address(scenario, "app", "main", 0x80),
+             _return_address(scenario, "ntdll", "RtlUserThreadStart", 0x21)]
+    for index, address in enumerate(chain):
+        scenario.pack(rsp + 0x38 + 0x30 * index, "<Q", address)
+    rip = scenario.module("app").base + scenario.module_symbols["app"].symbols[function] + 0x11
+    registers = {"rip": rip, "rsp": rsp}
+    scenario.threads.append(Thread(0x1234, teb=0, stack_base=stack, stack_size=0x2000, registers=registers))
+    scenario.system_time = 0x01DB000000000000 + salt * 10000000 * 3600
+    exception = {"thread_id": 0x1234, "code": ACCESS_VIOLATION, "address": rip, "parameters": [0, 0x10 + salt]}
+    return scenario, exception
+
+
+def write_user_dump(scenario_and_exception, path):
+    scenario, exception = scenario_and_exception
+    write_minidump(scenario, str(path), exception=exception)
+    scenario.write_symbols(str(path) + ".symbols")
+    return str(path)
+
+
 def write_dump(scenario, path, dump_type=None):
     """The dump and its ISF symbols in ``<dump>.symbols/`` (where dbgext.open looks)."""
     write_kernel_dump(scenario, str(path), dump_type=dump_type)
@@ -101,6 +138,11 @@ def write_triage_directory(directory, hang=True, explode=False):
     os.makedirs(os.path.join(directory, "nested"), exist_ok=True)
     add(os.path.join("nested", "b2.dmp"), crash_scenario("netdrv", "ProcessPacket", 0x7E, salt=6),
         ("ok", 0x7E, "netdrv!ProcessPacket"))
+
+    for salt in (1, 2):
+        name = "app-%d.mdmp" % salt
+        path = write_user_dump(user_crash_scenario(salt=salt), os.path.join(directory, name))
+        made[name] = (path, ("ok", ACCESS_VIOLATION, "app!ParseRequest"))
 
     corrupt = os.path.join(directory, "corrupt.dmp")
     with open(corrupt, "wb") as handle:

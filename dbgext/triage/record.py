@@ -218,7 +218,9 @@ def iso_time(value):
 
 
 def bugcheck_of(info):
-    """(code, [parameters]) from target.info(): a list [code, p1..p4] or a dict."""
+    """(code, [parameters]) from target.info(): a kernel dump's bug check (a list
+    [code, p1..p4] or a dict), else a minidump's exception code and parameters —
+    what WER buckets user-mode crashes by."""
     bugcheck = info.get("bugcheck")
     if isinstance(bugcheck, dict):
         code = bugcheck.get("code")
@@ -227,6 +229,9 @@ def bugcheck_of(info):
         code, parameters = bugcheck[0], list(bugcheck[1:])
     else:
         code, parameters = None, []
+    exception = info.get("exception")
+    if not code and info.get("mode") == "user" and isinstance(exception, dict):
+        code, parameters = exception.get("code"), list(exception.get("parameters") or [])
     if not code:
         return None, []
     return code, parameters
@@ -238,7 +243,7 @@ def fill_identity(record, target):
     record.arch = info.get("arch") or target.arch
     build = info.get("build")
     record.build = build if isinstance(build, int) else None
-    record.system_time = iso_time(info.get("system_time"))
+    record.system_time = iso_time(info.get("system_time") or info.get("time_date_stamp"))
     record.bugcheck_code, record.bugcheck_parameters = bugcheck_of(info)
     return info
 

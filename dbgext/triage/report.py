@@ -85,11 +85,12 @@ def render_record(out, record):
     out.line("kind       %s, %s, build %s, time %s" % (record.kind or "?", record.arch or "?",
                                                      record.build if record.build is not None else "?",
                                                      record.system_time or "?"))
+    label = "exception " if record.kind == "minidump" else "bug check "
     if record.bugcheck_code is not None:
-        out.line("bug check  0x%X (%s)" % (record.bugcheck_code,
-                                          ", ".join("0x%x" % p for p in record.bugcheck_parameters)))
+        out.line("%s 0x%X (%s)" % (label, record.bugcheck_code,
+                                    ", ".join("0x%x" % p for p in record.bugcheck_parameters)))
     else:
-        out.line("bug check  none")
+        out.line("%s none" % label)
     out.line("signature  %s" % (record.signature or "(no crash context)"))
     for index, frame in enumerate(record.frames):
         out.line("  %02d %s" % (index, frame))
