@@ -40,7 +40,7 @@ class Config(ctypes.Structure):
     """The leading fields of struct pt_config; libipt zero-fills the rest from ``size``."""
     _fields_ = [("size", ctypes.c_size_t), ("begin", ctypes.c_void_p), ("end", ctypes.c_void_p),
                 ("callback", ctypes.c_void_p), ("context", ctypes.c_void_p),
-                ("cpu", ctypes.c_byte * 12), ("errata", ctypes.c_uint32 * 4),
+                ("cpu", ctypes.c_byte * 8), ("errata", ctypes.c_uint32 * 16),
                 ("cpuid_0x15_eax", ctypes.c_uint32), ("cpuid_0x15_ebx", ctypes.c_uint32),
                 ("mtc_freq", ctypes.c_uint8), ("nom_freq", ctypes.c_uint8)]
 
@@ -84,6 +84,9 @@ if LIB is not None:
         getattr(LIB, _name).argtypes = [ctypes.c_void_p]
     for _name in ("pt_pkt_get_offset", "pt_insn_get_offset", "pt_enc_get_offset"):
         getattr(LIB, _name).argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64)]
+    for _name in ("pt_alloc_encoder", "pt_pkt_alloc_decoder", "pt_insn_alloc_decoder", "pt_blk_alloc_decoder",
+                  "pt_insn_get_image", "pt_blk_get_image"):
+        getattr(LIB, _name).argtypes = [ctypes.c_void_p]
     LIB.pt_image_set_callback.argtypes = [ctypes.c_void_p, READ_MEMORY, ctypes.c_void_p]
     LIB.pt_insn_set_image.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     LIB.pt_blk_set_image.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
@@ -275,6 +278,10 @@ def instruction_flow(trace, regions, max_insns=10 ** 7):
                     status = LIB.pt_insn_sync_forward(decoder)
                 continue
             ips.append(insn.ip)
+            if status & PTS_EOS:
+                # The last instruction that consumed trace data (libipt would go on with
+                # straight-line code until it needs trace again).
+                break
         if status < 0 and status != -PTE_EOS and len(ips) < max_insns:
             LIB.pt_insn_get_offset(decoder, ctypes.byref(offset))
             errors.append((offset.value, status))

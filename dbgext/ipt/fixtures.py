@@ -1,0 +1,378 @@
+"""Test, benchmark and sample fixtures: hand-assembled x64 code, a tracer that walks
+it the way the processor would and writes the Intel PT packets for that path, and
+the sample-dump hook :func:`add_sample_trace`.
+
+The tracer does not use the decoder under test: it works from the assembler's own
+record of every instruction (address, size, branch kind, target), so its expected
+instruction list is an independent answer; libipt is the other one.
+"""
+
+import random
+import struct
+
+from .flow import RETSTACK_DEPTH
+from .packets import PSB
+from .sources import encode_event_header, ipt_option_value
+
+I_PLAIN, I_COND, I_JUMP, I_CALL, I_RET, I_ICALL, I_IRET, I_CALL_NEXT = range(8)
+
+# Plain instructions by name: (bytes).  Enough for realistic-looking straight-line code.
+PLAIN = {
+    "nop": b"\x90", "test eax, eax": b"\x85\xc0", "inc eax": b"\xff\xc0", "dec ecx": b"\xff\xc9",
+    "xor eax, eax": b"\x31\xc0", "push rbx": b"\x53", "pop rbx": b"\x5b", "pop rax": b"\x58",
+    "mov ecx, 8": b"\xb9\x08\x00\x00\x00", "add rax, rcx": b"\x48\x01\xc8", "cmp ecx, 3": b"\x83\xf9\x03",
+    "mov rdx, [rsp+8]": b"\x48\x8b\x54\x24\x08", "lea r8, [rip+0x10]": b"\x4c\x8d\x05\x10\x00\x00\x00",
+    "mov r10, [rip+0x100]": b"\x4c\x8b\x15\x00\x01\x00\x00", "sub rsp, 0x28": b"\x48\x83\xec\x28",
+    "add rsp, 0x28": b"\x48\x83\xc4\x28",
+}
+CONDITIONS = {"jo": 0x80, "jb": 0x82, "jz": 0x84, "jnz": 0x85, "jbe": 0x86, "js": 0x88, "jl": 0x8C, "jle": 0x8E}
+
+
+class Instruction(object):
+    __slots__ = ("address", "size", "kind", "target")
+
+    def __init__(self, address, size, kind, target=None):
+        self.address = address
+        self.size = size
+        self.kind = kind
+        self.target = target
+
+
+class Assembler(object):
+    """A tiny x64 assembler with labels: plain instructions from PLAIN, rel32
+    branches, ``mov rax, label; call rax`` indirect calls, ret and iretq."""
+
+    def __init__(self, base):
+        self.base = base
+        self.code = bytearray()
+        self.labels = {}
+        self._fixups = []  # (position of rel32, label, kind index in self.instructions)
+        self.instructions = []
+
+    def here(self):
+        return self.base + len(self.code)
+
+    def label(self, name):
+        self.labels[name] = self.here()
+
+    def _emit(self, data, kind=I_PLAIN, target_label=None):
+        index = len(self.instructions)
+        self.instructions.append(Instruction(self.here(), len(data), kind))
+        self.code += data
+        if target_label is not None:
+            self._fixups.append((len(self.code) - 4, target_label, index))
+
+    def plain(self, *names):
+        for name in names:
+            self._emit(PLAIN[name])
+
+    def jcc(self, condition, label):
+        self._emit(bytes([0x0F, CONDITIONS[condition]]) + b"\0\0\0\0", I_COND, label)
+
+    def jmp(self, label):
+        self._emit(b"\xe9\0\0\0\0", I_JUMP, label)
+
+    def call(self, label):
+        self._emit(b"\xe8\0\0\0\0", I_CALL, label)
+
+    def call_next(self):
+        """``call $+5`` (position-independent code reading its IP): not a real call."""
+        self._emit(b"\xe8\0\0\0\0", I_CALL_NEXT)
+        self.instructions[-1].target = self.here()
+
+    def call_indirect(self, label):
+        """``mov rax, label; call rax``."""
+        self._emit(b"\x48\xb8" + bytes(8))
+        self._fixups.append((len(self.code) - 8, label, None))
+        self._emit(b"\xff\xd0", I_ICALL)
+        self.instructions[-1].target = label
+
+    def ret(self):
+        self._emit(b"\xc3", I_RET)
+
+    def iretq(self):
+        self._emit(b"\x48\xcf", I_IRET)
+
+    def assemble(self):
+        for position, label, index in self._fixups:
+            target = self.labels[label]
+            if index is None:
+                struct.pack_into("<Q", self.code, position, target)
+                continue
+            struct.pack_into("<i", self.code, position, target - (self.base + position + 4))
+            self.instructions[index].target = target
+        for instruction in self.instructions:
+            if instruction.kind == I_ICALL and isinstance(instruction.target, str):
+                instruction.target = self.labels[instruction.target]
+        return bytes(self.code)
+
+
+class Program(object):
+    """Assembled code with its instruction table and entry points."""
+
+    def __init__(self, assembler, entry, interrupt_handler=None):
+        self.code = assembler.assemble()
+        self.base = assembler.base
+        self.labels = dict(assembler.labels)
+        self.by_address = {i.address: i for i in assembler.instructions}
+        self.entry = self.labels[entry]
+        self.interrupt_handler = self.labels.get(interrupt_handler) if interrupt_handler else None
+
+
+def sample_program(base):
+    """The sample: a driver-like dispatch loop with calls, rets, conditional branches,
+    an indirect call through a function pointer, a ``call $+5`` and an interrupt handler."""
+    asm = Assembler(base)
+    asm.label("Dispatch")
+    asm.plain("sub rsp, 0x28", "mov ecx, 8")
+    asm.label("Dispatch_loop")
+    asm.call("ValidateRequest")
+    asm.plain("test eax, eax")
+    asm.jcc("jz", "Dispatch_skip")
+    asm.call_indirect("CompleteRequest")
+    asm.label("Dispatch_skip")
+    asm.plain("dec ecx")
+    asm.jcc("jnz", "Dispatch_loop")
+    asm.plain("add rsp, 0x28")
+    asm.jmp("Dispatch")
+
+    asm.label("ValidateRequest")
+    asm.plain("push rbx", "xor eax, eax", "cmp ecx, 3")
+    asm.jcc("jbe", "ValidateRequest_small")
+    asm.plain("inc eax")
+    asm.call("Checksum")
+    asm.label("ValidateRequest_small")
+    asm.plain("pop rbx")
+    asm.ret()
+
+    asm.label("Checksum")
+    asm.call_next()
+    asm.plain("pop rax", "mov rdx, [rsp+8]", "add rax, rcx")
+    asm.jcc("js", "Checksum_done")
+    asm.plain("nop", "nop")
+    asm.label("Checksum_done")
+    asm.ret()
+
+    asm.label("CompleteRequest")
+    asm.plain("mov r10, [rip+0x100]", "lea r8, [rip+0x10]", "nop")
+    asm.ret()
+
+    asm.label("InterruptHandler")
+    asm.plain("push rbx", "pop rbx")
+    asm.iretq()
+    return Program(asm, "Dispatch", "InterruptHandler")
+
+
+def random_program(base, functions=60, seed=1):
+    """Many small functions: if/else, loops, direct calls to later functions,
+    occasional indirect calls; function 0 is a never-returning driver loop."""
+    generator = random.Random(seed)
+    asm = Assembler(base)
+    names = ["f%d" % i for i in range(functions)]
+    asm.label("Driver")
+    for index in range(1, min(functions, 8)):
+        asm.call(names[index])
+        asm.plain("nop")
+    asm.jmp("Driver")
+    asm.label("InterruptHandler")
+    asm.plain("push rbx", "pop rbx")
+    asm.iretq()
+    plains = [name for name in PLAIN if name not in ("push rbx", "pop rbx", "pop rax")]
+    for index, name in enumerate(names):
+        asm.label(name)
+        for part in range(generator.randint(2, 5)):
+            label = "%s_%d" % (name, part)
+            asm.plain(*generator.sample(plains, generator.randint(1, 4)))
+            shape = generator.random()
+            callee = names[generator.randint(index + 1, functions - 1)] if index < functions - 1 else None
+            if shape < 0.35:
+                asm.jcc(generator.choice(list(CONDITIONS)), label + "_else")
+                asm.plain(*generator.sample(plains, generator.randint(1, 3)))
+                asm.label(label + "_else")
+            elif shape < 0.55:
+                asm.label(label + "_loop")
+                asm.plain(*generator.sample(plains, generator.randint(1, 3)))
+                asm.jcc(generator.choice(list(CONDITIONS)), label + "_loop")
+            elif shape < 0.8 and callee:
+                asm.call(callee)
+            elif shape < 0.88 and callee:
+                asm.call_indirect(callee)
+            elif shape < 0.92:
+                asm.call_next()
+                asm.plain("pop rax")
+        asm.ret()
+    return Program(asm, "Driver", "InterruptHandler")
+
+
+class PacketWriter(object):
+    """Writes packets the way the processor does: TNT bits gathered into TNT-8 (or
+    TNT-64) packets and flushed before any IP packet, IPs compressed against the last IP."""
+
+    def __init__(self, use_tnt64=False):
+        self.out = bytearray()
+        self.bits = []
+        self.last_ip = 0
+        self.use_tnt64 = use_tnt64
+        self.long_bits = 47 if use_tnt64 else 6
+
+    def psb_plus(self, ip, mode_64=True):
+        self.flush()
+        self.out += PSB
+        self.last_ip = 0
+        self.out += b"\x99" + bytes([1 if mode_64 else 2])
+        if ip is not None:
+            self.ip_packet(0x1D, ip)
+        self.out += b"\x02\x23"
+
+    def tnt(self, taken):
+        self.bits.append(taken)
+        if len(self.bits) == self.long_bits:
+            self.flush()
+
+    def flush(self):
+        if not self.bits:
+            return
+        value = 1
+        for bit in self.bits:
+            value = value << 1 | bit
+        if len(self.bits) <= 6:
+            self.out.append(value << 1)
+        else:
+            self.out += b"\x02\xa3" + value.to_bytes(6, "little")
+        self.bits = []
+
+    def ip_packet(self, opcode_low, ip):
+        self.flush()
+        if ip is None:
+            self.out.append(opcode_low)
+            return
+        last = self.last_ip
+        if ip >> 16 == last >> 16:
+            self.out += bytes([opcode_low | 1 << 5]) + struct.pack("<H", ip & 0xFFFF)
+        elif ip >> 32 == last >> 32:
+            self.out += bytes([opcode_low | 2 << 5]) + struct.pack("<I", ip & 0xFFFFFFFF)
+        elif ip >> 47 in (0, 0x1FFFF):
+            self.out += bytes([opcode_low | 3 << 5]) + (ip & 0xFFFFFFFFFFFF).to_bytes(6, "little")
+        else:
+            self.out += bytes([opcode_low | 6 << 5]) + struct.pack("<Q", ip)
+        self.last_ip = ip
+
+    def tip(self, ip):
+        self.ip_packet(0x0D, ip)
+
+    def fup(self, ip):
+        self.ip_packet(0x1D, ip)
+
+    def pgd(self, ip=None):
+        self.ip_packet(0x01, ip)
+
+    def raw(self, data):
+        self.flush()
+        self.out += data
+
+    def bytes(self):
+        self.flush()
+        return bytes(self.out)
+
+
+def trace_program(program, max_insns, seed=0, taken_probability=0.5, interrupt_every=0, psb_every=4096,
+                  uncompressed_ret_every=0, timing=False, use_tnt64=False):
+    """Walk ``program`` from its entry choosing branch outcomes at random; returns
+    (trace bytes, expected instruction addresses).
+
+    The expected list ends at the last instruction that consumed trace data, the
+    decoders' stopping convention."""
+    generator = random.Random(seed)
+    writer = PacketWriter(use_tnt64)
+    writer.psb_plus(program.entry)
+    executed = []
+    committed = 0
+    stack = []
+    compression = []  # the return stack RET compression works from
+    ip = program.entry
+    interrupted_at = None
+    by_address = program.by_address
+    next_psb = psb_every
+    while len(executed) < max_insns:
+        if interrupt_every and interrupted_at is None and program.interrupt_handler and \
+                generator.randrange(interrupt_every) == 0:
+            writer.fup(ip)
+            writer.tip(program.interrupt_handler)
+            interrupted_at = ip
+            committed = len(executed)
+            ip = program.interrupt_handler
+        if psb_every and len(writer.out) >= next_psb:
+            writer.psb_plus(ip)
+            next_psb = len(writer.out) + psb_every
+        if timing and generator.randrange(16) == 0:
+            writer.raw(b"\x59" + bytes([generator.getrandbits(8)]))
+        instruction = by_address[ip]
+        executed.append(ip)
+        kind = instruction.kind
+        following = ip + instruction.size
+        if kind == I_PLAIN:
+            ip = following
+        elif kind == I_COND:
+            taken = generator.random() < taken_probability
+            writer.tnt(taken)
+            ip = instruction.target if taken else following
+            committed = len(executed)
+        elif kind == I_JUMP or kind == I_CALL_NEXT:
+            ip = instruction.target
+        elif kind == I_CALL or kind == I_ICALL:
+            stack.append(following)
+            compression.append(following)
+            if len(compression) > RETSTACK_DEPTH:
+                del compression[0]
+            if kind == I_ICALL:
+                writer.tip(instruction.target)
+                committed = len(executed)
+            ip = instruction.target
+        elif kind == I_RET:
+            ip = stack.pop()
+            # Compressed only when the decoder's return stack predicts the target.
+            if compression and compression[-1] == ip and not (
+                    uncompressed_ret_every and generator.randrange(uncompressed_ret_every) == 0):
+                compression.pop()
+                writer.tnt(True)
+            else:
+                writer.tip(ip)
+            committed = len(executed)
+        elif kind == I_IRET:
+            writer.tip(interrupted_at)
+            ip = interrupted_at
+            interrupted_at = None
+            committed = len(executed)
+    return writer.bytes(), executed[:committed]
+
+
+# -- the sample dump -----------------------------------------------------------------
+
+SAMPLE_MODULE = ("iptdemo", 0xFFFFF80012340000, 0x4000, "iptdemo.sys")
+SAMPLE_OPTION = {"TraceMode": 1, "TimeMode": 0, "MTCFreq": 0, "CycThresh": 0, "BufferSize": 0,
+                 "TraceSessionMode": 0, "TraceChild": 0, "TraceCodeMode": 1}
+
+
+def add_sample_trace(scenario):
+    """Put an IPT sample in a kernel-mode Scenario: a module ``iptdemo`` holding
+    hand-assembled code (calls, rets, conditional branches, an indirect call, an
+    interrupt) and, in pool memory, an ETW IntelProcessorTrace event (header + trace)
+    whose trace decodes over that code.
+
+    Returns {"event_address", "trace_address", "trace_size", "module", "entry",
+    "instructions"} (instructions: how many the trace reconstructs)."""
+    name, base, size, image = SAMPLE_MODULE
+    program = sample_program(base + 0x1000)
+    module = scenario.add_module(name, base, size, image=image)
+    scenario.write(program.base, program.code)
+    for label, address in program.labels.items():
+        if "_" not in label:
+            scenario.add_symbol(name, label, address - base)
+    trace, executed = trace_program(program, 300, seed=7, interrupt_every=150, psb_every=0)
+    header = encode_event_header(event_time_stamp=0x1D9E0A1B2C3D4E5, process=4, thread=0x1F4,
+                                 ipt_option=ipt_option_value(SAMPLE_OPTION), trace_size=len(trace),
+                                 trace_position=len(trace))
+    event = scenario.alloc(len(header) + len(trace), align=16)
+    scenario.write(event, header + trace)
+    return {"event_address": event, "trace_address": event + len(header), "trace_size": len(trace),
+            "module": module, "entry": program.entry, "instructions": len(executed)}

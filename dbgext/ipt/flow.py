@@ -1,0 +1,604 @@
+"""Layer 3: reconstruct the executed instructions from packets plus code bytes.
+
+The walk works on basic blocks, not single instructions: a block (straight-line
+instructions up to and including one branch) is disassembled once with capstone and
+cached per execution mode, so the steady state is "look up block, append its
+addresses, take one TNT bit or TIP for its branch".
+
+Conventions follow libipt's instruction decoder so the two outputs compare line for
+line:
+
+* instructions are reported only up to the last one whose outcome consumed trace
+  data (a TNT bit, a TIP, or the FUP of an asynchronous event); instructions walked
+  after it are dropped at the end of the trace and at an OVF;
+* a compressed RET takes a TNT bit that must be taken and returns to the most recent
+  call's successor (64-entry return stack, like the hardware's);
+* ``call $+5`` (a call to the next instruction) is not pushed on the return stack;
+* an asynchronous transfer (FUP then TIP / TIP.PGD) happens at the FUP address,
+  which did not execute;
+* every error is reported with its trace offset (and code address) and decoding
+  resumes at the next PSB.
+"""
+
+import capstone
+
+from ..errors import UnreadableMemory
+from . import packets as P
+
+MODE_16, MODE_32, MODE_64 = 16, 32, 64
+EXEC_MODES = {"16bit": MODE_16, "32bit": MODE_32, "64bit": MODE_64}
+RETSTACK_DEPTH = 64
+
+# Block kinds: how the block's last instruction decides where execution goes next.
+B_COND = 0       # jcc/loop/jrcxz: one TNT bit
+B_JUMP = 1       # direct jmp (and call $+5): nothing from the trace
+B_CALL = 2       # direct call: push the return address
+B_RET = 3        # near ret: compressed (TNT bit) or TIP
+B_INDIRECT_CALL = 4
+B_INDIRECT = 5   # indirect jmp, far transfers, syscall/sysret/iret/int: a TIP
+B_STOP = 6       # undecodable or unreadable code at block.end
+
+_FAR = {"iret", "iretd", "iretq", "retf", "retfq", "ljmp", "lcall", "syscall", "sysret", "sysretq",
+        "sysenter", "sysexit", "sysexitq", "int", "int1", "int3", "into", "vmlaunch", "vmresume",
+        "vmcall", "vmmcall"}
+_COND_EXTRA = {"loop", "loope", "loopne", "jrcxz", "jecxz", "jcxz"}
+
+MAX_BLOCK_BYTES = 0x1000
+# Blocks walked without consuming any trace before we call it a runaway path.
+MAX_BLOCKS_WITHOUT_TRACE = 100000
+
+
+class Block(object):
+    __slots__ = ("start", "insns", "kind", "target", "fallthrough", "end", "problem")
+
+    def __init__(self, start, insns, kind, target, fallthrough, end, problem=None):
+        self.start = start
+        self.insns = insns            # tuple of instruction addresses
+        self.kind = kind
+        self.target = target          # direct branch target
+        self.fallthrough = fallthrough  # address after the last instruction
+        self.end = end                # address of the last instruction (or of the problem)
+        self.problem = problem        # message for B_STOP
+
+
+class CodeImage(object):
+    """Code bytes by address: a Target (live or dump) or file images placed at bases."""
+
+    def __init__(self, target=None, images=()):
+        self.target = target
+        self.images = sorted(images)  # [(base, bytes)]
+
+    def read_upto(self, address, size):
+        """Up to ``size`` bytes at ``address``, stopping at the first unreadable byte."""
+        for base, data in self.images:
+            if base <= address < base + len(data):
+                return data[address - base:address - base + size]
+        if self.target is None:
+            return b""
+        try:
+            return self.target.read(address, size)
+        except UnreadableMemory as error:
+            if error.address <= address:
+                return b""
+            try:
+                return self.target.read(address, error.address - address)
+            except UnreadableMemory:
+                return b""
+
+
+class BlockCache(object):
+    """Decoded blocks, one dict per execution mode (the key is (address, mode))."""
+
+    def __init__(self, code):
+        self.code = code
+        self.by_mode = {}
+        self._disassemblers = {}
+        self.blocks_built = 0
+
+    def blocks(self, mode):
+        table = self.by_mode.get(mode)
+        if table is None:
+            table = self.by_mode[mode] = {}
+        return table
+
+    def _disassembler(self, mode):
+        cs = self._disassemblers.get(mode)
+        if cs is None:
+            cs = capstone.Cs(capstone.CS_ARCH_X86, {MODE_16: capstone.CS_MODE_16, MODE_32: capstone.CS_MODE_32,
+                                                    MODE_64: capstone.CS_MODE_64}[mode])
+            self._disassemblers[mode] = cs
+        return cs
+
+    def build(self, address, mode):
+        block = self._decode(address, mode)
+        self.blocks(mode)[address] = block
+        self.blocks_built += 1
+        return block
+
+    def _decode(self, start, mode):
+        cs = self._disassembler(mode)
+        mask = (1 << mode) - 1 if mode != MODE_64 else 0xFFFFFFFFFFFFFFFF
+        insns = []
+        cursor = start
+        while cursor - start < MAX_BLOCK_BYTES:
+            chunk = self.code.read_upto(cursor, 256)
+            if not chunk:
+                return Block(start, tuple(insns), B_STOP, None, cursor, cursor,
+                             "code at 0x%x is unreadable" % cursor)
+            decoded_to = cursor
+            for address, size, mnemonic, operands in cs.disasm_lite(chunk, cursor):
+                if address + size > cursor + len(chunk):
+                    break
+                insns.append(address)
+                decoded_to = address + size
+                kind = _classify(mnemonic, operands)
+                if kind is None:
+                    continue
+                target = None
+                if kind in (B_COND, B_JUMP, B_CALL):
+                    target = int(operands, 16) & mask
+                    if kind == B_CALL and target == decoded_to:
+                        kind = B_JUMP  # call $+5 reads the IP; it is not a call
+                return Block(start, tuple(insns), kind, target, decoded_to, address)
+            if decoded_to == cursor:
+                if len(chunk) < 15 and len(self.code.read_upto(cursor, 15)) < 15:
+                    return Block(start, tuple(insns), B_STOP, None, cursor, cursor,
+                                 "code at 0x%x is unreadable" % (cursor + len(chunk)))
+                return Block(start, tuple(insns), B_STOP, None, cursor, cursor,
+                             "cannot decode the instruction at 0x%x" % cursor)
+            cursor = decoded_to
+        return Block(start, tuple(insns), B_STOP, None, cursor, cursor,
+                     "no branch within 0x%x bytes from 0x%x" % (MAX_BLOCK_BYTES, start))
+
+
+def _classify(mnemonic, operands):
+    """Block kind of a branch instruction, None for everything else."""
+    first = mnemonic[0]
+    if first == "j":
+        if mnemonic == "jmp":
+            return B_JUMP if operands.startswith("0x") else B_INDIRECT
+        return B_COND
+    if first == "c" and mnemonic == "call":
+        return B_CALL if operands.startswith("0x") else B_INDIRECT_CALL
+    if first == "r" and mnemonic in ("ret", "retq"):
+        return B_RET
+    if mnemonic in _COND_EXTRA:
+        return B_COND
+    if mnemonic in _FAR:
+        return B_INDIRECT
+    if mnemonic.startswith("bnd ") or mnemonic.startswith("notrack "):
+        return _classify(mnemonic.split(" ", 1)[1], operands)
+    return None
+
+
+# -- trace items the walker consumes --------------------------------------------------
+
+F_TNT, F_TIP, F_PGE, F_PGD, F_FUP, F_MODE, F_PSB, F_PSBEND, F_OVF, F_ERROR = range(10)
+_IP_ITEMS = {"tip": F_TIP, "tip.pge": F_PGE, "tip.pgd": F_PGD, "fup": F_FUP}
+ITEM_NAMES = {F_TNT: "tnt", F_TIP: "tip", F_PGE: "tip.pge", F_PGD: "tip.pgd", F_FUP: "fup", F_MODE: "mode.exec",
+              F_PSB: "psb", F_PSBEND: "psbend", F_OVF: "ovf", F_ERROR: "error"}
+
+
+def flow_items(data, start=0, end=None):
+    """Packets reduced to what control flow needs: (kind, offset, value) with F_* kinds.
+
+    TNT-8 runs become one bit string; timing and power packets are dropped; a FUP
+    that belongs to a PTW or EXSTOP (not to a control transfer) is dropped too."""
+    tnt8 = P.TNT8_BITS
+    skip_fup = False
+    for kind, offset, value in P.tokens(data, start, end):
+        if kind == P.K_TNT8_RUN:
+            yield F_TNT, offset, "".join([tnt8[b] for b in value]) if len(value) > 1 else tnt8[value[0]]
+        elif kind == P.K_IP:
+            item = _IP_ITEMS[value[0]]
+            if item == F_FUP and skip_fup:
+                skip_fup = False
+                continue
+            yield item, offset, value[2]
+        elif kind == P.K_TNT64:
+            yield F_TNT, offset, value
+        elif kind == P.K_PSB:
+            yield F_PSB, offset, None
+        elif kind == P.K_PSBEND:
+            yield F_PSBEND, offset, None
+        elif kind == P.K_MODE:
+            if value[0] == "mode.exec":
+                yield F_MODE, offset, EXEC_MODES.get(value[1]["mode"])
+        elif kind == P.K_OVF:
+            yield F_OVF, offset, None
+        elif kind == P.K_ERROR:
+            yield F_ERROR, offset, value
+        elif kind == P.K_OTHER and value[0] in ("ptw", "exstop") and value[1]["ip"]:
+            skip_fup = True
+
+
+class FlowResult(object):
+    """Executed instruction addresses, errors as (offset, message), sanity warnings."""
+
+    __slots__ = ("instructions", "errors", "warnings", "truncated", "blocks_built")
+
+    def __init__(self):
+        self.instructions = []
+        self.errors = []
+        self.warnings = []
+        self.truncated = False
+        self.blocks_built = 0
+
+
+class _Resync(Exception):
+    """Raised inside the walk to abandon the current PSB segment after an error."""
+
+
+class FlowDecoder(object):
+    """Walks the code along a trace.  ``code`` is a :class:`CodeImage`.
+
+    ``suspicious``: {address: name} of functions a real trace should not enter
+    (nt!KeBugCheckEx...); entering one adds a warning."""
+
+    def __init__(self, code, suspicious=None, cache=None):
+        self.cache = cache or BlockCache(code)
+        self.suspicious = dict(suspicious or {})
+
+    def decode(self, data, start=0, end=None, max_insns=None):
+        result = FlowResult()
+        run = _Walk(self, result, flow_items(data, start, end), max_insns)
+        run.run()
+        result.blocks_built = self.cache.blocks_built
+        return result
+
+
+class _Walk(object):
+    """The state of one decode: trace position, IP, mode, TNT bits, return stack."""
+
+    def __init__(self, decoder, result, items, max_insns):
+        self.cache = decoder.cache
+        self.suspicious = decoder.suspicious
+        self.result = result
+        self.out = result.instructions
+        self.items = items
+        self.max_insns = max_insns if max_insns is not None else -1
+        self.mode = MODE_64
+        self.retstack = []
+        self.bits = ""
+        self.bit_index = 0
+        self.lookahead = None    # one item read ahead (kind, offset, value) or None at the end
+        self.ended = False
+        self.committed = 0       # out[:committed] are confirmed by consumed trace
+        self.last_offset = 0
+        self.warned = set()
+        self.walking = False     # inside walk(): PSB+ is then status only
+
+    # -- items --------------------------------------------------------------------
+
+    def next_item(self):
+        if self.lookahead is not None:
+            item, self.lookahead = self.lookahead, None
+            return item
+        for item in self.items:
+            self.last_offset = item[1]
+            if item[0] == F_ERROR:
+                self.result.errors.append((item[1], item[2]))
+                self.drop_uncommitted()
+                self.reset()
+                if self.walking:
+                    raise _Resync()
+                continue
+            if item[0] == F_PSB and self.walking:
+                self.skip_status_psb()
+                continue
+            return item
+        self.ended = True
+        return None
+
+    def peek(self):
+        if self.lookahead is None and not self.ended:
+            self.lookahead = self.next_item()
+        return self.lookahead
+
+    def skip_status_psb(self):
+        """A PSB+ in the middle of a traced stretch only restates the state (IP, mode)."""
+        for kind, offset, value in self.items:
+            self.last_offset = offset
+            if kind == F_PSBEND:
+                return
+            if kind == F_MODE and value is not None:
+                self.mode = value
+            elif kind == F_ERROR:
+                self.result.errors.append((offset, value))
+                self.drop_uncommitted()
+                raise _Resync()
+            elif kind not in (F_FUP,):
+                self.lookahead = (kind, offset, value)
+                return
+        self.ended = True
+
+    def reset(self):
+        self.bits = ""
+        self.bit_index = 0
+        self.retstack = []
+
+    def drop_uncommitted(self):
+        del self.out[self.committed:]
+
+    def error(self, offset, message):
+        self.result.errors.append((offset, message))
+        self.drop_uncommitted()
+        raise _Resync()
+
+    def skip_to_psb(self):
+        """After an error: drop items up to the next PSB (left as lookahead)."""
+        self.reset()
+        while True:
+            item = self.next_item()
+            if item is None:
+                return
+            if item[0] == F_PSB:
+                self.lookahead = item
+                return
+
+    # -- driver -------------------------------------------------------------------
+
+    def run(self):
+        while not self.ended or self.lookahead is not None:
+            try:
+                ip = self.await_enable()
+                if ip is None:
+                    return
+                self.walking = True
+                self.walk(ip)
+            except _Resync:
+                self.walking = False
+                self.skip_to_psb()
+            self.walking = False
+            if 0 <= self.max_insns <= len(self.out):
+                break
+        if 0 <= self.max_insns < len(self.out):
+            del self.out[self.max_insns:]
+            self.result.truncated = True
+
+    def await_enable(self):
+        """Consume items while tracing is off; return the IP where it resumes (or None at the end)."""
+        while True:
+            item = self.next_item()
+            if item is None:
+                return None
+            kind, offset, value = item
+            if kind == F_PSB:
+                ip = self.read_psb_plus()
+                if ip is not None:
+                    return ip
+            elif kind == F_PGE or kind == F_FUP:
+                # FUP with tracing off: the resume point after an OVF.
+                if value is None:
+                    self.error(offset, "%s without an IP" % ITEM_NAMES[kind])
+                return value
+            elif kind == F_MODE:
+                if value is not None:
+                    self.mode = value
+            elif kind == F_OVF:
+                self.reset()
+            elif kind == F_TNT or kind == F_TIP:
+                self.error(offset, "%s while tracing is disabled" % ITEM_NAMES[kind])
+
+    def read_psb_plus(self):
+        ip = None
+        while True:
+            item = self.next_item()
+            if item is None:
+                return None
+            kind, offset, value = item
+            if kind == F_PSBEND:
+                return ip
+            if kind == F_FUP:
+                ip = value
+            elif kind == F_MODE:
+                if value is not None:
+                    self.mode = value
+            elif kind == F_OVF:
+                self.lookahead = item
+                return None
+            else:
+                self.error(offset, "unexpected %s inside PSB+" % ITEM_NAMES[kind])
+
+    def refill(self):
+        """Make TNT bits available, or leave the next non-TNT item in lookahead."""
+        while self.bit_index >= len(self.bits):
+            item = self.peek()
+            if item is None or item[0] != F_TNT:
+                return False
+            self.lookahead = None
+            self.bits = item[2]
+            self.bit_index = 0
+        return True
+
+    def take_ip(self, address, wanted):
+        """Consume the TIP an indirect transfer at ``address`` needs: returns the new IP
+        or None when tracing stops there (TIP.PGD or the end of the trace)."""
+        item = self.peek()
+        if item is None:
+            return None
+        kind, offset, value = item
+        while kind == F_MODE:
+            self.lookahead = None
+            if value is not None:
+                self.mode = value
+            item = self.peek()
+            if item is None:
+                return None
+            kind, offset, value = item
+        if kind == F_TIP and value is not None:
+            self.lookahead = None
+            return value
+        if kind == F_PGD:
+            self.lookahead = None
+            self.committed = len(self.out)
+            return None
+        if kind == F_OVF:
+            return None
+        self.error(offset, "expected a TIP for the %s at 0x%x, found %s" % (wanted, address, ITEM_NAMES[kind]))
+
+    # -- the walk -----------------------------------------------------------------
+
+    def walk(self, ip):
+        out = self.out
+        cache = self.cache
+        blocks = cache.blocks(self.mode)
+        mode = self.mode
+        retstack = self.retstack
+        suspicious = self.suspicious
+        max_insns = self.max_insns
+        async_ip = self.pending_async()
+        idle_blocks = 0
+        while True:
+            if self.mode != mode:
+                mode = self.mode
+                blocks = cache.blocks(mode)
+            block = blocks.get(ip)
+            if block is None:
+                block = cache.build(ip, mode)
+                if ip in suspicious and ip not in self.warned:
+                    self.warned.add(ip)
+                    self.result.warnings.append("the path enters %s at 0x%x (trace offset %d): a real trace "
+                                                "rarely runs it; check the reconstruction"
+                                                % (suspicious[ip], ip, self.last_offset))
+            if async_ip is not None and block.start <= async_ip <= block.end:
+                out.extend([a for a in block.insns if a < async_ip])
+                ip = self.take_async(async_ip)
+                if ip is None:
+                    return
+                retstack = self.retstack
+                async_ip = self.pending_async()
+                continue
+            kind = block.kind
+            if kind == B_COND:
+                if self.bit_index >= len(self.bits) and not self.refill():
+                    out.extend(block.insns)
+                    self.stop_at(block, "conditional branch")
+                    return
+                bit = self.bits[self.bit_index]
+                self.bit_index += 1
+                out.extend(block.insns)
+                self.committed = len(out)
+                idle_blocks = 0
+                ip = block.target if bit == "T" else block.fallthrough
+                if self.bit_index >= len(self.bits):
+                    async_ip = self.pending_async()
+            elif kind == B_JUMP:
+                out.extend(block.insns)
+                ip = block.target
+                idle_blocks += 1
+            elif kind == B_CALL:
+                out.extend(block.insns)
+                retstack.append(block.fallthrough)
+                if len(retstack) > RETSTACK_DEPTH:
+                    del retstack[0]
+                ip = block.target
+                idle_blocks += 1
+            elif kind == B_RET:
+                out.extend(block.insns)
+                if self.bit_index < len(self.bits) or self.refill():
+                    bit = self.bits[self.bit_index]
+                    self.bit_index += 1
+                    if bit != "T":
+                        self.result.warnings.append("compressed RET at 0x%x took a not-taken bit (trace offset %d): "
+                                                    "the reconstruction has gone wrong before it"
+                                                    % (block.end, self.last_offset))
+                        self.error(self.last_offset, "compressed RET at 0x%x with a not-taken bit" % block.end)
+                    if not retstack:
+                        self.error(self.last_offset, "compressed RET at 0x%x with an empty return stack" % block.end)
+                    ip = retstack.pop()
+                    self.committed = len(out)
+                    if self.bit_index >= len(self.bits):
+                        async_ip = self.pending_async()
+                else:
+                    ip = self.take_ip(block.end, "ret")
+                    if ip is None:
+                        self.finish_segment(block)
+                        return
+                    self.committed = len(out)
+                    async_ip = self.pending_async()
+                idle_blocks = 0
+            elif kind == B_INDIRECT or kind == B_INDIRECT_CALL:
+                out.extend(block.insns)
+                if self.bit_index < len(self.bits):
+                    self.error(self.last_offset, "TNT bits left at the indirect branch at 0x%x" % block.end)
+                ip = self.take_ip(block.end, "indirect branch")
+                if ip is None:
+                    self.finish_segment(block)
+                    return
+                if kind == B_INDIRECT_CALL:
+                    retstack.append(block.fallthrough)
+                    if len(retstack) > RETSTACK_DEPTH:
+                        del retstack[0]
+                self.committed = len(out)
+                async_ip = self.pending_async()
+                idle_blocks = 0
+            else:
+                out.extend(block.insns)
+                self.error(self.last_offset, block.problem)
+            if idle_blocks > MAX_BLOCKS_WITHOUT_TRACE:
+                self.error(self.last_offset, "%d blocks without trace data from 0x%x: the path loops"
+                           % (idle_blocks, ip))
+            if 0 <= max_insns <= len(out):
+                return
+
+    def pending_async(self):
+        """When the TNT bits are used up and a FUP comes next, the address where the
+        asynchronous transfer happens; else None."""
+        if self.bit_index < len(self.bits):
+            return None
+        item = self.peek()
+        while item is not None and item[0] == F_TNT:
+            return None
+        if item is not None and item[0] == F_FUP:
+            return item[2]
+        return None
+
+    def take_async(self, address):
+        """At the FUP address: consume FUP + TIP (transfer) or FUP + TIP.PGD (tracing off)."""
+        self.lookahead = None
+        self.committed = len(self.out)
+        item = self.peek()
+        while item is not None and item[0] == F_MODE:
+            self.lookahead = None
+            if item[2] is not None:
+                self.mode = item[2]
+            item = self.peek()
+        if item is None:
+            return None
+        kind, offset, value = item
+        if kind == F_TIP and value is not None:
+            self.lookahead = None
+            return value
+        if kind == F_PGD:
+            self.lookahead = None
+            return None
+        if kind == F_OVF:
+            return None
+        self.error(offset, "FUP at 0x%x is followed by %s instead of a TIP" % (address, ITEM_NAMES[kind]))
+
+    def stop_at(self, block, what):
+        """The trace has no TNT bit for ``block``'s branch: the end, an OVF, TIP.PGD, or an error."""
+        item = self.peek()
+        if item is None:
+            self.drop_uncommitted()
+            return False
+        kind, offset, value = item
+        if kind == F_OVF:
+            self.drop_uncommitted()
+            return False
+        if kind == F_PGD:
+            self.lookahead = None
+            self.committed = len(self.out)
+            return False
+        self.error(offset, "expected a TNT bit for the %s at 0x%x, found %s" % (what, block.end, ITEM_NAMES[kind]))
+
+    def finish_segment(self, block):
+        """An indirect transfer found no TIP: the trace ended or overflowed (TIP.PGD was committed)."""
+        if self.lookahead is None or self.lookahead[0] == F_OVF:
+            self.drop_uncommitted()
+
+
+def decode_flow(data, code, start=0, end=None, max_insns=None, suspicious=None):
+    """Convenience: decode ``data`` over ``code`` (a CodeImage)."""
+    return FlowDecoder(code, suspicious).decode(data, start, end, max_insns)
