@@ -1,9 +1,147 @@
 """Adapters from each analysis package to a compact triage summary.
 
 This one file holds all the coupling between triage and the analyses: each
-adapter calls its package's public API and boils the result down to a small
-dict (counts, a few top items, problems).  An adapter whose package is not
-installed is registered with ``requires`` and simply skipped.
+adapter calls its package's public API and boils the result down to a small dict
+(counts, a few top items) plus the problems the analysis reported, with their
+addresses.  Each adapter is registered with the package it ``requires``; when the
+package is not installed the analysis is simply absent from records.
+
+Scans over all memory need a target that can list its memory (a dump); on a live
+session the scanning analyses say they were skipped instead of probing 2^64 bytes.
 """
 
+from ..errors import BadInput, SymbolNotFound, UnreadableMemory
 from .record import register_analysis
+
+TOP = 5                       # top items kept per list in a summary
+MAX_DATABASES = 16            # trace databases walked and validated per dump
+MAX_PROBLEMS = 50             # problems kept per analysis per dump
+MAX_IPT_EVENTS = 256
+MAX_IPT_SCAN_BYTES = 1 << 30
+
+
+def _problem(message, address):
+    return {"message": message, "address": address}
+
+
+def _bounded(problems):
+    if len(problems) <= MAX_PROBLEMS:
+        return problems
+    return problems[:MAX_PROBLEMS] + [_problem("%d more problems not kept" % (len(problems) - MAX_PROBLEMS), None)]
+
+
+def _cannot_list_memory(target):
+    return target.backend.mapped_ranges() is None
+
+
+def _frames(target, frames, count=3):
+    return [target.symbolize(frame) for frame in list(frames or ())[:count]]
+
+
+# -- rtltrace: RTL stack-trace databases ------------------------------------------------
+
+def summarize_rtltrace(target):
+    from ..rtltrace.find import find_databases
+    from ..rtltrace.validate import analyze
+
+    if _cannot_list_memory(target):
+        return {"skipped": "the target cannot list its memory (live session)"}
+    candidates = find_databases(target)
+    problems = []
+    databases = []
+    blocks = []
+    for candidate in candidates[:MAX_DATABASES]:
+        db = analyze(target, candidate.address, candidate.layout)
+        databases.append({"address": candidate.address, "traces": candidate.traces, "hits": candidate.hits,
+                          "segments": candidate.segments, "problems": len(db.problems),
+                          "complete": db.complete})
+        blocks.extend((block, candidate.address) for block in db.blocks if block.count)
+        for problem in db.problems:
+            problems.append(_problem("database 0x%x: %s: %s" % (candidate.address, problem.kind, problem.detail),
+                                     problem.address))
+    blocks.sort(key=lambda item: -item[0].count)
+    if len(candidates) > MAX_DATABASES:
+        problems.append(_problem("%d trace databases found, only the first %d walked"
+                                 % (len(candidates), MAX_DATABASES), None))
+    return {
+        "databases": len(candidates),
+        "traces": sum(c.traces or 0 for c in candidates),
+        "hits": sum(c.hits or 0 for c in candidates),
+        "suspicious": sum(1 for d in databases if d["problems"]),
+        "per_database": databases[:TOP],
+        "top_traces": [{"database": database, "address": block.address, "count": block.count,
+                        "frames": _frames(target, block.frames)} for block, database in blocks[:TOP]],
+        "problems": _bounded(problems),
+    }
+
+
+register_analysis("rtltrace", summarize_rtltrace, requires="dbgext.rtltrace.validate",
+                  description="RTL stack-trace databases: count, traces, hits, top traces")
+
+
+# -- etwstacks: ETW stack caches -----------------------------------------------------------
+
+def summarize_etwstacks(target):
+    from ..etwcache.discover import discover_loggers
+    from ..etwcache.validate import validate
+    from ..etwcache.walk import read_cache
+
+    if (target.info() or {}).get("mode") == "user":
+        return {"skipped": "user-mode dump: ETW loggers live in the kernel"}
+    try:
+        loggers, _offsets = discover_loggers(target)
+    except (SymbolNotFound, BadInput) as error:
+        return {"skipped": str(error)}
+    except UnreadableMemory as error:
+        return {"loggers": 0, "problems": [_problem(str(error), error.address)]}
+    problems = []
+    caches = []
+    for logger in loggers:
+        label = logger.name or ("logger %s" % logger.logger_id)
+        for kind, address, detail in logger.problems:
+            problems.append(_problem("%s: %s: %s" % (label, kind, detail), address))
+        if not logger.stack_cache:
+            continue
+        state = read_cache(target, logger.stack_cache, logger_context=logger.context, logger_id=logger.logger_id)
+        found = list(state.problems) + list(validate(state, idle=True))
+        for problem in found:
+            problems.append(_problem("%s: %s: %s" % (label, problem.kind, problem.detail), problem.address))
+        caches.append({"logger": label, "cache": logger.stack_cache, "variant": state.variant,
+                       "stacks": len(state.entries), "free_pieces": len(state.free_pieces),
+                       "total_pieces": state.total_pieces if state.readable else 0, "problems": len(found)})
+    return {
+        "loggers": len(loggers),
+        "caches": len(caches),
+        "stacks": sum(c["stacks"] for c in caches),
+        "free_pieces": sum(c["free_pieces"] for c in caches),
+        "suspicious": sum(1 for c in caches if c["problems"]),
+        "per_cache": sorted(caches, key=lambda c: (-c["problems"], -c["stacks"]))[:TOP],
+        "problems": _bounded(problems),
+    }
+
+
+register_analysis("etwstacks", summarize_etwstacks, requires="dbgext.etwcache.walk",
+                  description="ETW stack caches: loggers, stacks, free pieces, problems")
+
+
+# -- ipt: Intel PT events ------------------------------------------------------------------
+
+def summarize_ipt(target):
+    from ..ipt.sources import scan_target
+
+    if _cannot_list_memory(target):
+        return {"skipped": "the target cannot list its memory (live session)"}
+    events, notes = scan_target(target, max_events=MAX_IPT_EVENTS, max_bytes=MAX_IPT_SCAN_BYTES)
+    return {
+        "events": len(events),
+        "trace_bytes": sum(event["header"]["TraceSize"] for event in events),
+        "top_events": [{"address": event["address"], "process": event["header"]["Process"],
+                        "thread": event["header"]["Thread"], "trace_size": event["header"]["TraceSize"],
+                        "readable_bytes": event["readable_bytes"]}
+                       for event in sorted(events, key=lambda e: -e["header"]["TraceSize"])[:TOP]],
+        "notes": notes,
+    }
+
+
+register_analysis("ipt", summarize_ipt, requires="dbgext.ipt.sources",
+                  description="Intel PT trace events found in memory")
