@@ -267,6 +267,27 @@ def test_typed_var_list_array_and_containing_record(kernel):
     assert [int(value) for value in array] == [0x0100, 0x0302, 0x0504]
 
 
+def test_typed_var_list_accepts_a_dotted_flink_path(kernel):
+    pykd, at = kernel
+    widgets = pykd.typedVarList(at.head, "nt!_WIDGET", "Links.Flink")
+    assert [w.getAddress() for w in widgets] == at.widgets
+
+
+def test_typed_var_list_follows_a_singly_linked_next_pointer():
+    s = Scenario("x64", "kernel")
+    s.add_module("nt", NT_BASE, 0x1000)
+    s.add_type("nt", "_NODE", 0x10, {"Value": 0})
+    s.module_symbols["nt"].types["_NODE"]["fields"]["Next"] = {
+        "offset": 8, "type": {"kind": "pointer", "subtype": {"kind": "struct", "name": "_NODE"}}}
+    head, first, second = s.alloc(8), s.alloc(0x10), s.alloc(0x10)
+    s.pack(head, "<Q", first)
+    s.pack(first, "<QQ", 1, second)
+    s.pack(second, "<QQ", 2, 0)
+    pykd = make_fake_pykd(s)
+    nodes = pykd.typedVarList(head, "nt!_NODE", "Next")
+    assert [(n.getAddress(), int(n.Value)) for n in nodes] == [(first, 1), (second, 2)]
+
+
 def test_byte_backed_typed_var_reads_no_target_memory(kernel):
     pykd, at = kernel
     raw = pykd.loadBytes(at.widgets[2], 0x28)

@@ -990,10 +990,9 @@ def _build_module(session):
     @export
     def expr(expression, cplusplus=False):
         from ..basic.address import evaluate
-        from ..errors import DbgextError as _Error
         try:
             return evaluate(_text(expression), _SessionSymbols(session))
-        except _Error:
+        except DbgextError:
             raise DbgException("Call IDebugControl::Evaluate failed\nHRESULT 0x80004005")
 
     # ---- symbols ----
@@ -1511,7 +1510,9 @@ def _build_module(session):
         field = info
         for part in _text(fieldName).split("."):
             field = field.field(part)
-        singly_linked = field.isPointer()
+        # A pointer to the entry type itself is a singly linked "Next"; anything else
+        # (a LIST_ENTRY, or its Flink reached by a dotted path) is a doubly linked list.
+        singly_linked = field.isPointer() and field.deref().name() == info.name()
         result = []
         seen = set()
         entry = session.read_pointer(head)
