@@ -145,3 +145,41 @@ def summarize_ipt(target):
 
 register_analysis("ipt", summarize_ipt, requires="dbgext.ipt.sources",
                   description="Intel PT trace events found in memory")
+
+
+# -- stackuse: the faulting thread's stack usage ----------------------------------------------
+
+def _function_name(text):
+    """``module!name+0x1c`` -> ``module!name`` (the fleet-wide key for a function)."""
+    return text.split("+0x", 1)[0] if text else text
+
+
+def summarize_stackuse(target):
+    from ..stackuse.callgraph import CallGraph, Program
+    from ..stackuse.thread import walk_thread
+
+    program = Program(target)
+    try:
+        stack = walk_thread(target, program, CallGraph(program))
+    except BadInput as error:
+        return {"skipped": str(error)}
+    limit = None
+    if stack.initial_stack is not None and stack.stack_limit is not None:
+        limit = stack.initial_stack - stack.stack_limit
+    frames = [frame for frame in stack.frames if frame.uses is not None]
+    biggest = sorted(frames, key=lambda frame: -frame.uses)[:TOP]
+    problems = [_problem(text, None) for text in list(stack.problems) + list(program.problems)]
+    return {
+        "thread": stack.thread,
+        "used": stack.used,
+        "limit": limit,
+        "remaining": stack.remaining,
+        "frames": len(stack.frames),
+        "biggest_frames": [{"function": _function_name(frame.function), "bytes": frame.uses,
+                            "static_estimate": frame.frame_size} for frame in biggest],
+        "problems": _bounded(problems),
+    }
+
+
+register_analysis("stackuse", summarize_stackuse, requires="dbgext.stackuse.thread",
+                  description="stack usage of the faulting thread: used, limit, biggest frames")
