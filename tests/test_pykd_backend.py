@@ -159,3 +159,15 @@ def test_the_backend_reads_a_user_minidump_through_the_fake(tmp_path):
     info = target.info()
     assert info["mode"] == "user" and "bugcheck" not in info
     assert info["registers"]["rip"] == 0x7FF700001010
+
+
+def test_x86_addresses_stay_32_bit_although_pykd_sign_extends_them():
+    s = Scenario("x86", "user")
+    s.add_module("app", 0x80400000, 0x2000, image="app.exe")
+    s.add_symbol("app", "main", 0x1000)
+    s.pack(0x80401000, "<I", 0xC3C3C3C3)
+    target = open_pykd_target(make_fake_pykd(s))
+    assert [(m.name, m.base) for m in target.modules()] == [("app", 0x80400000)]
+    assert target.symbol_address("app!main") == 0x80401000
+    assert target.symbolize(0x80401002) == "app!main+0x2"
+    assert target.u32(0x80401000) == 0xC3C3C3C3

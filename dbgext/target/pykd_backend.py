@@ -12,6 +12,7 @@ No memory map: :meth:`PykdBackend.mapped_ranges` is None, so
 space — finders running inside WinDbg must be given a range to search.
 """
 
+import bisect
 import re
 
 from ..errors import DbgextError
@@ -46,6 +47,8 @@ class PykdBackend(Backend):
     def __init__(self, pykd=None):
         self.pykd = pykd or import_pykd()
         self.arch = "x64" if self.pykd.ptrSize() == 8 else "x86"
+        # pykd sign-extends 32-bit addresses (addr64); dbgext keeps them 32-bit.
+        self.address_mask = 0xFFFFFFFFFFFFFFFF if self.arch == "x64" else 0xFFFFFFFF
 
     def read_page(self, page_address):
         pykd = self.pykd
@@ -81,7 +84,7 @@ class PykdBackend(Backend):
         for module in pykd.getModulesList():
             try:
                 name = module.name()
-                base, size = module.begin(), module.size()
+                base, size = module.begin() & self.address_mask, module.size()
             except pykd.DbgException:
                 continue  # an unloaded or half-described module: nothing to read in it
             try:
@@ -92,7 +95,7 @@ class PykdBackend(Backend):
         return result
 
     def symbols(self):
-        return PykdSymbols(self.pykd)
+        return PykdSymbols(self.pykd, self.address_mask)
 
     def info(self):
         pykd = self.pykd
@@ -127,9 +130,11 @@ class PykdSymbols(object):
     # Bound on the address cache: a dps over a huge range must not grow it forever.
     MAX_CACHED_ADDRESSES = 100000
 
-    def __init__(self, pykd):
+    def __init__(self, pykd, address_mask=0xFFFFFFFFFFFFFFFF):
         self.pykd = pykd
+        self._address_mask = address_mask
         self._modules = []
+        self._bases = []
         self._addresses = {}
         self._descriptions = {}
         self._functions = {}
@@ -138,6 +143,7 @@ class PykdSymbols(object):
 
     def bind(self, modules):
         self._modules = sorted(modules, key=lambda m: m.base)
+        self._bases = [m.base for m in self._modules]
 
     @property
     def empty(self):
@@ -148,16 +154,16 @@ class PykdSymbols(object):
         return None
 
     def _module_at(self, address):
-        for module in self._modules:
-            if module.contains(address):
-                return module
+        index = bisect.bisect_right(self._bases, address) - 1
+        if index >= 0 and self._modules[index].contains(address):
+            return self._modules[index]
         return None
 
     def address(self, name):
         if name not in self._addresses:
             pykd = self.pykd
             try:
-                self._addresses[name] = pykd.getOffset(name)
+                self._addresses[name] = pykd.getOffset(name) & self._address_mask
             except pykd.DbgException:
                 self._addresses[name] = None
         return self._addresses[name]
