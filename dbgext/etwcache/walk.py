@@ -9,11 +9,44 @@ fit becomes a :class:`Problem` with its address, and the walk goes on.
 import struct
 
 from ..errors import UnreadableMemory
+from ..target.base import PAGE_SIZE
 from . import layouts
 
 WALK_LIMIT = 64  # entries followed per bucket (a sane bucket holds at most 4)
 _PIECE_HEAD = struct.Struct("<QQQiII")
 _FRAMES = struct.Struct("<%dQ" % layouts.FRAMES_PER_PIECE)
+
+
+class _PageView(object):
+    """Reads of small structures through whole-page reads of the Target, kept for
+    the walk: a cache of 170,000 pieces becomes ~13,000 Target reads, not 300,000."""
+
+    def __init__(self, target):
+        self.target = target
+        self.pages = {}
+
+    def _page(self, page):
+        data = self.pages.get(page, False)
+        if data is False:
+            try:
+                data = self.target.read(page, PAGE_SIZE)
+            except UnreadableMemory:
+                data = None
+            self.pages[page] = data
+        return data
+
+    def read(self, address, size):
+        offset = address & (PAGE_SIZE - 1)
+        page = address - offset
+        data = self._page(page)
+        if data is None:
+            raise UnreadableMemory(address, size)
+        if offset + size <= PAGE_SIZE:
+            return data[offset:offset + size] if size < PAGE_SIZE else data
+        return self.target.read(address, size)
+
+    def pointer(self, address):
+        return struct.unpack("<Q", self.read(address, 8))[0]
 
 
 class Problem(object):
@@ -226,12 +259,13 @@ def read_cache(target, address, variant=None, logger_context=None, logger_id=Non
     owner_fmt = "<I" if layout["owner_kind"] == "logger_id" else "<Q"
     state.owner = struct.unpack_from(owner_fmt, header, layout["owner"])[0]
     state.bucket_count = struct.unpack_from("<I", header, layout["BucketCount"])[0]
-    _walk_free_list(target, state, header, layout)
-    _walk_buckets(target, state, layout)
+    view = _PageView(target)
+    _walk_free_list(view, state, header, layout)
+    _walk_buckets(target, view, state, layout)
     return state
 
 
-def _walk_buckets(target, state, layout):
+def _walk_buckets(target, view, state, layout):
     count = state.bucket_count
     if count == 0:
         state.problem("bucket_count", state.address + layout["BucketCount"], "BucketCount is 0")
@@ -267,7 +301,7 @@ def _walk_buckets(target, state, layout):
                 break
             seen.add(current)
             entry = CachedStack(current, index, len(bucket))
-            next_entry = _read_entry(target, state, entry, previous)
+            next_entry = _read_entry(view, state, entry, previous)
             if next_entry is None:
                 break
             bucket.append(entry)
@@ -280,11 +314,11 @@ def _walk_buckets(target, state, layout):
     state.buckets_walked = count
 
 
-def _read_entry(target, state, entry, previous):
+def _read_entry(view, state, entry, previous):
     """Fill ``entry`` from its pieces; returns its Flink, or None when the entry
     itself is unreadable."""
     try:
-        data = target.read(entry.key, layouts.PIECE_SIZE)
+        data = view.read(entry.key, layouts.PIECE_SIZE)
     except UnreadableMemory as error:
         state.problem("unreadable", error.address, "bucket %d: entry is unreadable" % entry.bucket)
         return None
@@ -311,7 +345,7 @@ def _read_entry(target, state, entry, previous):
         visited.add(next_piece)
         piece = next_piece
         try:
-            data = target.read(piece, layouts.PIECE_SIZE)
+            data = view.read(piece, layouts.PIECE_SIZE)
         except UnreadableMemory as error:
             state.problem("unreadable", error.address, "stack 0x%x: piece is unreadable" % entry.key)
             break
@@ -327,7 +361,7 @@ def _read_entry(target, state, entry, previous):
     return flink
 
 
-def _walk_free_list(target, state, header, layout):
+def _walk_free_list(view, state, header, layout):
     low, high = struct.unpack_from("<QQ", header, layout["FreeList"])
     state.free_depth = low & layouts.SLIST_DEPTH_MASK
     state.free_list_top = high & layouts.SLIST_NEXT_MASK
@@ -345,7 +379,7 @@ def _walk_free_list(target, state, header, layout):
         seen.add(current)
         state.free_pieces.append(current)
         try:
-            current = target.pointer(current)
+            current = view.pointer(current)
         except UnreadableMemory as error:
             state.problem("unreadable", error.address, "free list piece is unreadable")
             state.free_walk_complete = False
