@@ -212,3 +212,29 @@ def test_sample_logger_coexists_with_other_loggers_and_types():
     for entry in logger["cache"]["entries"]:
         assert all(any(m.contains(frame) for m in modules) for frame in entry["frames"])
     assert layouts.is_prime(logger["cache"]["bucket_count"])
+
+
+def test_inside_windbg_buckets_link_to_the_frames(cached):
+    from pykd_support import run_windbg_script
+    scenario, _context, builder = cached
+    text, _fake = run_windbg_script("etwstacks", ["--buckets", "--limit", "3"], scenario)
+    assert "Traceback" not in text and 'logger 3 "Test Logger"' in text
+    assert '<link cmd="dps 0x' in text
+    text, _fake = run_windbg_script("etwstacks", ["--cache", "0xffffc0dead000000"], scenario)
+    assert "cannot be read" in text and "Traceback" not in text
+
+
+def test_an_unreadable_logger_name_is_a_problem_of_that_logger():
+    scenario, context, builder = scenario_with_cache(STACKS, "B", 257, 300)
+    scenario.pack(context + 0x98, "<HHxxxxQ", 8, 10, 0xFFFFC0DEAD000000)
+    code, document = run_json(["etwstacks"], scenario.target())
+    [logger] = document["loggers"]
+    assert code == 0 and logger["name"] is None
+    assert any(p["kind"] == "logger_name" for p in logger["cache"]["problems"])
+
+
+def test_x86_targets_are_refused_with_a_message():
+    from dbgext.testing.scenario import Scenario
+    scenario = Scenario("x86", "user")
+    code, text = run(["etwstacks", "--cache", "1000"], scenario.target())
+    assert code == 1 and "x64" in text

@@ -4,7 +4,7 @@ from ..command import Command
 from ..errors import BadInput
 from . import discover, layouts, render, simulate, streams
 from .validate import validate
-from .walk import read_cache
+from .walk import Problem, read_cache
 
 DEFAULT_BUCKET_COUNTS = (256, 257, 1021, 2039, 4093)
 DEFAULT_CACHE_SIZES = (0x300000, 0x800000, 0x1000000)
@@ -72,6 +72,8 @@ def run(ctx, args):
     if args.limit <= 0:
         raise BadInput("--limit must be positive")
     target = ctx.target
+    if target.arch != "x64":
+        raise BadInput("ETW stack cache layouts are known for x64 kernels only (target is %s)" % target.arch)
     targets = caches_to_read(target, args)
     if not targets:
         if args.json:
@@ -84,7 +86,8 @@ def run(ctx, args):
         state = read_cache(target, cache, variant=args.variant,
                            logger_context=logger.context if logger else None,
                            logger_id=logger.logger_id if logger else None)
-        problems = list(state.problems)
+        problems = [Problem(*problem) for problem in (logger.problems if logger else [])]
+        problems.extend(state.problems)
         if args.validate:
             problems.extend(validate(state, idle=not args.busy))
         results.append((logger, state, problems))
