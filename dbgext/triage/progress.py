@@ -45,6 +45,7 @@ class Progress(object):
         self.failed = 0
         self._started = None
         self._last_drawn = None
+        self._drawn_width = 0
 
     def start(self, total):
         self.total = total
@@ -69,7 +70,10 @@ class Progress(object):
     def _draw(self, force=False):
         now = self.clock()
         if self.in_place:
-            self.stream.write("\r" + self.line())
+            line = self.line()
+            # Pad over the tail of a longer previous line.
+            self.stream.write("\r" + line.ljust(self._drawn_width))
+            self._drawn_width = len(line)
         elif force or self._last_drawn is None or now - self._last_drawn >= self.interval:
             self.stream.write(self.line() + "\n")
         else:

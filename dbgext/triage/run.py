@@ -178,7 +178,10 @@ class LocalPool(object):
                     if slot.task is None and pending:
                         slot.task = pending.pop()
                         slot.deadline = time.time() + self.timeout if self.timeout else None
-                        slot.connection.send(slot.task)
+                        try:
+                            slot.connection.send(slot.task)
+                        except OSError:
+                            pass  # the worker is gone: its sentinel reports the dump as failed below
                 busy = [slot for slot in self._slots if slot.task]
                 deadlines = [slot.deadline for slot in busy if slot.deadline]
                 wait_seconds = max(0.0, min(deadlines) - time.time()) if deadlines else None
