@@ -278,7 +278,7 @@ def instruction_flow(trace, regions, max_insns=10 ** 7):
                     status = LIB.pt_insn_sync_forward(decoder)
                 continue
             ips.append(insn.ip)
-            if status & PTS_EOS:
+            if status & PTS_EOS and not status & PTS_EVENT_PENDING:
                 # The last instruction that consumed trace data (libipt would go on with
                 # straight-line code until it needs trace again).
                 break

@@ -266,6 +266,11 @@ class PacketWriter(object):
     def pgd(self, ip=None):
         self.ip_packet(0x01, ip)
 
+    def ovf(self):
+        self.flush()
+        self.out += b"\x02\xf3"
+        self.last_ip = 0
+
     def raw(self, data):
         self.flush()
         self.out += data

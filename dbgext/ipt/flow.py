@@ -278,7 +278,6 @@ class _Walk(object):
             self.last_offset = item[1]
             if item[0] == F_ERROR:
                 self.result.errors.append((item[1], item[2]))
-                self.drop_uncommitted()
                 self.reset()
                 if self.walking:
                     raise _Resync()
@@ -305,7 +304,6 @@ class _Walk(object):
                 self.mode = value
             elif kind == F_ERROR:
                 self.result.errors.append((offset, value))
-                self.drop_uncommitted()
                 raise _Resync()
             elif kind not in (F_FUP,):
                 self.lookahead = (kind, offset, value)
@@ -320,9 +318,12 @@ class _Walk(object):
     def drop_uncommitted(self):
         del self.out[self.committed:]
 
-    def error(self, offset, message):
+    def error(self, offset, message, failed_at=None):
+        """Report and abandon this PSB segment.  Like libipt, the instructions walked so far
+        stay and the instruction that could not proceed (``failed_at``) is left out."""
         self.result.errors.append((offset, message))
-        self.drop_uncommitted()
+        if failed_at is not None and self.out and self.out[-1] == failed_at:
+            self.out.pop()
         raise _Resync()
 
     def skip_to_psb(self):
@@ -435,7 +436,8 @@ class _Walk(object):
             return None
         if kind == F_OVF:
             return None
-        self.error(offset, "expected a TIP for the %s at 0x%x, found %s" % (wanted, address, ITEM_NAMES[kind]))
+        self.error(offset, "expected a TIP for the %s at 0x%x, found %s" % (wanted, address, ITEM_NAMES[kind]),
+                   address)
 
     # -- the walk -----------------------------------------------------------------
 
@@ -503,9 +505,11 @@ class _Walk(object):
                         self.result.warnings.append("compressed RET at 0x%x took a not-taken bit (trace offset %d): "
                                                     "the reconstruction has gone wrong before it"
                                                     % (block.end, self.last_offset))
-                        self.error(self.last_offset, "compressed RET at 0x%x with a not-taken bit" % block.end)
+                        self.error(self.last_offset, "compressed RET at 0x%x with a not-taken bit" % block.end,
+                                   block.end)
                     if not retstack:
-                        self.error(self.last_offset, "compressed RET at 0x%x with an empty return stack" % block.end)
+                        self.error(self.last_offset, "compressed RET at 0x%x with an empty return stack" % block.end,
+                                   block.end)
                     ip = retstack.pop()
                     self.committed = len(out)
                     if self.bit_index >= len(self.bits):
@@ -521,7 +525,8 @@ class _Walk(object):
             elif kind == B_INDIRECT or kind == B_INDIRECT_CALL:
                 out.extend(block.insns)
                 if self.bit_index < len(self.bits):
-                    self.error(self.last_offset, "TNT bits left at the indirect branch at 0x%x" % block.end)
+                    self.error(self.last_offset, "TNT bits left at the indirect branch at 0x%x" % block.end,
+                               block.end)
                 ip = self.take_ip(block.end, "indirect branch")
                 if ip is None:
                     self.finish_segment(block)
@@ -591,7 +596,8 @@ class _Walk(object):
             self.lookahead = None
             self.committed = len(self.out)
             return False
-        self.error(offset, "expected a TNT bit for the %s at 0x%x, found %s" % (what, block.end, ITEM_NAMES[kind]))
+        self.error(offset, "expected a TNT bit for the %s at 0x%x, found %s" % (what, block.end, ITEM_NAMES[kind]),
+                   block.end)
 
     def finish_segment(self, block):
         """An indirect transfer found no TIP: the trace ended or overflowed (TIP.PGD was committed)."""

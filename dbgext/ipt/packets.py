@@ -288,6 +288,7 @@ def tokens(data, start=0, end=None):
                 count = payload.bit_length() - 1
                 yield K_TNT64, offset, _tnt_bits(payload, count)
             elif group == G_OVF:
+                last_ip = 0  # as libipt: the IP after an overflow does not build on older IPs
                 yield K_OVF, offset, None
             elif group == G_BAD:
                 yield K_ERROR, offset, _error_message(data, offset, end)

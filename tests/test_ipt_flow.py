@@ -1,0 +1,239 @@
+"""Layer 3: instruction flow, against the tracer's own path and libipt's decoder."""
+
+import pytest
+
+import ipt_support as libipt
+from dbgext.ipt import fixtures as F
+from dbgext.ipt.flow import CodeImage, decode_flow
+from dbgext.ipt.packets import PSB
+from dbgext.testing.scenario import Scenario
+
+needs_libipt = pytest.mark.skipif(libipt.LIB is None, reason=libipt.SKIP_REASON)
+
+BASE = 0xFFFFF80012341000
+SAMPLE = F.sample_program(BASE)
+RANDOM = F.random_program(BASE, functions=80, seed=4)
+
+
+def image(program):
+    return CodeImage(images=[(program.base, program.code)])
+
+
+def ours(trace, program=SAMPLE, **options):
+    return decode_flow(trace, image(program), **options)
+
+
+def theirs(trace, program=SAMPLE):
+    return libipt.instruction_flow(trace, {program.base: program.code})
+
+
+TRACE_SHAPES = [
+    {},
+    {"interrupt_every": 25},
+    {"uncompressed_ret_every": 3, "psb_every": 48},
+    {"use_tnt64": True, "timing": True},
+    {"taken_probability": 0.9, "interrupt_every": 60, "psb_every": 100},
+]
+
+
+@pytest.mark.parametrize("shape", TRACE_SHAPES)
+def test_sample_program_follows_the_traced_path(shape):
+    trace, expected = F.trace_program(SAMPLE, 400, seed=11, **shape)
+    result = ours(trace)
+    assert result.errors == [] and result.warnings == []
+    assert result.instructions == expected
+
+
+@needs_libipt
+@pytest.mark.parametrize("shape", TRACE_SHAPES)
+@pytest.mark.parametrize("seed", [1, 2])
+def test_random_programs_match_libipt_line_for_line(shape, seed):
+    trace, expected = F.trace_program(RANDOM, 3000, seed=seed, **shape)
+    ips, errors = theirs(trace, RANDOM)
+    result = ours(trace, RANDOM)
+    assert errors == [] and result.errors == []
+    assert result.instructions == ips == expected
+
+
+def test_call_to_next_instruction_is_not_a_call():
+    """Checksum starts with call $+5; pop rax: its RET must return to ValidateRequest."""
+    trace, expected = F.trace_program(SAMPLE, 200, seed=5, taken_probability=0.0)
+    checksum = SAMPLE.labels["Checksum"]
+    assert checksum in expected
+    assert ours(trace).instructions == expected
+
+
+def writer_at(ip):
+    writer = F.PacketWriter()
+    writer.psb_plus(ip)
+    return writer
+
+
+def test_compressed_ret_with_not_taken_bit_is_an_error_and_a_warning():
+    # Dispatch -> ValidateRequest (jbe taken) -> ret compressed, but the bit says not taken.
+    writer = writer_at(SAMPLE.entry)
+    writer.tnt(True)    # jbe ValidateRequest_small taken
+    writer.tnt(False)   # the RET: a not-taken bit
+    result = ours(writer.bytes())
+    assert len(result.errors) == 1 and "not-taken" in result.errors[0][1]
+    assert any("compressed RET" in warning for warning in result.warnings)
+
+
+@needs_libipt
+def test_compressed_ret_with_empty_return_stack_matches_libipt():
+    writer = writer_at(SAMPLE.labels["Checksum_done"])
+    writer.tnt(True)
+    trace = writer.bytes()
+    result = ours(trace)
+    assert "empty return stack" in result.errors[0][1]
+    assert result.instructions == theirs(trace)[0] == []
+
+
+@needs_libipt
+def test_interrupt_fup_tip_lands_in_the_handler_and_returns():
+    writer = writer_at(SAMPLE.entry)
+    validate = SAMPLE.labels["ValidateRequest"]
+    writer.fup(validate + 1)  # interrupted after push rbx
+    writer.tip(SAMPLE.interrupt_handler)
+    writer.tip(validate + 1)  # iretq
+    writer.tnt(False)
+    trace = writer.bytes()
+    result = ours(trace)
+    assert result.errors == []
+    assert result.instructions[:4] == [SAMPLE.entry, SAMPLE.entry + 4, SAMPLE.entry + 9, validate]
+    assert result.instructions[4:7] == [SAMPLE.interrupt_handler, SAMPLE.interrupt_handler + 1,
+                                        SAMPLE.interrupt_handler + 2]
+    assert result.instructions[7] == validate + 1
+    assert result.instructions == theirs(trace)[0]
+
+
+@needs_libipt
+def test_overflow_drops_straight_line_code_and_resumes_at_fup():
+    writer = writer_at(SAMPLE.entry)
+    writer.tnt(True)          # jbe taken; then pop rbx; ret ... walked but not confirmed
+    writer.ovf()
+    writer.fup(SAMPLE.labels["Dispatch_skip"])
+    writer.tnt(False)         # jnz not taken
+    trace = writer.bytes()
+    result = ours(trace)
+    ips, errors = theirs(trace)
+    assert result.errors == [] and errors == []
+    validate_small = SAMPLE.labels["ValidateRequest_small"]
+    assert validate_small not in result.instructions  # straight-line code before the OVF is dropped
+    assert result.instructions == ips
+    assert result.instructions[-2:] == [SAMPLE.labels["Dispatch_skip"], SAMPLE.labels["Dispatch_skip"] + 2]
+
+
+@needs_libipt
+def test_tracing_enabled_by_tip_pge_and_disabled_by_tip_pgd():
+    writer = F.PacketWriter()
+    writer.psb_plus(None)               # PSB+ without FUP: tracing is off
+    writer.ip_packet(0x11, SAMPLE.labels["CompleteRequest"])  # TIP.PGE
+    writer.tnt(True)                    # ... would be a compressed RET: stack empty
+    trace = writer.bytes()
+    assert ours(trace).instructions == theirs(trace)[0]
+    writer = F.PacketWriter()
+    writer.psb_plus(None)
+    writer.ip_packet(0x11, SAMPLE.entry)
+    writer.tnt(True)                    # jbe taken: no Checksum
+    writer.tnt(True)                    # ret
+    writer.tnt(False)                   # jz not taken: the indirect call follows
+    writer.pgd(0xFFFFF80099990000)      # off at the indirect call: its target is outside the filter
+    trace = writer.bytes()
+    result = ours(trace)
+    assert result.errors == []
+    assert result.instructions == theirs(trace)[0]
+
+
+def test_tnt_bits_with_no_branch_to_consume_them_are_an_error():
+    writer = writer_at(SAMPLE.labels["CompleteRequest"])
+    writer.tnt(True)
+    writer.tnt(True)      # one for a RET that has no call, the next never used
+    writer.tip(SAMPLE.entry)
+    result = ours(writer.bytes())
+    assert result.errors and "empty return stack" in result.errors[0][1]
+    assert result.instructions == SAMPLE_COMPLETE_REQUEST_BODY
+
+
+SAMPLE_COMPLETE_REQUEST_BODY = [SAMPLE.labels["CompleteRequest"] + offset for offset in (0, 7, 14)]
+
+
+@needs_libipt
+def test_tip_where_a_tnt_bit_is_needed_reports_offset():
+    writer = writer_at(SAMPLE.entry)
+    writer.tip(SAMPLE.entry)
+    trace = writer.bytes()
+    result = ours(trace)
+    assert result.errors == [(27, "expected a TNT bit for the conditional branch at 0x%x, found tip"
+                              % (SAMPLE.labels["ValidateRequest_small"] - 13))]
+    # like libipt: what was walked before the branch stays, the branch itself does not
+    assert result.instructions == theirs(trace)[0]
+
+
+def test_decoding_resumes_at_the_next_psb_after_an_error():
+    bad = writer_at(SAMPLE.entry)
+    bad.tip(SAMPLE.entry)
+    good, expected = F.trace_program(SAMPLE, 100, seed=3)
+    before_error = ours(bad.bytes()).instructions
+    result = ours(bad.bytes() + good)
+    assert len(result.errors) == 1
+    assert result.instructions == before_error + expected
+
+
+def test_max_insns_caps_the_output():
+    trace, expected = F.trace_program(RANDOM, 2000, seed=9)
+    result = ours(trace, RANDOM, max_insns=100)
+    assert result.instructions == expected[:100] and result.truncated
+
+
+def test_unreadable_code_page_is_reported_with_its_address_and_keeps_what_decoded():
+    scenario = Scenario("x64", "kernel")
+    scenario.add_module("demo", SAMPLE.base - 0x1000, 0x3000)
+    scenario.write(SAMPLE.base, SAMPLE.code)
+    scenario.unmap(SAMPLE.base, 1)  # the code page is gone from the dump
+    trace, _ = F.trace_program(SAMPLE, 100, seed=3)
+    result = decode_flow(trace, CodeImage(scenario.target()))
+    assert result.instructions == []
+    assert result.errors and "0x%x is unreadable" % SAMPLE.entry in result.errors[0][1]
+
+
+def test_code_in_memory_beats_the_file_for_import_optimized_calls():
+    """The file has call [__imp_X] (needs a TIP); memory has mov r10,[__imp_X]; call X."""
+    base = 0xFFFFF80020001000
+    target_function = base + 0x100
+    file_code = bytearray(b"\x90" * 0x200)
+    file_code[0:6] = b"\xff\x15\xfa\x00\x00\x00"              # call [rip+0xfa]
+    file_code[6:11] = b"\x0f\x1f\x44\x00\x00"                 # nop dword [rax+rax]
+    file_code[11:13] = b"\x75\x00"                            # jnz +0
+    file_code[13] = 0xC3
+    memory_code = bytearray(file_code)
+    memory_code[0:7] = b"\x4c\x8b\x15\xf9\x00\x00\x00"        # mov r10, [rip+0xf9]
+    memory_code[7:12] = b"\xe8" + (target_function - (base + 12)).to_bytes(4, "little", signed=True)
+    memory_code[12:15] = b"\x75\x00\xc3"                        # jnz +0; ret
+    memory_code[0x100] = 0xC3                                  # X: ret
+    writer = F.PacketWriter()
+    writer.psb_plus(base)
+    writer.tnt(True)   # X's ret, compressed
+    writer.tnt(False)  # jnz
+    trace = writer.bytes()
+    from_memory = decode_flow(trace, CodeImage(images=[(base, bytes(memory_code))]))
+    assert from_memory.errors == []
+    assert from_memory.instructions == [base, base + 7, target_function, base + 12]
+    from_file = decode_flow(trace, CodeImage(images=[(base, bytes(file_code))]))
+    assert from_file.errors and "expected a TIP" in from_file.errors[0][1]
+
+
+def test_path_into_kebugcheckex_warns():
+    trace, expected = F.trace_program(SAMPLE, 100, seed=3)
+    result = decode_flow(trace, image(SAMPLE), suspicious={SAMPLE.labels["Checksum"]: "nt!KeBugCheckEx"})
+    assert any("nt!KeBugCheckEx" in warning for warning in result.warnings)
+
+
+def test_random_bytes_never_hang_or_crash():
+    import random
+    generator = random.Random(1)
+    for _ in range(30):
+        data = PSB + b"\x99\x01\xdd" + SAMPLE.entry.to_bytes(8, "little") + b"\x02\x23" + bytes(
+            generator.getrandbits(8) for _ in range(200))
+        result = ours(data, max_insns=10000)
+        assert len(result.instructions) <= 10000
