@@ -125,6 +125,8 @@ class StructLayout(object):
             self.formats[name] = "<" + kind
             names.append((name, int(kind[:-1]) if len(kind) > 1 else None))
         self._struct = struct.Struct(fmt)
+        # The raw field values in offset order (the fast path for blocks).
+        self.unpack_tuple = self._struct.unpack_from
         self._names = names
         self.span = cursor  # bytes the fields cover (<= size)
 
@@ -141,10 +143,6 @@ class StructLayout(object):
                 result[name] = values[index]
                 index += 1
         return result
-
-    def unpack_tuple(self, buffer, offset=0):
-        """The raw field values in offset order (the fast path for blocks)."""
-        return self._struct.unpack_from(buffer, offset)
 
     def field_order(self):
         return [name for name, _ in self._names]
