@@ -5,7 +5,7 @@ to ``dps`` over its frames, a bucket to this command's ``--bucket N`` view.
 """
 
 from ..render.output import dml_escape
-from .layouts import DATABASE_MAGIC, HASH_COUNTER_SLOTS, SEGMENT_MAGIC
+from .layouts import BLOCK_MAGIC, DATABASE_MAGIC, HASH_COUNTER_SLOTS, MAX_FRAMES, SEGMENT_MAGIC
 from .validate import statistics
 
 
@@ -17,8 +17,11 @@ class Links(object):
         self.target = target
         self.script = script
 
-    def frames(self, block):
-        return "dps 0x%x L0x%x" % (block.trace or block.address, max(block.size, 1) if block.size <= 256 else 1)
+    def frames(self, db, block):
+        """``dps`` over the frames, which follow the block header (whatever a
+        corrupt Trace pointer says)."""
+        depth = block.size if 0 < block.size <= MAX_FRAMES else 1
+        return "dps 0x%x L0x%x" % (block.address + db.layout.block.size, depth)
 
     def bucket(self, db, bucket):
         if not self.script:
@@ -119,6 +122,15 @@ def render_header(out, target, db):
     out.table(rows, ["field", "value", "meaning"])
 
 
+def render_magic_checks(out, db):
+    segments_ok = sum(1 for segment in db.segments if _segment_magic(db, segment).startswith("ok"))
+    blocks_ok = sum(1 for block in db.blocks if block.magic == BLOCK_MAGIC)
+    out.line("")
+    out.line("Magic checks: database %s, segments %d/%d ok, blocks %d/%d ok"
+             % ("ok" if db.field("Magic") == DATABASE_MAGIC else "BAD", segments_ok, len(db.segments),
+                blocks_ok, len(db.blocks)))
+
+
 def render_segments(out, target, db):
     rows = []
     for index, segment in enumerate(db.segments):
@@ -180,7 +192,7 @@ def trace_rows(target, db, blocks, links):
         first = target.symbolize(block.frames[0]) if block.frames else "(frames unreadable)"
         rows.append([target.format_address(block.address), str(block.bucket), str(block.count),
                      str(block.size), first])
-        cell_links[(index, 0)] = links.frames(block)
+        cell_links[(index, 0)] = links.frames(db, block)
         bucket_command = links.bucket(db, block.bucket)
         if bucket_command:
             cell_links[(index, 1)] = bucket_command
@@ -198,12 +210,12 @@ def render_top_traces(out, target, db, links, top):
     out.line("")
     out.line("Top %d traces by hit count:" % len(blocks))
     for block in blocks:
-        render_frames(out, target, block, links, indent="    ")
+        render_frames(out, target, db, block, links, indent="    ")
 
 
-def render_frames(out, target, block, links, indent=""):
+def render_frames(out, target, db, block, links, indent=""):
     label = target.format_address(block.address)
-    out.markup_line(indent + out.link(label, links.frames(block))
+    out.markup_line(indent + out.link(label, links.frames(db, block))
                     + _escape(out, "  count %d, depth %d, bucket %s" % (block.count, block.size, block.bucket)))
     for number, frame in enumerate(block.frames or ()):
         out.line("%s  %02d %s %s" % (indent, number, target.format_address(frame), target.symbolize(frame)))
@@ -224,7 +236,7 @@ def render_block(out, target, db, block, links):
             ["hash", "-" if block.hash is None else _hex(block.hash)]]
     out.table(rows, ["field", "value"])
     out.line("")
-    render_frames(out, target, block, links)
+    render_frames(out, target, db, block, links)
 
 
 def render_bucket(out, target, db, bucket, blocks, links):
@@ -232,7 +244,7 @@ def render_bucket(out, target, db, bucket, blocks, links):
              % (bucket, db.field("NoOfBuckets"),
                 target.format_address(db.field("Buckets") + bucket * db.layout.pointer_size), len(blocks)))
     for block in blocks:
-        render_frames(out, target, block, links, indent="  ")
+        render_frames(out, target, db, block, links, indent="  ")
 
 
 def render_problems(out, target, db, title="Problems"):
@@ -250,6 +262,7 @@ def render_problems(out, target, db, title="Problems"):
 def render_summary(out, target, db, links, top=10):
     render_header(out, target, db)
     if db.header_read:
+        render_magic_checks(out, db)
         render_segments(out, target, db)
         render_buckets(out, db)
         render_totals(out, db)

@@ -1,0 +1,43 @@
+"""``!py commands/rtltrace.py`` inside (a faithful fake of) WinDbg with pykd."""
+
+import json
+
+from pykd_support import COMMANDS_DIR, run_windbg_script
+from rtltrace_support import database
+
+SCRIPT = COMMANDS_DIR + "/rtltrace.py"
+
+
+def test_trace_list_links_to_dps_and_to_the_bucket_view():
+    scenario, builder = database("user-x64", distinct=20, adds=40)
+    text, _ = run_windbg_script("rtltrace", ["%x" % builder.address, "--traces"], scenario)
+    block = builder.bucket_chain(next(b for b in range(builder.buckets) if builder.bucket_chain(b)))[0]
+    frames = builder.frames_of(block)
+    assert '<link cmd="dps 0x%x L0x%x">' % (block + 0x38, len(frames)) in text
+    assert '<link cmd="!py %s 0x%x --bucket %d --layout user-x64">' % (
+        SCRIPT, builder.address, builder.bucket_of(frames)) in text
+
+
+def test_the_bucket_link_target_runs_and_lists_that_chain():
+    scenario, builder = database("kernel-x64", distinct=60, adds=60)
+    bucket = max(range(builder.buckets), key=lambda b: len(builder.bucket_chain(b)))
+    text, _ = run_windbg_script("rtltrace", ["0x%x" % builder.address, "--bucket", str(bucket),
+                                             "--layout", "kernel-x64"], scenario, mode="kernel")
+    assert "Bucket %d of 211" % bucket in text
+    for block in builder.bucket_chain(bucket):
+        assert '<link cmd="dps 0x%x' % (block + 0x38) in text
+
+
+def test_json_inside_windbg_is_plain_json():
+    scenario, builder = database("user-x86", distinct=10, adds=10)
+    text, _ = run_windbg_script("rtltrace", ["%x" % builder.address, "--json"], scenario)
+    assert json.loads(text)["layout"] == "user-x86"
+
+
+def test_find_in_a_live_session_asks_for_a_range():
+    scenario, builder = database("user-x64", distinct=10, adds=10)
+    text, _ = run_windbg_script("rtltrace", ["--find"], scenario, dump=False)
+    assert "--range" in text and "Traceback" not in text
+    text, _ = run_windbg_script("rtltrace", ["--find", "--range", "%x" % builder.address,
+                                             "%x" % (builder.address + 0x1000)], scenario, dump=False)
+    assert "Trace databases found: 1" in text
