@@ -456,7 +456,7 @@ def walk_chains(db, heads, memory, max_blocks=MAX_BLOCKS):
                     offset = frames_address - span.start
                     block.frames = frame_structs[size].unpack_from(span.data, offset)
                     low = span.low
-                    if low is not None:
+                    if low is not None and not offset & 3:
                         first, last = offset >> 2, (frames_end - span.start) >> 2
                         block.hash = (sum(low[first:last]) + 256 * sum(span.high[first:last])) & 0xFFFFFFFF
                     else:
