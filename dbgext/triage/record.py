@@ -147,7 +147,7 @@ class DumpRecord(object):
 
     FIELDS = ("path", "size", "hash", "kind", "arch", "build", "system_time",
               "bugcheck_code", "bugcheck_parameters", "frames", "signature",
-              "analyses", "problems", "status", "reason", "seconds")
+              "analyses", "timings", "problems", "status", "reason", "seconds")
 
     __slots__ = FIELDS
 
@@ -164,6 +164,7 @@ class DumpRecord(object):
         self.frames = []                 # top of the faulting stack, "module!function" (or hex)
         self.signature = None            # the faulting module!function (the WER-like bucket key)
         self.analyses = OrderedDict()    # analysis name -> compact summary dict
+        self.timings = OrderedDict()     # analysis name -> seconds it took
         self.problems = []               # {"analysis", "message", "address"}
         self.status = STATUS_OK
         self.reason = None
@@ -180,6 +181,7 @@ class DumpRecord(object):
     def as_dict(self):
         document = OrderedDict((name, getattr(self, name)) for name in self.FIELDS)
         document["analyses"] = OrderedDict(self.analyses)
+        document["timings"] = OrderedDict(self.timings)
         return document
 
     @classmethod
@@ -251,6 +253,7 @@ def fill_identity(record, target):
 def run_analysis(record, analysis, target):
     """One adapter: its summary goes in the record, its problems in the problem
     list; an exception fails the record with the analysis named in the reason."""
+    started = time.time()
     try:
         summary = analysis.summarize(target)
     except DbgextError as error:
@@ -259,6 +262,8 @@ def run_analysis(record, analysis, target):
     except Exception as error:  # an analysis bug must not take the batch down
         record.fail("%s: %s: %s" % (analysis.name, type(error).__name__, error))
         return
+    finally:
+        record.timings[analysis.name] = round(time.time() - started, 6)
     summary = OrderedDict(summary or {})
     for problem in summary.pop("problems", None) or ():
         if isinstance(problem, dict):

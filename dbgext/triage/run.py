@@ -173,26 +173,18 @@ class LocalPool(object):
         pending = list(reversed(tasks))
         self._slots = [self._start() for _ in range(min(self.workers, len(tasks)))]
         try:
-            while pending or any(slot.task for slot in self._slots):
-                for slot in self._slots:
-                    if slot.task is None and pending:
-                        slot.task = pending.pop()
-                        slot.deadline = time.time() + self.timeout if self.timeout else None
-                        try:
-                            slot.connection.send(slot.task)
-                        except OSError:
-                            pass  # the worker is gone: its sentinel reports the dump as failed below
+            self._dispatch(pending)
+            while any(slot.task for slot in self._slots):
                 busy = [slot for slot in self._slots if slot.task]
                 deadlines = [slot.deadline for slot in busy if slot.deadline]
                 wait_seconds = max(0.0, min(deadlines) - time.time()) if deadlines else None
                 ready = wait_for([slot.connection for slot in busy] + [slot.process.sentinel for slot in busy],
                                  wait_seconds)
-                for slot in self._slots:
-                    if not slot.task:
-                        continue
-                    record = self._collect(slot, ready)
-                    if record is not None:
-                        yield record
+                finished = [record for record in (self._collect(slot, ready) for slot in busy) if record]
+                # Hand out the next dumps before the caller spends time committing these.
+                self._dispatch(pending)
+                for record in finished:
+                    yield record
         finally:
             for slot in self._slots:
                 try:
@@ -202,6 +194,16 @@ class LocalPool(object):
             for slot in self._slots:
                 self._retire(slot, kill=slot.process.is_alive() and slot.task is not None)
             self._slots = []
+
+    def _dispatch(self, pending):
+        for slot in self._slots:
+            if slot.task is None and pending:
+                slot.task = pending.pop()
+                slot.deadline = time.time() + self.timeout if self.timeout else None
+                try:
+                    slot.connection.send(slot.task)
+                except OSError:
+                    pass  # the worker is gone: its sentinel reports the dump as failed
 
     def _collect(self, slot, ready):
         """The slot's record if it finished, died or timed out (replacing the worker
