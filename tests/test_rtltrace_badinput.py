@@ -102,7 +102,7 @@ def test_a_cycle_in_the_segment_list_is_detected():
 
 def test_a_block_pointer_into_unreadable_memory_is_reported_with_its_address():
     scenario, builder = corrupt()
-    bucket, block = first_block(builder)
+    bucket, _ = first_block(builder)
     nowhere = 0x00007FF000000000
     scenario.write_pointer(builder.buckets_address + 8 * bucket, nowhere)
     document = analyse(scenario, builder)
@@ -123,7 +123,7 @@ def test_absurd_bucket_counts_are_reported_and_bounded(count):
 
 def test_a_block_claiming_a_billion_frames_is_not_read():
     scenario, builder = corrupt()
-    bucket, block = first_block(builder)
+    _, block = first_block(builder)
     scenario.pack(block + 8, "<I", 10 ** 9)
     document = analyse(scenario, builder)
     assert problems_of(document, "bad_block_size")[0]["address"] == block
@@ -150,7 +150,7 @@ def test_pages_missing_from_the_dump_are_reported_and_the_rest_walked():
 
 
 def test_an_unreadable_header_gives_one_problem_and_exit_zero():
-    scenario, builder = corrupt(distinct=5, adds=5)
+    scenario, _ = corrupt(distinct=5, adds=5)
     target = scenario.target()
     document = run_json(["0x7ff000000000", "--layout", "user-x64"], target=target)
     assert problem_kinds(document) == ["unreadable"]
@@ -159,7 +159,7 @@ def test_an_unreadable_header_gives_one_problem_and_exit_zero():
 
 
 def test_garbage_memory_is_walked_without_a_hang():
-    scenario, builder = corrupt(distinct=5, adds=5)
+    scenario, _ = corrupt(distinct=5, adds=5)
     garbage = scenario.alloc_pages(0x4000)
     scenario.write(garbage, os.urandom(0x4000))
     document = run_json(["0x%x" % garbage], target=scenario.target())

@@ -73,7 +73,7 @@ def _classify_hash(target, db):
         db.problem("null_hash_function", _field_address(db, "HashFunction"),
                    "HashFunction is NULL (Create always sets one)")
     if buckets == 0:
-        info["kind"] = "unknown"
+        info["kind"], info["description"] = "unknown", HASH_NAMES["unknown"]
         return
     default_matches = sum(1 for block in checked if block.hash % buckets == block.bucket)
     if (known_address is not None and address == known_address) or 2 * default_matches > len(checked):
@@ -143,9 +143,7 @@ def _check_segments(db):
             else:
                 db.problem("segment_free_past_end", segment.address,
                            "SegmentFree 0x%x is past SegmentEnd 0x%x" % (segment.free, segment.end))
-    list_complete = not any(db.problem_count(kind) for kind in ("segment_cycle", "segment_limit")) and \
-        not any(p.kind == "unreadable" and "segment header" in p.detail for p in db.problems)
-    if not list_complete:
+    if not db.segment_list_complete:
         return
     if db.segments and db.segments[-1] is not first:
         db.problem("first_segment_missing", db.segments[-1].address,

@@ -48,6 +48,8 @@ class Problem(object):
 
 
 class Segment(object):
+    """One RTL_TRACE_SEGMENT header, plus where its blocks may lie."""
+
     __slots__ = ("address", "magic", "database", "next", "total_size", "start", "end", "free",
                  "payload_start", "extent_end")
 
@@ -104,6 +106,7 @@ class TraceDatabase(object):
         self.header = {}
         self.header_read = False
         self.segments = []
+        self.segment_list_complete = True  # False when the list walk stopped early
         self.blocks = []
         self.chain_lengths = []       # per walked bucket
         self.buckets_walked = 0
@@ -136,9 +139,6 @@ class TraceDatabase(object):
             if count > MAX_PROBLEMS_PER_KIND:
                 self.problems.append(Problem("problems_truncated", self.address,
                                              "%d more %s problems not listed" % (count - MAX_PROBLEMS_PER_KIND, kind)))
-
-    def problem_count(self, kind):
-        return self._kind_counts.get(kind, 0)
 
     def note(self, text):
         self.notes.append(text)
@@ -302,10 +302,12 @@ def walk_segments(target, db, max_segments=MAX_SEGMENTS):
             db.problem("segment_cycle", address, "segment list returns to 0x%x after %d segments"
                        % (address, len(db.segments)))
             db.complete = False
+            db.segment_list_complete = False
             return
         if len(db.segments) >= max_segments:
             db.problem("segment_limit", address, "stopped after %d segments" % max_segments)
             db.complete = False
+            db.segment_list_complete = False
             return
         seen.add(address)
         try:
@@ -314,6 +316,7 @@ def walk_segments(target, db, max_segments=MAX_SEGMENTS):
             db.problem("unreadable", error.address, "segment header at 0x%x (segment %d of the list)"
                        % (address, len(db.segments)))
             db.complete = False
+            db.segment_list_complete = False
             return
         segment = Segment(address, layout.segment.unpack(data))
         db.segments.append(segment)
