@@ -137,22 +137,24 @@ class TriageStore(object):
              _u64(record.bugcheck_code), [_u64(p) for p in record.bugcheck_parameters],
              record.signature, record.status, record.reason, record.seconds,
              list(record.analyses), json.dumps(record.as_dict(), default=str)])
-        if record.frames:
-            con.executemany("INSERT INTO frames VALUES (?, ?, ?)",
-                            [[record.hash, index, frame] for index, frame in enumerate(record.frames)])
-        if record.problems:
-            con.executemany("INSERT INTO problems VALUES (?, ?, ?, ?)",
-                            [[record.hash, p.get("analysis"), p.get("message"), _u64(p.get("address"))]
-                             for p in record.problems])
-        if record.analyses:
-            con.executemany("INSERT INTO summaries VALUES (?, ?, ?)",
-                            [[record.hash, name, json.dumps(summary, default=str)]
-                             for name, summary in record.analyses.items()])
-        hogs = [[record.hash, str(frame.get("function")), int(frame.get("bytes") or 0)]
-                for frame in (record.analyses.get("stackuse") or {}).get("biggest_frames") or ()
-                if isinstance(frame, dict) and frame.get("function")]
-        if hogs:
-            con.executemany("INSERT INTO stack_hogs VALUES (?, ?, ?)", hogs)
+        self._insert_rows("frames", [[record.hash, index, frame] for index, frame in enumerate(record.frames)])
+        self._insert_rows("problems", [[record.hash, p.get("analysis"), p.get("message"), _u64(p.get("address"))]
+                                       for p in record.problems])
+        self._insert_rows("summaries", [[record.hash, name, json.dumps(summary, default=str)]
+                                        for name, summary in record.analyses.items()])
+        self._insert_rows("stack_hogs", [
+            [record.hash, str(frame.get("function")), int(frame.get("bytes") or 0)]
+            for frame in (record.analyses.get("stackuse") or {}).get("biggest_frames") or ()
+            if isinstance(frame, dict) and frame.get("function")])
+
+    def _insert_rows(self, table, rows):
+        """One multi-row INSERT: DuckDB's per-statement cost dwarfs the rows' (and
+        executemany is one statement per row)."""
+        if not rows:
+            return
+        one = "(%s)" % ", ".join("?" for _ in rows[0])
+        self.connection.execute("INSERT INTO %s VALUES %s" % (table, ", ".join([one] * len(rows))),
+                                [value for row in rows for value in row])
 
     # -- reading -------------------------------------------------------------------------
 
