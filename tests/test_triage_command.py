@@ -65,6 +65,13 @@ def test_inside_windbg_the_script_prints_the_current_targets_record():
     assert record["frames"][0] == "nt!KeBugCheckEx"
 
 
+def test_inside_windbg_the_record_can_be_written_to_a_json_file(tmp_path):
+    out = tmp_path / "record.json"
+    text, _ = run_windbg_script("triage", ["--analyses", "etwstacks", "--out", str(out)], crash_scenario(salt=3))
+    assert "signature  mydrv!DispatchIoctl" in text
+    assert json.loads(out.read_text())["signature"] == "mydrv!DispatchIoctl"
+
+
 def test_inside_windbg_the_text_record_has_no_traceback():
     text, _ = run_windbg_script("triage", ["--analyses", "rtltrace,ipt"], crash_scenario(salt=2))
     assert "signature  mydrv!DispatchIoctl" in text and "Traceback" not in text

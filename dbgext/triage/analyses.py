@@ -18,6 +18,7 @@ MAX_DATABASES = 16            # trace databases walked and validated per dump
 MAX_PROBLEMS = 50             # problems kept per analysis per dump
 MAX_IPT_EVENTS = 256
 MAX_IPT_SCAN_BYTES = 1 << 30
+CANNOT_SCAN = "the target cannot list its memory (a debugger session): triage the dump file offline to scan it"
 
 
 def _problem(message, address):
@@ -45,7 +46,7 @@ def summarize_rtltrace(target):
     from ..rtltrace.validate import analyze
 
     if _cannot_list_memory(target):
-        return {"skipped": "the target cannot list its memory (live session)"}
+        return {"skipped": CANNOT_SCAN}
     candidates = find_databases(target)
     problems = []
     databases = []
@@ -130,7 +131,7 @@ def summarize_ipt(target):
     from ..ipt.sources import scan_target
 
     if _cannot_list_memory(target):
-        return {"skipped": "the target cannot list its memory (live session)"}
+        return {"skipped": CANNOT_SCAN}
     events, notes = scan_target(target, max_events=MAX_IPT_EVENTS, max_bytes=MAX_IPT_SCAN_BYTES)
     return {
         "events": len(events),

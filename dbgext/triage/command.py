@@ -10,11 +10,14 @@ The first positional word ``report`` selects the report (a directory named
 ``report`` is given as ``./report``).
 """
 
+import io
+import json
 import os
 
 from ..command import Command
 from ..errors import BadInput
 from .record import build_record, content_hash, load_plugins, select_analyses
+from .run import DEFAULT_TIMEOUT
 
 DEFAULT_DB = "triage.duckdb"
 
@@ -33,8 +36,9 @@ def add_arguments(parser):
     parser.add_argument("--db", default=DEFAULT_DB, metavar="FILE",
                         help="DuckDB results file (default: %s)" % DEFAULT_DB)
     parser.add_argument("--workers", type=int, metavar="N", help="local worker processes (default: one per core)")
-    parser.add_argument("--timeout", type=float, default=600.0, metavar="S",
-                        help="seconds one dump may take before its worker is killed (default: 600; 0 = none)")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
+                        help="seconds one dump may take before its worker is killed (default: %g; 0 = none)"
+                        % DEFAULT_TIMEOUT)
     parser.add_argument("--analyses", metavar="A,B", help="analyses to run (default: all installed; known: "
                         "rtltrace, etwstacks, ipt, stackuse)")
     parser.add_argument("--dask", metavar="tcp://HOST:PORT", help="run on this Dask scheduler instead of locally")
@@ -45,6 +49,7 @@ def add_arguments(parser):
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     parser.add_argument("--top", type=int, default=10, metavar="N", help="report: rows per section (default: 10)")
     parser.add_argument("--parquet", metavar="DIR", help="also export every table to DIR/<table>.parquet")
+    parser.add_argument("--out", metavar="FILE", help="one target's record: also write it as JSON to FILE")
 
 
 def run(ctx, args):
@@ -117,6 +122,12 @@ def _one_target(ctx, args):
     size = os.path.getsize(path) if path else None
     content_key = content_hash(path) if path else None
     record = build_record(ctx.target, path, size, content_key, analyses)
+    if args.out:
+        try:
+            with io.open(args.out, "w", encoding="utf-8") as handle:
+                json.dump(record.as_dict(), handle, indent=2, default=str)
+        except OSError as error:
+            raise BadInput("cannot write %s: %s" % (args.out, error.strerror or error))
     if args.json:
         ctx.out.json(record.as_dict())
     else:

@@ -241,7 +241,8 @@ def analyse_dump_isolated(task, timeout=DEFAULT_TIMEOUT):
     crash must not take the Dask worker down, so each dump gets its own process."""
     started = time.time()
     environment = dict(os.environ)
-    environment["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [environment.get("PYTHONPATH", "")])
+    inherited = [p for p in sys.path + environment.get("PYTHONPATH", "").split(os.pathsep) if p]
+    environment["PYTHONPATH"] = os.pathsep.join(inherited)
     try:
         finished = subprocess.run([sys.executable, "-m", "dbgext.triage.run"], input=json.dumps(task).encode(),
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environment,
