@@ -97,6 +97,9 @@ def analyse_dump(task):
     try:
         load_plugins(task.get("plugins"))
         analyses = select_analyses(task.get("analyses"))
+    except DbgextError as error:
+        return failed_record(path, size, content_key, "cannot load analyses: %s" % error).as_dict()
+    try:
         target = dbgext.open(path, symbols=task.get("symbols"))
     except DbgextError as error:
         return failed_record(path, size, content_key, "cannot open dump: %s" % error,
