@@ -65,7 +65,7 @@ def _classify_hash(target, db):
     address = db.field("HashFunction")
     buckets = db.field("NoOfBuckets")
     known_address, known_name = _default_hash_address(target, db)
-    checked = [block for block in db.blocks if block.frames is not None]
+    checked = [block for block in db.blocks if block.frames_read]
     info = {"address": address, "symbol": target.symbolize(address) if address else None,
             "checked_blocks": len(checked), "matching_blocks": 0}
     db.hash_function = info
@@ -281,6 +281,6 @@ def statistics(db):
         "blocks_found": len(db.blocks),
         "hits_found": sum(block.count - 1 for block in db.blocks if block.count),
         "block_bytes": sum(header_size + block.size * pointer_size
-                           for block in db.blocks if block.frames is not None),
+                           for block in db.blocks if block.frames_read),
         "segment_bytes": sum(segment.total_size for segment in db.segments),
     }
