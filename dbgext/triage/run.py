@@ -131,11 +131,18 @@ def _worker_loop(connection):
 
 # -- local process pool ------------------------------------------------------------------
 
+# Imported once in the fork server, so a new or replacement worker starts warm.
+WORKER_PRELOAD = ["dbgext.triage.run", "dbgext.triage.analyses", "dbgext.target.kdump", "dbgext.target.minidump"]
+
+
 def _context():
-    methods = multiprocessing.get_all_start_methods()
     # forkserver: children fork from a clean server (not from a parent holding a DuckDB
     # connection and threads); spawn where fork does not exist.
-    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(WORKER_PRELOAD)
+    return context
 
 
 class _Slot(object):
