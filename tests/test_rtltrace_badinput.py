@@ -254,3 +254,57 @@ def test_find_without_a_memory_map_needs_a_range():
     found = run_json(["--find", "--range", "0x%x" % builder.address, "0x%x" % (builder.address + 0x2000)],
                      target=target)
     assert [c["address"] for c in found] == [builder.address]
+
+
+SEGMENT_FIELDS = layout_named("kernel-x64").segment.offsets
+
+
+@pytest.mark.parametrize("field,value,kind", [
+    ("Database", 0xFFFFC08012345000, "segment_database_mismatch"),
+    ("TotalSize", 0x2000, "segment_size_mismatch"),
+    ("SegmentFree", 0x10, "segment_free_before_start"),
+    ("SegmentFree", None, "segment_free_past_end"),
+    ("NextSegment", 0, "first_segment_missing"),
+])
+def test_segment_header_corruption(field, value, kind):
+    scenario, builder = corrupt("kernel-x64")
+    segment = builder.segments[1]
+    if value is None:
+        value = segment + 0x2000  # past SegmentEnd
+    scenario.write_pointer(segment + SEGMENT_FIELDS[field], value)
+    document = analyse(scenario, builder)
+    assert kind in problem_kinds(document)
+    assert problems_of(document, kind)[0]["address"] in (segment, builder.segments[1])
+
+
+def test_current_size_and_maximum_size_are_checked():
+    scenario, builder = corrupt("kernel-x64")
+    scenario.write_pointer(builder.address + KERNEL.database.offsets["CurrentSize"], 0x1000)
+    scenario.write_pointer(builder.address + KERNEL.database.offsets["MaximumSize"], 0x1000)
+    kinds = problem_kinds(analyse(scenario, builder))
+    assert "current_size_mismatch" in kinds and "maximum_size_exceeded" not in kinds
+    scenario.write_pointer(builder.address + KERNEL.database.offsets["CurrentSize"], builder.current_size)
+    assert "maximum_size_exceeded" in problem_kinds(analyse(scenario, builder))
+
+
+def test_header_fields_windows_never_leaves_empty():
+    scenario, builder = corrupt()
+    scenario.pack(builder.address + USER.database.offsets["Flags"], "<I", 0)
+    scenario.write_pointer(builder.address + USER.database.offsets["HashFunction"], 0)
+    document = analyse(scenario, builder)
+    assert {"bad_flags", "null_hash_function"} <= set(problem_kinds(document))
+    assert document["hash_function"]["kind"] == "default"  # the placement still says so
+
+
+def test_a_null_buckets_pointer():
+    scenario, builder = corrupt(distinct=5, adds=5)
+    scenario.write_pointer(builder.address + USER.database.offsets["Buckets"], 0)
+    assert "null_buckets" in problem_kinds(analyse(scenario, builder))
+
+
+def test_a_block_with_count_zero():
+    scenario, builder = corrupt()
+    _, block = first_block(builder)
+    scenario.pack(block + 4, "<I", 0)
+    document = analyse(scenario, builder)
+    assert problems_of(document, "bad_count")[0]["address"] == block

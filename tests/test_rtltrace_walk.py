@@ -209,3 +209,25 @@ def test_find_lists_every_database_in_memory():
     assert [c["address"] for c in only] == [second.address]
     code, text = run(["--find"], target=target)
     assert code == 0 and "Trace databases found: 2" in text
+
+
+def test_the_walk_reads_memory_in_bulk_not_per_field():
+    scenario, builder = database("user-x64", distinct=3000, adds=3000)
+    target = scenario.target()
+    analyze(target, builder.address)
+    stats = target.stats
+    assert stats.backend_calls <= stats.backend_pages
+    assert stats.backend_calls < 60 < stats.backend_pages  # a few calls per 16-page segment
+    assert stats.reads < 100  # the blocks are decoded from segment buffers
+
+
+def test_a_block_not_reached_through_the_buckets_can_still_be_shown():
+    scenario, builder = database("user-x86", distinct=40, adds=40)
+    bucket = next(b for b in range(builder.buckets) if len(builder.bucket_chain(b)) == 1)
+    block = builder.bucket_chain(bucket)[0]
+    scenario.write_pointer(builder.buckets_address + 4 * bucket, 0)
+    target = scenario.target()
+    code, text = run(["0x%x" % builder.address, "--trace", "0x%x" % block], target=target)
+    assert code == 0
+    assert "not reached through the buckets" in text
+    assert target.symbolize(builder.frames_of(block)[0]) in text
