@@ -44,11 +44,8 @@ UNITS_PER_LINE = {4: 4, 8: 2}
 
 
 def _unit_text(value, unit):
-    if unit == 8:
-        if value is None:
-            return "????????`????????"
-        return "%08x`%08x" % (value >> 32, value & 0xFFFFFFFF)
-    return "????????" if value is None else "%08x" % value
+    """dq always shows the backtick, even on a 32-bit target."""
+    return format_pointer(value, unit)
 
 
 def unit_lines(display, format_address):
