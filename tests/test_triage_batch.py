@@ -145,9 +145,13 @@ def test_globs_and_files_can_be_mixed_and_paths_that_match_nothing_are_reported(
     assert "3 dumps found, 3 already recorded" in text and "no such file or directory" in text
 
 
-def test_nothing_to_triage_is_a_one_line_error(tmp_path):
+def test_nothing_to_triage_is_a_one_line_error_and_creates_no_database(tmp_path):
     code, text = triage(str(tmp_path / "nothing-here"), "--db", str(tmp_path / "x.duckdb"))
     assert code == 1 and text.startswith("error: no such file or directory")
+    (tmp_path / "empty").mkdir()
+    code, text = triage(str(tmp_path / "empty"), "--db", str(tmp_path / "x.duckdb"))
+    assert code == 1 and text.startswith("error: no dump files under")
+    assert not (tmp_path / "x.duckdb").exists()
 
 
 def test_a_run_killed_midway_loses_nothing_done_and_resumes(tmp_path):

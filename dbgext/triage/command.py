@@ -66,20 +66,22 @@ def run(ctx, args):
 
 def _batch(ctx, args):
     from .progress import Progress
-    from .run import run_batch
+    from .run import expand_paths, run_batch
     from .store import TriageStore
 
     if args.workers is not None and args.workers < 1:
         raise BadInput("--workers must be at least 1")
+    files, unmatched = expand_paths(args.paths)
+    if not files:
+        raise BadInput("; ".join(unmatched) or "no dump files under %s" % " ".join(args.paths))
     progress = None if (args.no_progress or args.json) else Progress()
     with TriageStore(args.db) as store:
-        result = run_batch(args.paths, store, workers=args.workers, timeout=args.timeout,
+        result = run_batch(files, store, workers=args.workers, timeout=args.timeout,
                            analyses=_analysis_names(args.analyses), plugins=args.plugin, symbols=args.symbols,
                            dask_address=args.dask, retry_failed=args.retry_failed, progress=progress)
         if args.parquet:
             store.export_parquet(args.parquet)
-    if not result.found and result.unreadable:
-        raise BadInput("; ".join(result.unreadable))
+    result.unreadable = unmatched + result.unreadable
     if args.json:
         ctx.out.json({"db": args.db, "found": result.found, "skipped": result.skipped, "analysed": result.analysed,
                       "failed": result.failed, "problems": result.unreadable, "seconds": round(result.seconds, 3)})
