@@ -356,10 +356,12 @@ def run_batch(paths, store, workers=None, timeout=DEFAULT_TIMEOUT, analyses=None
     load_plugins(plugins)
     select_analyses(analyses)  # unknown analysis names fail here, before any work
     tasks, result = plan_tasks(paths, store, analyses, plugins, symbols, retry_failed)
-    if progress is not None:
-        progress.start(len(tasks))
+    pool = None
     if tasks:
         pool = DaskPool(dask_address, timeout) if dask_address else LocalPool(workers, timeout)
+    if progress is not None:
+        progress.start(len(tasks))
+    if pool is not None:
         for document in pool.run(tasks):
             store.add(document, replace_failed=retry_failed)
             result.analysed += 1
