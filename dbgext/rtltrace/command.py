@@ -7,7 +7,8 @@ from ..errors import BadInput, UnreadableMemory
 from .find import find_databases
 from .layouts import DATABASE_MAGIC, LAYOUT_NAMES
 from .render import (Links, candidates_document, database_document, render_block, render_bucket,
-                     render_candidates, render_header, render_problems, render_summary, render_traces)
+                     render_candidates, render_header, render_magic_checks, render_problems, render_summary,
+                     render_traces)
 from .validate import analyze
 from .walk import read_block
 
@@ -120,7 +121,7 @@ def run(ctx, args):
     db = analyze(target, address, args.layout)
     if followed:
         db.note(followed)
-    links = Links(target, _script(ctx))
+    links = Links(_script(ctx))
     out = ctx.out
     blocks = sorted(db.blocks, key=SORT_KEYS[args.sort])
     selection = "all"
@@ -151,6 +152,8 @@ def run(ctx, args):
         render_traces(out, target, db, blocks, links, "Traces (%d, by %s):" % (len(blocks), args.sort))
     elif args.validate:
         render_header(out, target, db)
+        if db.header_read:
+            render_magic_checks(out, db)
         render_problems(out, target, db)
     else:
         render_summary(out, target, db, links, top=SUMMARY_TOP if args.limit is None else args.limit)

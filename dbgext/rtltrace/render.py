@@ -13,8 +13,7 @@ class Links(object):
     """Debugger commands for DML links; ``script`` is the ``!py`` path of
     commands/rtltrace.py (None offline: no bucket links)."""
 
-    def __init__(self, target, script=None):
-        self.target = target
+    def __init__(self, script=None):
         self.script = script
 
     def frames(self, db, block):
@@ -27,11 +26,6 @@ class Links(object):
         if not self.script:
             return None
         return "!py %s 0x%x --bucket %d%s" % (self.script, db.address, bucket, self.layout_option(db))
-
-    def trace(self, db, block):
-        if not self.script:
-            return None
-        return "!py %s 0x%x --trace 0x%x%s" % (self.script, db.address, block.address, self.layout_option(db))
 
     @staticmethod
     def layout_option(db):
@@ -115,7 +109,7 @@ def render_header(out, target, db):
         ["NoOfBuckets", str(db.field("NoOfBuckets")), ""],
         ["Buckets", target.format_address(db.field("Buckets")), ""],
         ["HashFunction", target.format_address(db.field("HashFunction")),
-         "%s: %s" % (hash_info.get("symbol"), hash_info.get("description", ""))],
+         "%s: %s" % (hash_info.get("symbol") or "NULL", hash_info.get("description", ""))],
         ["NoOfTraces", str(db.field("NoOfTraces")), "%d blocks reached through the buckets" % len(db.blocks)],
         ["NoOfHits", str(db.field("NoOfHits")), ""],
     ]
