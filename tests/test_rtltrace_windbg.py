@@ -41,3 +41,12 @@ def test_find_in_a_live_session_asks_for_a_range():
     text, _ = run_windbg_script("rtltrace", ["--find", "--range", "%x" % builder.address,
                                              "%x" % (builder.address + 0x1000)], scenario, dump=False)
     assert "Trace databases found: 1" in text
+
+
+def test_the_debuggers_type_information_chooses_the_layout():
+    scenario, builder = database("user-x64", distinct=20, adds=40)
+    scenario.add_type("ntdll", "_RTL_TRACE_DATABASE", 0xC0, {"Magic": 0, "NoOfBuckets": 0x58, "Buckets": 0x60})
+    text, _ = run_windbg_script("rtltrace", ["%x" % builder.address, "--json"], scenario)
+    document = json.loads(text)
+    assert document["layout_reason"] == "type information for ntdll!_RTL_TRACE_DATABASE"
+    assert document["problems"] == []
