@@ -19,7 +19,7 @@ import struct
 from ..errors import BadInput, UnreadableMemory
 from .functions import ModuleFunctions
 from .pe import PEImage
-from .prologue import (PUSH_SIZE, SEH_EPILOG_NAMES, SEH_PROLOG_FRAME_OVERHEAD, STOPS, SpState,
+from .prologue import (ACCUMULATOR, FP, PUSH_SIZE, SEH_EPILOG_NAMES, SP_MNEMONICS, SEH_PROLOG_FRAME_OVERHEAD, STOPS, SpState,
                        apply_sp_effect, direct_target, helper_call_effect, is_named, memory_slot,
                        parse_int)
 
@@ -260,21 +260,26 @@ def _worse(a, b):
 
 
 def _merge(entry, value, status, reasons, site):
+    """Fold one contribution into ``entry``.  The most severe status wins and its
+    reasons come first; while the bound is finite, ``via`` is the deepest site,
+    once it is unbounded/unknown ``via`` is the site that made it so."""
     best, current_status, current_reasons, via = entry
-    entry[1] = _worse(current_status, status)
-    if reasons and len(current_reasons) < MAX_REASONS:
+    if SEVERITY[status] > SEVERITY[current_status]:
+        entry[1] = status
+        entry[2] = (list(reasons) + [r for r in current_reasons if r not in reasons])[:MAX_REASONS]
+        if status in (UNBOUNDED, UNKNOWN):
+            entry[3] = site
+    elif len(current_reasons) < MAX_REASONS:
         entry[2] = (list(current_reasons) + [r for r in reasons if r not in current_reasons])[:MAX_REASONS]
     if value is not None and (best is None or value > best):
-        if entry[1] != UNKNOWN or best is not None:
-            entry[0] = value
+        entry[0] = value
+        if entry[1] not in (UNBOUNDED, UNKNOWN):
             entry[3] = site
 
 
 def _merge_site(entry, site, callee_bound, pointer):
     if callee_bound.status in (UNBOUNDED, UNKNOWN):
         _merge(entry, None, callee_bound.status, callee_bound.reasons, site)
-        if entry[3] is None:
-            entry[3] = site
         return
     value = site.depth + callee_bound.value - (pointer if site.is_tail else 0)
     _merge(entry, value, callee_bound.status, callee_bound.reasons, site)
@@ -294,18 +299,42 @@ def _merge_unresolved(entry, site, pointer):
 # -- following one function's body ----------------------------------------------------
 
 
-def _follow_body(program, function):
-    """Worklist over the function's instructions with SP state per path."""
+def depths_in(program, function):
+    """{instruction VA: SP depth below the return address} for one function — what
+    a stack walk needs to find the return address from any RIP in it."""
+    depths = {}
+    _follow_body(program, function, depths)
+    return depths
+
+
+def _follow_body(program, function, record=None):
+    """Worklist over the function's instructions with SP state per path;
+    ``record`` (a dict) receives the depth at every instruction.
+
+    This loop runs for every instruction of every function, so the common case (an
+    instruction that neither branches nor touches SP) is kept to a few dict and
+    string operations; everything else goes to helpers."""
     module = function.module
     decoder = module.decoder
+    insns = decoder.instructions
     arch = module.arch
     pointer = PUSH_SIZE[arch]
     image = module.image
+    functions = module.functions
+    sp_mnemonics = SP_MNEMONICS
+    tracked = ACCUMULATOR[arch] + (FP[arch],)
+    slot_marker = "rip" if arch == "x64" else "[0x"
     fragments = _fragment_ranges(module, function)
+    for start, end in fragments:
+        # Known extent: decode it in one capstone call.
+        decoder.decode_range(start, end)
     function.call_sites = []
     function.max_depth = 0
     function.body_problem = None
     function.sp_lost = None
+    code_ranges = [(image.image_base + section.rva, image.image_base + section.rva + section.size)
+                   for section in image.sections if section.executable]
+    code_start, code_end = 0, 0
     visited = set()
     # Registers loaded from an IAT slot (`mov rax, [__imp_X]; call rax`).
     import_loads = {}
@@ -313,67 +342,78 @@ def _follow_body(program, function):
     steps = 0
     while worklist:
         address, state = worklist.pop()
-        while True:
-            if address in visited:
-                break
+        while address not in visited:
             if steps >= MAX_INSTRUCTIONS_PER_FUNCTION:
                 function.body_problem = "more than %d instructions: analysis stopped" % MAX_INSTRUCTIONS_PER_FUNCTION
                 worklist = []
                 break
-            if address != function.va and _is_other_function(module, function, fragments, address):
+            if address in functions and address != function.va and _is_other_function(
+                    module, function, fragments, address):
                 # Fell through into the next function: control continues there.
                 function.call_sites.append(CallSite(address, state.depth, address, "tail"))
                 break
-            if not image.is_code(address - image.image_base):
-                function.body_problem = "runs off the code section at 0x%x" % address
-                break
-            insn = decoder.at(address)
+            if not code_start <= address < code_end:
+                for code_start, code_end in code_ranges:
+                    if code_start <= address < code_end:
+                        break
+                else:
+                    code_start = code_end = 0
+                    function.body_problem = "runs off the code section at 0x%x" % address
+                    break
+            insn = insns.get(address) or decoder.at(address)
             if insn is None:
                 function.body_problem = decoder.problem(address)
                 break
             visited.add(address)
+            if record is not None:
+                record[address] = state.depth
             steps += 1
             _, size, mnemonic, op_str = insn
             next_address = address + size
-            if state.depth > function.max_depth:
-                function.max_depth = state.depth
             first = mnemonic[0]
-            if first == "c" and mnemonic == "call":
-                if not _call(program, function, decoder, insn, state, arch, pointer, import_loads):
+            if first == "j" or first == "c" or first == "r" or first == "l" or mnemonic in STOPS:
+                if mnemonic == "call":
+                    if not _call(program, function, decoder, insn, state, arch, pointer, import_loads):
+                        break
+                    address = next_address
+                    continue
+                if mnemonic.startswith("ret"):
+                    popped = parse_int(op_str) if op_str else 0
+                    if popped:
+                        function.ret_pop = popped
                     break
-                address = next_address
-                continue
-            if first == "r" and mnemonic.startswith("ret"):
-                popped = parse_int(op_str) if op_str else 0
-                if popped:
-                    function.ret_pop = popped
-                break
-            if first == "j" or mnemonic.startswith("loop"):
-                target = direct_target(op_str)
-                if mnemonic == "jmp":
-                    _jump(program, function, fragments, insn, state, target, worklist, arch)
+                if first == "j" or mnemonic.startswith("loop"):
+                    target = direct_target(op_str)
+                    if mnemonic == "jmp":
+                        _jump(program, function, fragments, insn, state, target, worklist, arch)
+                        break
+                    if target is not None:
+                        if _is_other_function(module, function, fragments, target):
+                            function.call_sites.append(CallSite(address, state.depth, target, "tail"))
+                        else:
+                            worklist.append((target, state.copy()))
+                    address = next_address
+                    continue
+                if mnemonic in STOPS:
                     break
-                if target is not None:
-                    if _is_other_function(module, function, fragments, target):
-                        function.call_sites.append(CallSite(address, state.depth, target, "tail"))
-                    else:
-                        worklist.append((target, state.copy()))
-                address = next_address
-                continue
-            if mnemonic in STOPS:
-                break
-            if mnemonic == "mov" and "[" in op_str:
-                _note_import_load(module, arch, op_str, next_address, import_loads)
-            step = apply_sp_effect(arch, mnemonic, op_str, state)
-            if step is not None:
-                if step.dynamic:
-                    if function.dynamic is None:
-                        function.dynamic = step.dynamic
-                elif step.unknown and function.sp_lost is None:
-                    function.sp_lost = "0x%x (%s)" % (address, step.unknown)
-                    break
+            if mnemonic in sp_mnemonics or "sp" in op_str or op_str.startswith(tracked):
+                step = apply_sp_effect(arch, mnemonic, op_str, state)
+                if state.depth > function.max_depth:
+                    function.max_depth = state.depth
+                if step is not None:
+                    if step.dynamic:
+                        if function.dynamic is None:
+                            function.dynamic = step.dynamic
+                    elif step.unknown and function.sp_lost is None:
+                        function.sp_lost = "0x%x (%s)" % (address, step.unknown)
+                        break
+            elif mnemonic == "mov":
+                if slot_marker in op_str:
+                    _note_import_load(module, arch, op_str, next_address, import_loads)
+            elif state.accumulator is not None:
+                state.accumulator = None
             address = next_address
-    if function.body_problem:
+    if function.body_problem and record is None:
         module.problem("%s: %s" % (function.display_name, function.body_problem))
 
 
@@ -381,9 +421,7 @@ def _fragment_ranges(module, function):
     ranges = []
     if function.end is not None:
         ranges.append((function.va, function.end))
-    for other in module.functions.values():
-        if other.fragment_of == function.va and other.end is not None:
-            ranges.append((other.va, other.end))
+    ranges.extend(module.fragments_of(function.va))
     return ranges
 
 

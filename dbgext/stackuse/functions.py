@@ -90,6 +90,7 @@ class ModuleFunctions(object):
         self.names = {}               # va -> name (exports and symbols)
         self._unwind_cache = {}
         self._starts = None
+        self._fragments = None
         self._seed(symbols or {})
 
     # -- discovery --------------------------------------------------------------------
@@ -167,6 +168,15 @@ class ModuleFunctions(object):
 
     def contains(self, va):
         return 0 <= va - self.image.image_base < len(self.image.data)
+
+    def fragments_of(self, va):
+        """[(start, end)] of the chained fragments whose primary function is ``va``."""
+        if self._fragments is None:
+            self._fragments = {}
+            for function in self.functions.values():
+                if function.fragment_of is not None and function.end is not None:
+                    self._fragments.setdefault(function.fragment_of, []).append((function.va, function.end))
+        return self._fragments.get(va, ())
 
     def starts(self):
         if self._starts is None:

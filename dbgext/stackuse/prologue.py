@@ -21,7 +21,8 @@ from .layouts import SEH_PROLOG_FRAME_OVERHEAD
 
 MAX_PROLOGUE_INSTRUCTIONS = 80
 MAX_PROLOGUE_PATHS = 4
-DECODE_WINDOW = 512
+DECODE_WINDOW = 256
+DECODE_COUNT = 12  # instructions decoded per cache miss (capstone decodes eagerly)
 STACK_PROBE_MINIMUM = 0x1000
 
 SP = {"x64": "rsp", "x86": "esp"}
@@ -34,6 +35,9 @@ CALLEE_SAVED = {
 PUSH_SIZE = {"x64": 8, "x86": 4}
 # Mnemonics that end a path through a function (besides ret/jmp).
 STOPS = frozenset(["int3", "ud2", "hlt", "iretq", "iretd", "sysret", "sysexit"])
+# Mnemonics that move SP without naming it as an operand.
+SP_MNEMONICS = frozenset(["push", "pop", "pushfq", "pushfd", "pushf", "popfq", "popfd", "popf", "pushal",
+                          "pushad", "popal", "popad", "leave"])
 STACK_PROBE_NAMES = ("chkstk", "alloca_probe")
 SEH_PROLOG_NAMES = ("SEH_prolog",)
 SEH_EPILOG_NAMES = ("SEH_epilog",)
@@ -57,13 +61,13 @@ class Decoder(object):
         self.arch = image.arch
         mode = capstone.CS_MODE_64 if image.arch == "x64" else capstone.CS_MODE_32
         self._cs = capstone.Cs(capstone.CS_ARCH_X86, mode)
-        self._insns = {}
+        self.instructions = self._insns = {}
         self._failed = {}
 
     def at(self, va):
         insn = self._insns.get(va)
         if insn is None and va not in self._failed:
-            self.decode_range(va, va + DECODE_WINDOW)
+            self.decode_range(va, va + DECODE_WINDOW, DECODE_COUNT)
             insn = self._insns.get(va)
             if insn is None and va not in self._failed:
                 self._failed[va] = "undecodable instruction at 0x%x" % va
@@ -72,8 +76,9 @@ class Decoder(object):
     def problem(self, va):
         return self._failed.get(va)
 
-    def decode_range(self, start_va, end_va):
-        """Decode linearly from ``start_va`` up to ``end_va`` (one capstone call)."""
+    def decode_range(self, start_va, end_va, count=0):
+        """Decode linearly from ``start_va`` up to ``end_va`` (at most ``count``
+        instructions when given) in one capstone call."""
         image = self.image
         rva = start_va - image.image_base
         if rva < 0 or rva >= len(image.data):
@@ -85,14 +90,8 @@ class Decoder(object):
             return
         code = bytes(image.data[rva:rva + size])
         insns = self._insns
-        for insn in self._cs.disasm_lite(code, start_va):
-            if insn[0] in insns:
-                break  # joined code decoded earlier
+        for insn in self._cs.disasm_lite(code, start_va, count):
             insns[insn[0]] = insn
-
-    def forget(self):
-        self._insns.clear()
-        self._failed.clear()
 
 
 class SpState(object):
@@ -393,6 +392,9 @@ def _scan_path(decoder, start, arch, name_of):
                 written.add(operands[0].strip())
         deepest = max(deepest, state.depth)
         address = next_address
+        if arch == "x64" and mnemonic == "sub" and op_str.startswith("rsp"):
+            # The x64 ABI makes the fixed allocation the prologue's last SP change.
+            break
     return deepest, dynamic, None, branches, state.fp_depth is not None
 
 

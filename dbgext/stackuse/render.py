@@ -1,0 +1,190 @@
+"""Rendering of the stack analyses: text tables (with DML links inside WinDbg),
+JSON documents and the ``functions --jsonl`` line contract."""
+
+import json
+
+from .callgraph import UNBOUNDED, UNKNOWN
+
+
+def hexa(value):
+    return "-" if value is None else "0x%x" % value
+
+
+def function_record(function, bound=None):
+    """The ``functions --jsonl`` object for one function (``bound`` adds ``depth``)."""
+    record = {
+        "module": function.module.name,
+        "rva": function.rva,
+        "name": function.name,
+        "frame_size": function.frame_size,
+        "dynamic": bool(function.dynamic),
+        "source": function.source,
+        "disagreement": function.disagreement,
+    }
+    if function.fragment_of is not None:
+        record["fragment_of"] = function.fragment_of - function.module.image.image_base
+    if bound is not None:
+        record["depth"] = bound.depth
+        record["depth_bound"] = bound.status
+        record["depth_unknown"] = "; ".join(bound.reasons) if bound.status != "exact" else None
+    return record
+
+
+def bound_text(bound):
+    if bound.status == UNBOUNDED:
+        return "unbounded"
+    if bound.status == UNKNOWN:
+        return "unknown"
+    return ("%d" % bound.value) + ("+" if bound.status == "lower" else "")
+
+
+def render_functions(out, module, functions, bounds=None, jsonl=False, as_json=False):
+    records = [function_record(f, bounds.get(f.va) if bounds else None) for f in functions]
+    if jsonl:
+        for record in records:
+            out.line(json.dumps(record, sort_keys=False))
+        return
+    if as_json:
+        out.json({"module": module.name, "arch": module.arch, "functions": records, "problems": module.problems})
+        return
+    rows, links = [], {}
+    for index, function in enumerate(functions):
+        frame = "dynamic" if function.dynamic else (
+            "?" if function.frame_size is None else "%d" % function.frame_size)
+        row = ["0x%x" % function.rva, function.display_name, frame, function.source]
+        if bounds:
+            row.append(bound_text(bounds[function.va]))
+        row.append(function.disagreement or (function.problem or ""))
+        rows.append(row)
+        links[(index, 1)] = "uf 0x%x" % function.va
+    headers = ["rva", "function", "frame", "source"] + (["worst case"] if bounds else []) + ["note"]
+    out.table(rows, headers, links=links, title="%s (%s): %d functions" % (module.name, module.arch, len(rows)))
+    render_problems(out, module.problems)
+
+
+def render_problems(out, problems):
+    if problems:
+        out.line("")
+        out.line("problems (%d):" % len(problems))
+        for problem in problems:
+            out.line("  " + problem)
+
+
+def chain_document(steps):
+    root_bound = steps[0][2]
+    return {
+        "function": steps[0][0].display_name,
+        "depth": root_bound.depth,
+        "depth_bound": root_bound.status,
+        "reasons": list(root_bound.reasons),
+        "frames": [{
+            "function": function.display_name,
+            "module": function.module.name,
+            "rva": function.rva,
+            "frame_size": function.frame_size,
+            "sp_at_call": site.depth if site is not None else None,
+            "call_site": site.address if site is not None else None,
+            "call_kind": site.kind if site is not None else None,
+            "depth": bound.depth,
+        } for function, site, bound in steps],
+    }
+
+
+def render_chain(out, steps, as_json=False):
+    document = chain_document(steps)
+    if as_json:
+        out.json(document)
+        return
+    root = steps[0][2]
+    out.line("worst case from %s: %s bytes (%s)" % (document["function"], bound_text(root), root.status))
+    rows, links = [], {}
+    for index, (function, site, bound) in enumerate(steps):
+        rows.append([str(index), function.display_name,
+                     "dynamic" if function.dynamic else ("?" if function.frame_size is None else str(function.frame_size)),
+                     "-" if site is None else str(site.depth),
+                     "-" if site is None else site.kind + (" " + site.import_name if site.import_name else ""),
+                     bound_text(bound)])
+        links[(index, 1)] = "uf 0x%x" % function.va
+    out.table(rows, ["#", "function", "frame", "sp at call", "via", "depth from here"], links=links)
+    for reason in root.reasons:
+        out.line("  note: " + reason)
+
+
+def thread_document(stack):
+    return {
+        "thread": stack.thread,
+        "thread_source": stack.thread_source,
+        "initial_stack": stack.initial_stack,
+        "stack_limit": stack.stack_limit,
+        "kernel_stack": stack.kernel_stack,
+        "sp": stack.rsp,
+        "used": stack.used,
+        "remaining": stack.remaining,
+        "threshold": stack.threshold,
+        "frames": [{
+            "index": frame.index, "child_sp": frame.child_sp, "instruction": frame.instruction,
+            "function": frame.function, "uses": frame.uses, "frame_size": frame.frame_size,
+            "estimate": None if frame.frame_size is None else frame.frame_size + stack.pointer_size,
+            "how": frame.how,
+            "over_threshold": frame in stack.hogs(),
+        } for frame in stack.frames],
+        "problems": list(stack.problems),
+    }
+
+
+def render_thread(out, stack, target, as_json=False):
+    if as_json:
+        out.json(thread_document(stack))
+        return
+    fmt = target.format_address
+    out.line("thread %s (%s)" % (fmt(stack.thread) if stack.thread is not None else "?", stack.thread_source))
+    out.line("stack: initial %s  limit %s  kernel stack %s" % (
+        fmt(stack.initial_stack) if stack.initial_stack is not None else "?",
+        fmt(stack.stack_limit) if stack.stack_limit is not None else "?",
+        fmt(stack.kernel_stack) if stack.kernel_stack is not None else "?"))
+    if stack.used is not None:
+        out.line("used %d bytes, %s bytes remaining" % (
+            stack.used, stack.remaining if stack.remaining is not None else "?"))
+    hogs = stack.hogs()
+    rows, links = [], {}
+    for index, frame in enumerate(stack.frames):
+        estimate = None if frame.frame_size is None else frame.frame_size + stack.pointer_size
+        rows.append(["%02x" % frame.index, "" if frame.uses is None else str(frame.uses),
+                     "?" if estimate is None else str(estimate), fmt(frame.child_sp), frame.function,
+                     ("over threshold " if frame in hogs else "") + ("" if frame.how == "unwound" else frame.how)])
+        links[(index, 3)] = "dps 0x%x" % frame.child_sp
+    out.table(rows, ["#", "memory", "static", "child-SP", "call site", "note"], links=links)
+    if stack.threshold is not None:
+        out.line("%d frame(s) use at least %d bytes" % (len(hogs), stack.threshold))
+    render_problems(out, stack.problems)
+
+
+def hogs_document(module, largest, over_budget, budget, bounds):
+    return {
+        "module": module.name,
+        "budget": budget,
+        "largest_frames": [function_record(f) for f in largest],
+        "over_budget": [function_record(f, bounds[f.va]) for f in over_budget],
+        "problems": module.problems,
+    }
+
+
+def render_hogs(out, module, largest, over_budget, budget, bounds, as_json=False):
+    if as_json:
+        out.json(hogs_document(module, largest, over_budget, budget, bounds))
+        return
+    rows, links = [], {}
+    for index, function in enumerate(largest):
+        rows.append([function.display_name, str(function.frame_size), function.source])
+        links[(index, 0)] = "uf 0x%x" % function.va
+    out.table(rows, ["function", "frame", "source"], links=links,
+              title="%s: the %d largest frames" % (module.name, len(rows)))
+    out.line("")
+    rows, links = [], {}
+    for index, function in enumerate(over_budget):
+        bound = bounds[function.va]
+        rows.append([function.display_name, bound_text(bound), "; ".join(bound.reasons)])
+        links[(index, 0)] = "uf 0x%x" % function.va
+    out.table(rows, ["function", "worst case", "why not exact"], links=links,
+              title="worst case over the %d-byte budget (or unbounded)" % budget)
+    render_problems(out, module.problems)
