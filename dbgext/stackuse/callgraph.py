@@ -396,6 +396,8 @@ def _follow_body(program, function, record=None):
                     continue
                 if mnemonic in STOPS:
                     break
+            if mnemonic == "mov" and slot_marker in op_str:
+                _note_import_load(module, arch, op_str, next_address, import_loads)
             if mnemonic in sp_mnemonics or "sp" in op_str or op_str.startswith(tracked):
                 step = apply_sp_effect(arch, mnemonic, op_str, state)
                 if state.depth > function.max_depth:
@@ -407,10 +409,7 @@ def _follow_body(program, function, record=None):
                     elif step.unknown and function.sp_lost is None:
                         function.sp_lost = "0x%x (%s)" % (address, step.unknown)
                         break
-            elif mnemonic == "mov":
-                if slot_marker in op_str:
-                    _note_import_load(module, arch, op_str, next_address, import_loads)
-            elif state.accumulator is not None:
+            elif mnemonic != "mov" and state.accumulator is not None:
                 state.accumulator = None
             address = next_address
     if function.body_problem and record is None:

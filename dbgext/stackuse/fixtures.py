@@ -118,7 +118,7 @@ def build_pe(arch, functions, image_base=None, imports=(), name="sample.sys", tr
         flags = 4 if spec.get("chain_to") else spec.get("flags", 0)
         frame_register, frame_offset = spec.get("frame", (0, 0))
         unwind_rvas[function.name] = rdata_rva + len(rdata)
-        rdata += struct.pack("<BBBB", 1 | (flags << 3), spec.get("prolog_size", 0), len(slots),
+        rdata += struct.pack("<BBBB", spec.get("version", 1) | (flags << 3), spec.get("prolog_size", 0), len(slots),
                              frame_register | ((frame_offset // 16) << 4))
         rdata += struct.pack("<%dH" % len(slots), *slots) if slots else b""
         if len(slots) & 1:

@@ -96,7 +96,8 @@ def render_chain(out, steps, as_json=False):
         out.json(document)
         return
     root = steps[0][2]
-    out.line("worst case from %s: %s bytes (%s)" % (document["function"], bound_text(root), root.status))
+    summary = {"exact": "%s bytes", "lower": "at least %s bytes (a lower bound)"}.get(root.status, "%s")
+    out.line("worst case from %s: %s" % (document["function"], summary % bound_text(root).rstrip("+")))
     rows, links = [], {}
     for index, (function, site, bound) in enumerate(steps):
         rows.append([str(index), function.display_name,
