@@ -1,6 +1,9 @@
 """The simulator reproduces, bucket for bucket, what the cache builder (the kernel's
 algorithm over real links in memory) leaves behind, and its metrics are right."""
 
+import random
+import struct
+
 import pytest
 
 from dbgext.etwcache import simulate, walk
@@ -23,6 +26,17 @@ def test_hash_sums_xors_of_16_bit_word_pairs():
     assert stack_hash([frame, frame]) == 2 * stack_hash([frame])
     assert stack_hash([0xFFFF0000FFFF0000] * 0x20000) == (0xFFFF * 2 * 0x20000) & 0xFFFFFFFF
     assert stack_hash([]) == 0
+
+
+@pytest.mark.parametrize("frame_count", [1, 2, 3, 31, 32, 33, 256, 1000, 20000])
+def test_fast_hash_equals_the_word_by_word_definition(frame_count):
+    rng = random.Random(frame_count)
+    frames = [rng.getrandbits(64) for _ in range(frame_count)]
+    words = struct.unpack("<%dH" % (4 * frame_count), struct.pack("<%dQ" % frame_count, *frames))
+    expected = sum(words[i] ^ words[i + 1] for i in range(0, len(words), 2)) & 0xFFFFFFFF
+    assert stack_hash(frames) == expected
+    assert stack_hash([0xFFFF0000FFFF0000 | f & 0xFFFF for f in frames]) == sum(
+        (0xFFFF ^ (f & 0xFFFF)) + 0xFFFF for f in frames) & 0xFFFFFFFF
 
 
 @pytest.mark.parametrize("variant", ["A", "B"])
