@@ -101,6 +101,7 @@ def test_info_describes_a_kernel_dump(session):
     assert info["bugcheck"] == [0xD1, 0x10, 2, 0, NT_BASE + 0x2010]
     assert info["build"] == 19045
     assert info["registers"]["rip"] == NT_BASE + 0x2010
+    assert info["current_thread"] == at.kthread and info["processor"] == 0
 
 
 def test_info_of_a_live_user_session_has_no_bugcheck():
@@ -159,6 +160,8 @@ def test_the_backend_reads_a_user_minidump_through_the_fake(tmp_path):
     info = target.info()
     assert info["mode"] == "user" and "bugcheck" not in info
     assert info["registers"]["rip"] == 0x7FF700001010
+    assert info["current_thread"] == 0x300000
+    assert info["threads"] == [{"thread_id": 0x1234, "teb": 0x300000}]
 
 
 def test_x86_addresses_stay_32_bit_although_pykd_sign_extends_them():

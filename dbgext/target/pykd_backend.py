@@ -22,6 +22,9 @@ from .base import PAGE_SIZE, Backend, Module, Target
 # huge list of ints costs memory; 1 MiB runs keep calls few and lists modest).
 MAX_PAGES_PER_CALL = 256
 
+# info() lists at most this many threads of a user-mode process.
+MAX_THREADS = 4096
+
 REGISTERS = {
     "x64": ("rax", "rbx", "rcx", "rdx", "rsi", "rdi", "rbp", "rsp", "r8", "r9", "r10", "r11", "r12",
             "r13", "r14", "r15", "rip", "efl"),
@@ -112,6 +115,16 @@ class PykdBackend(Backend):
                 info["bugcheck"] = list(pykd.bugCheckData())
             except pykd.DbgException:
                 pass
+        try:
+            # KTHREAD (kernel) or TEB (user) of the thread WinDbg's context is on.
+            info["current_thread"] = pykd.getImplicitThread() & self.address_mask
+            if kernel:
+                # In kernel mode DbgEng's "threads" are the processors.
+                info["processor"] = pykd.getCurrentThreadId()
+            else:
+                info["threads"] = self._user_threads()
+        except pykd.DbgException:
+            pass
         registers = {}
         for name in REGISTERS[self.arch]:
             try:
@@ -120,6 +133,16 @@ class PykdBackend(Backend):
                 continue
         info["registers"] = registers
         return info
+
+
+    def _user_threads(self):
+        pykd = self.pykd
+        threads = []
+        for index in range(min(pykd.getNumberThreads(), MAX_THREADS)):
+            thread_id = pykd.getThreadId(index)
+            threads.append({"thread_id": pykd.getThreadSystemID(thread_id),
+                            "teb": pykd.getThreadOffset(thread_id) & self.address_mask})
+        return threads
 
 
 class PykdSymbols(object):
