@@ -36,7 +36,7 @@ def demo_steps(dump_path, manifest):
         ipt = contents["ipt"]
         steps.append(("Intel PT event", ["ipt", "event"] + dump + ["--address", "0x%x" % ipt["event_address"]]))
         steps.append(("Intel PT flow", ["ipt", "flow"] + dump + ["--address", "0x%x" % ipt["trace_address"],
-                                                                  "--size", str(ipt["trace_size"])]))
+                                                                  "--size", str(ipt["trace_size"]), "--view", "calltree"]))
     if "stackuse" in contents:
         steps.append(("Kernel stack usage of the crashing thread", ["stackuse", "thread"] + dump))
     return steps
