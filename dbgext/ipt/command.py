@@ -79,6 +79,8 @@ def add_arguments(parser):
     scan = sub.add_parser("scan", help="find IntelProcessorTrace events in target memory or an .etl file")
     scan.add_argument("--etl", metavar="FILE", help="scan this .etl file instead of target memory")
     scan.add_argument("--max-events", type=int, default=1000, metavar="N")
+    scan.add_argument("--start", metavar="ADDR", help="scan from ADDR (needed in a live session)")
+    scan.add_argument("--length", metavar="N", help="scan N bytes from --start")
     for subparser in (packets, flow, event, scan):
         _add_framework_options(subparser)
 
@@ -257,7 +259,8 @@ def _render_flow(ctx, document, view, format_address, namer):
 
 def run_event(ctx, args):
     if args.address:
-        buffer = sources.event_from_target(ctx.target, parse_address(args.address))
+        address = parse_address(args.address)
+        buffer = sources.event_from_target(ctx.target, address)
     elif args.trace:
         buffer = sources.event_from_bytes(sources.from_file(args.trace).data, args.trace)
     else:
@@ -301,7 +304,11 @@ def run_scan(ctx, args):
     if args.etl:
         rows, notes = _scan_etl(args.etl, args.max_events)
     else:
-        events, notes = sources.scan_target(ctx.target, max_events=args.max_events)
+        start, end = 0, None
+        if args.start is not None:
+            start = parse_address(args.start)
+            end = start + parse_number(args.length or "0x100000")
+        events, notes = sources.scan_target(ctx.target, start, end, max_events=args.max_events)
         rows = [{"address": event["address"], "trace_address": event["trace_address"],
                  "process": event["header"]["Process"], "thread": event["header"]["Thread"],
                  "trace_size": event["header"]["TraceSize"], "trace_position": event["header"]["TracePosition"],

@@ -261,6 +261,9 @@ def scan_target(target, start=0, end=None, max_events=1000, max_bytes=1 << 30):
     A candidate is a plausible header whose trace holds a PSB (at its start, or
     anywhere for a wrapped buffer).  Returns (events, notes): events are dicts with
     the event address, header and trace address; notes say where the scan stopped."""
+    if end is None and target.backend.mapped_ranges() is None:
+        # A live session cannot list its memory; probing 2^64 bytes page by page never ends.
+        raise BadInput("this target cannot enumerate its memory: give a range to scan (--start ADDR --length N)")
     events = []
     notes = []
     scanned = 0
