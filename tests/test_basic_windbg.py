@@ -131,3 +131,12 @@ def test_every_entry_script_runs_its_own_command(name):
         source = handle.read()
     assert 'main(["%s"] + sys.argv[1:], windbg=True)' % name in source
     compile(source, path, "exec")
+
+
+@pytest.mark.parametrize("name", ENTRY_SCRIPTS)
+def test_every_entry_script_shows_its_help_inside_windbg(name, world):
+    from dbgext.cli import load_commands
+    if name not in [command.name for command in load_commands()]:
+        pytest.skip("command %s is not built yet" % name)
+    text, _ = run_windbg_script(name, ["-h"], world[0])
+    assert text.startswith("usage: !py dbgext %s" % name) and "Traceback" not in text

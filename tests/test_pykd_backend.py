@@ -102,6 +102,8 @@ def test_info_describes_a_kernel_dump(session):
     assert info["build"] == 19045
     assert info["registers"]["rip"] == NT_BASE + 0x2010
     assert info["current_thread"] == at.kthread and info["processor"] == 0
+    calls = sum(pykd.fake_calls.values())
+    assert target.info() == info and sum(pykd.fake_calls.values()) == calls  # asked once
 
 
 def test_info_of_a_live_user_session_has_no_bugcheck():

@@ -52,6 +52,7 @@ class PykdBackend(Backend):
         self.arch = "x64" if self.pykd.ptrSize() == 8 else "x86"
         # pykd sign-extends 32-bit addresses (addr64); dbgext keeps them 32-bit.
         self.address_mask = 0xFFFFFFFFFFFFFFFF if self.arch == "x64" else 0xFFFFFFFF
+        self._info = None
 
     def read_page(self, page_address):
         pykd = self.pykd
@@ -101,6 +102,13 @@ class PykdBackend(Backend):
         return PykdSymbols(self.pykd, self.address_mask)
 
     def info(self):
+        """Asked for repeatedly by analyses; a Target lives for one command, during
+        which the session does not move, so the answer is computed once."""
+        if self._info is None:
+            self._info = self._collect_info()
+        return dict(self._info)
+
+    def _collect_info(self):
         pykd = self.pykd
         kernel = bool(pykd.isKernelDebugging())
         dump = bool(pykd.isDumpAnalyzing())
