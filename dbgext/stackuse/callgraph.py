@@ -490,6 +490,9 @@ def _call(program, function, decoder, insn, state, arch, pointer, import_loads):
     effect = helper_call_effect(arch, decoder, insn, state, target, module.name_of)
     if effect is not None:
         kind, moved = effect
+        if kind != "probe" or moved:
+            # Keep the size only for the `sub sp, ax` that follows a non-moving probe.
+            state.accumulator = None
         if kind == "probe":
             state.depth += moved
         else:

@@ -354,6 +354,9 @@ def _scan_path(decoder, start, arch, name_of):
             if effect is None:
                 break
             kind, moved = effect
+            if kind != "probe" or moved:
+                # Keep the size only for the `sub sp, ax` that follows a non-moving probe.
+                state.accumulator = None
             if kind == "probe":
                 state.depth += moved
             else:
@@ -387,9 +390,10 @@ def _scan_path(decoder, start, arch, name_of):
                 dynamic = step.dynamic
             break
         if mnemonic != "push":
-            operands = op_str.split(",", 1)
-            if operands and "[" not in operands[0]:
-                written.add(operands[0].strip())
+            operands = [operand.strip() for operand in op_str.split(",", 1)]
+            # `mov edi, edi` (the hotpatch pad) writes nothing new.
+            if operands and "[" not in operands[0] and not (len(operands) == 2 and operands[0] == operands[1]):
+                written.add(operands[0])
         deepest = max(deepest, state.depth)
         address = next_address
         if arch == "x64" and mnemonic == "sub" and op_str.startswith("rsp"):

@@ -1,0 +1,131 @@
+"""Prologue analysis on hand-assembled code: the x64 and x86 shapes real compilers
+emit, stack probes, the SEH helper, shrink-wrapping, dynamic frames, and SP
+tracking at call sites."""
+
+from stackuse_support import Function, alloc_slots, analyse_built, build_pe, function_named, push_slot
+
+RET = b"\xc3"
+LEAF = Function("leaf", [RET], export=False)
+
+
+def analyse(arch, functions, symbols=None):
+    built = build_pe(arch, functions)
+    names = None
+    if symbols:
+        names = {name: built.rvas[name] for name in symbols}
+    return built, analyse_built(built, arch, names)[1:]
+
+
+def frame(arch, functions, name, symbols=None):
+    built, (module, graph) = analyse(arch, functions, symbols)
+    return function_named(module, name)
+
+
+# -- x64 ---------------------------------------------------------------------------------------
+
+
+def test_x64_home_space_saves_do_not_count_but_push_and_sub_do():
+    body = [b"\x48\x89\x5c\x24\x08", b"\x48\x89\x74\x24\x10", b"\x57", b"\x48\x83\xec\x30", ("call", "leaf"),
+            b"\x48\x83\xc4\x30", b"\x5f", RET]
+    function = frame("x64", [Function("saves", body), LEAF], "saves")
+    assert (function.frame_size, function.source) == (0x38, "prologue")
+
+
+def test_x64_chkstk_frame_is_the_probe_size_followed_by_sub_rsp_rax():
+    body = [b"\x53", b"\xb8\x10\x20\x00\x00", ("call", "probe"), b"\x48\x29\xc4", ("call", "leaf"),
+            b"\x48\x81\xc4\x10\x20\x00\x00", b"\x5b", RET]
+    function = frame("x64", [Function("big", body), Function("probe", [RET], export=False), LEAF], "big")
+    assert function.frame_size == 8 + 0x2010 and not function.dynamic
+
+
+def test_x64_shrink_wrapped_prologue_behind_an_early_exit_is_found():
+    body = [b"\x48\x85\xc9", b"\x75\x03", b"\x31\xc0", RET,
+            b"\x53", b"\x48\x83\xec\x20", ("call", "leaf"), b"\x48\x83\xc4\x20", b"\x5b", RET]
+    assert frame("x64", [Function("wrapped", body), LEAF], "wrapped").frame_size == 0x28
+
+
+def test_x64_frame_pointer_set_between_pushes_and_sub_is_skipped():
+    body = [b"\x55", b"\x53", b"\x48\x83\xec\x28", b"\x48\x8d\x6c\x24\x20", ("call", "leaf"),
+            b"\x48\x83\xc4\x28", b"\x5b", b"\x5d", RET]
+    assert frame("x64", [Function("fp", body), LEAF], "fp").frame_size == 0x38
+
+
+def test_x64_sub_rsp_register_is_a_dynamic_frame_without_a_size():
+    body = [b"\x55", b"\x48\x89\xe5", b"\x48\x29\xcc", ("call", "leaf"), b"\x48\x89\xec", b"\x5d", RET]
+    function = frame("x64", [Function("alloca", body), LEAF], "alloca")
+    assert function.dynamic == "sub rsp, rcx"
+    assert function.frame_size is None
+
+
+def test_x64_unwind_and_prologue_disagreeing_reports_both_and_trusts_unwind():
+    body = [b"\x48\x83\xec\x28", ("call", "leaf"), b"\x48\x83\xc4\x28", RET]
+    function = frame("x64", [Function("liar", body, {"prolog_size": 4, "slots": alloc_slots(4, 0x48)}), LEAF],
+                     "liar")
+    assert (function.frame_size, function.source) == (0x48, "unwind")
+    assert function.disagreement == "prologue scan found 40 bytes, unwind data says 72"
+
+
+def test_x64_leaf_without_pdata_is_discovered_through_the_call():
+    body = [b"\x48\x83\xec\x28", ("call", "leaf"), b"\x48\x83\xc4\x28", RET]
+    built, (module, graph) = analyse("x64", [Function("caller", body, {"prolog_size": 4,
+                                                                       "slots": alloc_slots(4, 0x28)}), LEAF])
+    leaf = module.functions[built.image_base + built.rvas["leaf"]]
+    assert (leaf.origin, leaf.frame_size) == ("call", 0)
+    assert graph.bound(function_named(module, "caller")).value == 8 + 0x28 + 8
+
+
+# -- x86 ---------------------------------------------------------------------------------------
+
+
+def test_x86_hotpatch_pad_frame_pointer_sub_and_register_saves():
+    body = [b"\x8b\xff", b"\x55", b"\x8b\xec", b"\x81\xec\x8c\x00\x00\x00", b"\x53", b"\x56", b"\x57",
+            b"\x50", ("call", "leaf"), b"\x83\xc4\x04", b"\x5f", b"\x5e", b"\x5b", b"\xc9", RET]
+    built, (module, graph) = analyse("x86", [Function("classic", body), LEAF])
+    function = function_named(module, "classic")
+    assert function.frame_size == 4 + 0x8c + 12        # the argument push is not frame
+    assert [site.depth for site in function.call_sites] == [4 + 0x8c + 12 + 4]
+    assert graph.bound(function).value == 4 + (4 + 0x8c + 12 + 4) + 4
+
+
+def test_x86_chkstk_moves_esp_itself():
+    body = [b"\x55", b"\x8b\xec", b"\xb8\x00\x30\x00\x00", ("call", "__chkstk"), ("call", "leaf"), b"\xc9", RET]
+    function = frame("x86", [Function("big", body), Function("__chkstk", [RET], export=False), LEAF], "big",
+                     symbols=["__chkstk"])
+    assert function.frame_size == 4 + 0x3000
+
+
+def test_x86_seh_prolog4_frame_is_locals_plus_the_helpers_record():
+    body = [b"\x6a\x10", b"\x68", ("abs", "leaf"), ("call", "__SEH_prolog4"), ("call", "leaf"),
+            ("call", "__SEH_epilog4"), RET]
+    helpers = [Function("__SEH_prolog4", [RET], export=False), Function("__SEH_epilog4", [RET], export=False)]
+    built, (module, graph) = analyse("x86", [Function("guarded", body)] + helpers + [LEAF],
+                                     symbols=["__SEH_prolog4", "__SEH_epilog4"])
+    function = function_named(module, "guarded")
+    assert function.frame_size == 0x10 + 36
+    leaf_va = built.image_base + built.rvas["leaf"]
+    assert [site.depth for site in function.call_sites if site.target == leaf_va] == [0x10 + 36]
+    assert function.sp_lost is None
+
+
+def test_x86_callee_popping_its_arguments_keeps_later_call_sites_right():
+    caller = [b"\x55", b"\x8b\xec", b"\x6a\x01", b"\x6a\x02", b"\x6a\x03", ("call", "std3"),
+              b"\x6a\x07", ("call", "leaf"), b"\x83\xc4\x04", b"\x5d", RET]
+    std3 = [b"\xc2\x0c\x00"]
+    built, (module, graph) = analyse("x86", [Function("caller", caller), Function("std3", std3), LEAF])
+    function = function_named(module, "caller")
+    assert function_named(module, "std3").ret_pop == 12
+    assert [site.depth for site in function.call_sites] == [4 + 12, 4 + 4]
+
+
+def test_x86_functions_without_exports_are_found_by_following_calls():
+    middle = Function("middle", [b"\x56", ("call", "leaf"), b"\x5e", RET], export=False)
+    root = Function("root", [b"\x83\xec\x10", ("call", "middle"), b"\x83\xc4\x10", RET])
+    built, (module, graph) = analyse("x86", [root, middle, LEAF])
+    found = module.functions[built.image_base + built.rvas["middle"]]
+    assert (found.origin, found.frame_size) == ("call", 4)
+    assert graph.bound(function_named(module, "root")).value == 4 + 0x10 + 4 + 4 + 4
+
+
+def test_push_slot_and_alloc_slots_encode_what_the_unwinder_reads():
+    assert push_slot(1, 3) == [0x3001]
+    assert alloc_slots(4, 0x28) == [0x4204]
