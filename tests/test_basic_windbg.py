@@ -30,6 +30,13 @@ def test_db_in_windbg_matches_the_offline_layout(world):
     assert pykd.fake_calls["loadBytes"] == 1
 
 
+def test_markup_characters_in_memory_are_escaped_for_dml(world):
+    scenario, at = world
+    text, _ = run_windbg_script("db", ["%x" % (at.page + 0x30), "L10"], scenario)
+    assert "&lt;=&gt;" in text
+    assert plain(text).rstrip().endswith("0123456789:;<=>?")
+
+
 def test_dd_and_dq_in_windbg(world):
     scenario, at = world
     text, _ = run_windbg_script("dd", ["%x" % (at.hole - 8), "L4"], scenario)
