@@ -317,6 +317,18 @@ def test_target_facts_come_from_the_scenario(kernel):
         pykd.reg("nosuch")
 
 
+def test_find_memory_region_is_user_mode_only(kernel):
+    pykd, at = kernel
+    with pytest.raises(pykd.DbgException):
+        pykd.findMemoryRegion(at.page)
+    s = Scenario("x64", "user")
+    block = s.alloc_pages(0x2000)
+    user = make_fake_pykd(s)
+    assert user.findMemoryRegion(block - 0x5000) == (block, 0x2000)
+    with pytest.raises(user.MemoryException):
+        user.findMemoryRegion(block + 0x10000)
+
+
 def test_a_live_user_session_has_no_bugcheck():
     s = Scenario("x64", "user")
     pykd = make_fake_pykd(s, dump=False)

@@ -871,10 +871,12 @@ def _build_module(session):
     def findMemoryRegion(offset, /):
         if session.mode == "kernel":
             raise DbgException("Call IDebugDataSpace4::QueryVirtual failed\nHRESULT 0x80004001")
-        va = session._va(session.addr64(_number(offset)))
-        for start, end in session.target.readable_ranges(va or 0):
+        normalised = session.addr64(_number(offset))
+        va = session._va(normalised)
+        regions = session.target.readable_ranges(va) if va is not None else iter(())
+        for start, end in regions:
             return session.addr64(start), end - start
-        raise MemoryException("Memory exception at 0x%x target virtual address" % session.addr64(_number(offset)))
+        raise _memory_error(normalised)
 
     @export
     def pageSize():
