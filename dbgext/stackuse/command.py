@@ -6,6 +6,8 @@
     dbgext stackuse hogs [--top N] [--budget BYTES] (--pe FILE | --module NAME)
 """
 
+import argparse
+
 from ..command import Command
 from ..errors import BadInput
 from .callgraph import UNBOUNDED, UNKNOWN, CallGraph, Program
@@ -33,10 +35,11 @@ def add_arguments(parser):
 
 
 def _number(text):
+    """argparse type for byte counts: decimal or 0x-hex."""
     try:
         return int(text, 0)
     except ValueError:
-        raise BadInput("not a number: %r" % text)
+        raise argparse.ArgumentTypeError("not a number: %r" % text)
 
 
 def run(ctx, args):

@@ -1,0 +1,134 @@
+"""`dbgext stackuse ...` end to end: the functions --jsonl contract, chain, hogs,
+options errors, and WinDbg DML links."""
+
+import io
+import json
+
+import pytest
+
+from dbgext.cli import main
+from dbgext.stackuse.fixtures import build_pe, sample_driver_functions
+
+CONTRACT_KEYS = {"module", "rva", "name", "frame_size", "dynamic", "source", "disagreement"}
+
+
+@pytest.fixture
+def driver_file(tmp_path):
+    built = build_pe("x64", sample_driver_functions(), image_base=0x140000000,
+                     imports=["ntoskrnl.exe!KeQueryTimeIncrement"], name="sampledrv.sys")
+    path = tmp_path / "sampledrv.sys"
+    path.write_bytes(built.data)
+    return str(path), built
+
+
+def run(*argv):
+    stream = io.StringIO()
+    code = main(list(argv), stream=stream)
+    return code, stream.getvalue()
+
+
+def test_functions_jsonl_is_one_contract_object_per_function(driver_file):
+    path, built = driver_file
+    code, text = run("stackuse", "functions", "--pe", path, "--jsonl")
+    assert code == 0
+    records = [json.loads(line) for line in text.splitlines()]
+    assert all(set(record) == CONTRACT_KEYS for record in records)
+    by_name = {record["name"]: record for record in records}
+    assert by_name["DriverEntry"] == {"module": "sampledrv.sys", "rva": built.rvas["DriverEntry"],
+                                      "name": "DriverEntry", "frame_size": 0x28, "dynamic": False,
+                                      "source": "both", "disagreement": None}
+    assert by_name["Dispatch"]["frame_size"] == 0x228
+    # CopyLeaf is not exported and has no .pdata entry: found through the call to it.
+    leaf = [r for r in records if r["rva"] == built.rvas["CopyLeaf"]][0]
+    assert (leaf["name"], leaf["frame_size"], leaf["source"]) == (None, 0, "prologue")
+
+
+def test_functions_jsonl_with_depth_carries_the_worst_case_and_why_it_is_not_exact(driver_file):
+    path, built = driver_file
+    code, text = run("stackuse", "functions", "--pe", path, "--jsonl", "--depth")
+    by_name = {record["name"]: record for record in map(json.loads, text.splitlines())}
+    entry = by_name["DriverEntry"]
+    # 8 (its return address) + 0x28 + 8 + 0x228 + 8 + 0x48 + 8 (CopyLeaf) = 696, and
+    # Dispatch calls nt through the IAT: in a file that import cannot be followed.
+    assert (entry["depth"], entry["depth_bound"]) == (696, "lower")
+    assert "ntoskrnl!KeQueryTimeIncrement" in entry["depth_unknown"]
+    dpc = by_name["DpcRoutine"]
+    assert (dpc["depth"], dpc["depth_bound"], dpc["depth_unknown"]) == (8 + 0x28 + 8 + 0x48 + 8, "exact", None)
+
+
+def test_functions_text_table(driver_file):
+    path, _ = driver_file
+    code, text = run("stackuse", "functions", "--pe", path)
+    assert code == 0
+    assert "sampledrv.sys (x64): 5 functions" in text
+    assert any(line.split()[1:4] == ["Dispatch", "552", "both"] for line in text.splitlines() if "Dispatch" in line)
+
+
+def test_chain_lists_every_frame_with_the_sp_at_each_call(driver_file):
+    path, built = driver_file
+    code, text = run("stackuse", "chain", "DriverEntry", "--pe", path, "--json")
+    document = json.loads(text)
+    assert [frame["function"] for frame in document["frames"]] == ["DriverEntry", "Dispatch", "BuildRequest",
+                                                                  "sampledrv.sys+0x%x" % built.rvas["CopyLeaf"]]
+    assert [frame["sp_at_call"] for frame in document["frames"]] == [0x28, 0x228, 0x48, None]
+    assert document["depth"] == 696
+    code, text = run("stackuse", "chain", "0x%x" % (0x140000000 + built.rvas["DpcRoutine"]), "--pe", path)
+    assert code == 0 and "worst case from DpcRoutine: 136 bytes" in text
+
+
+def test_hogs_lists_largest_frames_and_chains_over_budget(driver_file):
+    path, _ = driver_file
+    code, text = run("stackuse", "hogs", "--pe", path, "--top", "2", "--budget", "600", "--json")
+    document = json.loads(text)
+    assert [record["name"] for record in document["largest_frames"]] == ["Dispatch", "BuildRequest"]
+    assert [(r["name"], r["depth"]) for r in document["over_budget"]] == [("DriverEntry", 696), ("Dispatch", 648)]
+    code, text = run("stackuse", "hogs", "--pe", path)
+    assert "worst case over the 24576-byte budget" in text
+
+
+def test_sample_driver_in_a_kernel_dump_follows_the_import_into_nt(tmp_path):
+    from dbgext.stackuse.fixtures import add_sample_driver
+    from dbgext.testing.scenario import Scenario
+    scenario = Scenario("x64", "kernel")
+    add_sample_driver(scenario)
+    dump = str(tmp_path / "sample.dmp")
+    scenario.write_kernel_dump(dump)
+    scenario.write_symbols(dump + ".symbols")
+    code, text = run("stackuse", "functions", "--dump", dump, "--module", "sampledrv", "--jsonl", "--depth")
+    assert code == 0
+    entry = [json.loads(line) for line in text.splitlines() if '"DriverEntry"' in line][0]
+    assert (entry["depth"], entry["depth_bound"]) == (696, "exact")
+    code, text = run("stackuse", "chain", "sampledrv!Dispatch", "--dump", dump)
+    assert code == 0 and "KeQueryTimeIncrement" not in text.split("note:")[-1]
+
+
+def test_option_errors_are_one_line_messages(driver_file, tmp_path):
+    path, _ = driver_file
+    assert run("stackuse", "functions") == (1, "error: give --pe FILE, or --dump FILE with --module NAME\n")
+    code, text = run("stackuse", "chain", "NoSuchFunction", "--pe", path)
+    assert code == 1 and text.startswith("error: no function named 'NoSuchFunction'")
+    code, text = run("stackuse", "chain", "--pe", path)
+    assert code == 1 and "needs a function" in text
+    code, text = run("stackuse", "thread", "--pe", path)
+    assert code == 1 and "needs a target" in text
+    code, text = run("stackuse", "hogs", "--pe", path, "--budget", "lots")
+    assert code == 2 and "--budget" in text
+
+
+def test_windbg_output_links_functions_to_their_disassembly(driver_file):
+    path, built = driver_file
+
+    class DebuggerStream(object):
+        def __init__(self):
+            self.parts = []
+
+        def write(self, text):
+            self.parts.append(text)
+
+        def writedml(self, text):
+            self.parts.append(text)
+
+    stream = DebuggerStream()
+    assert main(["stackuse", "functions", "--pe", path], stream=stream) == 0
+    text = "".join(stream.parts)
+    assert '<link cmd="uf 0x%x">DriverEntry</link>' % (0x140000000 + built.rvas["DriverEntry"]) in text
