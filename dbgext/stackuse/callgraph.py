@@ -243,7 +243,8 @@ def _own_bound(function):
     """[best depth below the return address, status, reasons, via] before callees."""
     status, reasons = EXACT, []
     if function.body_problem:
-        status = LOWER if function.max_depth or function.call_sites else UNKNOWN
+        # Part of the body was read, or the unwind data gave the frame: a lower bound.
+        status = LOWER if function.frame_size is not None or function.call_sites else UNKNOWN
         reasons.append("%s: %s" % (function.display_name, function.body_problem))
     if function.dynamic:
         status = _worse(status, LOWER)

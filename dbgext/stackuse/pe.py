@@ -273,8 +273,12 @@ def _read_header_fields(raw, name, base, image_size, mapped=False):
     def fail(why):
         raise BadInput("%s is not a usable PE image: %s" % (name, why))
 
-    if len(raw) < 0x40 or raw[:2] != b"MZ":
-        fail("no MZ header" if len(raw) >= 2 else "truncated before the DOS header")
+    if len(raw) < 2 or (len(raw) < 0x40 and raw[:2] == b"MZ"):
+        fail("truncated before the DOS header ends (0x%x bytes)" % len(raw))
+    if raw[:2] != b"MZ":
+        fail("no MZ header")
+    if len(raw) < 0x40:
+        fail("truncated before the DOS header ends (0x%x bytes)" % len(raw))
     nt = struct.unpack_from("<I", raw, 0x3C)[0]
     if nt + 24 > len(raw):
         fail("NT headers at 0x%x lie beyond the %s (0x%x bytes)" % (nt, "headers" if mapped else "file", len(raw)))

@@ -1,0 +1,127 @@
+"""Bad input: truncated and malformed PE files, code pages missing from a dump, a
+function that runs off its section, code that loops.  Clear messages naming the
+address, the rest still analysed, bounded time."""
+
+import io
+
+import pytest
+
+from dbgext.cli import main
+from dbgext.errors import BadInput
+from dbgext.stackuse.callgraph import CallGraph, Program
+from dbgext.stackuse.fixtures import Function, add_sample_driver, alloc_slots, build_pe, sample_driver_functions
+from dbgext.stackuse.pe import PEImage
+from dbgext.testing.scenario import Scenario
+
+from stackuse_support import analyse_built, function_named
+
+
+def run(*argv):
+    stream = io.StringIO()
+    return main(list(argv), stream=stream), stream.getvalue()
+
+
+@pytest.fixture
+def driver_bytes():
+    return build_pe("x64", sample_driver_functions(), imports=["ntoskrnl.exe!KeQueryTimeIncrement"]).data
+
+
+def test_file_truncated_inside_its_sections_is_analysed_as_far_as_it_goes(driver_bytes, tmp_path):
+    path = tmp_path / "cut.sys"
+    image = PEImage.from_bytes(driver_bytes)
+    rdata = [s for s in image.sections if s.name == ".rdata"][0]
+    path.write_bytes(driver_bytes[:rdata.rva + 0x10])  # .text whole, .rdata cut, .pdata gone
+    code, text = run("stackuse", "functions", "--pe", str(path))
+    assert code == 0
+    assert "file truncated: cut.sys ends inside section data at rva 0x%x" % (rdata.rva + 0x10) in text
+    assert "exception directory unreadable" in text
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "truncated before the DOS header ends (0x0 bytes)"),
+    (b"MZ" + b"\0" * 10, "truncated before the DOS header ends (0xc bytes)"),
+    (b"hello, this is not an executable" * 4, "no MZ header"),
+])
+def test_files_that_are_not_pe_images_give_one_line(content, message, tmp_path):
+    path = tmp_path / "bad.sys"
+    path.write_bytes(content)
+    code, text = run("stackuse", "functions", "--pe", str(path))
+    assert code == 1
+    assert text.startswith("error: bad.sys is not a usable PE image: ") and message in text
+    assert text.count("\n") == 1
+
+
+def test_headers_cut_short_and_missing_file(driver_bytes, tmp_path):
+    path = tmp_path / "short.sys"
+    path.write_bytes(driver_bytes[:0xA0])
+    code, text = run("stackuse", "functions", "--pe", str(path))
+    assert code == 1 and "optional header truncated" in text
+    code, text = run("stackuse", "functions", "--pe", str(tmp_path / "absent.sys"))
+    assert code == 1 and text.startswith("error: cannot read")
+
+
+def test_implausible_size_of_image_is_refused(driver_bytes):
+    data = bytearray(driver_bytes)
+    optional = int.from_bytes(data[0x3C:0x40], "little") + 24
+    data[optional + 56:optional + 60] = (0xFFFFFFF0).to_bytes(4, "little")
+    with pytest.raises(BadInput, match="implausible SizeOfImage"):
+        PEImage.from_bytes(bytes(data))
+
+
+def test_code_page_missing_from_the_dump_is_reported_and_unwind_sizes_remain():
+    scenario = Scenario("x64", "kernel")
+    info = add_sample_driver(scenario)
+    scenario.unmap(info["functions"]["DriverEntry"], 1)  # the driver's whole .text page
+    target = scenario.target()
+    program = Program(target)
+    module = program.add_target_module(target.module_named("sampledrv"))
+    graph = CallGraph(program)
+    graph.analyse_all(module)
+    assert module.functions[info["functions"]["Dispatch"]].frame_size == 0x228  # from .pdata/.xdata
+    assert any("code page missing at 0x%x" % info["functions"]["DriverEntry"] in p for p in module.problems)
+    bound = graph.bound(module.functions[info["functions"]["DriverEntry"]])
+    assert (bound.status, bound.depth) == ("lower", 8 + 0x28)
+    assert "code page missing" in bound.reasons[0]
+
+
+def test_headers_missing_from_the_dump_is_a_clear_error(tmp_path):
+    scenario = Scenario("x64", "kernel")
+    info = add_sample_driver(scenario)
+    scenario.unmap(info["base"], 1)
+    dump = str(tmp_path / "holes.dmp")
+    scenario.write_kernel_dump(dump)
+    scenario.write_symbols(dump + ".symbols")
+    code, text = run("stackuse", "functions", "--dump", dump, "--module", "sampledrv")
+    assert code == 1
+    assert text == "error: the PE headers of sampledrv at fffff801`23400000 are not in the target\n"
+    code, text = run("stackuse", "functions", "--dump", dump, "--module", "nosuch")
+    assert code == 1 and "no module named 'nosuch'" in text and "sampledrv" in text
+
+
+def test_function_running_off_its_section_is_reported_and_bounded():
+    runaway = Function("runaway", [b"\x90" * 16])  # no return: falls off the end of .text
+    built = build_pe("x86", [runaway])
+    program, module, graph = analyse_built(built, "x86")
+    function = function_named(module, "runaway")
+    assert function.body_problem == "runs off the code section at 0x%x" % (built.image_base + 0x1010)
+    assert graph.bound(function).status == "lower"
+
+
+def test_code_that_jumps_to_itself_terminates():
+    spin = Function("spin", [b"\x48\x83\xec\x28", b"\xeb\xfe"], {"prolog_size": 4, "slots": alloc_slots(4, 0x28)})
+    built = build_pe("x64", [spin])
+    program, module, graph = analyse_built(built, "x64")
+    function = function_named(module, "spin")
+    assert (function.frame_size, graph.bound(function).value) == (0x28, 8 + 0x28)
+
+
+def test_mutual_recursion_is_reported_as_a_cycle():
+    ping = Function("ping", [b"\x48\x83\xec\x28", ("call", "pong"), b"\x48\x83\xc4\x28", b"\xc3"],
+                    {"prolog_size": 4, "slots": alloc_slots(4, 0x28)})
+    pong = Function("pong", [b"\x48\x83\xec\x38", ("call", "ping"), b"\x48\x83\xc4\x38", b"\xc3"],
+                    {"prolog_size": 4, "slots": alloc_slots(4, 0x38)})
+    program, module, graph = analyse_built(build_pe("x64", [ping, pong]), "x64")
+    bound = graph.bound(function_named(module, "ping"))
+    assert bound.status == "unbounded"
+    assert bound.reasons[0] == "recursion: ping -> pong -> ping"
+    assert [step[0].name for step in graph.chain(function_named(module, "ping"))] == ["ping", "pong", "ping"]
