@@ -13,8 +13,9 @@ from ..target.base import PAGE_SIZE
 from . import layouts
 
 WALK_LIMIT = 64  # entries followed per bucket (a sane bucket holds at most 4)
-_PIECE_HEAD = struct.Struct("<QQQiII")
+_PIECE_HEAD = struct.Struct("<QQQiII")  # Flink, Blink, Next, RefCount, Hash, FrameCount
 _FRAMES = struct.Struct("<%dQ" % layouts.FRAMES_PER_PIECE)
+_U64 = struct.Struct("<Q")
 
 
 class _PageView(object):
@@ -35,18 +36,22 @@ class _PageView(object):
             self.pages[page] = data
         return data
 
-    def read(self, address, size):
+    def locate(self, address, size):
+        """(buffer, offset) holding ``size`` bytes at ``address`` — the cached page
+        itself when they fit in it, so callers unpack without copying."""
         offset = address & (PAGE_SIZE - 1)
-        page = address - offset
-        data = self._page(page)
+        data = self.pages.get(address - offset, False)
+        if data is False:
+            data = self._page(address - offset)
         if data is None:
             raise UnreadableMemory(address, size)
         if offset + size <= PAGE_SIZE:
-            return data[offset:offset + size] if size < PAGE_SIZE else data
-        return self.target.read(address, size)
+            return data, offset
+        return self.target.read(address, size), 0
 
     def pointer(self, address):
-        return struct.unpack("<Q", self.read(address, 8))[0]
+        data, offset = self.locate(address, 8)
+        return _U64.unpack_from(data, offset)[0]
 
 
 class Problem(object):
@@ -318,11 +323,11 @@ def _read_entry(view, state, entry, previous):
     """Fill ``entry`` from its pieces; returns its Flink, or None when the entry
     itself is unreadable."""
     try:
-        data = view.read(entry.key, layouts.PIECE_SIZE)
+        data, at = view.locate(entry.key, layouts.PIECE_SIZE)
     except UnreadableMemory as error:
         state.problem("unreadable", error.address, "bucket %d: entry is unreadable" % entry.bucket)
         return None
-    flink, blink, next_piece, entry.refcount, entry.hash, entry.frame_count = _PIECE_HEAD.unpack_from(data)
+    flink, blink, next_piece, entry.refcount, entry.hash, entry.frame_count = _PIECE_HEAD.unpack_from(data, at)
     if blink != previous:
         state.problem("broken_link", entry.key, "Blink 0x%x, expected 0x%x" % (blink, previous))
     entry.pieces.append(entry.key)
@@ -331,7 +336,8 @@ def _read_entry(view, state, entry, previous):
         state.problem("frame_count", entry.key, "FrameCount %d is implausible (max %d); reading %d"
                       % (frame_count, layouts.MAX_PLAUSIBLE_FRAMES, layouts.MAX_PLAUSIBLE_FRAMES))
         frame_count = layouts.MAX_PLAUSIBLE_FRAMES
-    frames = list(_FRAMES.unpack_from(data, layouts.PIECE["Frames"])[:frame_count])
+    frames_at = layouts.PIECE["Frames"]
+    frames = list(_FRAMES.unpack_from(data, at + frames_at)[:frame_count])
     expected = layouts.pieces_for(frame_count)
     visited = {entry.key}
     while next_piece:
@@ -345,15 +351,16 @@ def _read_entry(view, state, entry, previous):
         visited.add(next_piece)
         piece = next_piece
         try:
-            data = view.read(piece, layouts.PIECE_SIZE)
+            data, at = view.locate(piece, layouts.PIECE_SIZE)
         except UnreadableMemory as error:
             state.problem("unreadable", error.address, "stack 0x%x: piece is unreadable" % entry.key)
             break
-        next_piece = struct.unpack_from("<Q", data, layouts.PIECE["Next"])[0]
+        _links, _blink, next_piece, _refs, _hash, piece_frames = _PIECE_HEAD.unpack_from(data, at)
         entry.pieces.append(piece)
-        entry.piece_frame_counts.append(struct.unpack_from("<I", data, layouts.PIECE["FrameCount"])[0])
+        entry.piece_frame_counts.append(piece_frames)
         take = min(layouts.FRAMES_PER_PIECE, frame_count - len(frames))
-        frames.extend(_FRAMES.unpack_from(data, layouts.PIECE["Frames"])[:max(take, 0)])
+        if take > 0:
+            frames.extend(_FRAMES.unpack_from(data, at + frames_at)[:take])
     if len(entry.pieces) < expected:
         state.problem("chain_short", entry.key, "stack 0x%x: FrameCount %d needs %d pieces, chain has %d"
                       % (entry.key, entry.frame_count, expected, len(entry.pieces)))
