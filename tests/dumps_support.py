@@ -1,0 +1,136 @@
+"""Scenarios and third-party oracles for the dump writer/backend tests.
+
+The oracles are kdmp-parser (kernel dumps) and the ``minidump`` package
+(minidumps): independent parsers, so a mistake shared by our writer and our
+reader cannot pass unnoticed.
+"""
+
+import os
+import random
+import struct
+
+from dbgext.layouts.dump_formats import DUMP_HEADER64, PAGE_SIZE
+from dbgext.testing.scenario import Scenario, Thread
+
+KERNEL_POOL = 0xFFFFC08000000000
+NT_BASE = 0xFFFFF80000000000          # 2 MiB-aligned and fully mapped: one large page
+DRIVER_BASE = 0xFFFFF80012340000
+USER_BLOB = 0x00007FF712340FF0        # crosses a page boundary
+UNMAPPED_KERNEL = 0xFFFFF80020000000
+NON_CANONICAL = 0x0000900000000000
+
+
+def kernel_scenario(seed=1, blobs=24):
+    """A kernel-mode scenario: nt (large-page sized), a driver, random blobs of
+    1 B .. 12 KiB in pool and user space (some crossing pages), a hole."""
+    rng = random.Random(seed)
+    s = Scenario("x64", "kernel", build=19045)
+    nt_image = bytearray(rng.getrandbits(8) for _ in range(PAGE_SIZE)) * 2
+    s.add_module("nt", NT_BASE, 0x200000, image="ntoskrnl.exe", content=bytes(nt_image))
+    s.add_module("mydrv", DRIVER_BASE, 0x6000, image="mydrv.sys", content=b"MZ" + bytes(0x3E))
+    s.add_symbol("nt", "KeBugCheckEx", 0x1230)
+    for index in range(blobs):
+        size = rng.choice([1, 8, 100, 0xFFF, 0x1001, 0x3000])
+        address = s.alloc(size, align=rng.choice([1, 8, 16]))
+        s.write(address, os.urandom(size))
+        if index % 6 == 5:
+            s.alloc_pages(PAGE_SIZE)  # leave unmapped guard gaps between blobs
+    s.write(USER_BLOB, os.urandom(0x40))
+    hole = s.alloc_pages(3 * PAGE_SIZE)
+    s.write(hole, b"\x11" * 3 * PAGE_SIZE)
+    s.unmap(hole + PAGE_SIZE, PAGE_SIZE)
+    s.registers = {"rip": NT_BASE + 0x1230, "rsp": KERNEL_POOL + 0x800, "rbp": KERNEL_POOL + 0x900,
+                   "rax": 0x1122334455667788, "r15": 0xF, "efl": 0x40246}
+    s.bugcheck = (0xE2, 0x1, 0x2, 0x3, 0x4)
+    return s
+
+
+def user_scenario(arch="x64", seed=2, blobs=16):
+    """A user-mode scenario with two modules, random blobs and two threads."""
+    rng = random.Random(seed)
+    s = Scenario(arch, "user", build=22621)
+    exe_base, dll_base = (0x7FF612340000, 0x7FFB00000000) if arch == "x64" else (0x400000, 0x77000000)
+    s.add_module("app", exe_base, 0x5000, image="app.exe", content=b"MZ\x90\x00")
+    s.add_module("ntdll", dll_base, 0x3000, image="ntdll.dll", content=b"MZ\x90\x00")
+    for _ in range(blobs):
+        size = rng.choice([1, 8, 100, 0xFFF, 0x1001, 0x2800])
+        address = s.alloc(size, align=rng.choice([1, 8, 16]))
+        s.write(address, os.urandom(size))
+    pc, sp = ("rip", "rsp") if arch == "x64" else ("eip", "esp")
+    for thread_id in (0x1A0, 0x1A4):
+        stack = s.alloc_pages(0x2000)
+        s.write(stack + 0x1F00, os.urandom(0x100))
+        s.threads.append(Thread(thread_id, 0, stack, 0x2000,
+                                {pc: exe_base + 0x1000 + thread_id, sp: stack + 0x1F00}))
+    return s
+
+
+def header_u64(path, field):
+    with open(path, "rb") as handle:
+        handle.seek(DUMP_HEADER64[field])
+        return struct.unpack("<Q", handle.read(8))[0]
+
+
+def open_kdmp(path):
+    """kdmp-parser on a dump whose size matches its header.  kdmp-parser maps the
+    file and dies with SIGBUS on a truncated one, so check before opening."""
+    import kdmp_parser
+    assert os.path.getsize(path) == header_u64(path, "RequiredDumpSpace"), "truncated dump"
+    return kdmp_parser.KernelDumpParser(path)
+
+
+def kdmp_read(dump, address, size):
+    """Bytes at a virtual address through kdmp-parser (page by page), or None if
+    any page is unreadable."""
+    out = bytearray()
+    while size > 0:
+        page = dump.read_virtual_page(address)
+        if page is None:
+            return None
+        within = address & (PAGE_SIZE - 1)
+        span = min(PAGE_SIZE - within, size)
+        out += page[within:within + span]
+        address += span
+        size -= span
+    return bytes(out)
+
+
+def minidump_reader(path):
+    from minidump.minidumpfile import MinidumpFile
+    return MinidumpFile.parse(path)
+
+
+def minidump_read(reader, address, size):
+    """Bytes through the ``minidump`` package's reader, or None.  It raises a bare
+    Exception for unmapped addresses and reads that cross a range boundary."""
+    try:
+        return reader.read(address, size)
+    except Exception:  # the package's only error type
+        return None
+
+
+def probe_addresses(scenario, rng, count=200):
+    """Addresses worth reading: inside mapped pages (often near page ends), in the
+    unmapped gaps next to them, and far away."""
+    pages = sorted(scenario.pages)
+    addresses = []
+    for _ in range(count):
+        page = rng.choice(pages)
+        kind = rng.random()
+        if kind < 0.6:
+            addresses.append(page + rng.randrange(PAGE_SIZE))
+        elif kind < 0.8:
+            addresses.append(page + PAGE_SIZE - rng.randrange(1, 16))
+        else:
+            addresses.append(page + rng.choice([-PAGE_SIZE, PAGE_SIZE, 0x10 * PAGE_SIZE]) + rng.randrange(64))
+    return [a for a in addresses if 0 <= a < 1 << 64]
+
+
+def scenario_bytes(scenario, address, size):
+    """What the scenario holds at [address, address+size), or None if any page is absent."""
+    page = address & ~(PAGE_SIZE - 1)
+    while page < address + size:
+        if page not in scenario.pages or page in scenario.excluded_pages:
+            return None
+        page += PAGE_SIZE
+    return scenario.read(address, size)
