@@ -150,3 +150,10 @@ def test_writer_refuses_events_that_cannot_fit():
         writer.add_classic_event(INTEL_PT_GUID, 32, bytes(0x400))
     with pytest.raises(ValueError):
         EtlWriter(buffer_size=0x100)
+
+
+def test_an_empty_file_is_bad_input(tmp_path):
+    path = tmp_path / "empty.etl"
+    path.write_bytes(b"")
+    with pytest.raises(BadInput):
+        EtlReader(str(path))

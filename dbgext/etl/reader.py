@@ -7,6 +7,7 @@ that buffer, and each such stop is recorded in ``EtlReader.problems``.
 """
 
 import io
+import mmap
 import uuid
 
 from ..errors import BadInput
@@ -71,12 +72,13 @@ class EtlReader(object):
             self._data = bytes(source)
             self.path = "<bytes>"
         else:
+            # Traces run to gigabytes: map the file and copy one buffer at a time.
             self.path = source
             try:
                 with io.open(source, "rb") as handle:
-                    self._data = handle.read()
-            except OSError as error:
-                raise BadInput("cannot read %s: %s" % (source, error.strerror or error))
+                    self._data = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+            except (OSError, ValueError) as error:
+                raise BadInput("cannot read %s: %s" % (source, getattr(error, "strerror", None) or error))
         self.max_buffers = max_buffers
         self.problems = []
         if len(self._data) < fmt.BUFFER_HEADER_SIZE:
