@@ -207,3 +207,25 @@ def test_loaded_module_list_is_laid_out_like_windows(scenario):
     bases = [struct.unpack("<Q", target.read(entry + 0x30, 8))[0] for entry in walk.entries]
     assert names == ["ntoskrnl.exe", "mydrv.sys"] and bases == [NT_BASE, 0xFFFFF80100000000]
     assert target.symbol_address("nt!PsLoadedModuleList") == head
+
+
+def test_dml_tables_link_exactly_the_requested_cell():
+    from dbgext.render.output import Output
+
+    class DebuggerOutput(object):
+        def __init__(self):
+            self.text = ""
+
+        def write(self, text):
+            self.text += text
+
+        def writedml(self, text):
+            self.text += text
+
+    stream = DebuggerOutput()
+    out = Output(stream)
+    assert out.dml
+    out.table([["abc", "abc <x>"], ["d", "e"]], ["name", "detail"], links={(0, 1): "dps abc"})
+    lines = stream.text.split("\n")
+    assert lines[2].split() == ["abc", '<link', 'cmd="dps', 'abc">abc', "&lt;x&gt;</link>"]
+    assert "link" not in lines[3]

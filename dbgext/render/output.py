@@ -6,6 +6,7 @@ no ``.buffer``); offline it is an ordinary text stream.  Everything here writes
 """
 
 import json
+import re
 import sys
 
 from tabulate import tabulate
@@ -53,17 +54,27 @@ class Output(object):
         if not self.dml or not links:
             self.lines(lines)
             return
-        header_lines = 2
+        # The dashes under the headers give each column's character span, so a
+        # link goes into exactly its cell even when the same text appears twice.
+        spans = [(match.start(), match.end()) for match in re.finditer(r"-+", lines[1])]
         for index, line in enumerate(lines):
-            row = index - header_lines
-            escaped = dml_escape(line)
-            if row >= 0:
-                for (link_row, column), command in sorted(links.items()):
-                    if link_row != row:
-                        continue
-                    label = dml_escape(str(rows[row][column]))
-                    escaped = escaped.replace(label, self.link(str(rows[row][column]), command), 1)
-            self._emit(escaped)
+            row = index - 2
+            cell_links = {column: command for (link_row, column), command in links.items() if link_row == row}
+            if not cell_links:
+                self._emit(dml_escape(line))
+                continue
+            pieces = []
+            cursor = 0
+            for column, (start, end) in enumerate(spans):
+                pieces.append(dml_escape(line[cursor:start]))
+                cell = line[start:end] if column + 1 < len(spans) else line[start:]
+                label = cell.rstrip()
+                if column in cell_links and label:
+                    pieces.append(self.link(label, cell_links[column]) + cell[len(label):])
+                else:
+                    pieces.append(dml_escape(cell))
+                cursor = end
+            self._emit("".join(pieces))
 
     def json(self, document):
         self._emit(json.dumps(document, indent=2, sort_keys=False))
