@@ -49,16 +49,17 @@ def write_minidump(scenario, path, memory_list="memory64", exception=None):
 
 def memory_ranges(scenario):
     """[(start, bytes)] of the scenario's dumped pages, touching pages merged."""
-    ranges = []
+    ranges = []  # [start, end, [page bytes]]
     for page in sorted(scenario.pages):
         if page in scenario.excluded_pages:
             continue
         data = bytes(scenario.pages[page])
-        if ranges and ranges[-1][0] + len(ranges[-1][1]) == page:
-            ranges[-1][1].append(data)
+        if ranges and ranges[-1][1] == page:
+            ranges[-1][1] = page + PAGE_SIZE
+            ranges[-1][2].append(data)
         else:
-            ranges.append((page, [data]))
-    return [(start, b"".join(chunks)) for start, chunks in ranges]
+            ranges.append([page, page + PAGE_SIZE, [data]])
+    return [(start, b"".join(chunks)) for start, _, chunks in ranges]
 
 
 def ensure_process_blocks(scenario):
