@@ -46,9 +46,9 @@ def test_dynamic_frames_are_reported_dynamic_without_a_size(build):
         assert any("dynamic frame" in reason for reason in bound.reasons)
 
 
-def test_x64_unwind_data_and_prologue_agree_on_every_static_function(build):
-    if build.arch != "x64":
-        pytest.skip("x86 has no unwind data")
+@pytest.mark.parametrize("level", ["O0", "O2"])
+def test_x64_unwind_data_and_prologue_agree_on_every_static_function(builds, level):
+    build = builds[("x64", level)]
     for name in STATIC:
         function = build.function(name)
         assert function.source == "both", (name, function.disagreement)
