@@ -170,3 +170,17 @@ def test_summaries_histogram_and_wasted_bytes():
     assert state.frame_histogram() == {1: 1, 33: 1}
     assert state.wasted_bytes() == 62 * 8
     assert (state.used_pieces, len(state.free_pieces), state.cache_size) == (3, 7, 10 * 0x128)
+
+
+def test_thousands_of_damaged_entries_are_summarised_past_200_of_a_kind():
+    scenario = kernel_scenario()
+    builder = StackCacheBuilder(scenario, bucket_count=300, total_pieces=400)
+    for index in range(300):
+        builder.reference([0xFFFFF80000000000 + index])  # hash index + 0x7ff: one per bucket
+    builder.finish()
+    for key in [k for i in range(300) for k in builder.bucket_entries(i)]:
+        scenario.pack(key + 0x20, "<I", 0xFFFFFFFF)
+    state = walk.read_cache(scenario.target(), builder.address)
+    frame_count_problems = [p for p in state.problems if p.kind == "frame_count"]
+    assert len(frame_count_problems) == walk.MAX_PROBLEMS_PER_KIND
+    assert any(p.kind == "problems_truncated" and "frame_count" in p.detail for p in state.problems)

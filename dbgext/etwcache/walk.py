@@ -13,6 +13,7 @@ from ..target.base import PAGE_SIZE
 from . import layouts
 
 WALK_LIMIT = 64  # entries followed per bucket (a sane bucket holds at most 4)
+MAX_PROBLEMS_PER_KIND = 200
 _PIECE_HEAD = struct.Struct("<QQQiII")  # Flink, Blink, Next, RefCount, Hash, FrameCount
 _FRAMES = struct.Struct("<%dQ" % layouts.FRAMES_PER_PIECE)
 _U64 = struct.Struct("<Q")
@@ -20,7 +21,8 @@ _U64 = struct.Struct("<Q")
 
 class _PageView(object):
     """Reads of small structures through whole-page reads of the Target, kept for
-    the walk: a cache of 170,000 pieces becomes ~13,000 Target reads, not 300,000."""
+    the walk: a cache of 170,000 pieces becomes ~13,000 Target reads, not 300,000.
+    The walk's own bounds keep this to about one cache's worth of pages."""
 
     def __init__(self, target):
         self.target = target
@@ -109,9 +111,20 @@ class CacheState(object):
         self.free_pieces = []      # addresses reached by walking the SLIST
         self.free_walk_complete = True
         self.problems = []
+        self._kind_counts = {}
 
     def problem(self, kind, address, detail):
-        self.problems.append(Problem(kind, address, detail))
+        """Record a problem; past MAX_PROBLEMS_PER_KIND of one kind only count them."""
+        count = self._kind_counts.get(kind, 0) + 1
+        self._kind_counts[kind] = count
+        if count <= MAX_PROBLEMS_PER_KIND:
+            self.problems.append(Problem(kind, address, detail))
+
+    def finish_problems(self):
+        for kind, count in sorted(self._kind_counts.items()):
+            if count > MAX_PROBLEMS_PER_KIND:
+                self.problems.append(Problem("problems_truncated", self.address, "%d more %s problems not listed"
+                                             % (count - MAX_PROBLEMS_PER_KIND, kind)))
 
     @property
     def entries(self):
@@ -267,6 +280,7 @@ def read_cache(target, address, variant=None, logger_context=None, logger_id=Non
     view = _PageView(target)
     _walk_free_list(view, state, header, layout)
     _walk_buckets(target, view, state, layout)
+    state.finish_problems()
     return state
 
 
