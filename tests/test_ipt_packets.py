@@ -258,3 +258,24 @@ def test_corrupted_streams_resync_like_libipt(seed):
     theirs, their_errors = libipt.decode_packets(trace)
     assert [(p.offset,) + as_libipt(p) for p in ours.packets] == libipt_view(theirs)
     assert [offset for offset, _ in ours.errors] == [offset for offset, _ in their_errors]
+
+
+def count_types(result):
+    counts = {}
+    for packet in result.packets:
+        counts[packet.type] = counts.get(packet.type, 0) + 1
+    return counts
+
+
+@needs_libipt
+@pytest.mark.parametrize("seed", range(4))
+def test_fast_stats_agree_with_the_full_decode(seed):
+    trace = libipt.encode(random_packets(random.Random(200 + seed), 500))
+    assert packet_stats(trace).as_dict()["types"] == count_types(decode_packets(trace))
+
+
+def test_stats_of_a_corrupt_buffer_report_errors_like_the_full_decode():
+    trace = PSB + b"\x06\x0a" + b"\xad\x01" + PSB + b"\x99\x01\x00\x00"
+    stats = packet_stats(trace)
+    assert stats.errors == decode_packets(trace).errors == [(18, "tip with reserved IPBytes 5")]
+    assert stats.as_dict()["types"] == count_types(decode_packets(trace))
