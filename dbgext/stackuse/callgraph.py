@@ -21,7 +21,7 @@ from .functions import ModuleFunctions
 from .pe import PEImage
 from .prologue import (ACCUMULATOR, FP, PUSH_SIZE, SEH_EPILOG_NAMES, SP_MNEMONICS, SEH_PROLOG_FRAME_OVERHEAD, STOPS, SpState,
                        apply_sp_effect, direct_target, helper_call_effect, is_named, memory_slot,
-                       parse_int)
+                       parse_int, pushed_immediate_before)
 
 MAX_INSTRUCTIONS_PER_FUNCTION = 40000
 MAX_FUNCTIONS = 400000
@@ -497,7 +497,7 @@ def _call(program, function, decoder, insn, state, arch, pointer, import_loads):
         if kind == "probe":
             state.depth += moved
         else:
-            locals_size = _push_immediate(decoder, function.va, address)
+            locals_size = pushed_immediate_before(decoder, function.va, address, 2)
             if locals_size is None:
                 function.sp_lost = "0x%x (SEH prologue without a local size)" % address
                 return False
@@ -547,18 +547,3 @@ def _resolve_import(program, module, slot):
         return None
     other.add(value, "import")
     return value
-
-
-def _push_immediate(decoder, start, call_address):
-    """Local size pushed for the SEH prologue helper: the immediate of the second
-    push before the call."""
-    pushes = []
-    address = start
-    while address < call_address:
-        insn = decoder.at(address)
-        if insn is None:
-            return None
-        if insn[2] == "push":
-            pushes.append(insn[3])
-        address += insn[1]
-    return parse_int(pushes[-2]) if len(pushes) >= 2 else None

@@ -317,7 +317,7 @@ def add_sample_driver(scenario, base=SAMPLE_DRIVER_BASE, name="sampledrv"):
         scenario.write(nt.base + time_increment, b"\xb8\x10\x27\x00\x00\xc3")  # mov eax, 10000; ret
     built = build_pe("x64", sample_driver_functions(), image_base=base,
                      imports=["ntoskrnl.exe!KeQueryTimeIncrement"], name=name + ".sys")
-    module = scenario.add_module(name, base, built.size, image=name + ".sys", content=built.data)
+    scenario.add_module(name, base, built.size, image=name + ".sys", content=built.data)
     # The loader bound the import: the IAT slot holds nt's address.
     scenario.write_pointer(base + built.iat["ntoskrnl.exe!KeQueryTimeIncrement"], nt.base + time_increment)
     functions = {}

@@ -19,7 +19,7 @@ class FunctionInfo(object):
     """What is known about one function (addresses are VAs)."""
 
     __slots__ = ("module", "va", "rva", "name", "origin", "end", "fragment_of", "unwind_size",
-                 "prologue_size", "dynamic", "problem", "has_handler", "analysed_body",
+                 "prologue_size", "dynamic", "problem", "analysed_body",
                  "body_problem", "ret_pop", "max_depth", "call_sites", "sp_lost")
 
     def __init__(self, module, va, rva, origin, name=None, end=None):
@@ -34,7 +34,6 @@ class FunctionInfo(object):
         self.prologue_size = None
         self.dynamic = None         # text of the instruction making the frame dynamic
         self.problem = None         # why no frame size could be determined
-        self.has_handler = False
         self.analysed_body = False
         self.body_problem = None    # first problem met while following the body
         self.ret_pop = 0            # bytes `ret N` pops (x86 stdcall)
@@ -133,7 +132,6 @@ class ModuleFunctions(object):
                 self.functions[base + begin] = function
             frame = frame_from_unwind(image, entry, self._unwind_cache)
             function.unwind_size = frame.frame_size
-            function.has_handler = frame.has_handler
             if frame.problem:
                 function.problem = frame.problem
                 self.problem(frame.problem)

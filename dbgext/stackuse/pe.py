@@ -141,12 +141,6 @@ class PEImage(object):
         hole = self.first_hole_in(rva, size)
         return size if hole is None else max(0, hole - rva)
 
-    def u32(self, rva):
-        return struct.unpack_from("<I", self.data, rva)[0]
-
-    def va(self, rva):
-        return self.image_base + rva
-
     def section_of(self, rva):
         for section in self.sections:
             if section.contains(rva):

@@ -288,14 +288,12 @@ def helper_call_effect(arch, decoder, insn, state, target, name_of):
 
 
 class PrologueResult(object):
-    __slots__ = ("frame_size", "dynamic", "problem", "instructions", "frame_pointer")
+    __slots__ = ("frame_size", "dynamic", "problem")
 
     def __init__(self):
         self.frame_size = None
         self.dynamic = None
         self.problem = None
-        self.instructions = 0
-        self.frame_pointer = False
 
 
 def scan_prologue(decoder, entry, name_of=lambda va: None):
@@ -317,13 +315,11 @@ def scan_prologue(decoder, entry, name_of=lambda va: None):
         if start in seen_paths:
             continue
         seen_paths.add(start)
-        frame, dynamic, problem, branches, fp = _scan_path(decoder, start, arch, name_of)
-        result.instructions += 1
+        frame, dynamic, problem, branches = _scan_path(decoder, start, arch, name_of)
         if dynamic:
             result.dynamic = dynamic
         if frame is not None and (best is None or frame > best):
             best = frame
-            result.frame_pointer = fp
         if problem and best is None:
             result.problem = problem
         if frame == 0 or frame is None:
@@ -345,7 +341,7 @@ def _scan_path(decoder, start, arch, name_of):
     for _ in range(MAX_PROLOGUE_INSTRUCTIONS):
         insn = decoder.at(address)
         if insn is None:
-            return (deepest if deepest else None), dynamic, decoder.problem(address), branches, False
+            return (deepest if deepest else None), dynamic, decoder.problem(address), branches
         _, size, mnemonic, op_str = insn
         next_address = address + size
         if mnemonic == "call":
@@ -361,7 +357,7 @@ def _scan_path(decoder, start, arch, name_of):
                 state.depth += moved
             else:
                 # push N; push scopetable; call __SEH_prolog4: N comes from the first push.
-                locals_size = _pushed_immediate_before(decoder, start, address, 2)
+                locals_size = pushed_immediate_before(decoder, start, address, 2)
                 if locals_size is None:
                     break
                 state.fp_depth = state.depth - 8 + 4
@@ -399,7 +395,7 @@ def _scan_path(decoder, start, arch, name_of):
         if arch == "x64" and mnemonic == "sub" and op_str.startswith("rsp"):
             # The x64 ABI makes the fixed allocation the prologue's last SP change.
             break
-    return deepest, dynamic, None, branches, state.fp_depth is not None
+    return deepest, dynamic, None, branches
 
 
 def _feeds_seh_prolog(decoder, address, name_of):
@@ -417,7 +413,7 @@ def _feeds_seh_prolog(decoder, address, name_of):
     return False
 
 
-def _pushed_immediate_before(decoder, start, call_address, count):
+def pushed_immediate_before(decoder, start, call_address, count):
     """The immediate of the ``count``-th push before ``call_address`` on the path from
     ``start`` (the SEH helper's local size)."""
     pushes = []

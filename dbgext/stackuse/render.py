@@ -6,10 +6,6 @@ import json
 from .callgraph import UNBOUNDED, UNKNOWN
 
 
-def hexa(value):
-    return "-" if value is None else "0x%x" % value
-
-
 def function_record(function, bound=None):
     """The ``functions --jsonl`` object for one function (``bound`` adds ``depth``)."""
     record = {

@@ -9,9 +9,8 @@ corrupt image whose chain loops costs a few steps and one reported problem.
 
 import struct
 
-from .layouts import (MACHFRAME_SIZE, UNW_FLAG_CHAININFO, UNW_FLAG_EHANDLER, UNW_FLAG_UHANDLER,
-                      UNWIND_EXTRA_SLOTS, UWOP_ALLOC_LARGE, UWOP_ALLOC_SMALL, UWOP_PUSH_MACHFRAME,
-                      UWOP_PUSH_NONVOL, UWOP_SET_FPREG)
+from .layouts import (MACHFRAME_SIZE, UNW_FLAG_CHAININFO, UNWIND_EXTRA_SLOTS, UWOP_ALLOC_LARGE,
+                      UWOP_ALLOC_SMALL, UWOP_PUSH_MACHFRAME, UWOP_PUSH_NONVOL)
 
 MAX_CHAIN_LENGTH = 32
 
@@ -50,9 +49,6 @@ class UnwindInfo(object):
     def own_stack_bytes(self):
         return sum(code.stack_bytes for code in self.codes)
 
-    @property
-    def uses_frame_pointer(self):
-        return any(code.op == UWOP_SET_FPREG for code in self.codes)
 
 
 def parse_unwind_info(image, rva):
@@ -124,15 +120,12 @@ def _decode_codes(slots):
 class UnwindFrame(object):
     """A function's frame according to its unwind data, chain followed."""
 
-    __slots__ = ("frame_size", "chain", "problem", "has_handler", "frame_register", "prolog_size")
+    __slots__ = ("frame_size", "chain", "problem")
 
     def __init__(self):
         self.frame_size = None
         self.chain = []          # RUNTIME_FUNCTION tuples from the entry to the primary
         self.problem = None
-        self.has_handler = False
-        self.frame_register = 0
-        self.prolog_size = 0
 
     @property
     def is_fragment(self):
@@ -168,11 +161,6 @@ def frame_from_unwind(image, entry, cache=None):
         if info.problem:
             frame.problem = info.problem
         total += info.own_stack_bytes
-        if len(frame.chain) == 1:
-            frame.frame_register = info.frame_register if info.uses_frame_pointer else 0
-            frame.prolog_size = info.prolog_size
-        if info.flags & (UNW_FLAG_EHANDLER | UNW_FLAG_UHANDLER) and not info.flags & UNW_FLAG_CHAININFO:
-            frame.has_handler = True
         if info.chained is None:
             if not frame.problem:
                 frame.frame_size = total
