@@ -44,6 +44,8 @@ def write_minidump(scenario, path, memory_list="memory64", exception=None):
     writer = _MinidumpLayout(scenario, ranges, memory_list, exception)
     with open(path, "wb") as handle:
         handle.write(writer.build())
+        for _, data in ranges:
+            handle.write(data)
     return path
 
 
@@ -100,8 +102,8 @@ def ensure_process_blocks(scenario):
 
 
 class _MinidumpLayout(object):
-    """Lays the file out in one bytearray: header, directory, stream bodies,
-    strings and contexts, then the memory data."""
+    """Lays the file's metadata out in one bytearray: header, directory, stream
+    bodies, strings and contexts; the memory data is written after it."""
 
     def __init__(self, scenario, ranges, memory_list, exception):
         self.scenario = scenario
@@ -138,8 +140,6 @@ class _MinidumpLayout(object):
             self._exception_stream(contexts)
         data_rvas = self._memory_list()
         self._point_stacks_at_memory(data_rvas)
-        if len(self.out) > MAX_RVA + 1 and self.memory_list == "memory":
-            raise ValueError("a MemoryList minidump cannot exceed 4 GiB; use memory64")
         seconds = max(0, (scenario.system_time - FILETIME_UNIX_EPOCH) // 10000000)
         struct.pack_into("<4sIIIIIQ", self.out, 0, MINIDUMP_SIGNATURE, MINIDUMP_VERSION,
                          len(self.directory), MINIDUMP_HEADER_SIZE, 0, seconds & 0xFFFFFFFF,
@@ -147,7 +147,7 @@ class _MinidumpLayout(object):
         for index, entry in enumerate(self.directory):
             struct.pack_into("<III", self.out, MINIDUMP_HEADER_SIZE + index * MINIDUMP_DIRECTORY_ENTRY_SIZE,
                              *entry)
-        return bytes(self.out)
+        return bytes(self.out)  # the metadata; the memory data follows it
 
     def _system_info(self):
         empty_version = self._string("")
@@ -201,29 +201,29 @@ class _MinidumpLayout(object):
         self._stream("Exception", body)
 
     def _memory_list(self):
-        """The memory stream and data; returns each range's data RVA."""
+        """The memory stream; returns each range's data RVA.  The data itself
+        follows the metadata, page-aligned, in range order (contiguous, as a
+        Memory64List requires; a MemoryList names each range's RVA)."""
         count = len(self.ranges)
-        data_rvas = []
         if self.memory_list == "memory64":
             list_rva = self._append(bytes(16 + 16 * count), 8)
-            data_rva = len(self.out) + (-len(self.out) % PAGE_SIZE)
-            body = struct.pack("<QQ", count, data_rva)
-            cursor = data_rva
-            for start, data in self.ranges:
-                body += struct.pack("<QQ", start, len(data))
-                data_rvas.append(cursor)
-                cursor += len(data)
-            stream = "Memory64List"
-            self.out += bytes(data_rva - len(self.out))
-            for _, data in self.ranges:
-                self.out += data
         else:
             list_rva = self._append(bytes(4 + 16 * count), 8)
-            body = struct.pack("<I", count)
-            for start, data in self.ranges:
-                rva = self._append(data, 16)
-                data_rvas.append(rva)
-                body += struct.pack("<QII", start, len(data), rva)
+        self.out += bytes(-len(self.out) % PAGE_SIZE)
+        data_rvas = []
+        cursor = len(self.out)
+        for _, data in self.ranges:
+            data_rvas.append(cursor)
+            cursor += len(data)
+        if self.memory_list == "memory64":
+            body = struct.pack("<QQ", count, len(self.out)) + b"".join(
+                struct.pack("<QQ", start, len(data)) for start, data in self.ranges)
+            stream = "Memory64List"
+        else:
+            if cursor > MAX_RVA + 1:
+                raise ValueError("a MemoryList minidump cannot exceed 4 GiB; use memory64")
+            body = struct.pack("<I", count) + b"".join(
+                struct.pack("<QII", start, len(data), rva) for (start, data), rva in zip(self.ranges, data_rvas))
             stream = "MemoryList"
         self.out[list_rva:list_rva + len(body)] = body
         self.directory.append((MINIDUMP_STREAM[stream], len(body), list_rva))
