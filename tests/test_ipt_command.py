@@ -122,6 +122,16 @@ def test_event_in_the_dump(files):
     assert code == 0 and "TraceCodeMode    1 (kernel)" in text and "iptdemo!CompleteRequest" in text
 
 
+def test_event_file_with_position(files, tmp_path):
+    trace = files["trace"].read_bytes()
+    ring = trace[50:] + trace[:50]
+    payload = sources.encode_event_header(1, 4, 8, 0x1000001, len(ring), 0) + ring
+    (tmp_path / "event.bin").write_bytes(payload)
+    document = run_json("ipt", "event", "--trace", tmp_path / "event.bin", "--position", len(trace) - 50)
+    assert document["source"]["position"] == len(trace) - 50
+    assert document["errors"] == [] and document["packets"]["packets"] > 0
+
+
 def test_scan_the_dump(files):
     document = run_json("ipt", "scan", "--dump", files["dump"])
     assert [event["address"] for event in document["events"]] == [files["info"]["event_address"]]

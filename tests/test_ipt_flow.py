@@ -237,3 +237,21 @@ def test_random_bytes_never_hang_or_crash():
             generator.getrandbits(8) for _ in range(200))
         result = ours(data, max_insns=10000)
         assert len(result.instructions) <= 10000
+
+
+@needs_libipt
+@pytest.mark.parametrize("mode_64", [True, False])
+def test_mode_exec_selects_the_instruction_set(mode_64):
+    """0x48 is a REX prefix in 64-bit code and dec eax in 32-bit code."""
+    base = 0x401000
+    code = b"\x48\x74\x02\x90\x90\x48\x75\xf8\xc3"  # [dec eax;] jz +2; nop; nop; [dec eax;] jnz -8
+    writer = F.PacketWriter()
+    writer.psb_plus(base, mode_64=mode_64)
+    for taken in (False, True, True, False):
+        writer.tnt(taken)
+    trace = writer.bytes()
+    result = decode_flow(trace, CodeImage(images=[(base, code)]))
+    ips, errors = libipt.instruction_flow(trace, {base: code})
+    assert result.errors == [] and errors == []
+    assert result.instructions == ips
+    assert (base + 1 in result.instructions) != mode_64

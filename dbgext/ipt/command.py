@@ -75,6 +75,7 @@ def add_arguments(parser):
     event = sub.add_parser("event", help="an ETW IntelProcessorTrace event: header, IptOption, decoded path")
     event.add_argument("--address", metavar="ADDR", help="address of the event payload (its header) in the target")
     event.add_argument("--trace", metavar="FILE", help="a file holding the event payload (header + trace)")
+    event.add_argument("--position", metavar="P", help="override TracePosition: the oldest data starts at P")
     event.add_argument("--max-insns", type=int, default=100000, metavar="N")
     scan = sub.add_parser("scan", help="find IntelProcessorTrace events in target memory or an .etl file")
     scan.add_argument("--etl", metavar="FILE", help="scan this .etl file instead of target memory")
@@ -258,11 +259,16 @@ def _render_flow(ctx, document, view, format_address, namer):
 # -- event ----------------------------------------------------------------------------
 
 def run_event(ctx, args):
+    position = parse_number(args.position) if args.position is not None else None
     if args.address:
         address = parse_address(args.address)
         buffer = sources.event_from_target(ctx.target, address)
+        if position is not None:
+            buffer = sources.unwrap(buffer.data, position, buffer.origin, buffer.address, buffer.header)
     elif args.trace:
-        buffer = sources.event_from_bytes(sources.from_file(args.trace).data, args.trace)
+        data = sources.from_file(args.trace).data
+        buffer = _event_with_position(sources.parse_event_header(data), data[sources.EVENT_HEADER.size:],
+                                      args.trace, None, position)
     else:
         raise BadInput("give --address ADDR (with a target) or --trace FILE")
     stats = packet_stats(buffer.data)

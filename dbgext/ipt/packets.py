@@ -113,9 +113,14 @@ def _build_pattern():
         return b"|".join(body for name, body in pairs)
 
     source = named(common) + b"|\\x02(?:" + named(extended) + b")|(?P<bad>.)"
-    valid = plain(common) + b"|\\x02(?:" + plain(extended) + b")"
-    key = b"|".join([_byte_class(tnt8) + b"+", b"\\x00+", b"\\x02.", b"\\x99.", dict(common)["cyc"], b"."])
-    stats_source = b"(?=(" + key + b"))(?:" + valid + b")|(.)"
+    # packet_stats: one match per packet that is not TNT-8, skipping the TNT-8 run
+    # before it; group 1 is a key naming the type (the whole run for PAD, the whole
+    # packet for CYC, else the first one or two bytes), group 2 a bad byte.  TNT-8
+    # bytes are what the keyed packets leave of the buffer.
+    valid = plain(common[1:]) + b"|\\x02(?:" + plain(extended) + b")"
+    single = _byte_class([b for b in range(256) if b not in (0, 2, 0x99) and b & 3 != 3])
+    key = b"|".join([single, b"\\x00+", b"\\x02.", b"\\x99.", dict(common)["cyc"]])
+    stats_source = _byte_class(tnt8) + b"*(?:(?=(" + key + b"))(?:" + valid + b")|\\Z|(.))"
     return re.compile(source, re.DOTALL), re.compile(stats_source, re.DOTALL), reserved_ip
 
 
@@ -418,30 +423,26 @@ class PacketStats(object):
 
 
 def _key_type(key):
-    """Packet type named by a STATS_RE key, and how many packets one key stands for."""
+    """(packet type, packets per key, bytes per key) of a STATS_RE key."""
     first = key[0]
     if first == 0:
-        return "pad", len(key)
-    if not first & 1 and first != 2:
-        return "tnt8", len(key)
+        return "pad", len(key), len(key)
     if first == 2:
-        second = key[1]
-        name = _EXTENDED_NAMES.get(second)
-        if name is None:
-            name = "ptw" if second & 0x1F == 0x12 else "exstop"
-        return name, 1
+        name, size = _EXTENDED[key[1]]
+        return name, 1, size
     if first & 0x1F in IP_TYPES:
-        return IP_TYPES[first & 0x1F], 1
+        return IP_TYPES[first & 0x1F], 1, 1 + IP_PAYLOAD[first >> 5]
     if first == 0x99:
-        return ("mode.exec" if key[1] >> 5 == 0 else "mode.tsx"), 1
+        return ("mode.exec" if key[1] >> 5 == 0 else "mode.tsx"), 1, 2
     if first & 3 == 3:
-        return "cyc", 1
-    return {0x19: "tsc", 0x59: "mtc"}[first], 1
+        return "cyc", 1, len(key)
+    return {0x19: ("tsc", 1, 8), 0x59: ("mtc", 1, 2)}[first]
 
 
-_EXTENDED_NAMES = {0x82: "psb", 0x23: "psbend", 0xA3: "tnt64", 0x43: "pip", 0x03: "cbr", 0x73: "tma",
-                   0xF3: "ovf", 0xC8: "vmcs", 0x83: "stop", 0xC3: "mnt", 0xC2: "mwait", 0x22: "pwre",
-                   0xA2: "pwrx"}
+_EXTENDED = {0x82: ("psb", 16), 0x23: ("psbend", 2), 0xA3: ("tnt64", 8), 0x43: ("pip", 8), 0x03: ("cbr", 4),
+             0x73: ("tma", 7), 0xF3: ("ovf", 2), 0xC8: ("vmcs", 7), 0x83: ("stop", 2), 0xC3: ("mnt", 11),
+             0xC2: ("mwait", 10), 0x22: ("pwre", 4), 0xA2: ("pwrx", 7), 0x62: ("exstop", 2), 0xE2: ("exstop", 2),
+             0x12: ("ptw", 6), 0x92: ("ptw", 6), 0x32: ("ptw", 10), 0xB2: ("ptw", 10)}
 
 
 def packet_stats(data, start=0, end=None):
@@ -458,9 +459,13 @@ def packet_stats(data, start=0, end=None):
         keys = Counter(STATS_RE.findall(data, first_psb, end))
         if not any(bad for _, bad in keys):
             counts = stats.counts
+            keyed_bytes = 0
             for (key, _), count in keys.items():
-                name, per_key = _key_type(key)
-                counts[name] += count * per_key
+                if key:
+                    name, packets, size = _key_type(key)
+                    counts[name] += count * packets
+                    keyed_bytes += count * size
+            counts["tnt8"] = end - first_psb - keyed_bytes
             return stats
     counts = stats.counts
     for kind, offset, value in tokens(data, start, end):
