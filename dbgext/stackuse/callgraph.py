@@ -19,7 +19,7 @@ import struct
 from ..errors import BadInput, UnreadableMemory
 from .functions import ModuleFunctions
 from .pe import PEImage
-from .prologue import (ACCUMULATOR, FP, PUSH_SIZE, SEH_EPILOG_NAMES, SP_MNEMONICS, SEH_PROLOG_FRAME_OVERHEAD, STOPS, SpState,
+from .prologue import (ACCUMULATOR, FP, PUSH_SIZE, SP, SEH_EPILOG_NAMES, SP_MNEMONICS, SEH_PROLOG_FRAME_OVERHEAD, STOPS, SpState,
                        apply_sp_effect, direct_target, helper_call_effect, is_named, memory_slot,
                        parse_int, pushed_immediate_before)
 
@@ -35,14 +35,15 @@ SEVERITY = {EXACT: 0, LOWER: 1, UNKNOWN: 2, UNBOUNDED: 3}
 class CallSite(object):
     """One way control leaves a function for another: call, tail jump or import."""
 
-    __slots__ = ("address", "depth", "target", "kind", "import_name")
+    __slots__ = ("address", "depth", "target", "kind", "import_name", "import_slot")
 
-    def __init__(self, address, depth, target, kind, import_name=None):
+    def __init__(self, address, depth, target, kind, import_name=None, import_slot=None):
         self.address = address
         self.depth = depth          # SP depth below the caller's return address here
-        self.target = target        # callee VA, or None (indirect / unresolved)
+        self.target = target        # callee VA, or None (indirect / not yet resolved)
         self.kind = kind            # "call" | "tail" | "indirect" | "indirect-tail"
         self.import_name = import_name
+        self.import_slot = import_slot  # IAT slot VA for calls through an import
 
     @property
     def is_tail(self):
@@ -216,6 +217,10 @@ class CallGraph(object):
         return self.bounds[root.va]
 
     def _callee(self, site):
+        if site.target is None and site.import_slot is not None:
+            # Resolved only when a bound needs it: that may load another module.
+            site.target = _resolve_import(self.program, site.import_slot)
+            site.import_slot = None
         if site.target is None:
             return None
         module = self.program.module_for(site.target)
@@ -323,7 +328,7 @@ def _follow_body(program, function, record=None):
     image = module.image
     functions = module.functions
     sp_mnemonics = SP_MNEMONICS
-    tracked = ACCUMULATOR[arch] + (FP[arch],)
+    tracked = ACCUMULATOR[arch] + (FP[arch], SP[arch])
     slot_marker = "rip" if arch == "x64" else "[0x"
     fragments = _fragment_ranges(module, function)
     for start, end in fragments:
@@ -399,7 +404,9 @@ def _follow_body(program, function, record=None):
                     break
             if mnemonic == "mov" and slot_marker in op_str:
                 _note_import_load(module, arch, op_str, next_address, import_loads)
-            if mnemonic in sp_mnemonics or "sp" in op_str or op_str.startswith(tracked):
+            # Only a destination of SP, FP or the accumulator matters (operands like
+            # [rsp + 8] read memory and leave SP alone).
+            if mnemonic in sp_mnemonics or op_str.startswith(tracked):
                 step = apply_sp_effect(arch, mnemonic, op_str, state)
                 if state.depth > function.max_depth:
                     function.max_depth = state.depth
@@ -448,9 +455,8 @@ def _jump(program, function, fragments, insn, state, target, worklist, arch):
     if target is None:
         slot = memory_slot(arch, op_str, address + size)
         import_name = module.image.imports.get(slot - module.image.image_base) if slot is not None else None
-        resolved = _resolve_import(program, module, slot) if import_name else None
         if import_name:
-            function.call_sites.append(CallSite(address, state.depth, resolved, "tail", import_name))
+            function.call_sites.append(CallSite(address, state.depth, None, "tail", import_name, slot))
             if function.name is None and address == function.va:
                 function.name = "thunk:" + import_name
         else:
@@ -524,18 +530,18 @@ def _call(program, function, decoder, insn, state, arch, pointer, import_loads):
         slot = import_loads.get(op_str)
     import_name = module.image.imports.get(slot - module.image.image_base) if slot is not None else None
     if import_name:
-        resolved = _resolve_import(program, module, slot)
-        function.call_sites.append(CallSite(address, state.depth, resolved, "call", import_name))
+        function.call_sites.append(CallSite(address, state.depth, None, "call", import_name, slot))
     else:
         function.call_sites.append(CallSite(address, state.depth, None, "indirect"))
     state.accumulator = None
     return True
 
 
-def _resolve_import(program, module, slot):
+def _resolve_import(program, slot):
     """The function an IAT slot points to, when the image is the loaded one (the
     loader wrote the import's address there) and its module is in the target."""
-    if module.image.origin != "memory" or program.target is None:
+    module = program.module_for(slot, load=False)
+    if module is None or module.image.origin != "memory" or program.target is None:
         return None
     rva = slot - module.image.image_base
     if not module.image.is_readable(rva, module.pointer_size):
