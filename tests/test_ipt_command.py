@@ -144,11 +144,13 @@ def test_scan_an_etl_file(files, tmp_path):
     writer = EtlWriter()
     writer.add_classic_event(INTEL_PT_GUID, 32, payload, thread_id=8, process_id=4)
     writer.add_classic_event(INTEL_PT_GUID, 32, b"short", thread_id=8, process_id=4)
+    writer.add_system_event(0x55, 32, payload, thread_id=9, process_id=4)  # a group the reader cannot name
+    writer.add_system_event(0x55, 33, b"\0" * 64, thread_id=9, process_id=4)
     path = tmp_path / "ipt.etl"
     writer.write(str(path))
     document = run_json("ipt", "scan", "--etl", path)
     assert [(e["process"], e["thread"], e["trace_size"], e["errors"]) for e in document["events"]] == \
-        [(4, 8, len(trace), 0)]
+        [(4, 8, len(trace), 0), (4, 8, len(trace), 0)]
     assert any("needs 32 bytes" in note for note in document["notes"])
 
 

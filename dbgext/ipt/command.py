@@ -143,7 +143,10 @@ def run_packets(ctx, args):
             document = {"source": buffer.describe(), "stats": stats.as_dict(),
                         "errors": views.error_rows(stats.errors, buffer)}
         else:
-            decode = decode_packets(buffer.data, max_packets=args.max_packets)
+            limit = args.max_packets
+            if limit is None and not args.json:
+                limit = render.MAX_TEXT_ROWS  # a text listing stops there anyway
+            decode = decode_packets(buffer.data, max_packets=limit)
             document = {"source": buffer.describe(), "packets": views.packet_rows(decode, buffer),
                         "errors": views.error_rows(decode.errors, buffer), "truncated": decode.truncated}
         documents.append((buffer, document))
@@ -348,7 +351,14 @@ def _scan_etl(path, max_events):
         raise BadInput("this build has no .etl reader (dbgext.etl)")
     rows = []
     notes = []
-    for index, event in enumerate(iter_events(path, provider=INTEL_PT_GUID, opcode=sources.IPT_EVENT_TYPE)):
+    for index, event in enumerate(iter_events(path)):
+        if event.provider == INTEL_PT_GUID and event.opcode == sources.IPT_EVENT_TYPE:
+            pass
+        elif event.provider is None and sources.looks_like_event(event.payload):
+            # a system-logger event whose group the reader cannot name: judge it by its payload
+            pass
+        else:
+            continue
         if len(rows) >= max_events:
             notes.append("stopped after %d events" % max_events)
             break

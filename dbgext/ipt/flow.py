@@ -430,6 +430,8 @@ class _Walk(object):
         if kind == F_TIP and value is not None:
             self.lookahead = None
             return value
+        if kind == F_TIP:
+            self.error(offset, "TIP with a suppressed IP for the %s at 0x%x" % (wanted, address), address)
         if kind == F_PGD:
             self.lookahead = None
             self.committed = len(self.out)

@@ -255,6 +255,14 @@ def plausible_event(header):
         size <= header["IptOptionFields"]["BufferBytes"]
 
 
+def looks_like_event(payload):
+    """True when ``payload`` is a plausible IPT event header followed by a trace with a PSB."""
+    if len(payload) < EVENT_HEADER.size + len(PSB) or not _EVENT_HEADER_RE.match(payload):
+        return False
+    header = parse_event_header(payload)
+    return plausible_event(header) and PSB in payload[EVENT_HEADER.size:EVENT_HEADER.size + header["TraceSize"]]
+
+
 def scan_target(target, start=0, end=None, max_events=1000, max_bytes=1 << 30):
     """Find IntelProcessorTrace events in readable target memory.
 
