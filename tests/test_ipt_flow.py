@@ -255,3 +255,29 @@ def test_mode_exec_selects_the_instruction_set(mode_64):
     assert result.errors == [] and errors == []
     assert result.instructions == ips
     assert (base + 1 in result.instructions) != mode_64
+
+
+def test_unreadable_second_code_page_keeps_the_path_up_to_it():
+    scenario = Scenario("x64", "kernel")
+    scenario.write(RANDOM.base, RANDOM.code)
+    hole = (RANDOM.base & ~0xFFF) + 0x1000
+    assert RANDOM.base + len(RANDOM.code) > hole
+    scenario.unmap(hole, 0x1000)
+    trace, expected = F.trace_program(RANDOM, 3000, seed=6)
+    first_missing = next(index for index, ip in enumerate(expected) if hole <= ip < hole + 0x1000)
+    result = decode_flow(trace, CodeImage(scenario.target()))
+    assert result.errors and "is unreadable" in result.errors[0][1]
+    address = int(result.errors[0][1].split("code at ")[1].split()[0], 16)
+    assert hole <= address < hole + 0x1000
+    assert result.instructions[:first_missing] == expected[:first_missing]
+
+
+def test_corrupt_packet_in_the_middle_costs_only_its_psb_segment():
+    first, first_expected = F.trace_program(SAMPLE, 150, seed=1)
+    second, second_expected = F.trace_program(SAMPLE, 150, seed=2)
+    corrupt = first[:-3] + b"\xad" + first[-2:]  # a TIP with reserved IPBytes near the end
+    result = ours(corrupt + second)
+    assert [message for _, message in result.errors] == ["tip with reserved IPBytes 5"]
+    assert result.errors[0][0] == len(first) - 3
+    assert result.instructions[-len(second_expected):] == second_expected
+    assert result.instructions[:50] == first_expected[:50]

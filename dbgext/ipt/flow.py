@@ -444,15 +444,27 @@ class _Walk(object):
     # -- the walk -----------------------------------------------------------------
 
     def walk(self, ip):
+        """Follow the code from ``ip`` until the trace ends, tracing stops, or an error.
+
+        The hot loop keeps the TNT bits, their index and the committed length in
+        locals; ``save()``/``load()`` hand them to the helpers that need them."""
         out = self.out
         cache = self.cache
-        blocks = cache.blocks(self.mode)
         mode = self.mode
+        blocks = cache.blocks(mode)
         retstack = self.retstack
         suspicious = self.suspicious
         max_insns = self.max_insns
+        extend = out.extend
+        bits, bi = self.bits, self.bit_index
+        nbits = len(bits)
         async_ip = self.pending_async()
         idle_blocks = 0
+
+        def save():
+            self.bits, self.bit_index, self.committed = bits, bi, committed
+
+        committed = self.committed
         while True:
             if self.mode != mode:
                 mode = self.mode
@@ -466,43 +478,52 @@ class _Walk(object):
                                                 "rarely runs it; check the reconstruction"
                                                 % (suspicious[ip], ip, self.last_offset))
             if async_ip is not None and block.start <= async_ip <= block.end:
-                out.extend([a for a in block.insns if a < async_ip])
+                extend([a for a in block.insns if a < async_ip])
+                save()
                 ip = self.take_async(async_ip)
                 if ip is None:
                     return
                 retstack = self.retstack
+                bits, bi, committed = self.bits, self.bit_index, self.committed
+                nbits = len(bits)
                 async_ip = self.pending_async()
                 continue
             kind = block.kind
             if kind == B_COND:
-                if self.bit_index >= len(self.bits) and not self.refill():
-                    out.extend(block.insns)
-                    self.stop_at(block, "conditional branch")
-                    return
-                bit = self.bits[self.bit_index]
-                self.bit_index += 1
-                out.extend(block.insns)
-                self.committed = len(out)
+                extend(block.insns)
+                if bi >= nbits:
+                    save()
+                    if not self.refill():
+                        self.stop_at(block, "conditional branch")
+                        return
+                    bits, bi = self.bits, self.bit_index
+                    nbits = len(bits)
+                ip = block.target if bits[bi] == "T" else block.fallthrough
+                bi += 1
+                committed = len(out)
                 idle_blocks = 0
-                ip = block.target if bit == "T" else block.fallthrough
-                if self.bit_index >= len(self.bits):
+                if bi >= nbits:
+                    save()
                     async_ip = self.pending_async()
             elif kind == B_JUMP:
-                out.extend(block.insns)
+                extend(block.insns)
                 ip = block.target
                 idle_blocks += 1
             elif kind == B_CALL:
-                out.extend(block.insns)
+                extend(block.insns)
                 retstack.append(block.fallthrough)
                 if len(retstack) > RETSTACK_DEPTH:
                     del retstack[0]
                 ip = block.target
                 idle_blocks += 1
             elif kind == B_RET:
-                out.extend(block.insns)
-                if self.bit_index < len(self.bits) or self.refill():
-                    bit = self.bits[self.bit_index]
-                    self.bit_index += 1
+                extend(block.insns)
+                save()
+                if bi < nbits or self.refill():
+                    bits, bi = self.bits, self.bit_index
+                    nbits = len(bits)
+                    bit = bits[bi]
+                    bi += 1
                     if bit != "T":
                         self.result.warnings.append("compressed RET at 0x%x took a not-taken bit (trace offset %d): "
                                                     "the reconstruction has gone wrong before it"
@@ -513,20 +534,23 @@ class _Walk(object):
                         self.error(self.last_offset, "compressed RET at 0x%x with an empty return stack" % block.end,
                                    block.end)
                     ip = retstack.pop()
-                    self.committed = len(out)
-                    if self.bit_index >= len(self.bits):
+                    committed = len(out)
+                    if bi >= nbits:
+                        save()
                         async_ip = self.pending_async()
                 else:
                     ip = self.take_ip(block.end, "ret")
                     if ip is None:
                         self.finish_segment(block)
                         return
-                    self.committed = len(out)
+                    committed = len(out)
+                    save()
                     async_ip = self.pending_async()
                 idle_blocks = 0
             elif kind == B_INDIRECT or kind == B_INDIRECT_CALL:
-                out.extend(block.insns)
-                if self.bit_index < len(self.bits):
+                extend(block.insns)
+                save()
+                if bi < nbits:
                     self.error(self.last_offset, "TNT bits left at the indirect branch at 0x%x" % block.end,
                                block.end)
                 ip = self.take_ip(block.end, "indirect branch")
@@ -537,16 +561,20 @@ class _Walk(object):
                     retstack.append(block.fallthrough)
                     if len(retstack) > RETSTACK_DEPTH:
                         del retstack[0]
-                self.committed = len(out)
+                committed = len(out)
+                save()
                 async_ip = self.pending_async()
                 idle_blocks = 0
             else:
-                out.extend(block.insns)
+                extend(block.insns)
+                save()
                 self.error(self.last_offset, block.problem)
             if idle_blocks > MAX_BLOCKS_WITHOUT_TRACE:
+                save()
                 self.error(self.last_offset, "%d blocks without trace data from 0x%x: the path loops"
                            % (idle_blocks, ip))
             if 0 <= max_insns <= len(out):
+                save()
                 return
 
     def pending_async(self):
