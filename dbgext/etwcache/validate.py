@@ -3,7 +3,6 @@ could not read or follow): bucket sizes, hashes and buckets recomputed, piece
 frame counts, free/used overlap, SLIST depth, reference counts."""
 
 from . import layouts
-from .hashing import stack_hash
 from .walk import Problem
 
 
@@ -21,7 +20,7 @@ def validate(state, idle=True):
     used = {}
     for entry in state.entries:
         if len(entry.frames) == entry.frame_count:
-            computed = stack_hash(entry.frames)
+            computed = entry.frames_hash
             if computed != entry.hash:
                 problems.append(Problem("hash_mismatch", entry.key, "stored hash 0x%08x, frames hash to 0x%08x"
                                         % (entry.hash, computed)))

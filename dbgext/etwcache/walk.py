@@ -11,11 +11,11 @@ import struct
 from ..errors import UnreadableMemory
 from ..target.base import PAGE_SIZE
 from . import layouts
+from .hashing import hash_frame_bytes
 
 WALK_LIMIT = 64  # entries followed per bucket (a sane bucket holds at most 4)
 MAX_PROBLEMS_PER_KIND = 200
 _PIECE_HEAD = struct.Struct("<QQQiII")  # Flink, Blink, Next, RefCount, Hash, FrameCount
-_FRAMES = struct.Struct("<%dQ" % layouts.FRAMES_PER_PIECE)
 _U64 = struct.Struct("<Q")
 
 
@@ -75,7 +75,7 @@ class CachedStack(object):
     """One cache entry: its StackKey (address of its first piece) and contents."""
 
     __slots__ = ("key", "bucket", "position", "refcount", "hash", "frame_count", "frames",
-                 "pieces", "piece_frame_counts")
+                 "frames_hash", "pieces", "piece_frame_counts")
 
     def __init__(self, key, bucket, position):
         self.key = key
@@ -84,7 +84,8 @@ class CachedStack(object):
         self.refcount = 0
         self.hash = 0
         self.frame_count = 0
-        self.frames = []
+        self.frames = ()
+        self.frames_hash = 0          # hash of the frames as read (to check ``hash``)
         self.pieces = []             # addresses, first piece first
         self.piece_frame_counts = []  # FrameCount field of each later piece
 
@@ -350,8 +351,11 @@ def _read_entry(view, state, entry, previous):
         state.problem("frame_count", entry.key, "FrameCount %d is implausible (max %d); reading %d"
                       % (frame_count, layouts.MAX_PLAUSIBLE_FRAMES, layouts.MAX_PLAUSIBLE_FRAMES))
         frame_count = layouts.MAX_PLAUSIBLE_FRAMES
-    frames_at = layouts.PIECE["Frames"]
-    frames = list(_FRAMES.unpack_from(data, at + frames_at)[:frame_count])
+    # Collect the frame bytes piece by piece, decode and hash them once at the end.
+    frames_at = at + layouts.PIECE["Frames"]
+    take = min(layouts.FRAMES_PER_PIECE, frame_count)
+    chunks = [data[frames_at:frames_at + 8 * take]]
+    collected = take
     expected = layouts.pieces_for(frame_count)
     visited = {entry.key}
     while next_piece:
@@ -372,13 +376,17 @@ def _read_entry(view, state, entry, previous):
         _links, _blink, next_piece, _refs, _hash, piece_frames = _PIECE_HEAD.unpack_from(data, at)
         entry.pieces.append(piece)
         entry.piece_frame_counts.append(piece_frames)
-        take = min(layouts.FRAMES_PER_PIECE, frame_count - len(frames))
+        take = min(layouts.FRAMES_PER_PIECE, frame_count - collected)
         if take > 0:
-            frames.extend(_FRAMES.unpack_from(data, at + frames_at)[:take])
+            frames_at = at + layouts.PIECE["Frames"]
+            chunks.append(data[frames_at:frames_at + 8 * take])
+            collected += take
     if len(entry.pieces) < expected:
         state.problem("chain_short", entry.key, "stack 0x%x: FrameCount %d needs %d pieces, chain has %d"
                       % (entry.key, entry.frame_count, expected, len(entry.pieces)))
-    entry.frames = frames
+    raw = b"".join(chunks)
+    entry.frames = struct.unpack("<%dQ" % collected, raw)
+    entry.frames_hash = hash_frame_bytes(raw)
     return flink
 
 
