@@ -109,3 +109,23 @@ def test_thread_command_rejects_a_bad_thread_address(sample, tmp_path):
     stream = io.StringIO()
     assert main(["stackuse", "thread", "0xffffc0800dead000", "--dump", dump], stream=stream) == 1
     assert "error:" in stream.getvalue() and "Traceback" not in stream.getvalue()
+
+
+def test_x86_return_address_unwinds_with_the_depth_at_its_call_before_a_stdcall_pop():
+    from dbgext.stackuse.fixtures import Function, build_pe
+    outer = Function("outer", [b"\x83\xec\x10", ("call", "caller"), b"\x83\xc4\x10", b"\xc3"])
+    caller = Function("caller", [b"\x55", b"\x8b\xec", b"\x6a\x01", b"\x6a\x02", b"\x6a\x03", ("call", "std3"),
+                                 b"\x5d", b"\xc3"])
+    std3 = Function("std3", [b"\x56", b"\xb8\x01\x00\x00\x00", b"\x5e", b"\xc2\x0c\x00"])
+    built = build_pe("x86", [outer, caller, std3], image_base=0x400000, name="app.exe")
+    scenario = Scenario("x86", "user")
+    scenario.add_module("app", 0x400000, built.size, image="app.exe", content=built.data)
+    base = scenario.alloc_pages(0x2000)
+    esp = base + 0x1000
+    rva = built.rvas
+    scenario.pack(esp + 4, "<I", 0x400000 + rva["caller"] + 1 + 2 + 6 + 5)     # after `call std3`
+    scenario.pack(esp + 8 + 16, "<I", 0x400000 + rva["outer"] + 3 + 5)         # after `call caller`
+    scenario.registers.update({"eip": 0x400000 + rva["std3"] + 1, "esp": esp})
+    stack = walk(scenario.target())
+    assert [frame.child_sp - esp for frame in stack.frames] == [0, 8, 8 + 16 + 4]
+    assert [frame.uses for frame in stack.frames[:2]] == [8, 16 + 4]

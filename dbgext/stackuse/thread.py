@@ -164,7 +164,7 @@ def _unwind(target, program, graph, result, rip, rsp, first_how):
         if function is not None:
             depths = depth_cache.get(function.va)
             if depths is None:
-                depths = depth_cache[function.va] = depths_in(program, function)
+                depths = depth_cache[function.va] = _frame_depths(program, function)
             depth = depths.get(rip)
         if depth is not None:
             slot = rsp + depth
@@ -188,6 +188,21 @@ def _unwind(target, program, graph, result, rip, rsp, first_how):
         rip, rsp = return_address, next_sp
     else:
         result.problems.append("more than %d frames: walk stopped" % MAX_FRAMES)
+
+
+def _frame_depths(program, function):
+    """{address: SP depth} for unwinding from ``address`` in ``function``.
+
+    A return address is unwound with the depth *at its call*: the callee has not
+    returned yet, so arguments it will pop itself (x86 stdcall) are still there."""
+    depths = depths_in(program, function)
+    decoder = function.module.decoder
+    for site in function.call_sites:
+        if site.kind in ("call", "indirect"):
+            insn = decoder.at(site.address)
+            if insn is not None:
+                depths[site.address + insn[1]] = site.depth
+    return depths
 
 
 def _function_at(program, address):
