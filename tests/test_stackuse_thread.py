@@ -129,3 +129,19 @@ def test_x86_return_address_unwinds_with_the_depth_at_its_call_before_a_stdcall_
     stack = walk(scenario.target())
     assert [frame.child_sp - esp for frame in stack.frames] == [0, 8, 8 + 16 + 4]
     assert [frame.uses for frame in stack.frames[:2]] == [8, 16 + 4]
+
+
+def test_sample_driver_joins_an_existing_scenario_without_overwriting_it():
+    scenario = Scenario("x64", "kernel")
+    scenario.add_module("nt", 0xFFFFF80000000000, 0x10000, image="ntoskrnl.exe")
+    scenario.add_type("nt", "_KTHREAD", 0x500, {"InitialStack": 0x28, "StackLimit": 0x30, "KernelStack": 0x58,
+                                                "Teb": 0xF0})
+    scenario.registers.update({"rip": 0xFFFFF80000001000, "rsp": 0xFFFFC08000100000})
+    before = dict(scenario.registers)
+    info = add_sample_driver(scenario)
+    assert scenario.registers == before and info["current"] is False
+    assert "Teb" in scenario.module_symbols["nt"].types["_KTHREAD"]["fields"]
+    stack = walk(scenario.target(), thread=info["thread"])
+    names = [frame.function.split("+")[0] for frame in stack.frames]
+    assert names[:3] == ["sampledrv!BuildRequest", "sampledrv!Dispatch", "sampledrv!DriverEntry"]
+    assert stack.frames[0].child_sp == info["frames"][1][1]

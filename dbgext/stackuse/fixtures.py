@@ -11,6 +11,8 @@ serves the in-memory target and the dump files written from the scenario.
 
 import struct
 
+from .layouts import SWITCH_FRAME_RETURN_OFFSET
+
 SECTION_ALIGNMENT = 0x1000
 TEXT_RVA = 0x1000
 
@@ -287,16 +289,21 @@ def add_sample_driver(scenario, base=SAMPLE_DRIVER_BASE, name="sampledrv"):
     """Place the sample driver in a kernel x64 ``scenario`` with a thread whose
     stack runs DriverEntry -> Dispatch -> BuildRequest -> CopyLeaf.
 
-    Adds (when missing) an ``nt`` module with ``KeQueryTimeIncrement``, the
-    ``_KTHREAD``/``_KPRCB`` types, ``nt!KiProcessorBlock`` and the context
-    registers (RIP in CopyLeaf), so the thread is the current one.  Returns a dict:
-    module, base, functions (name -> VA), thread, stack_limit, initial_stack, rsp,
+    What the scenario already has is kept: an existing ``nt`` module is only read
+    (its ``KeQueryTimeIncrement`` symbol, when present, is where the driver's import
+    is bound), existing ``_KTHREAD``/``_KPRCB`` field offsets are used (missing fields
+    are added), an existing ``nt!KiProcessorBlock`` and context registers stay.  When
+    absent they are created: a small ``nt`` image (IopLoadDriver, KeQueryTimeIncrement),
+    a processor block whose current thread is the sample thread, and RIP/RSP in
+    CopyLeaf — then the sample thread is the current one.
+
+    Returns a dict: module, base, functions (name -> VA), thread (KTHREAD address),
+    current (whether it is the current thread), stack_limit, initial_stack, rsp,
     frames (expected [(function, child-SP)] innermost first).
     """
     if scenario.arch != "x64" or scenario.mode != "kernel":
         raise ValueError("the sample driver needs a kernel-mode x64 scenario")
-    names = [module.name for module in scenario.modules]
-    if "nt" not in names:
+    if "nt" not in [module.name for module in scenario.modules]:
         # A small kernel image: IopLoadDriver calls DriverEntry through a register.
         kernel = build_pe("x64", [
             Function("IopLoadDriver", [b"\x48\x83\xec\x28", b"\xff\xd0", b"\x48\x83\xc4\x28", b"\xc3"],
@@ -310,25 +317,22 @@ def add_sample_driver(scenario, base=SAMPLE_DRIVER_BASE, name="sampledrv"):
     else:
         nt_return = scenario.module("nt").base + 0x1234
     nt = scenario.module("nt")
-    time_increment = scenario.module_symbols["nt"].symbols.get("KeQueryTimeIncrement")
-    if time_increment is None:
-        time_increment = 0x3000
-        scenario.add_symbol("nt", "KeQueryTimeIncrement", time_increment)
-        scenario.write(nt.base + time_increment, b"\xb8\x10\x27\x00\x00\xc3")  # mov eax, 10000; ret
     built = build_pe("x64", sample_driver_functions(), image_base=base,
                      imports=["ntoskrnl.exe!KeQueryTimeIncrement"], name=name + ".sys")
     scenario.add_module(name, base, built.size, image=name + ".sys", content=built.data)
-    # The loader bound the import: the IAT slot holds nt's address.
-    scenario.write_pointer(base + built.iat["ntoskrnl.exe!KeQueryTimeIncrement"], nt.base + time_increment)
+    time_increment = scenario.module_symbols["nt"].symbols.get("KeQueryTimeIncrement")
+    if time_increment is not None:
+        # The loader bound the import: the IAT slot holds nt's address.
+        scenario.write_pointer(base + built.iat["ntoskrnl.exe!KeQueryTimeIncrement"], nt.base + time_increment)
     functions = {}
     for function_name, rva in built.rvas.items():
         functions[function_name] = scenario.add_symbol(name, function_name, rva)
     # -- the thread ------------------------------------------------------------------------
-    scenario.add_type("nt", "_KTHREAD", KTHREAD_SIZE, dict(KTHREAD_FIELDS))
-    scenario.add_type("nt", "_KPRCB", KPRCB_SIZE, {"CurrentThread": KPRCB_CURRENT_THREAD_OFFSET})
+    kthread_fields = _ensure_fields(scenario, "_KTHREAD", KTHREAD_SIZE, KTHREAD_FIELDS)
+    prcb_fields = _ensure_fields(scenario, "_KPRCB", KPRCB_SIZE, {"CurrentThread": KPRCB_CURRENT_THREAD_OFFSET})
     stack_limit = scenario.alloc_pages(SAMPLE_STACK_SIZE)
     initial_stack = stack_limit + SAMPLE_STACK_SIZE
-    kthread = scenario.alloc(KTHREAD_SIZE)
+    kthread = scenario.alloc(scenario.module_symbols["nt"].types["_KTHREAD"]["size"])
     # Return addresses: just after each call instruction.
     after_call = {
         "BuildRequest": functions["BuildRequest"] + 5 + 1 + 4 + 5,   # after `call CopyLeaf`
@@ -349,16 +353,37 @@ def add_sample_driver(scenario, base=SAMPLE_DRIVER_BASE, name="sampledrv"):
         expected.append((function_name, child_sp))
         scenario.write_pointer(child_sp + frame_size, after_call[caller])
         child_sp += frame_size + 8
-    scenario.pack(kthread + KTHREAD_FIELDS["InitialStack"], "<Q", initial_stack)
-    scenario.pack(kthread + KTHREAD_FIELDS["StackLimit"], "<Q", stack_limit)
-    scenario.pack(kthread + KTHREAD_FIELDS["KernelStack"], "<Q", rsp - 0x40)
-    if "KiProcessorBlock" not in scenario.module_symbols["nt"].symbols:
+    scenario.pack(kthread + kthread_fields["InitialStack"], "<Q", initial_stack)
+    scenario.pack(kthread + kthread_fields["StackLimit"], "<Q", stack_limit)
+    # Seen as a waiting thread, its switch frame's return address is the one at RSP.
+    scenario.pack(kthread + kthread_fields["KernelStack"], "<Q", rsp - SWITCH_FRAME_RETURN_OFFSET["x64"])
+    # The sample thread becomes the current one only when the scenario has neither
+    # a processor block nor a context of its own (they would describe another thread).
+    current = "KiProcessorBlock" not in scenario.module_symbols["nt"].symbols and \
+        "rip" not in {key.lower() for key in scenario.registers}
+    if current:
         prcb = scenario.alloc(KPRCB_SIZE)
-        scenario.pack(prcb + KPRCB_CURRENT_THREAD_OFFSET, "<Q", kthread)
-        block = nt.base + 0x8000
+        scenario.pack(prcb + prcb_fields["CurrentThread"], "<Q", kthread)
+        block = scenario.alloc(8)
         scenario.write_pointer(block, prcb)
         scenario.add_symbol("nt", "KiProcessorBlock", block - nt.base)
-    if "rip" not in {key.lower() for key in scenario.registers}:
         scenario.registers.update({"rip": functions["CopyLeaf"], "rsp": rsp})
-    return {"module": name, "base": base, "functions": functions, "thread": kthread,
+    return {"module": name, "base": base, "functions": functions, "thread": kthread, "current": current,
             "stack_limit": stack_limit, "initial_stack": initial_stack, "rsp": rsp, "frames": expected}
+
+
+def _ensure_fields(scenario, type_name, size, fields):
+    """Declare ``nt!type_name`` or add the missing ``fields`` to the existing
+    declaration; returns the offsets to use for ``fields``."""
+    types = scenario.module_symbols["nt"].types
+    existing = types.get(type_name)
+    if existing is None:
+        scenario.add_type("nt", type_name, size, dict(fields))
+        return dict(fields)
+    offsets = {}
+    for field, offset in fields.items():
+        if field not in existing["fields"]:
+            existing["fields"][field] = {"offset": offset, "type": {"kind": "base", "name": "unsigned long long"}}
+        offsets[field] = existing["fields"][field]["offset"]
+    existing["size"] = max(existing["size"], size)
+    return offsets
