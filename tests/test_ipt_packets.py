@@ -279,3 +279,21 @@ def test_stats_of_a_corrupt_buffer_report_errors_like_the_full_decode():
     stats = packet_stats(trace)
     assert stats.errors == decode_packets(trace).errors == [(18, "tip with reserved IPBytes 5")]
     assert stats.as_dict()["types"] == count_types(decode_packets(trace))
+
+
+@pytest.mark.parametrize("body", [
+    b"\x06" * 5,                               # ends in a TNT-8 run
+    b"\x06\x2d\x01\x02",                       # ends on a keyed packet
+    b"\x06\x19\x01\x02",                       # truncated TSC at the end
+    b"\x06\x02\xa3\x00\x00\x00\x00\x00\x00\x06",  # TNT-64 without stop bit
+    b"\x02\xc3\x77" + b"\x00" * 8,             # MNT with a wrong third byte
+    b"\x39\x06" + PSB + b"\x06",               # undefined opcode, then resync
+    b"\x04" * 200000,                          # one long TNT-8 run
+    b"\x07\x01\x03\x05",                       # CYC whose last byte says "more"
+])
+def test_fast_stats_edge_cases_agree_with_the_full_decode(body):
+    trace = PSB + body
+    full = decode_packets(trace)
+    stats = packet_stats(trace)
+    assert stats.as_dict()["types"] == count_types(full)
+    assert stats.errors == full.errors

@@ -71,56 +71,61 @@ def _build_pattern():
     cyc_more = [b for b in range(256) if b & 3 == 3 and b & 4]
     odd = [b for b in range(1, 256, 2)]
     even = [b for b in range(0, 256, 2)]
-    # Most frequent first: sre tries alternatives in order.  Extended packets sit
-    # behind one 0x02 prefix so other bytes skip all of them with one comparison.
+    # (name, key, rest): a packet is key + rest; the key alone names its type (the
+    # whole run for PAD, the whole packet for CYC).  Most frequent first: sre tries
+    # alternatives in order.  Extended packets sit behind one 0x02 prefix so other
+    # bytes skip all of them with one comparison.
     common = [
-        ("tnt8", _byte_class(tnt8) + b"+"),
-        ("ip2", _byte_class(ip_opcodes[2]) + b".."),
-        ("pad", b"\\x00+"),
-        ("ip4", _byte_class(ip_opcodes[4]) + b".{4}"),
-        ("mtc", b"\\x59."),
-        ("cyc", _byte_class(cyc_last) + b"|" + _byte_class(cyc_more) + _byte_class(odd) + b"{0,7}"
-         + _byte_class(even)),
-        ("ip6", _byte_class(ip_opcodes[6]) + b".{6}"),
-        ("ip0", _byte_class(ip_opcodes[0])),
-        ("tsc", b"\\x19.{7}"),
-        ("mode", b"\\x99[\\x00-\\x3f]"),
-        ("ip8", _byte_class(ip_opcodes[8]) + b".{8}"),
+        ("ip2", _byte_class(ip_opcodes[2]), b".."),
+        ("pad", b"\\x00+", b""),
+        ("ip4", _byte_class(ip_opcodes[4]), b".{4}"),
+        ("mtc", b"\\x59", b"."),
+        ("cyc", b"(?:" + _byte_class(cyc_last) + b"|" + _byte_class(cyc_more) + _byte_class(odd) + b"{0,7}"
+         + _byte_class(even) + b")", b""),
+        ("ip6", _byte_class(ip_opcodes[6]), b".{6}"),
+        ("ip0", _byte_class(ip_opcodes[0]), b""),
+        ("tsc", b"\\x19", b".{7}"),
+        ("mode", b"\\x99[\\x00-\\x3f]", b""),
+        ("ip8", _byte_class(ip_opcodes[8]), b".{8}"),
     ]
     extended = [
-        ("psb", b"\\x82(?:\\x02\\x82){7}"),
-        ("psbend", b"\\x23"),
-        ("tnt64", b"\\xa3(?!\\x00{6}).{6}"),
-        ("pip", b"\\x43.{6}"),
-        ("cbr", b"\\x03.."),
-        ("tma", b"\\x73.{5}"),
-        ("ovf", b"\\xf3"),
-        ("vmcs", b"\\xc8.{5}"),
-        ("stop", b"\\x83"),
-        ("mnt", b"\\xc3\\x88.{8}"),
-        ("exstop", b"[\\x62\\xe2]"),
-        ("mwait", b"\\xc2.{8}"),
-        ("pwre", b"\\x22.."),
-        ("pwrx", b"\\xa2.{5}"),
-        ("ptw4", b"[\\x12\\x92].{4}"),
-        ("ptw8", b"[\\x32\\xb2].{8}"),
+        ("psb", b"\\x82", b"(?:\\x02\\x82){7}"),
+        ("psbend", b"\\x23", b""),
+        ("tnt64", b"\\xa3", b"(?!\\x00{6}).{6}"),
+        ("pip", b"\\x43", b".{6}"),
+        ("cbr", b"\\x03", b".."),
+        ("tma", b"\\x73", b".{5}"),
+        ("ovf", b"\\xf3", b""),
+        ("vmcs", b"\\xc8", b".{5}"),
+        ("stop", b"\\x83", b""),
+        ("mnt", b"\\xc3", b"\\x88.{8}"),
+        ("exstop", b"[\\x62\\xe2]", b""),
+        ("mwait", b"\\xc2", b".{8}"),
+        ("pwre", b"\\x22", b".."),
+        ("pwrx", b"\\xa2", b".{5}"),
+        ("ptw4", b"[\\x12\\x92]", b".{4}"),
+        ("ptw8", b"[\\x32\\xb2]", b".{8}"),
     ]
+    tnt_run = _byte_class(tnt8) + b"+"
 
-    def named(pairs):
-        return b"|".join(b"(?P<" + name.encode() + b">" + body + b")" for name, body in pairs)
+    def named(entries):
+        return b"|".join(b"(?P<" + name.encode() + b">" + key + rest + b")" for name, key, rest in entries)
 
-    def plain(pairs):
-        return b"|".join(body for name, body in pairs)
-
-    source = named(common) + b"|\\x02(?:" + named(extended) + b")|(?P<bad>.)"
-    # packet_stats: one match per packet that is not TNT-8, skipping the TNT-8 run
-    # before it; group 1 is a key naming the type (the whole run for PAD, the whole
-    # packet for CYC, else the first one or two bytes), group 2 a bad byte.  TNT-8
-    # bytes are what the keyed packets leave of the buffer.
-    valid = plain(common[1:]) + b"|\\x02(?:" + plain(extended) + b")"
-    single = _byte_class([b for b in range(256) if b not in (0, 2, 0x99) and b & 3 != 3])
-    key = b"|".join([single, b"\\x00+", b"\\x02.", b"\\x99.", dict(common)["cyc"]])
-    stats_source = _byte_class(tnt8) + b"*(?:(?=(" + key + b"))(?:" + valid + b")|\\Z|(.))"
+    source = (b"(?P<tnt8>" + tnt_run + b")|" + named(common) + b"|\\x02(?:" + named(extended)
+              + b")|(?P<bad>.)")
+    # packet_stats: one match per packet that is not TNT-8, after skipping the TNT-8
+    # run before it.  The only group is the packet's key, found by a lookahead that
+    # also checks the rest of the packet; it is empty for a bad byte (which is then
+    # consumed alone) and the last TNT-8 byte when the buffer ends in a TNT-8 run.
+    # TNT-8 bytes are what the keyed packets leave of the buffer.  One group keeps
+    # findall from building a tuple per match.
+    checked_keys = [key + b"(?=" + rest + b")" for _, key, rest in common] + [
+        b"\\x02" + key + b"(?=" + rest + b")" for _, key, rest in extended]
+    valid = b"|".join(key + rest for _, key, rest in common) + b"|\\x02(?:" + b"|".join(
+        key + rest for _, key, rest in extended) + b")"
+    tnt = _byte_class(tnt8)
+    stats_source = (tnt + b"*(?=(" + b"|".join(checked_keys) + b"|" + tnt + b"\\Z|))(?:" + valid + b"|"
+                    + _byte_class(set(range(256)) - set(tnt8)) + b"|" + tnt + b"\\Z)")
     return re.compile(source, re.DOTALL), re.compile(stats_source, re.DOTALL), reserved_ip
 
 
@@ -457,11 +462,11 @@ def packet_stats(data, start=0, end=None):
     first_psb = data.find(PSB, start, end)
     if first_psb >= 0:
         keys = Counter(STATS_RE.findall(data, first_psb, end))
-        if not any(bad for _, bad in keys):
+        if not keys[b""]:  # no bad byte
             counts = stats.counts
             keyed_bytes = 0
-            for (key, _), count in keys.items():
-                if key:
+            for key, count in keys.items():
+                if key and key[0] not in TNT8_BITS:
                     name, packets, size = _key_type(key)
                     counts[name] += count * packets
                     keyed_bytes += count * size
