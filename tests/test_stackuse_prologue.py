@@ -129,3 +129,14 @@ def test_x86_functions_without_exports_are_found_by_following_calls():
 def test_push_slot_and_alloc_slots_encode_what_the_unwinder_reads():
     assert push_slot(1, 3) == [0x3001]
     assert alloc_slots(4, 0x28) == [0x4204]
+
+
+def test_x86_dispatch_routine_stored_by_address_is_discovered():
+    # mov dword ptr [eax + 0x38], offset Dispatch  (DriverObject->MajorFunction[0])
+    entry = Function("DriverEntry", [b"\x8b\x44\x24\x04", b"\xc7\x40\x38", ("abs", "Dispatch"), b"\x31\xc0",
+                                     b"\xc2\x08\x00"])
+    dispatch = Function("Dispatch", [b"\x55", b"\x8b\xec", b"\x83\xec\x40", b"\xc9", b"\xc2\x08\x00"],
+                        export=False)
+    built, (module, graph) = analyse("x86", [entry, dispatch])
+    found = module.functions[built.image_base + built.rvas["Dispatch"]]
+    assert (found.origin, found.frame_size, found.ret_pop) == ("address-taken", 4 + 0x40, 8)

@@ -341,6 +341,10 @@ def _follow_body(program, function, record=None):
     code_ranges = [(image.image_base + section.rva, image.image_base + section.rva + section.size)
                    for section in image.sections if section.executable]
     code_start, code_end = 0, 0
+    # x86 has no .pdata: functions only reached through pointers (a driver's
+    # dispatch routines stored into its DRIVER_OBJECT) are found from the
+    # code addresses the code pushes or stores.
+    address_taken = arch == "x86"
     visited = set()
     # Registers loaded from an IAT slot (`mov rax, [__imp_X]; call rax`).
     import_loads = {}
@@ -404,6 +408,8 @@ def _follow_body(program, function, record=None):
                     break
             if mnemonic == "mov" and slot_marker in op_str:
                 _note_import_load(module, arch, op_str, next_address, import_loads)
+            if address_taken and (mnemonic == "push" or mnemonic == "mov") and "0x" in op_str:
+                _note_address_taken(program, op_str, code_ranges)
             # Only a destination of SP, FP or the accumulator matters (operands like
             # [rsp + 8] read memory and leave SP alone).
             if mnemonic in sp_mnemonics or op_str.startswith(tracked):
@@ -476,6 +482,16 @@ def _jump(program, function, fragments, insn, state, target, worklist, arch):
         function.call_sites.append(CallSite(address, state.depth, target, "tail"))
         return
     worklist.append((target, state.copy()))
+
+
+def _note_address_taken(program, op_str, code_ranges):
+    value = parse_int(op_str.rpartition(" ")[2])
+    if value is None:
+        return
+    for start, end in code_ranges:
+        if start <= value < end:
+            program.function_at(value, "address-taken")
+            return
 
 
 def _note_import_load(module, arch, op_str, next_address, import_loads):

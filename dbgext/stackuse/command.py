@@ -65,12 +65,19 @@ def _open(ctx, args, need_module):
     if args.module:
         loaded = target.module_named(args.module)
         if loaded is None:
-            raise BadInput("no module named %r in the target (loaded: %s)"
-                           % (args.module, ", ".join(m.name for m in target.modules()) or "none"))
+            raise BadInput("no module named %r in the target (loaded: %s)" % (args.module, _module_names(target)))
         return program, program.add_target_module(loaded)
     if need_module:
-        raise BadInput("give --module NAME (loaded: %s)" % (", ".join(m.name for m in target.modules()) or "none"))
+        raise BadInput("give --module NAME (loaded: %s)" % _module_names(target))
     return program, None
+
+
+def _module_names(target, limit=12):
+    names = [module.name for module in target.modules()]
+    if not names:
+        return "none"
+    more = " and %d more" % (len(names) - limit) if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
 
 
 def _functions(ctx, args, module, graph):

@@ -27,7 +27,8 @@ class FunctionInfo(object):
         self.va = va
         self.rva = rva
         self.name = name
-        self.origin = origin        # "pdata", "export", "symbol", "entry", "call", "request"
+        # "pdata", "export", "symbol", "entry", "call", "import", "address-taken", "request"
+        self.origin = origin
         self.end = end              # VA after the last byte (from .pdata) or None
         self.fragment_of = None     # VA of the primary function for a chained fragment
         self.unwind_size = None
