@@ -19,9 +19,9 @@ import struct
 from ..errors import BadInput, UnreadableMemory
 from .functions import ModuleFunctions
 from .pe import PEImage
-from .prologue import (ACCUMULATOR, FP, PUSH_SIZE, SP, SEH_EPILOG_NAMES, SP_MNEMONICS, SEH_PROLOG_FRAME_OVERHEAD, STOPS, SpState,
-                       apply_sp_effect, direct_target, helper_call_effect, is_named, memory_slot,
-                       parse_int, pushed_immediate_before)
+from .prologue import (ACCUMULATOR, FP, PUSH_SIZE, SEH_EPILOG_NAMES, SEH_PROLOG_FRAME_OVERHEAD, SP,
+                       SP_MNEMONICS, STOPS, SpState, apply_sp_effect, direct_target, helper_call_effect,
+                       is_named, memory_slot, parse_int, pushed_immediate_before)
 
 MAX_INSTRUCTIONS_PER_FUNCTION = 40000
 MAX_FUNCTIONS = 400000
@@ -122,11 +122,13 @@ class CallGraph(object):
     def __init__(self, program):
         self.program = program
         self.bounds = {}  # function VA -> Bound
+        self._complete = set()  # modules whose every function has been followed
 
     # -- bodies ---------------------------------------------------------------------
 
     def analyse_all(self, module):
         """Follow every function of ``module``, including the ones found on the way."""
+        self._complete.add(module)
         done = set()
         while True:
             todo = [f for va, f in sorted(module.functions.items()) if va not in done]
@@ -169,6 +171,9 @@ class CallGraph(object):
         """Worst-case Bound for a FunctionInfo (iterative depth-first search)."""
         if root.va in self.bounds:
             return self.bounds[root.va]
+        if root.module.arch == "x86" and root.module not in self._complete:
+            # x86 call-site depths depend on how many bytes each callee pops.
+            self.analyse_all(root.module)
         on_path = {}   # va -> index in the explicit stack
         partial = {}   # va -> [best depth below the return address, status, reasons, via]
         stack = []     # [function, edge iterator, call site whose callee is being computed]
