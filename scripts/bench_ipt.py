@@ -264,6 +264,7 @@ def main():
     FlowDecoder(code, cache=cache).decode(trace)
     warm_seconds, warm = best_of(options.repeat, lambda: FlowDecoder(code, cache=cache).decode(trace))
     assert cold.instructions == expected and not cold.errors, "dbgext flow disagrees with the tracer"
+    timed_flow_seconds, timed_flow = best_of(options.repeat, lambda: FlowDecoder(code, cache=cache).decode(timed_trace))
 
     with tempfile.TemporaryDirectory() as folder:
         libipt = libipt_figures(folder, packet_data, trace, program, options.repeat)
@@ -287,6 +288,8 @@ def main():
     warm_rate = len(warm.instructions) / warm_seconds
     print("  dbgext flow, cold cache  %8.2f M insns/s" % (cold_rate / 1e6))
     print("  dbgext flow, warm cache  %8.2f M insns/s" % (warm_rate / 1e6))
+    print("  dbgext flow, MTC+FUP mix %8.2f M insns/s (%d instructions, %d bytes)" % (
+        len(timed_flow.instructions) / timed_flow_seconds / 1e6, len(timed_flow.instructions), len(timed_trace)))
     if libipt:
         insn_rate = libipt["insns"] / libipt["insn_seconds"]
         block_rate = libipt["block_insns"] / libipt["block_seconds"]

@@ -184,11 +184,13 @@ def flow_items(data, start=0, end=None):
 
     TNT-8 runs become one bit string; timing and power packets are dropped; a FUP
     that belongs to a PTW or EXSTOP (not to a control transfer) is dropped too."""
-    tnt8 = P.TNT8_BITS
+    run_bits = P.tnt_bits_of_run
     skip_fup = False
-    for kind, offset, value in P.tokens(data, start, end):
+    for kind, offset, value in P.tokens(data, start, end, P.FLOW_RE):
         if kind == P.K_TNT8_RUN:
-            yield F_TNT, offset, "".join([tnt8[b] for b in value]) if len(value) > 1 else tnt8[value[0]]
+            bits = run_bits(value)
+            if bits:
+                yield F_TNT, offset, bits
         elif kind == P.K_IP:
             item = _IP_ITEMS[value[0]]
             if item == F_FUP and skip_fup:

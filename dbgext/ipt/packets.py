@@ -111,8 +111,13 @@ def _build_pattern():
     def named(entries):
         return b"|".join(b"(?P<" + name.encode() + b">" + key + rest + b")" for name, key, rest in entries)
 
-    source = (b"(?P<tnt8>" + tnt_run + b")|" + named(common) + b"|\\x02(?:" + named(extended)
-              + b")|(?P<bad>.)")
+    rest = named(common) + b"|\\x02(?:" + named(extended) + b")|(?P<bad>.)"
+    source = b"(?P<tnt8>" + tnt_run + b")|" + rest
+    # For control flow: timing packets (PAD, MTC, CYC, TSC) mean nothing, so they join
+    # the TNT-8 run they interrupt and the run stays one token; same group numbers.
+    quiet = b"|".join(key + tail for name, key, tail in common if name in ("pad", "mtc", "cyc", "tsc"))
+    flow_source = b"(?P<tnt8>(?:" + _byte_class(tnt8) + b"|" + quiet + b")+)|" + rest
+    quiet_re = b"(?:" + quiet + b")+"
     # packet_stats: one match per packet that is not TNT-8, after skipping the TNT-8
     # run before it.  The only group is the packet's key, found by a lookahead that
     # also checks the rest of the packet; it is empty for a bad byte (which is then
@@ -126,10 +131,11 @@ def _build_pattern():
     tnt = _byte_class(tnt8)
     stats_source = (tnt + b"*(?=(" + b"|".join(checked_keys) + b"|" + tnt + b"\\Z|))(?:" + valid + b"|"
                     + _byte_class(set(range(256)) - set(tnt8)) + b"|" + tnt + b"\\Z)")
-    return re.compile(source, re.DOTALL), re.compile(stats_source, re.DOTALL), reserved_ip
+    return (re.compile(source, re.DOTALL), re.compile(stats_source, re.DOTALL), re.compile(flow_source, re.DOTALL),
+            re.compile(quiet_re, re.DOTALL), reserved_ip)
 
 
-PACKET_RE, STATS_RE, RESERVED_IP_OPCODES = _build_pattern()
+PACKET_RE, STATS_RE, FLOW_RE, QUIET_RE, RESERVED_IP_OPCODES = _build_pattern()
 G = PACKET_RE.groupindex
 G_TNT8, G_PAD, G_IP0, G_IP2, G_IP4, G_IP6, G_IP8 = (
     G["tnt8"], G["pad"], G["ip0"], G["ip2"], G["ip4"], G["ip6"], G["ip8"])
@@ -249,12 +255,20 @@ _SIGN_BIT_47 = 1 << 47
 _LOW_48 = (1 << 48) - 1
 
 
-def tokens(data, start=0, end=None):
+def tnt_bits_of_run(run):
+    """TNT bits (oldest first) of a FLOW_RE TNT-8 run, timing packets left out."""
+    if len(run) == 1:
+        return TNT8_BITS.get(run[0], "")
+    return "".join([TNT8_BITS[byte] for byte in QUIET_RE.sub(b"", run)])
+
+
+def tokens(data, start=0, end=None, pattern=PACKET_RE):
     """Tokenize ``data[start:end]`` from its first PSB on.
 
     Yields ``(kind, offset, value)`` (kinds K_*).  Errors come as K_ERROR tokens
     naming the offset; the tokenizer then resumes at the next PSB.  The first token
-    is an error when the range holds no PSB at all.
+    is an error when the range holds no PSB at all.  With ``pattern=FLOW_RE`` a
+    K_TNT8_RUN may hold timing packets too (see tnt_bits_of_run).
     """
     if end is None:
         end = len(data)
@@ -264,7 +278,7 @@ def tokens(data, start=0, end=None):
         yield K_ERROR, start, "no PSB in the %d bytes from offset %d" % (max(end - start, 0), start)
         return
     last_ip = 0
-    finditer = PACKET_RE.finditer
+    finditer = pattern.finditer
     unpack_from = struct.unpack_from
     while position >= 0:
         resume = -1
