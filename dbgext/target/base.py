@@ -22,6 +22,8 @@ PAGE_MASK = ~(PAGE_SIZE - 1)
 
 ARCH_POINTER_SIZE = {"x64": 8, "x86": 4}
 
+_U8, _U16, _U32, _I32, _U64 = (struct.Struct(f) for f in ("<B", "<H", "<I", "<i", "<Q"))
+
 
 class Module(object):
     """A loaded image: debugger name (``nt``, ``ntdll``), base, size, file name."""
@@ -152,8 +154,8 @@ class Target(object):
         self.backend = backend
         self.arch = backend.arch
         self.pointer_size = ARCH_POINTER_SIZE[self.arch]
-        self._ptr_fmt = "<Q" if self.pointer_size == 8 else "<I"
         self._ptr_char = "Q" if self.pointer_size == 8 else "I"
+        self._ptr_codec = _U64 if self.pointer_size == 8 else _U32
         self.address_mask = (1 << (8 * self.pointer_size)) - 1
         self.stats = ReadStats()
         self._cache = OrderedDict()
@@ -177,27 +179,28 @@ class Target(object):
             self._remember(first_page, page)
             return [page]
         result = [cache.get(first_page + i * PAGE_SIZE, False) for i in range(count)]
+        missing = result.count(False)
+        self.stats.cache_hits += count - missing
+        if not missing:
+            return result
         # Fetch each run of missing pages with one backend call.
-        i = 0
+        i = result.index(False)
         while i < count:
-            if result[i] is not False:
-                self.stats.cache_hits += 1
-                i += 1
-                continue
-            j = i
+            j = i + 1
             while j < count and result[j] is False:
                 j += 1
             run_start = first_page + i * PAGE_SIZE
             fetched = self.backend.read_pages(run_start, j - i)
             self.stats.backend_calls += 1
             self.stats.backend_pages += j - i
-            for k, page in enumerate(fetched):
-                result[i + k] = page
+            result[i:j] = fetched
             # Big scans would flush the working set; cache only modest runs.
             if j - i <= 64:
                 for k, page in enumerate(fetched):
                     self._remember(run_start + k * PAGE_SIZE, page)
             i = j
+            while i < count and result[i] is not False:
+                i += 1
         return result
 
     def _remember(self, page_address, page):
@@ -214,6 +217,16 @@ class Target(object):
     def read(self, address, size):
         """Exactly ``size`` bytes at ``address``, or UnreadableMemory naming the
         first unreadable address."""
+        # Fast path: field-by-field walkers mostly hit one cached page.
+        offset = address & (PAGE_SIZE - 1)
+        if 0 < size <= PAGE_SIZE - offset:
+            page = self._cache.get(address - offset)
+            if page is not None:
+                stats = self.stats
+                stats.reads += 1
+                stats.bytes_read += size
+                stats.cache_hits += 1
+                return page[offset:offset + size]
         if size < 0:
             raise ValueError("negative size")
         self.stats.reads += 1
@@ -257,6 +270,10 @@ class Target(object):
         count = (offset + size + PAGE_SIZE - 1) // PAGE_SIZE
         pages = self._pages(first, count)
         holes = []
+        if None not in pages:
+            data = b"".join(pages)
+            return PartialRead(address, data if offset == 0 and len(data) == size
+                               else data[offset:offset + size], holes)
         zero = None
         for i, page in enumerate(pages):
             if page is None:
@@ -287,23 +304,38 @@ class Target(object):
         """struct.unpack(fmt, memory at address); fmt must be little-endian ('<...')."""
         return struct.unpack(fmt, self.read(address, struct.calcsize(fmt)))
 
+    def _scalar(self, codec, address):
+        """One ``codec`` (a struct.Struct) value at ``address``; a cached page is
+        decoded in place, without the slice ``read`` would make."""
+        size = codec.size
+        offset = address & (PAGE_SIZE - 1)
+        if offset <= PAGE_SIZE - size:
+            page = self._cache.get(address - offset)
+            if page is not None:
+                stats = self.stats
+                stats.reads += 1
+                stats.bytes_read += size
+                stats.cache_hits += 1
+                return codec.unpack_from(page, offset)[0]
+        return codec.unpack(self.read(address, size))[0]
+
     def u8(self, address):
-        return self.read(address, 1)[0]
+        return self._scalar(_U8, address)
 
     def u16(self, address):
-        return struct.unpack("<H", self.read(address, 2))[0]
+        return self._scalar(_U16, address)
 
     def u32(self, address):
-        return struct.unpack("<I", self.read(address, 4))[0]
+        return self._scalar(_U32, address)
 
     def i32(self, address):
-        return struct.unpack("<i", self.read(address, 4))[0]
+        return self._scalar(_I32, address)
 
     def u64(self, address):
-        return struct.unpack("<Q", self.read(address, 8))[0]
+        return self._scalar(_U64, address)
 
     def pointer(self, address):
-        return struct.unpack(self._ptr_fmt, self.read(address, self.pointer_size))[0]
+        return self._scalar(self._ptr_codec, address)
 
     def array(self, type_char, address, count):
         """``count`` little-endian values of struct type ``type_char`` ('I', 'Q', 'H'...)."""
@@ -414,22 +446,37 @@ class Target(object):
     def scan(self, pattern, start=0, end=None, chunk=0x100000, alignment=1, limit=100000):
         """Addresses of ``pattern`` (bytes) in readable memory, in ascending order."""
         found = []
-        overlap = len(pattern) - 1
+        overlap = max(len(pattern) - 1, 0)
+        chunk = max(chunk, PAGE_SIZE, 2 * len(pattern))  # a match spans at most two chunks
+
+        def collect(data, base, below=None):
+            """Record matches in ``data`` (at ``base``) starting before ``below``;
+            True once the limit is reached."""
+            index = data.find(pattern)
+            while index != -1:
+                address = base + index
+                if below is not None and address >= below:
+                    break
+                if address % alignment == 0:
+                    found.append(address)
+                    if len(found) >= limit:
+                        return True
+                index = data.find(pattern, index + 1)
+            return False
+
         for lo, hi in self.readable_ranges(start, end):
             cursor = lo
+            tail = b""  # the previous chunk's last ``overlap`` bytes
             while cursor < hi:
-                stop = min(hi, cursor + chunk)
-                data = self.try_read(cursor, stop - cursor + overlap if stop < hi else stop - cursor).data
-                index = data.find(pattern)
-                while index != -1:
-                    address = cursor + index
-                    if address >= stop:
-                        break
-                    if address % alignment == 0:
-                        found.append(address)
-                        if len(found) >= limit:
-                            return found
-                    index = data.find(pattern, index + 1)
+                # Page-aligned chunks let try_read hand back the joined pages as
+                # they are; matches straddling two chunks are found in tail+head.
+                stop = min(hi, max((cursor + chunk) & PAGE_MASK, cursor + PAGE_SIZE))
+                data = self.try_read(cursor, stop - cursor).data
+                if tail and collect(tail + data[:overlap], cursor - len(tail), below=cursor):
+                    return found
+                if collect(data, cursor):
+                    return found
+                tail = data[len(data) - overlap:] if overlap else b""
                 cursor = stop
         return found
 

@@ -58,6 +58,7 @@ class KernelDumpBackend(Backend):
         self.path = path
         self.problems = []  # what could not be read, with addresses (module list walk)
         self._modules = None
+        self._mapped_ranges = None
         self._regions = {}
         try:
             handle = open(path, "rb")
@@ -261,31 +262,63 @@ class KernelDumpBackend(Backend):
         return self._map[offset:offset + PAGE_SIZE]
 
     def read_pages(self, page_address, count):
-        data, bitmap, translate = self._map, self._bitmap, self.translate
+        # One translation per 2 MiB of virtual space, then the frames in order.
         pages = []
-        previous_pfn = previous_offset = -1
-        for index in range(count):
-            physical = translate(page_address + index * PAGE_SIZE)
-            if physical is None:
+        address = page_address
+        end = page_address + count * PAGE_SIZE
+        while address < end:
+            region_end = min(end, (address | 0x1FFFFF) + 1)
+            n = (region_end - address) >> 12
+            mapping = self._region((address >> 21) & 0x7FFFFFFFFFF)
+            if mapping is None:
+                pages.extend([None] * n)
+            elif mapping.__class__ is int:
+                first = (mapping + (address & 0x1FFFFF)) >> 12
+                self._append_frames(pages, range(first, first + n))
+            else:
+                ptes = struct.unpack_from("<%dQ" % n, mapping, ((address >> 12) & 0x1FF) * 8)
+                self._append_frames(pages, [
+                    (pte & PTE_PFN_MASK) >> 12
+                    if pte & PTE_PRESENT or pte & (PTE_TRANSITION | PTE_PROTOTYPE) == PTE_TRANSITION else None
+                    for pte in ptes])
+            address = region_end
+        return pages
+
+    def _append_frames(self, pages, frames):
+        """Append the page of each frame number (None: not mapped) to ``pages``.
+        Consecutive frames usually sit one after the other in the file; then the
+        next offset is the previous one plus a page, without a lookup."""
+        data, bitmap = self._map, self._bitmap
+        next_pfn = -1
+        next_offset = run_end = 0
+        for pfn in frames:
+            if pfn is None:
                 pages.append(None)
+                next_pfn = -1
                 continue
-            pfn = physical >> 12
-            # In a bitmap dump, present frames are stored in PFN order: the frame
-            # after a present one, if present, is the next page of the file.
-            if pfn == previous_pfn + 1 and bitmap is not None and (bitmap[pfn >> 3] >> (pfn & 7)) & 1:
-                offset = previous_offset + PAGE_SIZE
+            if pfn == next_pfn and (pfn < run_end if bitmap is None else
+                                    (pfn >> 3) < len(bitmap) and (bitmap[pfn >> 3] >> (pfn & 7)) & 1):
+                offset = next_offset
             else:
                 offset = self._frame_offset(pfn)
                 if offset is None:
                     pages.append(None)
+                    next_pfn = -1
                     continue
+                if bitmap is None:
+                    base, run_count, _ = self._runs[bisect_right(self._run_bases, pfn) - 1]
+                    run_end = base + run_count
             pages.append(data[offset:offset + PAGE_SIZE])
-            previous_pfn, previous_offset = pfn, offset
-        return pages
+            next_pfn, next_offset = pfn + 1, offset + PAGE_SIZE
 
     def mapped_ranges(self):
         """Readable virtual ranges: the page tables walked once, merged, limited to
         pages whose frames the dump contains."""
+        if self._mapped_ranges is None:
+            self._mapped_ranges = self._walk_mapped_ranges()
+        return list(self._mapped_ranges)
+
+    def _walk_mapped_ranges(self):
         ranges = []
         canonical_hole = 1 << 47
         for start, end in self._table_ranges(self.dtb, 4, {}):
