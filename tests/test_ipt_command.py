@@ -196,3 +196,8 @@ def test_random_bytes_give_errors_not_a_crash(tmp_path):
     code, text = run("ipt", "flow", "--trace", tmp_path / "noise.bin", "--image", "%s@0x%x" % (
         tmp_path / "noise.bin", BASE))
     assert code == 0
+
+
+def test_position_with_a_process_trace_is_refused(files):
+    code, text = run("ipt", "packets", "--trace", files["trace"], "--format", "process", "--position", "4")
+    assert code == 1 and "RingBufferOffset" in text

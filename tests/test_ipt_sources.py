@@ -197,3 +197,19 @@ def test_raw_trace_in_target_with_a_hole_is_reported():
     assert any("unreadable" in note for note in buffer.notes)
     with pytest.raises(BadInput):
         sources.from_target(scenario.target(), address, 0)
+
+
+@pytest.mark.parametrize("chunk", [0x1000, 0x40, 0x10])
+def test_scan_finds_each_event_once_whatever_the_chunk_boundaries(monkeypatch, chunk):
+    scenario, info, wrapped = scenario_with_events()
+    monkeypatch.setattr(sources, "SCAN_CHUNK", chunk)
+    events, _ = sources.scan_target(scenario.target())
+    assert [event["address"] for event in events] == [info["event_address"], wrapped]
+
+
+def test_scan_limits_are_notes():
+    scenario, info, _ = scenario_with_events()
+    events, notes = sources.scan_target(scenario.target(), max_events=1)
+    assert len(events) == 1 and notes == ["stopped after 1 events"]
+    events, notes = sources.scan_target(scenario.target(), max_bytes=1)
+    assert notes and notes[0].startswith("stopped after scanning")

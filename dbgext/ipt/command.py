@@ -104,6 +104,9 @@ def load_buffers(ctx, args):
         if args.format == "event":
             return [_event_with_position(sources.parse_event_header(data), data[sources.EVENT_HEADER.size:],
                                          args.trace, None, position)]
+        if position is not None:
+            raise BadInput("--position does not apply to --format process: each thread's "
+                           "RingBufferOffset says where its ring starts")
         return sources.process_trace_buffers(data, origin=os.path.basename(args.trace))
     if args.address:
         target = ctx.target
@@ -114,6 +117,9 @@ def load_buffers(ctx, args):
                 buffer = sources.unwrap(buffer.data, position, buffer.origin, buffer.address, buffer.header)
             return [buffer]
         if args.format == "process":
+            if position is not None:
+                raise BadInput("--position does not apply to --format process: each thread's "
+                               "RingBufferOffset says where its ring starts")
             total = target.unpack("<HHI", address)[2]
             if total > sources.MAX_TRACE_SIZE:
                 raise BadInput("IPT_TRACE_DATA at 0x%x: TraceSize %d is implausible" % (address, total))

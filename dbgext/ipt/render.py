@@ -67,9 +67,13 @@ def instructions(out, rows, format_address, windbg_links=True):
 
 
 def path(out, entries, format_address):
-    table = [(format_address(entry["first"]), entry["function"], "%d" % entry["instructions"])
-             for entry in entries[:MAX_TEXT_ROWS]]
-    out.table(table, headers=("entered at", "function", "instructions"))
+    table = []
+    links = {}
+    for index, entry in enumerate(entries[:MAX_TEXT_ROWS]):
+        address = format_address(entry["first"])
+        table.append((address, entry["function"], "%d" % entry["instructions"]))
+        links[(index, 0)] = "u %s" % address
+    out.table(table, headers=("entered at", "function", "instructions"), links=links)
 
 
 def call_tree(out, root):
