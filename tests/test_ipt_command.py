@@ -159,6 +159,9 @@ def test_windbg_event_and_flow_over_the_live_target(files):
     info = files["info"]
     text, _ = run_windbg_script("ipt", ["event", "--address", "%x" % info["event_address"]], files["scenario"])
     assert "IntelProcessorTrace event" in text and "iptdemo!Dispatch" in text
+    text, _ = run_windbg_script("ipt", ["flow", "--address", "%x" % info["trace_address"], "--size",
+                                        info["trace_size"], "--view", "path"], files["scenario"])
+    assert '<link cmd="u fffff800`12341000">' in text and "iptdemo!ValidateRequest" in text
     text, _ = run_windbg_script("ipt", ["scan"], files["scenario"])
     assert "give a range to scan" in text  # a live session cannot list its memory
     text, _ = run_windbg_script("ipt", ["scan", "--start", "%x" % (info["event_address"] - 0x1000),
