@@ -356,3 +356,60 @@ def test_a_dump_without_a_module_list_has_no_modules(tmp_path):
     physical = handmade_physical_memory()
     path = write_physical_dump(str(tmp_path / "nolist.dmp"), physical, KernelDumpHeader())
     assert dbgext.open(path).modules() == []
+
+
+# -- bulk reads across physical runs, and scans ---------------------------------------------
+
+
+@pytest.fixture(scope="module", params=["full", "bitmap"])
+def fragmented(request, tmp_path_factory):
+    """A dump whose consecutive virtual pages sit in physical runs of 5 pages with
+    holes between them, so bulk reads keep crossing run boundaries."""
+    import dbgext.testing.kdump_writer as writer
+    scenario = Scenario("x64", "kernel")
+    region = scenario.alloc_pages(40 * PAGE_SIZE)
+    scenario.write(region, os.urandom(40 * PAGE_SIZE))
+    scenario.unmap(region + 17 * PAGE_SIZE, PAGE_SIZE)
+    path = str(tmp_path_factory.mktemp("fragmented") / ("%s.dmp" % request.param))
+    saved = writer.PAGES_PER_DATA_RUN
+    writer.PAGES_PER_DATA_RUN = 5
+    try:
+        write_kernel_dump(scenario, path, bitmap=request.param == "bitmap", large_pages=False)
+    finally:
+        writer.PAGES_PER_DATA_RUN = saved
+    return scenario, path, region
+
+
+def test_bulk_reads_across_physical_runs_agree_with_kdmp_parser(fragmented):
+    scenario, path, region = fragmented
+    dump = open_kdmp(path)
+    backend = KernelDumpBackend(path)
+    pages = backend.read_pages(region - PAGE_SIZE, 42)
+    expected = [dump.read_virtual_page(region + (i - 1) * PAGE_SIZE) for i in range(42)]
+    assert pages == [bytes(page) if page is not None else None for page in expected]
+    assert pages[18] is None and pages[0] is None and pages[41] is None
+
+
+def test_try_read_across_physical_runs_returns_the_scenario_bytes(fragmented):
+    scenario, path, region = fragmented
+    partial = dbgext.open(path).try_read(region + 3, 40 * PAGE_SIZE - 6)
+    assert partial.holes == [(region + 17 * PAGE_SIZE, region + 18 * PAGE_SIZE)]
+    assert partial.data[:17 * PAGE_SIZE - 3] == scenario.read(region + 3, 17 * PAGE_SIZE - 3)
+    assert partial.data[18 * PAGE_SIZE - 3:] == scenario.read(region + 18 * PAGE_SIZE, 22 * PAGE_SIZE - 3)
+
+
+def test_scan_finds_patterns_straddling_chunk_and_page_boundaries(tmp_path):
+    scenario = Scenario("x64", "kernel")
+    region = scenario.alloc_pages(12 * PAGE_SIZE)
+    pattern = b"\xfeDBGEXT-PATTERN\xef"
+    places = [region + 5, region + PAGE_SIZE - 7, region + 3 * PAGE_SIZE - 1,
+              region + 8 * PAGE_SIZE - len(pattern), region + 12 * PAGE_SIZE - len(pattern)]
+    for address in places:
+        scenario.write(address, pattern)
+    path = write_kernel_dump(scenario, str(tmp_path / "scan.dmp"))
+    target = dbgext.open(path)
+    for chunk in (PAGE_SIZE, 2 * PAGE_SIZE, 0x100000):
+        assert target.scan(pattern, chunk=chunk) == places
+    assert target.scan(pattern, chunk=PAGE_SIZE, limit=2) == places[:2]
+    assert target.scan(pattern, alignment=4) == [a for a in places if a % 4 == 0]
+    assert target.scan(pattern, start=region + 6, end=region + 3 * PAGE_SIZE + 0x20) == places[1:3]
