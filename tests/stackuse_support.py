@@ -63,21 +63,28 @@ def build_all():
         pytest.skip("MinGW-w64 cross compilers not installed (%s): apt-get install gcc-mingw-w64-x86-64 "
                     "gcc-mingw-w64-i686" % ", ".join(missing))
     root = _cache_directory()
+    os.makedirs(root, exist_ok=True)
     jobs = []
     for arch, level in CONFIGS:
-        directory = os.path.join(root, "%s-%s" % (arch, level))
-        if os.path.exists(os.path.join(directory, "frames.dll")):
+        final = os.path.join(root, "%s-%s" % (arch, level))
+        if os.path.isdir(final):
             continue
-        os.makedirs(directory, exist_ok=True)
+        # Build in a private directory and rename it into place when complete, so a
+        # concurrent test run never reads a half-written DLL.
+        scratch = tempfile.mkdtemp(prefix="build-", dir=root)
         command = [COMPILERS[arch], "-" + level, "-fstack-usage", "-shared", "-Wl,--export-all-symbols",
                    "-o", "frames.dll", os.path.join(SOURCES, "frames.c")]
-        jobs.append((directory, subprocess.Popen(command, cwd=directory, stdout=subprocess.PIPE,
-                                                 stderr=subprocess.STDOUT)))
-    for directory, job in jobs:
+        jobs.append((scratch, final, subprocess.Popen(command, cwd=scratch, stdout=subprocess.PIPE,
+                                                      stderr=subprocess.STDOUT)))
+    for scratch, final, job in jobs:
         output = job.communicate()[0]
         if job.returncode != 0:
-            shutil.rmtree(directory, ignore_errors=True)
-            raise RuntimeError("MinGW build failed in %s:\n%s" % (directory, output.decode(errors="replace")))
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise RuntimeError("MinGW build failed:\n%s" % output.decode(errors="replace"))
+        try:
+            os.rename(scratch, final)
+        except OSError:  # another run finished the same build first
+            shutil.rmtree(scratch, ignore_errors=True)
     builds = {}
     for arch, level in CONFIGS:
         directory = os.path.join(root, "%s-%s" % (arch, level))
