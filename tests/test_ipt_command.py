@@ -152,6 +152,13 @@ def test_scan_an_etl_file(files, tmp_path):
     assert [(e["process"], e["thread"], e["trace_size"], e["errors"]) for e in document["events"]] == \
         [(4, 8, len(trace), 0), (4, 8, len(trace), 0)]
     assert any("needs 32 bytes" in note for note in document["notes"])
+    # the seed's workflow: the event from the .etl, the code from a dump of the same machine
+    index = document["events"][0]["index"]
+    event = run_json("ipt", "event", "--etl", path, "--index", index, "--dump", files["dump"])
+    assert event["event"]["TraceSize"] == len(trace) and event["errors"] == []
+    assert event["flow"]["instructions"] == len(files["expected"]) and event["flow"]["errors"] == []
+    code, text = run("ipt", "event", "--etl", path, "--index", 99)
+    assert code == 1 and "no IntelProcessorTrace event with index 99" in text
 
 
 def test_windbg_event_and_flow_over_the_live_target(files):

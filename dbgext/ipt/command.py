@@ -75,6 +75,8 @@ def add_arguments(parser):
     event = sub.add_parser("event", help="an ETW IntelProcessorTrace event: header, IptOption, decoded path")
     event.add_argument("--address", metavar="ADDR", help="address of the event payload (its header) in the target")
     event.add_argument("--trace", metavar="FILE", help="a file holding the event payload (header + trace)")
+    event.add_argument("--etl", metavar="FILE", help="take the event from this .etl file (with --index)")
+    event.add_argument("--index", type=int, metavar="N", help="which event of the .etl (as ipt scan --etl lists)")
     event.add_argument("--position", metavar="P", help="override TracePosition: the oldest data starts at P")
     event.add_argument("--max-insns", type=int, default=100000, metavar="N")
     scan = sub.add_parser("scan", help="find IntelProcessorTrace events in target memory or an .etl file")
@@ -274,12 +276,12 @@ def run_event(ctx, args):
         buffer = sources.event_from_target(ctx.target, address)
         if position is not None:
             buffer = sources.unwrap(buffer.data, position, buffer.origin, buffer.address, buffer.header)
-    elif args.trace:
-        data = sources.from_file(args.trace).data
+    elif args.trace or args.etl:
+        data = sources.from_file(args.trace).data if args.trace else _etl_event_payload(args.etl, args.index)
         buffer = _event_with_position(sources.parse_event_header(data), data[sources.EVENT_HEADER.size:],
-                                      args.trace, None, position)
+                                      args.trace or "%s event %d" % (args.etl, args.index), None, position)
     else:
-        raise BadInput("give --address ADDR (with a target) or --trace FILE")
+        raise BadInput("give --address ADDR (with a target), --trace FILE or --etl FILE --index N")
     stats = packet_stats(buffer.data)
     document = {"event": _header_document(buffer.header), "source": buffer.describe(),
                 "packets": stats.as_dict(), "errors": views.error_rows(stats.errors, buffer)}
@@ -350,21 +352,34 @@ def run_scan(ctx, args):
     return 0
 
 
-def _scan_etl(path, max_events):
+def _etl_ipt_events(path):
+    """(index, event) of the IntelProcessorTrace events in an .etl file; index counts
+    every event of the file, so it names one event for ``ipt event --etl --index``."""
     try:
         from ..etl import INTEL_PT_GUID, iter_events
     except ImportError:
         raise BadInput("this build has no .etl reader (dbgext.etl)")
-    rows = []
-    notes = []
     for index, event in enumerate(iter_events(path)):
         if event.provider == INTEL_PT_GUID and event.opcode == sources.IPT_EVENT_TYPE:
-            pass
+            yield index, event
         elif event.provider is None and sources.looks_like_event(event.payload):
-            # a system-logger event whose group the reader cannot name: judge it by its payload
-            pass
-        else:
-            continue
+            # a system-logger event whose group the reader cannot name: judged by its payload
+            yield index, event
+
+
+def _etl_event_payload(path, wanted):
+    if wanted is None:
+        raise BadInput("--etl needs --index N (ipt scan --etl FILE lists the events)")
+    for index, event in _etl_ipt_events(path):
+        if index == wanted:
+            return event.payload
+    raise BadInput("%s has no IntelProcessorTrace event with index %d" % (path, wanted))
+
+
+def _scan_etl(path, max_events):
+    rows = []
+    notes = []
+    for index, event in _etl_ipt_events(path):
         if len(rows) >= max_events:
             notes.append("stopped after %d events" % max_events)
             break
