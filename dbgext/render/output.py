@@ -77,7 +77,9 @@ class Output(object):
             self._emit("".join(pieces))
 
     def json(self, document):
-        self._emit(json.dumps(document, indent=2, sort_keys=False))
+        # Compact: --json is for scripts, and big documents (a maximal ETW cache is
+        # a million frames) would triple in size with one value per line.
+        self._emit(json.dumps(document, separators=(",", ":")))
 
     def _emit(self, text):
         if self.dml:
