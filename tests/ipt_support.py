@@ -342,3 +342,50 @@ def packet_decode_count(data):
     finally:
         LIB.pt_pkt_free_decoder(decoder)
     return count
+
+
+# -- a PE file whose file layout differs from its memory layout ---------------------------
+
+def build_pe(code, image_base, exports, text_rva=0x1000):
+    """A minimal x64 PE: .text (the code at ``text_rva``) and .edata exporting
+    ``exports`` ({name: rva}); FileAlignment 0x200, SectionAlignment 0x1000, so the
+    code sits at file offset 0x200 but at ``image_base + text_rva`` once mapped."""
+    def align(value, to):
+        return (value + to - 1) // to * to
+
+    file_align, section_align = 0x200, 0x1000
+    text_raw = align(len(code), file_align)
+    edata_rva = text_rva + align(len(code), section_align)
+    names = sorted(exports)
+    module_name = b"iptpe.sys\0"
+    directory_size = 40
+    functions_at = edata_rva + directory_size
+    names_at = functions_at + 4 * len(names)
+    ordinals_at = names_at + 4 * len(names)
+    strings_at = ordinals_at + 2 * len(names)
+    strings = bytearray(module_name)
+    name_rvas = []
+    for name in names:
+        name_rvas.append(strings_at + len(strings))
+        strings += name.encode() + b"\0"
+    edata = struct.pack("<IIHHIIIIIII", 0, 0, 0, 0, strings_at, 1, len(names), len(names), functions_at,
+                        names_at, ordinals_at)
+    edata += b"".join(struct.pack("<I", exports[name]) for name in names)
+    edata += b"".join(struct.pack("<I", rva) for rva in name_rvas)
+    edata += b"".join(struct.pack("<H", index) for index in range(len(names)))
+    edata += bytes(strings)
+    edata_raw = align(len(edata), file_align)
+    size_of_image = edata_rva + align(len(edata), section_align)
+    headers = bytearray(b"MZ" + bytes(0x3A) + struct.pack("<I", 0x40))
+    headers += b"PE\0\0" + struct.pack("<HHIIIHH", 0x8664, 2, 0, 0, 0, 240, 0x2022)
+    directories = bytearray(128)
+    struct.pack_into("<II", directories, 0, edata_rva, len(edata))
+    headers += struct.pack("<HBBIIIIIQIIHHHHHHIIIIHHQQQQII", 0x20B, 14, 0, text_raw, edata_raw, 0, text_rva,
+                           text_rva, image_base, section_align, file_align, 10, 0, 0, 0, 10, 0, 0, size_of_image,
+                           file_align, 0, 1, 0, 0x40000, 0x1000, 0x100000, 0x1000, 0, 16) + directories
+    headers += struct.pack("<8sIIIIIIHHI", b".text", len(code), text_rva, text_raw, file_align, 0, 0, 0, 0,
+                           0x60000020)
+    headers += struct.pack("<8sIIIIIIHHI", b".edata", len(edata), edata_rva, edata_raw, file_align + text_raw,
+                           0, 0, 0, 0, 0x40000040)
+    headers += bytes(file_align - len(headers))
+    return bytes(headers) + code + bytes(text_raw - len(code)) + edata + bytes(edata_raw - len(edata))

@@ -211,3 +211,18 @@ def test_random_bytes_give_errors_not_a_crash(tmp_path):
 def test_position_with_a_process_trace_is_refused(files):
     code, text = run("ipt", "packets", "--trace", files["trace"], "--format", "process", "--position", "4")
     assert code == 1 and "RingBufferOffset" in text
+
+
+def test_flow_over_a_pe_file_maps_its_sections_and_names_exports(tmp_path):
+    from ipt_support import build_pe
+    image_base = 0xFFFFF80030000000
+    program = F.sample_program(image_base + 0x1000)
+    exports = {name: address - image_base for name, address in program.labels.items() if "_" not in name}
+    pe = tmp_path / "iptpe.sys"
+    pe.write_bytes(build_pe(program.code, image_base, exports))
+    trace, expected = F.trace_program(program, 200, seed=5)
+    (tmp_path / "t.bin").write_bytes(trace)
+    image = "%s@0x%x" % (pe, image_base)
+    document = run_json("ipt", "flow", "--trace", tmp_path / "t.bin", "--image", image, "--view", "functions")
+    assert document["instructions"] == expected and document["errors"] == []
+    assert {row["function"] for row in document["functions"]} >= {"iptpe!Dispatch", "iptpe!ValidateRequest"}

@@ -6,7 +6,7 @@ import os
 from ..command import Command
 from ..errors import BadInput
 from . import render, sources, views
-from .flow import BlockCache, CodeImage, FlowDecoder
+from .flow import BlockCache, CodeImage, FlowDecoder, read_code_file
 from .packets import decode_packets, packet_stats
 
 SUBCOMMANDS = ("packets", "flow", "event", "scan")
@@ -185,13 +185,9 @@ def code_for(ctx, image_specs):
     named = []
     for spec in image_specs:
         path, base = parse_image(spec)
-        try:
-            with open(path, "rb") as handle:
-                data = handle.read()
-        except OSError as error:
-            raise BadInput("cannot read %s: %s" % (path, error.strerror or error))
+        data, exports = read_code_file(path)
         images.append((base, data))
-        named.append((base, len(data), os.path.splitext(os.path.basename(path))[0]))
+        named.append((base, len(data), os.path.splitext(os.path.basename(path))[0], exports))
     target = ctx.target if ctx.has_target_source() else None
     if not images and target is None:
         raise BadInput("flow needs code: --image FILE@BASE, or a target (--dump FILE / inside WinDbg)")

@@ -22,7 +22,7 @@ line:
 
 import capstone
 
-from ..errors import UnreadableMemory
+from ..errors import BadInput, UnreadableMemory
 from . import packets as P
 
 MODE_16, MODE_32, MODE_64 = 16, 32, 64
@@ -84,6 +84,33 @@ class CodeImage(object):
                 return self.target.read(address, error.address - address)
             except UnreadableMemory:
                 return b""
+
+
+def read_code_file(path):
+    """(bytes as mapped in memory, {rva: exported name}) of a code image file.
+
+    A PE file (MZ) is laid out section by section as the loader maps it (pefile);
+    anything else is taken as raw bytes already in memory layout."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError as error:
+        raise BadInput("cannot read %s: %s" % (path, error.strerror or error))
+    if not data.startswith(b"MZ"):
+        return data, {}
+    import pefile
+    try:
+        pe = pefile.PE(data=data, fast_load=True)
+        pe.parse_data_directories(directories=[pefile.DIRECTORY_ENTRY["IMAGE_DIRECTORY_ENTRY_EXPORT"]])
+        mapped = pe.get_memory_mapped_image()
+    except pefile.PEFormatError as error:
+        raise BadInput("%s is not a usable PE image: %s" % (path, error))
+    exports = {}
+    directory = getattr(pe, "DIRECTORY_ENTRY_EXPORT", None)
+    for symbol in (directory.symbols if directory else []):
+        if symbol.name and symbol.address:
+            exports[symbol.address] = symbol.name.decode("ascii", "replace")
+    return mapped, exports
 
 
 class BlockCache(object):

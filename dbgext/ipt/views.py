@@ -10,6 +10,7 @@
 and derives the function (``module!symbol``) from it.
 """
 
+import bisect
 from collections import Counter, OrderedDict
 
 from .flow import B_CALL, B_INDIRECT_CALL, B_RET
@@ -19,11 +20,16 @@ MAX_TREE_NODES = 10000
 
 
 class Namer(object):
-    """Address -> "module!symbol+0xoff" (cached) and -> function "module!symbol"."""
+    """Address -> "module!symbol+0xoff" (cached) and -> function "module!symbol".
+
+    ``images``: [(base, size, name, {rva: exported name})] for code image files."""
 
     def __init__(self, target=None, images=()):
         self.target = target
-        self.images = sorted(images)  # [(base, size, name)]
+        self.images = []
+        for base, size, name, exports in sorted(images, key=lambda image: image[0]):
+            rvas = sorted(exports)
+            self.images.append((base, size, name, rvas, [exports[rva] for rva in rvas]))
         self._names = {}
         self._functions = {}
 
@@ -35,9 +41,14 @@ class Namer(object):
         return text
 
     def _describe(self, address):
-        for base, size, name in self.images:
+        for base, size, name, rvas, names in self.images:
             if base <= address < base + size:
-                return "%s+0x%x" % (name, address - base)
+                rva = address - base
+                index = bisect.bisect_right(rvas, rva) - 1
+                if index < 0:
+                    return "%s+0x%x" % (name, rva)
+                offset = rva - rvas[index]
+                return "%s!%s+0x%x" % (name, names[index], offset) if offset else "%s!%s" % (name, names[index])
         if self.target is not None:
             return self.target.symbolize(address)
         return "0x%x" % address
