@@ -337,8 +337,14 @@ def _follow_body(program, function, record=None):
     slot_marker = "rip" if arch == "x64" else "[0x"
     fragments = _fragment_ranges(module, function)
     for start, end in fragments:
-        # Known extent: decode it in one capstone call.
-        decoder.decode_range(start, end)
+        # Known extent: decode the rest of it (past what the prologue scan
+        # already decoded) in one capstone call.
+        insn = insns.get(start)
+        while insn is not None and start < end:
+            start += insn[1]
+            insn = insns.get(start)
+        if start < end:
+            decoder.decode_range(start, end)
     function.call_sites = []
     function.max_depth = 0
     function.body_problem = None

@@ -22,7 +22,7 @@ from .layouts import SEH_PROLOG_FRAME_OVERHEAD
 MAX_PROLOGUE_INSTRUCTIONS = 80
 MAX_PROLOGUE_PATHS = 4
 DECODE_WINDOW = 256
-DECODE_COUNT = 12  # instructions decoded per cache miss (capstone decodes eagerly)
+DECODE_COUNT = 8  # instructions decoded per cache miss (capstone decodes eagerly)
 STACK_PROBE_MINIMUM = 0x1000
 
 SP = {"x64": "rsp", "x86": "esp"}
