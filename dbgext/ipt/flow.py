@@ -570,7 +570,7 @@ class _Walk(object):
                 else:
                     ip = self.take_ip(block.end, "ret")
                     if ip is None:
-                        self.finish_segment(block)
+                        self.finish_segment()
                         return
                     committed = len(out)
                     save()
@@ -584,7 +584,7 @@ class _Walk(object):
                                block.end)
                 ip = self.take_ip(block.end, "indirect branch")
                 if ip is None:
-                    self.finish_segment(block)
+                    self.finish_segment()
                     return
                 if kind == B_INDIRECT_CALL:
                     retstack.append(block.fallthrough)
@@ -612,8 +612,6 @@ class _Walk(object):
         if self.bit_index < len(self.bits):
             return None
         item = self.peek()
-        while item is not None and item[0] == F_TNT:
-            return None
         if item is not None and item[0] == F_FUP:
             return item[2]
         return None
@@ -642,23 +640,21 @@ class _Walk(object):
         self.error(offset, "FUP at 0x%x is followed by %s instead of a TIP" % (address, ITEM_NAMES[kind]))
 
     def stop_at(self, block, what):
-        """The trace has no TNT bit for ``block``'s branch: the end, an OVF, TIP.PGD, or an error."""
+        """The trace has no TNT bit for ``block``'s branch: the end or an OVF (walked code
+        is dropped), TIP.PGD (tracing stops after the branch), or an error."""
         item = self.peek()
-        if item is None:
+        if item is None or item[0] == F_OVF:
             self.drop_uncommitted()
-            return False
+            return
         kind, offset, value = item
-        if kind == F_OVF:
-            self.drop_uncommitted()
-            return False
         if kind == F_PGD:
             self.lookahead = None
             self.committed = len(self.out)
-            return False
+            return
         self.error(offset, "expected a TNT bit for the %s at 0x%x, found %s" % (what, block.end, ITEM_NAMES[kind]),
                    block.end)
 
-    def finish_segment(self, block):
+    def finish_segment(self):
         """An indirect transfer found no TIP: the trace ended or overflowed (TIP.PGD was committed)."""
         if self.lookahead is None or self.lookahead[0] == F_OVF:
             self.drop_uncommitted()
