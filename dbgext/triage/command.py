@@ -10,6 +10,7 @@ The first positional word ``report`` selects the report (a directory named
 ``report`` is given as ``./report``).
 """
 
+import argparse
 import io
 import json
 import os
@@ -29,7 +30,16 @@ def _analysis_names(text):
     return names or None
 
 
+USES = """uses:
+  dbgext triage PATH... [--db FILE] [--workers N] [--timeout S] [--dask tcp://HOST:PORT]
+  dbgext triage report --db FILE [--top N] [--json] [--parquet DIR]
+  dbgext triage --dump FILE [--json] [--out FILE]     (inside WinDbg: !py commands\\triage.py)
+see docs/triage.md"""
+
+
 def add_arguments(parser):
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = USES
     parser.add_argument("paths", nargs="*", metavar="PATH",
                         help="dump files, directories (searched recursively) or globs; or the word "
                         "'report' for the aggregate view")
