@@ -132,3 +132,14 @@ def test_windbg_output_links_functions_to_their_disassembly(driver_file):
     assert main(["stackuse", "functions", "--pe", path], stream=stream) == 0
     text = "".join(stream.parts)
     assert '<link cmd="uf 0x%x">DriverEntry</link>' % (0x140000000 + built.rvas["DriverEntry"]) in text
+
+
+def test_symbols_name_functions_of_a_pe_file(driver_file, tmp_path):
+    from dbgext.target.symbols import ModuleSymbols, write_isf_file
+    path, built = driver_file
+    directory = tmp_path / "symbols"
+    directory.mkdir()
+    write_isf_file(ModuleSymbols("sampledrv", {"CopyLeaf": built.rvas["CopyLeaf"]}), str(directory))
+    code, text = run("stackuse", "chain", "CopyLeaf", "--pe", path, "--symbols", str(directory), "--json")
+    assert code == 0
+    assert json.loads(text)["frames"][0]["function"] == "CopyLeaf"

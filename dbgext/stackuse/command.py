@@ -10,6 +10,7 @@ import argparse
 
 from ..command import Command
 from ..errors import BadInput
+from ..target.symbols import load_isf_directory
 from .callgraph import UNBOUNDED, UNKNOWN, CallGraph, Program
 from .layouts import DEFAULT_BUDGET
 from .pe import PEImage
@@ -57,7 +58,8 @@ def run(ctx, args):
 def _open(ctx, args, need_module):
     if args.pe:
         program = Program()
-        return program, program.add_image(PEImage.from_file(args.pe))
+        image = PEImage.from_file(args.pe)
+        return program, program.add_image(image, _file_symbols(args, image))
     if not ctx.has_target_source():
         raise BadInput("give --pe FILE, or --dump FILE with --module NAME")
     target = ctx.target
@@ -70,6 +72,16 @@ def _open(ctx, args, need_module):
     if need_module:
         raise BadInput("give --module NAME (loaded: %s)" % _module_names(target))
     return program, None
+
+
+def _file_symbols(args, image):
+    """Symbols for a PE on disk from ``--symbols`` ISF files: the file named after
+    the image's stem (``driver.json`` for ``driver.sys``), as for dump modules."""
+    if not args.symbols:
+        return None
+    table = load_isf_directory(args.symbols)
+    module_symbols = table.module_symbols(image.name.rsplit(".", 1)[0]) or table.module_symbols(image.name)
+    return module_symbols.symbols if module_symbols is not None else None
 
 
 def _module_names(target, limit=12):
