@@ -226,3 +226,12 @@ def test_flow_over_a_pe_file_maps_its_sections_and_names_exports(tmp_path):
     document = run_json("ipt", "flow", "--trace", tmp_path / "t.bin", "--image", image, "--view", "functions")
     assert document["instructions"] == expected and document["errors"] == []
     assert {row["function"] for row in document["functions"]} >= {"iptpe!Dispatch", "iptpe!ValidateRequest"}
+
+
+def test_a_path_into_kebugcheckex_is_flagged(files, tmp_path):
+    writer = F.PacketWriter()
+    writer.psb_plus(0xFFFFF80000001000)  # nt!KeBugCheckEx in the dump's symbols
+    writer.tnt(True)
+    (tmp_path / "bugcheck.bin").write_bytes(writer.bytes())
+    document = run_json("ipt", "flow", "--trace", tmp_path / "bugcheck.bin", "--dump", files["dump"])
+    assert any("nt!KeBugCheckEx" in warning for warning in document["warnings"])
