@@ -9,6 +9,8 @@ key, like WER's faulting function) is the first frame that is not bug-check or
 exception-dispatch plumbing.
 """
 
+import struct
+
 from ..errors import DbgextError
 
 MAX_FRAMES = 8
@@ -83,13 +85,13 @@ def follows_call(before):
 
 def is_return_address(target, value, code_cache):
     """``value`` points into a module and follows a call instruction."""
-    if value < 8 or target.module_at(value) is None:
-        return False
     known = code_cache.get(value)
     if known is not None:
         return known
-    read = target.try_read(value - 7, 7)
-    result = read.complete and follows_call(read.data)
+    result = False
+    if value >= 8 and target.module_at(value) is not None:
+        read = target.try_read(value - 7, 7)
+        result = read.complete and follows_call(read.data)
     code_cache[value] = result
     return result
 
@@ -120,12 +122,17 @@ def stack_walk(target, registers, max_frames=MAX_FRAMES, scan_slots=STACK_SCAN_S
         return addresses, problems
     readable_end = read.holes[0][0] if read.holes else sp + len(read.data)
     slots = (readable_end - sp) // target.pointer_size
-    values = target.pointers(sp, slots) if slots else []
+    values = struct.unpack_from("<%d%s" % (slots, "Q" if target.pointer_size == 8 else "I"), read.data)
+    modules = target.modules()
+    if not modules:
+        return addresses, problems
+    # Most stack slots are data: a range test spares them the module lookup.
+    lowest, highest = modules[0].base, max(module.end for module in modules)
     code_cache = {}
     for value in values:
         if len(addresses) >= max_frames:
             break
-        if is_return_address(target, value, code_cache):
+        if lowest <= value < highest and is_return_address(target, value, code_cache):
             addresses.append(value)
     return addresses, problems
 
