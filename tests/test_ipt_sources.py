@@ -213,3 +213,10 @@ def test_scan_limits_are_notes():
     assert len(events) == 1 and notes == ["stopped after 1 events"]
     events, notes = sources.scan_target(scenario.target(), max_bytes=1)
     assert notes and notes[0].startswith("stopped after scanning")
+
+
+def test_incomplete_wrapped_event_is_decoded_as_stored_with_a_note():
+    trace, _ = F.trace_program(PROGRAM, 200, seed=1)
+    data = event_bytes(trace, position=len(trace) // 2)[:-5]
+    buffer = sources.event_from_bytes(data)
+    assert buffer.ring_start == 0 and any("incomplete" in note for note in buffer.notes)

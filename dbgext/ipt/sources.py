@@ -142,27 +142,33 @@ def parse_event_header(raw):
     return header
 
 
-def event_buffer(header, trace, origin, address=None, available=None):
+def event_buffer(header, trace, origin, address=None):
     """TraceBuffer for an event's trace, handling the wrapped case and bad sizes.
 
-    ``trace`` holds the bytes present after the header (possibly fewer than TraceSize)."""
+    ``trace`` holds the bytes present after the header (possibly fewer than TraceSize).
+    A write position inside the data means the ring wrapped (an unwrapped buffer's
+    position is its end), so the data is unrolled from there."""
     notes = []
-    size = header["TraceSize"]
+    full = header["TraceSize"]
     position = header["TracePosition"]
-    if len(trace) < size:
-        notes.append("TraceSize %d is larger than the %d bytes present; decoding those" % (size, len(trace)))
-        size = len(trace)
+    size = min(full, len(trace))
+    if len(trace) < full:
+        notes.append("TraceSize %d is larger than the %d bytes present; decoding those" % (full, len(trace)))
     trace = trace[:size]
-    buffer_bytes = header["IptOptionFields"]["BufferBytes"]
-    wrapped = size > 0 and header["TraceSize"] >= buffer_bytes and size == header["TraceSize"]
-    if position > header["TraceSize"]:
+    if position > full:
         notes.append("TracePosition %d is beyond the trace; decoding from the start" % position)
-        wrapped = False
-    if wrapped and 0 < position < size:
+    elif 0 < position < full and size == full:
         buffer = unwrap(trace, position, origin, address, header)
         notes.append("the buffer wrapped: oldest data at TracePosition %d" % position)
-    else:
-        buffer = TraceBuffer(trace, origin, address, header=header)
+        buffer_bytes = header["IptOptionFields"]["BufferBytes"]
+        if full != buffer_bytes:
+            notes.append("TraceSize %d differs from IptOption's buffer size %d" % (full, buffer_bytes))
+        buffer.notes.extend(notes)
+        return buffer
+    elif 0 < position < full:
+        notes.append("the ring wrapped at TracePosition %d but is incomplete; decoding it unrolled is "
+                     "impossible, decoding as stored" % position)
+    buffer = TraceBuffer(trace, origin, address, header=header)
     buffer.notes.extend(notes)
     return buffer
 
