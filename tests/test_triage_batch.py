@@ -25,6 +25,7 @@ from triage_support import crash_scenario, write_dump, write_triage_directory  #
 TESTS_DIRECTORY = os.path.dirname(os.path.abspath(__file__))
 PLUGIN = "triage_support:register_test_analyses"
 TIMEOUT = "2"
+DASK_TIMEOUT = "4"   # each Dask task starts a fresh interpreter inside its time budget
 
 
 def triage(*argv):
@@ -203,7 +204,7 @@ def test_the_dask_path_records_good_failed_and_hung_dumps(tmp_path):
                str(directory / "hang.dmp"))
     db = str(tmp_path / "dask.duckdb")
     with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cluster:
-        code, text = triage(str(directory), "--db", db, "--dask", cluster.scheduler_address, "--timeout", TIMEOUT,
+        code, text = triage(str(directory), "--db", db, "--dask", cluster.scheduler_address, "--timeout", DASK_TIMEOUT,
                             "--plugin", PLUGIN, "--analyses", "test-hang", "--json")
     assert code == 0, text
     assert json.loads(text)["analysed"] == 4
