@@ -204,8 +204,8 @@ def test_the_dask_path_records_good_failed_and_hung_dumps(tmp_path):
                str(directory / "hang.dmp"))
     db = str(tmp_path / "dask.duckdb")
     with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cluster:
-        code, text = triage(str(directory), "--db", db, "--dask", cluster.scheduler_address, "--timeout", DASK_TIMEOUT,
-                            "--plugin", PLUGIN, "--analyses", "test-hang", "--json")
+        code, text = triage(str(directory), "--db", db, "--dask", cluster.scheduler_address,
+                            "--timeout", DASK_TIMEOUT, "--plugin", PLUGIN, "--analyses", "test-hang", "--json")
     assert code == 0, text
     assert json.loads(text)["analysed"] == 4
     found = {os.path.basename(r["path"]): r for r in rows(db, "SELECT path, status, reason, signature FROM dumps")}
