@@ -46,7 +46,8 @@ def test_child_rows_hang_off_the_dump_hash(store):
         {"position": 0, "frame": "nt!KeBugCheckEx"}, {"position": 1, "frame": "mydrv!DispatchIoctl"}]
     assert store.query("SELECT analysis, message, address FROM problems") == [
         {"analysis": "rtltrace", "message": "segment chain loops", "address": 0xFFFFC08000000000}]
-    assert store.query("SELECT function, frame_bytes FROM stack_hogs") == [{"function": "mydrv!Big", "frame_bytes": 4096}]
+    assert store.query("SELECT function, frame_bytes FROM stack_hogs") == [
+        {"function": "mydrv!Big", "frame_bytes": 4096}]
     assert store.record("h1")["signature"] == "mydrv!DispatchIoctl"
     row = store.query("SELECT bugcheck_code, bugcheck_parameters, status, analyses FROM dumps")[0]
     assert row == {"bugcheck_code": 0xD1, "bugcheck_parameters": [1, 2, 0, 0xFFFFF80001002040],

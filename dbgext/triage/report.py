@@ -96,7 +96,8 @@ def render_record(out, record):
         out.line("  %02d %s" % (index, frame))
     for name, summary in record.analyses.items():
         out.line("%-10s %s" % (name, ", ".join("%s=%s" % (key, _short(value)) for key, value in summary.items())))
-    out.line("status     %s%s (%.3f s)" % (record.status, ": " + record.reason if record.reason else "", record.seconds))
+    reason = ": " + record.reason if record.reason else ""
+    out.line("status     %s%s (%.3f s)" % (record.status, reason, record.seconds))
     if record.problems:
         out.table([[p["analysis"], "0x%x" % p["address"] if p.get("address") is not None else "-", p["message"]]
                    for p in record.problems], ["analysis", "address", "problem"], title="Problems")
