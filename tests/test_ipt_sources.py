@@ -217,6 +217,14 @@ def test_scan_limits_are_notes():
 
 def test_incomplete_wrapped_event_is_decoded_as_stored_with_a_note():
     trace, _ = F.trace_program(PROGRAM, 200, seed=1)
-    data = event_bytes(trace, position=len(trace) // 2)[:-5]
+    full_buffer = {"TraceMode": 1, "BufferSize": 0}
+    padded = trace + bytes(4096 - len(trace))
+    data = event_bytes(padded, position=len(trace), option=full_buffer)[:-5]
     buffer = sources.event_from_bytes(data)
     assert buffer.ring_start == 0 and any("incomplete" in note for note in buffer.notes)
+
+
+def test_position_inside_a_buffer_that_is_not_full_is_only_a_note():
+    trace, _ = F.trace_program(PROGRAM, 400, seed=1)
+    buffer = sources.event_from_bytes(event_bytes(trace, position=len(trace) // 2, buffer_size=3))
+    assert buffer.data == trace and any("--position" in note for note in buffer.notes)

@@ -136,6 +136,7 @@ def load_buffers(ctx, args):
 def _event_with_position(header, trace, origin, address, position):
     if position is not None:
         header = dict(header, TracePosition=position, TraceSize=len(trace))
+        header["IptOptionFields"] = dict(header["IptOptionFields"], BufferBytes=len(trace))
     return sources.event_buffer(header, trace, origin, address)
 
 

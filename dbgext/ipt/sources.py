@@ -146,8 +146,8 @@ def event_buffer(header, trace, origin, address=None):
     """TraceBuffer for an event's trace, handling the wrapped case and bad sizes.
 
     ``trace`` holds the bytes present after the header (possibly fewer than TraceSize).
-    A write position inside the data means the ring wrapped (an unwrapped buffer's
-    position is its end), so the data is unrolled from there."""
+    A full buffer (TraceSize of at least IptOption's buffer size) with its write
+    position inside the data has wrapped: it is unrolled from TracePosition."""
     notes = []
     full = header["TraceSize"]
     position = header["TracePosition"]
@@ -155,19 +155,18 @@ def event_buffer(header, trace, origin, address=None):
     if len(trace) < full:
         notes.append("TraceSize %d is larger than the %d bytes present; decoding those" % (full, len(trace)))
     trace = trace[:size]
+    buffer_full = full >= header["IptOptionFields"]["BufferBytes"]
     if position > full:
         notes.append("TracePosition %d is beyond the trace; decoding from the start" % position)
-    elif 0 < position < full and size == full:
+    elif 0 < position < full and buffer_full and size == full:
         buffer = unwrap(trace, position, origin, address, header)
-        notes.append("the buffer wrapped: oldest data at TracePosition %d" % position)
-        buffer_bytes = header["IptOptionFields"]["BufferBytes"]
-        if full != buffer_bytes:
-            notes.append("TraceSize %d differs from IptOption's buffer size %d" % (full, buffer_bytes))
-        buffer.notes.extend(notes)
+        buffer.notes.extend(notes + ["the buffer wrapped: oldest data at TracePosition %d" % position])
         return buffer
+    elif 0 < position < full and buffer_full:
+        notes.append("the ring wrapped at TracePosition %d but is incomplete; decoding it as stored" % position)
     elif 0 < position < full:
-        notes.append("the ring wrapped at TracePosition %d but is incomplete; decoding it unrolled is "
-                     "impossible, decoding as stored" % position)
+        notes.append("TracePosition %d is inside the data of a buffer that is not full; decoding as stored "
+                     "(--position %d unrolls it)" % (position, position))
     buffer = TraceBuffer(trace, origin, address, header=header)
     buffer.notes.extend(notes)
     return buffer
