@@ -39,6 +39,7 @@ def demo_steps(dump_path, manifest):
                                                                   "--size", str(ipt["trace_size"]), "--view", "calltree"]))
     if "stackuse" in contents:
         steps.append(("Kernel stack usage of the crashing thread", ["stackuse", "thread"] + dump))
+    steps.append(("Triage record of the whole dump", ["triage"] + dump))
     return steps
 
 
