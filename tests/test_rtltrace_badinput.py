@@ -308,3 +308,15 @@ def test_a_block_with_count_zero():
     scenario.pack(block + 4, "<I", 0)
     document = analyse(scenario, builder)
     assert problems_of(document, "bad_count")[0]["address"] == block
+
+
+def test_segments_claiming_huge_sizes_are_not_read_in_bulk():
+    scenario, builder = corrupt("kernel-x64")
+    for segment in builder.segments[:-1]:
+        scenario.write_pointer(segment + SEGMENT_FIELDS["SegmentEnd"], segment + 0x40000000)
+        scenario.write_pointer(segment + SEGMENT_FIELDS["SegmentFree"], segment + 0x40000000)
+    target = scenario.target()
+    document = run_json(["0x%x" % builder.address], target=target)
+    assert document["blocks_found"] == 200  # read block by block instead
+    assert "segment_size_mismatch" in problem_kinds(document)
+    assert target.stats.bytes_read < 0x1000000

@@ -21,9 +21,12 @@ from .layouts import (BLOCK_MAGIC, DATABASE_MAGIC, LAYOUTS, MAX_BUCKETS, MAX_FRA
 MAX_SEGMENTS = 100000
 MAX_BLOCKS = 1000000
 MAX_PROBLEMS_PER_KIND = 200
-# A segment is one allocation of 0x10000 bytes (the first may hold a big bucket
-# array); anything claiming more than this is corrupt and is not read in bulk.
+# A segment is one allocation of the layout's granularity (the first may also hold
+# a bucket array of up to 8 MiB); a segment claiming more than this is corrupt and
+# is not read in bulk, and all bulk reads together stay within a budget, so a
+# garbage segment list cannot make the walk read (and hold) gigabytes.
 MAX_BULK_SEGMENT = 16 * 1024 * 1024
+MAX_BULK_TOTAL = 512 * 1024 * 1024
 
 TYPE_NAMES = (("ntdll", "user"), ("nt", "kernel"))
 DATABASE_FIELDS = ("Magic", "Flags", "Tag", "SegmentList", "MaximumSize", "CurrentSize", "Owner",
@@ -360,6 +363,7 @@ def _place_segments(db, memory):
     layout = db.layout
     granularity = layout.segment_granularity
     buckets_start, buckets_end = db.field("Buckets"), _bucket_array_end(db)
+    budget = MAX_BULK_TOTAL
     for segment in db.segments:
         segment.payload_start = segment.address + layout.segment.size
         segment.extent_end = segment.end
@@ -369,9 +373,10 @@ def _place_segments(db, memory):
                 segment.payload_start = max(segment.payload_start, buckets_end)
             needed = max(segment.payload_start, segment.end) - db.address
             segment.extent_end = db.address + (needed + granularity - 1) // granularity * granularity
-        read_end = min(segment.free, segment.extent_end)
-        if 0 < read_end - segment.payload_start <= MAX_BULK_SEGMENT:
-            memory.add(segment.payload_start, read_end)
+        size = min(segment.free, segment.extent_end) - segment.payload_start
+        if 0 < size <= min(MAX_BULK_SEGMENT, budget):
+            memory.add(segment.payload_start, segment.payload_start + size)
+            budget -= size
 
 
 def read_buckets(target, db):
