@@ -82,6 +82,9 @@ def test_hogs_lists_largest_frames_and_chains_over_budget(driver_file):
     document = json.loads(text)
     assert [record["name"] for record in document["largest_frames"]] == ["Dispatch", "BuildRequest"]
     assert [(r["name"], r["depth"]) for r in document["over_budget"]] == [("DriverEntry", 696), ("Dispatch", 648)]
+    assert document["over_budget_count"] == 2
+    code, text = run("stackuse", "hogs", "--pe", path, "--top", "1", "--budget", "600")
+    assert "over the 600-byte budget (or unbounded): 2 function(s), the first 1 listed" in text
     code, text = run("stackuse", "hogs", "--pe", path)
     assert "worst case over the 24576-byte budget" in text
 

@@ -11,7 +11,7 @@ import argparse
 from ..command import Command
 from ..errors import BadInput
 from ..target.symbols import load_isf_directory
-from .callgraph import UNBOUNDED, UNKNOWN, CallGraph, Program
+from .callgraph import SEVERITY, UNBOUNDED, UNKNOWN, CallGraph, Program
 from .layouts import DEFAULT_BUDGET
 from .pe import PEImage
 from .render import render_chain, render_functions, render_hogs, render_thread
@@ -30,7 +30,8 @@ def add_arguments(parser):
     parser.add_argument("--depth", action="store_true", help="functions: add the worst-case depth of each")
     parser.add_argument("--threshold", type=_number, metavar="BYTES",
                         help="thread: flag frames using at least this many bytes")
-    parser.add_argument("--top", type=int, default=20, metavar="N", help="hogs: how many largest frames")
+    parser.add_argument("--top", type=int, default=20, metavar="N",
+                        help="hogs: how many largest frames and over-budget chains to list")
     parser.add_argument("--budget", type=_number, metavar="BYTES",
                         help="hogs: stack budget (default 24 KiB on x64, 12 KiB on x86)")
 
@@ -175,13 +176,16 @@ def _hogs(ctx, args, module, graph):
     graph.analyse_all(module)
     budget = args.budget if args.budget is not None else DEFAULT_BUDGET[module.arch]
     functions = [module.functions[va] for va in sorted(module.functions)]
-    sized = [f for f in functions if f.frame_size is not None]
+    # A chained fragment runs in its parent's frame: listing it would repeat the parent.
+    sized = [f for f in functions if f.frame_size is not None and f.fragment_of is None]
     largest = sorted(sized, key=lambda f: (-f.frame_size, f.va))[:max(args.top, 0)]
     bounds = {f.va: graph.bound(f) for f in functions}
-    over = [f for f in functions
-            if bounds[f.va].status in (UNBOUNDED, UNKNOWN) or (bounds[f.va].value or 0) > budget]
-    over.sort(key=lambda f: (-(bounds[f.va].value or 1 << 62), f.va))
-    render_hogs(ctx.out, module, largest, over, budget, bounds, as_json=args.json)
+    over = [f for f in functions if f.fragment_of is None and (
+        bounds[f.va].status in (UNBOUNDED, UNKNOWN) or (bounds[f.va].value or 0) > budget)]
+    # Finite chains over the budget first (deepest first), then unknown, then
+    # unbounded (recursion): the finite ones are what a driver writer can fix.
+    over.sort(key=lambda f: (SEVERITY[bounds[f.va].status], -(bounds[f.va].value or 0), f.va))
+    render_hogs(ctx.out, module, largest, over[:max(args.top, 0)], len(over), budget, bounds, as_json=args.json)
     return 0
 
 

@@ -58,6 +58,18 @@ def render_functions(out, module, functions, bounds=None, jsonl=False, as_json=F
     render_problems(out, module.problems)
 
 
+def _first_reason(bound, width=90):
+    """The main reason a bound is not exact, short enough for a table cell (the
+    JSON output has them all)."""
+    if not bound.reasons:
+        return ""
+    text = bound.reasons[0]
+    if len(text) > width:
+        text = text[:width - 3] + "..."
+    more = len(bound.reasons) - 1
+    return text + (" (+%d more)" % more if more else "")
+
+
 def render_problems(out, problems):
     if problems:
         out.line("")
@@ -156,19 +168,20 @@ def render_thread(out, stack, target, as_json=False):
     render_problems(out, stack.problems)
 
 
-def hogs_document(module, largest, over_budget, budget, bounds):
+def hogs_document(module, largest, over_budget, over_budget_count, budget, bounds):
     return {
         "module": module.name,
         "budget": budget,
         "largest_frames": [function_record(f) for f in largest],
         "over_budget": [function_record(f, bounds[f.va]) for f in over_budget],
+        "over_budget_count": over_budget_count,
         "problems": module.problems,
     }
 
 
-def render_hogs(out, module, largest, over_budget, budget, bounds, as_json=False):
+def render_hogs(out, module, largest, over_budget, over_budget_count, budget, bounds, as_json=False):
     if as_json:
-        out.json(hogs_document(module, largest, over_budget, budget, bounds))
+        out.json(hogs_document(module, largest, over_budget, over_budget_count, budget, bounds))
         return
     rows, links = [], {}
     for index, function in enumerate(largest):
@@ -180,8 +193,10 @@ def render_hogs(out, module, largest, over_budget, budget, bounds, as_json=False
     rows, links = [], {}
     for index, function in enumerate(over_budget):
         bound = bounds[function.va]
-        rows.append([function.display_name, bound_text(bound), "; ".join(bound.reasons)])
+        rows.append([function.display_name, bound_text(bound), _first_reason(bound)])
         links[(index, 0)] = "uf 0x%x" % function.va
     out.table(rows, ["function", "worst case", "why not exact"], links=links,
-              title="worst case over the %d-byte budget (or unbounded)" % budget)
+              title="worst case over the %d-byte budget (or unbounded): %d function(s)%s" % (
+                  budget, over_budget_count,
+                  ", the first %d listed" % len(rows) if over_budget_count > len(rows) else ""))
     render_problems(out, module.problems)
