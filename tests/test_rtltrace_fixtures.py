@@ -175,13 +175,17 @@ def test_database_frames_come_from_named_functions_and_hits_accumulate():
         assert "!" in target.symbolize(frame)
 
 
-def test_add_sample_database_adds_a_driver_when_the_scenario_has_none():
+def test_add_sample_database_brings_its_own_driver_and_leaves_others_alone():
     scenario = Scenario("x64", "kernel")
     scenario.add_module("nt", 0xFFFFF80000000000, 0x100000, image="ntoskrnl.exe")
+    other = scenario.add_module("otherdrv", 0xFFFFF80012340000, 0x4000, image="otherdrv.sys")
     address = add_sample_database(scenario)
     target = scenario.target()
     assert target.u32(address) == DATABASE_MAGIC
-    assert target.module_named("tracedrv") is not None
+    tracedrv = target.module_named("tracedrv")
+    assert tracedrv is not None and tracedrv.base >= other.end
+    assert scenario.module_symbols["otherdrv"].symbols == {}
+    assert scenario.read(other.base, other.size) == bytes(other.size)
     assert target.pointer(target.symbol_address("tracedrv!g_TraceDatabase")) == address
     with pytest.raises(ValueError):
         add_sample_database(scenario_for("user-x64"))

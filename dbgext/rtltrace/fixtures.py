@@ -404,21 +404,19 @@ def add_sample_database(scenario):
     """Put a kernel-x64 trace database (a few hundred traces from ``nt`` and a
     driver) into a kernel-mode x64 Scenario; returns its address.
 
-    The driver is the scenario's first one besides nt/hal; when there is none, a
-    small ``tracedrv.sys`` is added above the highest module.  The driver's global
-    ``g_TraceDatabase`` points at the database, as a real driver's would.  211
-    buckets (not a multiple of 16) so the sample also shows the HashCounter
-    overflow into the first segment's magic."""
+    The driver is this capability's own ``tracedrv.sys`` (added above the highest
+    module unless present), so no other capability's driver image or symbols are
+    touched; its global ``g_TraceDatabase`` points at the database, as a real
+    driver's would.  211 buckets (not a multiple of 16) so the sample also shows
+    the HashCounter overflow into the first segment's magic."""
     if (scenario.arch, scenario.mode) != ("x64", "kernel"):
         raise ValueError("add_sample_database needs an x64 kernel-mode scenario")
-    module_names = [m.name for m in scenario.modules]
-    if "nt" not in module_names:
+    if "nt" not in [m.name for m in scenario.modules]:
         raise ValueError("the sample trace database needs an nt module in the scenario")
-    drivers = [name for name in module_names if name not in ("nt", "hal")]
-    if drivers:
-        driver = scenario.module(drivers[0])
-    else:
-        name, image, size = SAMPLE_DRIVER
+    name, image, size = SAMPLE_DRIVER
+    try:
+        driver = scenario.module(name)
+    except KeyError:
         base = (max(m.end for m in scenario.modules) + 0xFFFFF) // 0x100000 * 0x100000 + 0x100000
         driver = scenario.add_module(name, base, size, image=image)
     builder = build_database(scenario, "kernel-x64", distinct=300, adds=1200, buckets=211,
