@@ -228,3 +228,15 @@ def test_position_inside_a_buffer_that_is_not_full_is_only_a_note():
     trace, _ = F.trace_program(PROGRAM, 400, seed=1)
     buffer = sources.event_from_bytes(event_bytes(trace, position=len(trace) // 2, buffer_size=3))
     assert buffer.data == trace and any("--position" in note for note in buffer.notes)
+
+
+def test_user_position_overrides_the_event_header_on_the_stored_bytes(linear_trace):
+    size = 4096
+    trace = linear_trace[:size + 999]
+    ring, position = ring_of(trace, size)
+    stored = event_bytes(ring, position=position, buffer_size=0)  # the header's own TracePosition
+    by_header = sources.event_from_bytes(stored)
+    by_user = sources.event_from_bytes(stored, position=position)
+    assert by_user.data == by_header.data and by_user.ring_start == position
+    with pytest.raises(BadInput):
+        sources.event_from_bytes(stored, position=size)

@@ -104,8 +104,7 @@ def load_buffers(ctx, args):
             return [sources.from_file(args.trace, position)]
         data = sources.from_file(args.trace).data
         if args.format == "event":
-            return [_event_with_position(sources.parse_event_header(data), data[sources.EVENT_HEADER.size:],
-                                         args.trace, None, position)]
+            return [sources.event_from_bytes(data, args.trace, position)]
         if position is not None:
             raise BadInput("--position does not apply to --format process: each thread's "
                            "RingBufferOffset says where its ring starts")
@@ -114,10 +113,7 @@ def load_buffers(ctx, args):
         target = ctx.target
         address = parse_address(args.address)
         if args.format == "event":
-            buffer = sources.event_from_target(target, address)
-            if position is not None:
-                buffer = sources.unwrap(buffer.data, position, buffer.origin, buffer.address, buffer.header)
-            return [buffer]
+            return [sources.event_from_target(target, address, position)]
         if args.format == "process":
             if position is not None:
                 raise BadInput("--position does not apply to --format process: each thread's "
@@ -131,13 +127,6 @@ def load_buffers(ctx, args):
             raise BadInput("--address needs --size N for a raw trace")
         return [sources.from_target(target, address, parse_number(args.size), position)]
     raise BadInput("give --trace FILE, or --address ADDR (with --size N) and a target")
-
-
-def _event_with_position(header, trace, origin, address, position):
-    if position is not None:
-        header = dict(header, TracePosition=position, TraceSize=len(trace))
-        header["IptOptionFields"] = dict(header["IptOptionFields"], BufferBytes=len(trace))
-    return sources.event_buffer(header, trace, origin, address)
 
 
 # -- packets --------------------------------------------------------------------------
@@ -269,13 +258,10 @@ def run_event(ctx, args):
     position = parse_number(args.position) if args.position is not None else None
     if args.address:
         address = parse_address(args.address)
-        buffer = sources.event_from_target(ctx.target, address)
-        if position is not None:
-            buffer = sources.unwrap(buffer.data, position, buffer.origin, buffer.address, buffer.header)
+        buffer = sources.event_from_target(ctx.target, address, position)
     elif args.trace or args.etl:
         data = sources.from_file(args.trace).data if args.trace else _etl_event_payload(args.etl, args.index)
-        buffer = _event_with_position(sources.parse_event_header(data), data[sources.EVENT_HEADER.size:],
-                                      args.trace or "%s event %d" % (args.etl, args.index), None, position)
+        buffer = sources.event_from_bytes(data, args.trace or "%s event %d" % (args.etl, args.index), position)
     else:
         raise BadInput("give --address ADDR (with a target), --trace FILE or --etl FILE --index N")
     stats = packet_stats(buffer.data)

@@ -142,12 +142,19 @@ def parse_event_header(raw):
     return header
 
 
-def event_buffer(header, trace, origin, address=None):
+def event_buffer(header, trace, origin, address=None, position=None):
     """TraceBuffer for an event's trace, handling the wrapped case and bad sizes.
 
     ``trace`` holds the bytes present after the header (possibly fewer than TraceSize).
     A full buffer (TraceSize of at least IptOption's buffer size) with its write
-    position inside the data has wrapped: it is unrolled from TracePosition."""
+    position inside the data has wrapped: it is unrolled from TracePosition.
+    ``position`` (the user's --position) overrides that: the trace present is a ring
+    whose oldest byte is there."""
+    if position is not None:
+        header = dict(header, TracePosition=position, TraceSize=len(trace))
+        header["IptOptionFields"] = dict(header["IptOptionFields"], BufferBytes=len(trace))
+        if not 0 <= position < max(len(trace), 1):
+            raise BadInput("position %d is outside the %d-byte trace" % (position, len(trace)))
     notes = []
     full = header["TraceSize"]
     position = header["TracePosition"]
@@ -172,12 +179,12 @@ def event_buffer(header, trace, origin, address=None):
     return buffer
 
 
-def event_from_bytes(data, origin="event"):
+def event_from_bytes(data, origin="event", position=None):
     header = parse_event_header(data)
-    return event_buffer(header, data[EVENT_HEADER.size:], origin)
+    return event_buffer(header, data[EVENT_HEADER.size:], origin, position=position)
 
 
-def event_from_target(target, address):
+def event_from_target(target, address, position=None):
     """An IntelProcessorTrace event (header + trace) at ``address`` in the target."""
     header = parse_event_header(target.read(address, EVENT_HEADER.size))
     size = header["TraceSize"]
@@ -188,7 +195,7 @@ def event_from_target(target, address):
     if read.holes:
         # Keep the readable prefix only: a hole in the middle would decode as PADs.
         trace = trace[:read.holes[0][0] - read.address]
-    buffer = event_buffer(header, trace, "event", address + EVENT_HEADER.size)
+    buffer = event_buffer(header, trace, "event", address + EVENT_HEADER.size, position)
     if read.holes:
         buffer.notes.append("trace bytes from 0x%x are unreadable" % read.holes[0][0])
     return buffer
