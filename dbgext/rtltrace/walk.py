@@ -13,7 +13,7 @@ import contextlib
 import gc
 import struct
 
-from ..errors import UnreadableMemory
+from ..errors import BadInput, UnreadableMemory
 from .hashing import stack_trace_hash
 from .layouts import (BLOCK_MAGIC, DATABASE_MAGIC, LAYOUTS, MAX_BUCKETS, MAX_FRAMES, MIN_BUCKETS,
                       Layout, layout_from_types, layout_named)
@@ -184,7 +184,6 @@ def choose_layout(target, address, requested=None):
     header points back to it); else the arch's user layout, saying it is a guess."""
     if requested:
         if requested not in LAYOUTS:
-            from ..errors import BadInput
             raise BadInput("unknown layout %r (known: %s)" % (requested, ", ".join(sorted(LAYOUTS))))
         return layout_named(requested, "chosen with --layout")
     from_types = _layout_from_types(target)
@@ -193,8 +192,8 @@ def choose_layout(target, address, requested=None):
     recognised = recognise_layout(target, address)
     if recognised is not None:
         return recognised
-    mode = "kernel" if target.info().get("kind") == "kernel-dump" or target.info().get("mode") == "kernel" \
-        else "user"
+    info = target.info()
+    mode = "kernel" if info.get("kind") == "kernel-dump" or info.get("mode") == "kernel" else "user"
     name = "%s-%s" % (mode, target.arch)
     if name not in LAYOUTS:
         name = "user-%s" % target.arch
