@@ -281,3 +281,31 @@ def test_corrupt_packet_in_the_middle_costs_only_its_psb_segment():
     assert result.errors[0][0] == len(first) - 3
     assert result.instructions[-len(second_expected):] == second_expected
     assert result.instructions[:50] == first_expected[:50]
+
+
+@needs_libipt
+def test_prefixed_branches_are_branches():
+    """repz ret (old AMD-friendly returns), bnd call, notrack jmp rax."""
+    base = 0x140001000
+    code = (b"\xf2\xe8\x0a\x00\x00\x00"      # 1000: bnd call 1010
+            b"\x48\x8d\x05\xf9\xff\xff\xff"  # 1006: lea rax, [rip-7] -> 1006
+            b"\x90\x90\x90"                  # 100d: padding
+            b"\x85\xc0"                      # 1010: test eax, eax
+            b"\x74\x01"                      # 1012: jz 1015
+            b"\x90"                          # 1014: nop
+            b"\xf3\xc3")                     # 1015: repz ret
+    writer = F.PacketWriter()
+    writer.psb_plus(base)
+    writer.tnt(False)   # jz not taken
+    writer.tnt(True)    # repz ret, compressed
+    trace = writer.bytes()
+    result = decode_flow(trace, CodeImage(images=[(base, code)]))
+    assert result.errors == []
+    assert result.instructions == [base, base + 0x10, base + 0x12, base + 0x14, base + 0x15]
+    assert result.instructions == libipt.instruction_flow(trace, {base: code})[0]
+    jump = b"\x3e\xff\xe0"           # notrack jmp rax
+    writer = F.PacketWriter()
+    writer.psb_plus(base)
+    writer.tip(base)
+    result = decode_flow(writer.bytes(), CodeImage(images=[(base, jump)]))
+    assert result.errors == [] and result.instructions == [base]

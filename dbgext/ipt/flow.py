@@ -180,6 +180,8 @@ class BlockCache(object):
 
 def _classify(mnemonic, operands):
     """Block kind of a branch instruction, None for everything else."""
+    if " " in mnemonic:  # prefixed: "repz ret", "bnd call", "notrack jmp"
+        mnemonic = mnemonic.rsplit(" ", 1)[1]
     first = mnemonic[0]
     if first == "j":
         if mnemonic == "jmp":
@@ -193,8 +195,6 @@ def _classify(mnemonic, operands):
         return B_COND
     if mnemonic in _FAR:
         return B_INDIRECT
-    if mnemonic.startswith("bnd ") or mnemonic.startswith("notrack "):
-        return _classify(mnemonic.split(" ", 1)[1], operands)
     return None
 
 
