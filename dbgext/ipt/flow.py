@@ -154,8 +154,6 @@ class BlockCache(object):
                              "code at 0x%x is unreadable" % cursor)
             decoded_to = cursor
             for address, size, mnemonic, operands in cs.disasm_lite(chunk, cursor):
-                if address + size > cursor + len(chunk):
-                    break
                 insns.append(address)
                 decoded_to = address + size
                 kind = _classify(mnemonic, operands)
