@@ -50,6 +50,15 @@ def test_x64_frame_pointer_set_between_pushes_and_sub_is_skipped():
     assert frame("x64", [Function("fp", body), LEAF], "fp").frame_size == 0x38
 
 
+def test_x64_epilogue_restoring_rsp_from_a_copy_is_not_dynamic():
+    body = [b"\x49\x89\xe3", b"\x53", b"\x48\x83\xec\x40", ("call", "leaf"), b"\x4c\x8d\x5c\x24\x40",
+            b"\x4c\x89\xdc", b"\x5b", RET]
+    built, (module, graph) = analyse("x64", [Function("copy", body), LEAF])
+    function = function_named(module, "copy")
+    assert (function.frame_size, function.dynamic, function.sp_lost) == (0x48, None, None)
+    assert graph.bound(function).value == 8 + 0x48 + 8
+
+
 def test_x64_sub_rsp_register_is_a_dynamic_frame_without_a_size():
     body = [b"\x55", b"\x48\x89\xe5", b"\x48\x29\xcc", ("call", "leaf"), b"\x48\x89\xec", b"\x5d", RET]
     function = frame("x64", [Function("alloca", body), LEAF], "alloca")

@@ -334,6 +334,8 @@ def _follow_body(program, function, record=None):
     functions = module.functions
     sp_mnemonics = SP_MNEMONICS
     tracked = ACCUMULATOR[arch] + (FP[arch], SP[arch])
+    # `mov r11, rsp` / `lea r11, [rsp + X]`: copies of SP an epilogue may restore.
+    sp_source, sp_memory = ", " + SP[arch], "[" + SP[arch]
     slot_marker = "rip" if arch == "x64" else "[0x"
     fragments = _fragment_ranges(module, function)
     for start, end in fragments:
@@ -423,7 +425,9 @@ def _follow_body(program, function, record=None):
                 _note_address_taken(program, op_str, code_ranges)
             # Only a destination of SP, FP or the accumulator matters (operands like
             # [rsp + 8] read memory and leave SP alone).
-            if mnemonic in sp_mnemonics or op_str.startswith(tracked):
+            if mnemonic in sp_mnemonics or op_str.startswith(tracked) or (
+                    mnemonic == "mov" and op_str.endswith(sp_source)) or (
+                    mnemonic == "lea" and sp_memory in op_str):
                 step = apply_sp_effect(arch, mnemonic, op_str, state)
                 if state.depth > function.max_depth:
                     function.max_depth = state.depth
@@ -534,7 +538,7 @@ def _call(program, function, decoder, insn, state, arch, pointer, import_loads):
             if locals_size is None:
                 function.sp_lost = "0x%x (SEH prologue without a local size)" % address
                 return False
-            state.fp_depth = state.depth - 8 + 4
+            state.copies[FP[arch]] = state.depth - 8 + 4
             state.depth = state.depth - 8 + SEH_PROLOG_FRAME_OVERHEAD + locals_size
         if state.depth > function.max_depth:
             function.max_depth = state.depth
@@ -543,11 +547,11 @@ def _call(program, function, decoder, insn, state, arch, pointer, import_loads):
         callee = program.function_at(target)
         function.call_sites.append(CallSite(address, state.depth, target, "call"))
         if arch == "x86" and is_named(module.name_of(target), SEH_EPILOG_NAMES):
-            if state.fp_depth is None:
+            frame = state.copies.pop(FP[arch], None)
+            if frame is None:
                 function.sp_lost = "0x%x (SEH epilogue without a frame pointer)" % address
                 return False
-            state.depth = state.fp_depth - pointer
-            state.fp_depth = None
+            state.depth = frame - pointer
         elif callee is not None and callee.ret_pop:
             state.depth -= callee.ret_pop
         state.accumulator = None

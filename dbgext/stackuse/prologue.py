@@ -96,19 +96,19 @@ class Decoder(object):
 
 class SpState(object):
     """What the analyses track along a path: SP depth below the return address,
-    the frame pointer's depth when it was set from SP, the accumulator when it
-    holds a constant (stack-probe size), and registers written so far."""
+    the registers holding a copy of SP (the frame pointer, or ``mov r11, rsp`` /
+    ``lea r11, [rsp+X]`` that an epilogue restores RSP from) as the depth they
+    mark, and the accumulator when it holds a constant (a stack-probe size)."""
 
-    __slots__ = ("depth", "fp_depth", "accumulator", "written")
+    __slots__ = ("depth", "copies", "accumulator")
 
-    def __init__(self, depth=0, fp_depth=None, accumulator=None, written=frozenset()):
+    def __init__(self, depth=0, copies=None, accumulator=None):
         self.depth = depth
-        self.fp_depth = fp_depth
+        self.copies = copies if copies is not None else {}
         self.accumulator = accumulator
-        self.written = written
 
     def copy(self):
-        return SpState(self.depth, self.fp_depth, self.accumulator, self.written)
+        return SpState(self.depth, dict(self.copies), self.accumulator)
 
 
 class StepResult(object):
@@ -145,7 +145,7 @@ def memory_displacement(operand, base):
     return None
 
 
-def apply_sp_effect(arch, mnemonic, op_str, state, called_name=None):
+def apply_sp_effect(arch, mnemonic, op_str, state):
     """Update ``state`` for one non-control-flow instruction; return a StepResult
     when the instruction makes the frame dynamic or loses track of SP."""
     sp = SP[arch]
@@ -155,8 +155,7 @@ def apply_sp_effect(arch, mnemonic, op_str, state, called_name=None):
         return None
     if mnemonic == "pop":
         state.depth -= push
-        if op_str == FP[arch]:
-            state.fp_depth = None
+        state.copies.pop(op_str, None)
         return None
     if mnemonic in ("pushfq", "pushfd", "pushf"):
         state.depth += push
@@ -171,37 +170,33 @@ def apply_sp_effect(arch, mnemonic, op_str, state, called_name=None):
         state.depth -= 32
         return None
     if mnemonic == "leave":
-        if state.fp_depth is None:
+        frame = state.copies.pop(FP[arch], None)
+        if frame is None:
             return StepResult(unknown="leave without a known frame pointer")
-        state.depth = state.fp_depth - push
-        state.fp_depth = None
+        state.depth = frame - push
         return None
     accumulator = state.accumulator
     if mnemonic != "mov":
         # Only moves keep the stack-probe size: `mul`, `cmpxchg`, `cpuid`... write
         # the accumulator implicitly.
         state.accumulator = None
-    if sp not in op_str and not (op_str.startswith(ACCUMULATOR[arch]) or op_str.startswith(FP[arch])):
-        return None
     operands = split_operands(op_str)
     if not operands:
         return None
     destination = operands[0]
     source = operands[1] if len(operands) > 1 else ""
-    if destination in ACCUMULATOR[arch]:
-        # Track `mov eax, N` for the stack-probe helpers; anything else forgets it.
-        state.accumulator = parse_int(source) if mnemonic == "mov" else None
-        return None
-    if destination == FP[arch]:
-        if mnemonic == "mov" and source == sp:
-            state.fp_depth = state.depth
-        elif mnemonic == "lea":
-            offset = memory_displacement(source, sp)
-            state.fp_depth = None if offset is None else state.depth - offset
-        elif mnemonic not in ("push", "cmp", "test"):
-            state.fp_depth = None
-        return None
     if destination != sp:
+        if "[" in destination or mnemonic in ("cmp", "test"):
+            return None
+        if destination in ACCUMULATOR[arch]:
+            # Track `mov eax, N` for the stack-probe helpers; anything else forgets it.
+            state.accumulator = parse_int(source) if mnemonic == "mov" else None
+        if mnemonic == "mov" and source == sp:
+            state.copies[destination] = state.depth
+        elif mnemonic == "lea" and memory_displacement(source, sp) is not None:
+            state.copies[destination] = state.depth - memory_displacement(source, sp)
+        elif state.copies:
+            state.copies.pop(destination, None)
         return None
     if mnemonic == "sub" or mnemonic == "add":
         value = parse_int(source)
@@ -216,14 +211,15 @@ def apply_sp_effect(arch, mnemonic, op_str, state, called_name=None):
         if offset is not None:
             state.depth -= offset
             return None
-        offset = memory_displacement(source, FP[arch])
-        if offset is not None and state.fp_depth is not None:
-            state.depth = state.fp_depth - offset
-            return None
+        for register, depth in state.copies.items():
+            offset = memory_displacement(source, register)
+            if offset is not None:
+                state.depth = depth - offset
+                return None
         return StepResult(dynamic="%s %s" % (mnemonic, op_str))
     if mnemonic == "mov":
-        if source == FP[arch] and state.fp_depth is not None:
-            state.depth = state.fp_depth
+        if source in state.copies:
+            state.depth = state.copies[source]
             return None
         return StepResult(dynamic="%s %s" % (mnemonic, op_str))
     if mnemonic in ("and",):
@@ -360,7 +356,7 @@ def _scan_path(decoder, start, arch, name_of):
                 locals_size = pushed_immediate_before(decoder, start, address, 2)
                 if locals_size is None:
                     break
-                state.fp_depth = state.depth - 8 + 4
+                state.copies[FP[arch]] = state.depth - 8 + 4
                 state.depth = state.depth - 8 + SEH_PROLOG_FRAME_OVERHEAD + locals_size
             deepest = max(deepest, state.depth)
             address = next_address
