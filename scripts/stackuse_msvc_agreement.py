@@ -5,7 +5,9 @@ Fetches the ``msvc-runtime`` wheel (the VC++ runtime DLLs) for win_amd64 with
 ``pip download``, unpacks its DLLs and, for every primary (non-chained)
 RUNTIME_FUNCTION, compares the frame size found by scanning the prologue with the
 one the unwind codes give.  Chained fragments are counted separately: their frame
-is the parent's and a scan starting at the fragment cannot see it.
+is the parent's and a scan starting at the fragment cannot see it.  It also checks
+the call graph's SP tracking: on x64 every call is made at the full frame depth, so
+the tracked depth at each direct or indirect call must equal the unwind frame size.
 
     python scripts/stackuse_msvc_agreement.py [--dir DIR] [--wheel NAME] [DLL ...]
 """
@@ -21,7 +23,7 @@ import zipfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dbgext.stackuse.functions import ModuleFunctions  # noqa: E402
+from dbgext.stackuse.callgraph import CallGraph, Program  # noqa: E402
 from dbgext.stackuse.pe import PEImage  # noqa: E402
 
 
@@ -43,7 +45,8 @@ def fetch_dlls(directory, wheels):
 
 
 def measure(path):
-    module = ModuleFunctions(PEImage.from_file(path))
+    program = Program()
+    module = program.add_image(PEImage.from_file(path))
     counts = collections.Counter()
     examples = collections.defaultdict(list)
     for function in module.functions.values():
@@ -67,6 +70,18 @@ def measure(path):
             if len(examples[kind]) < 3:
                 examples[kind].append("%s+0x%x: prologue %s, unwind %d" % (
                     module.name, function.rva, function.prologue_size, function.unwind_size))
+    CallGraph(program).analyse_all(module)
+    for function in module.functions.values():
+        if function.unwind_size is None or function.fragment_of is not None or function.dynamic:
+            continue
+        for site in function.call_sites:
+            if site.kind in ("call", "indirect"):
+                counts["call sites"] += 1
+                if site.depth == function.unwind_size:
+                    counts["call sites at the unwind depth"] += 1
+                elif len(examples["call site depth"]) < 3:
+                    examples["call site depth"].append("%s+0x%x: call at 0x%x tracked %d, unwind %d" % (
+                        module.name, function.rva, site.address, site.depth, function.unwind_size))
     return counts, examples
 
 
@@ -101,6 +116,9 @@ def main(argv=None):
     for kind in ("agree", "prologue smaller", "prologue larger", "prologue undecodable", "dynamic per prologue",
                  "unwind unreadable"):
         print("  %-22s %7d  %5.1f%% of primary" % (kind, total[kind], 100.0 * total[kind] / primary))
+    print("call sites (direct and indirect) in functions with unwind data: %d, tracked SP equal to the "
+          "unwind frame at %d (%.2f%%)" % (total["call sites"], total["call sites at the unwind depth"],
+                                           100.0 * total["call sites at the unwind depth"] / (total["call sites"] or 1)))
     return 0
 
 
