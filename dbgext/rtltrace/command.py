@@ -123,7 +123,7 @@ def run(ctx, args):
         db.note(followed)
     links = Links(_script(ctx))
     out = ctx.out
-    blocks = sorted(db.blocks, key=SORT_KEYS[args.sort])
+    blocks = db.blocks
     selection = "all"
     if args.trace:
         blocks, selection = [_selected_trace(target, db, args.trace)], "trace"
@@ -138,6 +138,8 @@ def run(ctx, args):
                 args.module, ", ".join(m.name for m in target.modules()) or "none"))
         blocks = [block for block in blocks if any(module.contains(frame) for frame in block.frames or ())]
         selection = "module"
+    if selection in ("all", "module") and (args.json or args.traces or args.module):
+        blocks = sorted(blocks, key=SORT_KEYS[args.sort])
     blocks = _limited(blocks, args.limit)
     if args.json:
         out.json(database_document(db, blocks, selection))

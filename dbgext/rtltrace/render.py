@@ -4,6 +4,8 @@
 to ``dps`` over its frames, a bucket to this command's ``--bucket N`` view.
 """
 
+import heapq
+
 from ..render.output import dml_escape
 from .layouts import BLOCK_MAGIC, DATABASE_MAGIC, HASH_COUNTER_SLOTS, MAX_FRAMES, SEGMENT_MAGIC
 from .validate import statistics
@@ -200,7 +202,7 @@ def render_traces(out, target, db, blocks, links, title):
 
 
 def render_top_traces(out, target, db, links, top):
-    blocks = sorted(db.blocks, key=lambda block: (-block.count, block.address))[:top]
+    blocks = heapq.nsmallest(max(0, top), db.blocks, key=lambda block: (-block.count, block.address))
     out.line("")
     out.line("Top %d traces by hit count:" % len(blocks))
     for block in blocks:

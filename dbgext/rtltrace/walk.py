@@ -88,7 +88,8 @@ class TraceBlock(object):
     of a full walk."""
 
     __slots__ = ("address", "magic", "count", "size", "user_count", "user_size", "user_context",
-                 "next", "trace", "bucket", "hash", "_frames", "_frame_source")
+                 "next", "trace", "bucket", "hash", "_frames", "_frame_buffer", "_frame_offset",
+                 "_frame_decoder")
 
     def __init__(self, address, bucket, fields):
         """``fields``: the header in offset order (Magic, Count, Size, UserCount,
@@ -99,28 +100,31 @@ class TraceBlock(object):
          self.next, self.trace) = fields
         self.hash = None
         self._frames = None
-        self._frame_source = None
+        self._frame_decoder = None
 
     @property
     def frames(self):
-        if self._frame_source is not None:
-            buffer, offset, decoder = self._frame_source
-            self._frames = decoder.unpack_from(buffer, offset)
-            self._frame_source = None
+        if self._frame_decoder is not None:
+            self._frames = self._frame_decoder.unpack_from(self._frame_buffer, self._frame_offset)
+            self._frame_decoder = self._frame_buffer = None
         return self._frames
 
     @frames.setter
     def frames(self, value):
         self._frames = value
-        self._frame_source = None
+        self._frame_decoder = self._frame_buffer = None
 
     def defer_frames(self, buffer, offset, decoder):
-        """Frames to decode later with ``decoder`` (a struct.Struct) at ``offset``."""
-        self._frame_source = (buffer, offset, decoder)
+        """Frames to decode later with ``decoder`` (a struct.Struct) at ``offset``
+        (three slots rather than one tuple: 100,000 fewer objects to allocate and
+        for the garbage collector to track)."""
+        self._frame_buffer = buffer
+        self._frame_offset = offset
+        self._frame_decoder = decoder
 
     @property
     def frames_read(self):
-        return self._frames is not None or self._frame_source is not None
+        return self._frames is not None or self._frame_decoder is not None
 
     def as_dict(self):
         return {"address": self.address, "bucket": self.bucket, "count": self.count,
