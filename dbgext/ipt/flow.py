@@ -545,19 +545,24 @@ class _Walk(object):
                 idle_blocks += 1
             elif kind == B_RET:
                 extend(block.insns)
-                save()
-                if bi < nbits or self.refill():
+                compressed = bi < nbits
+                if not compressed:
+                    save()
+                    compressed = self.refill()
                     bits, bi = self.bits, self.bit_index
                     nbits = len(bits)
+                if compressed:
                     bit = bits[bi]
                     bi += 1
                     if bit != "T":
+                        save()
                         self.result.warnings.append("compressed RET at 0x%x took a not-taken bit (trace offset %d): "
                                                     "the reconstruction has gone wrong before it"
                                                     % (block.end, self.last_offset))
                         self.error(self.last_offset, "compressed RET at 0x%x with a not-taken bit" % block.end,
                                    block.end)
                     if not retstack:
+                        save()
                         self.error(self.last_offset, "compressed RET at 0x%x with an empty return stack" % block.end,
                                    block.end)
                     ip = retstack.pop()
