@@ -6,6 +6,7 @@ One registry of commands: every capability package exposes a ``COMMAND`` (or
 
 import argparse
 import importlib
+import os
 import sys
 import traceback
 
@@ -129,6 +130,8 @@ def main(argv=None, windbg=False, stream=None, target=None):
     except KeyboardInterrupt:
         out.line("interrupted")
         return 130
+    except BrokenPipeError:  # the reader went away (| head): not dbgext's failure
+        raise
     except Exception as error:  # a bug in dbgext: one line unless asked for more
         if args.debug:
             out.lines(traceback.format_exc().rstrip().split("\n"))
@@ -142,4 +145,11 @@ def main(argv=None, windbg=False, stream=None, target=None):
 
 
 def console_main():
-    sys.exit(main())
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Point stdout at /dev/null so the interpreter's final flush stays quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 0
+    sys.exit(code)

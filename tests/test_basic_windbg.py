@@ -1,6 +1,7 @@
 """The commands/*.py scripts run exactly as WinDbg's !py runs them (no __file__,
 recursion limit 500, str-only debugger stdout with DML, pykd = the fake)."""
 
+import json
 import os
 import re
 
@@ -84,7 +85,7 @@ def test_unreadable_memory_in_windbg_prints_question_marks(world):
 def test_windbg_json_output_goes_through_the_debugger_stream(world):
     scenario, at = world
     text, _ = run_windbg_script("dd", ["%x" % at.page, "L1", "--json"], scenario)
-    assert '"values": [\n    50462976\n  ]' in plain(text)
+    assert json.loads(plain(text))["values"] == [50462976]
 
 
 def test_a_dump_option_inside_windbg_reads_the_file_not_the_session(tmp_path, world):

@@ -79,7 +79,7 @@ class Output(object):
     def json(self, document):
         # Compact: --json is for scripts, and big documents (a maximal ETW cache is
         # a million frames) would triple in size with one value per line.
-        self._emit(json.dumps(document, separators=(",", ":")))
+        self.line(json.dumps(document, separators=(",", ":")))
 
     def _emit(self, text):
         if self.dml:
