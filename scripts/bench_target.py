@@ -12,6 +12,8 @@ the same files for comparison.  Targets from issue 2: small cached reads
 """
 
 import argparse
+import collections
+import itertools
 import os
 import random
 import shutil
@@ -54,19 +56,30 @@ def build_dumps(directory, size):
     return [("kernel dump", kernel_path, kernel_region), ("minidump", user_path, user_region)]
 
 
-def rate(operation, addresses, seconds):
-    """Run ``operation`` over ``addresses`` (cycling) for about ``seconds``:
-    returns (operations, elapsed)."""
-    done = 0
-    start = time.perf_counter()
-    deadline = start + seconds
-    while True:
-        for address in addresses:
-            operation(address)
-        done += len(addresses)
-        now = time.perf_counter()
-        if now >= deadline:
-            return done, now - start
+# CPU time of this process (user + system), not wall time: on a shared, loaded
+# machine wall time mostly measures the other processes.
+clock = time.process_time
+
+
+def rate(operation, addresses, seconds, *arguments):
+    """Call ``operation(address, *arguments)`` over ``addresses`` (cycling, from
+    C so the loop costs nothing) for about ``seconds`` of CPU time; the best of
+    five slices is kept.  Returns (operations, elapsed) of that slice."""
+    extra = [itertools.repeat(argument) for argument in arguments]
+    best = None
+    for _ in range(5):
+        done = 0
+        start = clock()
+        deadline = start + seconds / 5
+        while True:
+            collections.deque(map(operation, addresses, *extra), 0)
+            done += len(addresses)
+            now = clock()
+            if now >= deadline:
+                break
+        if best is None or done / (now - start) > best[0] / best[1]:
+            best = (done, now - start)
+    return best
 
 
 def address_sets(region, size, rng):
@@ -79,6 +92,7 @@ def address_sets(region, size, rng):
     sequential_page = [region + PAGE_SIZE * (i % (size // PAGE_SIZE)) for i in range(count)]
     return [
         ("random 8 B, 1 MiB working set", 8, working_set),
+        ("random u64(), 1 MiB working set", "u64", working_set),
         ("random 8 B, whole dump", 8, anywhere_small),
         ("random 4 KiB (unaligned)", PAGE_SIZE, anywhere_page),
         ("sequential 8 B", 8, sequential_small),
@@ -89,7 +103,7 @@ def address_sets(region, size, rng):
 def print_row(label, operations, elapsed, size, calls=None):
     per_second = operations / elapsed
     calls_text = "" if calls is None else "%10d" % calls
-    print("  %-44s %12.0f %10.1f %10s" % (label, per_second, per_second * size / 1e6, calls_text))
+    print("  %-48s %12.0f %10.1f %10s" % (label, per_second, per_second * size / 1e6, calls_text))
 
 
 def bench_target(path, region, size, seconds):
@@ -100,7 +114,11 @@ def bench_target(path, region, size, seconds):
         for label, length, addresses in address_sets(region, size, rng):
             target.stats.reset()
             target.drop_cache()
-            operations, elapsed = rate(lambda a: target.read(a, length), addresses, seconds)
+            if length == "u64":
+                operations, elapsed = rate(target.u64, addresses, seconds)
+                length = 8
+            else:
+                operations, elapsed = rate(target.read, addresses, seconds, length)
             print_row("%s, %s" % (label, cache_label), operations, elapsed, length, target.stats.backend_calls)
     target = open_dump(path, symbols=[])
     for label, scan in (("Target.scan (absent pattern), whole dump",
@@ -109,9 +127,9 @@ def bench_target(path, region, size, seconds):
                          lambda: [target.try_read(a, 1 << 20) for a in range(region, region + size, 1 << 20)])):
         target.drop_cache()
         target.stats.reset()
-        start = time.perf_counter()
+        start = clock()
         scan()
-        elapsed = time.perf_counter() - start
+        elapsed = clock() - start
         print_row(label, 1, elapsed, size, target.stats.backend_calls)
     target.close()
 
@@ -143,9 +161,9 @@ def bench_minidump_package(path, region, size, seconds):
     reader = MinidumpFile.parse(path).get_reader()
     rng = random.Random(3)
     addresses = [region + rng.randrange(size - PAGE_SIZE) for _ in range(2000)]
-    operations, elapsed = rate(lambda a: reader.read(a, 8), addresses, seconds)
+    operations, elapsed = rate(reader.read, addresses, seconds, 8)
     print_row("minidump package random 8 B", operations, elapsed, 8)
-    operations, elapsed = rate(lambda a: reader.read(a, PAGE_SIZE), addresses, seconds)
+    operations, elapsed = rate(reader.read, addresses, seconds, PAGE_SIZE)
     print_row("minidump package random 4 KiB", operations, elapsed, PAGE_SIZE)
 
 
@@ -164,11 +182,11 @@ def main():
         print("built two dumps of %d MiB in %.1f s (Python %s)" % (args.mib, time.perf_counter() - start,
                                                                  sys.version.split()[0]))
         for name, path, region in dumps:
-            start = time.perf_counter()
+            start = clock()
             open_dump(path, symbols=[]).close()
             print("\n%s %s (%d MiB file), opened in %.1f ms" % (
-                name, os.path.basename(path), os.path.getsize(path) >> 20, (time.perf_counter() - start) * 1e3))
-            print("  %-44s %12s %10s %10s" % ("operation", "reads/s", "MB/s", "backend"))
+                name, os.path.basename(path), os.path.getsize(path) >> 20, (clock() - start) * 1e3))
+            print("  %-48s %12s %10s %10s" % ("operation (rates per CPU second)", "reads/s", "MB/s", "backend"))
             bench_target(path, region, size, args.seconds)
             if name == "kernel dump":
                 bench_kdmp_parser(path, region, size, args.seconds)

@@ -413,3 +413,15 @@ def test_scan_finds_patterns_straddling_chunk_and_page_boundaries(tmp_path):
     assert target.scan(pattern, chunk=PAGE_SIZE, limit=2) == places[:2]
     assert target.scan(pattern, alignment=4) == [a for a in places if a % 4 == 0]
     assert target.scan(pattern, start=region + 6, end=region + 3 * PAGE_SIZE + 0x20) == places[1:3]
+
+
+def test_big_scenarios_stay_within_the_42_runs_of_the_header(monkeypatch, tmp_path):
+    import dbgext.testing.kdump_writer as writer
+    monkeypatch.setattr(writer, "PAGES_PER_DATA_RUN", 1)
+    scenario = Scenario("x64", "kernel")
+    region = scenario.alloc_pages(100 * PAGE_SIZE)
+    scenario.write(region, os.urandom(100 * PAGE_SIZE))
+    path = write_kernel_dump(scenario, str(tmp_path / "many.dmp"), large_pages=False)
+    dump = open_kdmp(path)
+    assert dump.header.PhysicalMemoryBlock.NumberOfRuns <= 42
+    assert dbgext.open(path).read(region, 100 * PAGE_SIZE) == scenario.read(region, 100 * PAGE_SIZE)

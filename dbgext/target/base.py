@@ -25,6 +25,29 @@ ARCH_POINTER_SIZE = {"x64": 8, "x86": 4}
 _U8, _U16, _U32, _I32, _U64 = (struct.Struct(f) for f in ("<B", "<H", "<I", "<i", "<Q"))
 
 
+def _scalar_reader(codec):
+    """A Target method reading one ``codec`` (struct.Struct) value at an address.
+    A cached page is decoded in place — no slice, no second call — because typed
+    field reads are what walkers do most."""
+    size = codec.size
+    unpack_from = codec.unpack_from
+    unpack = codec.unpack
+
+    def read_scalar(self, address):
+        offset = address & (PAGE_SIZE - 1)
+        if offset <= PAGE_SIZE - size:
+            page = self._cache.get(address - offset)
+            if page is not None:
+                stats = self.stats
+                stats.reads += 1
+                stats.bytes_read += size
+                stats.cache_hits += 1
+                return unpack_from(page, offset)[0]
+        return unpack(self.read(address, size))[0]
+
+    return read_scalar
+
+
 class Module(object):
     """A loaded image: debugger name (``nt``, ``ntdll``), base, size, file name."""
 
@@ -155,7 +178,9 @@ class Target(object):
         self.arch = backend.arch
         self.pointer_size = ARCH_POINTER_SIZE[self.arch]
         self._ptr_char = "Q" if self.pointer_size == 8 else "I"
-        self._ptr_codec = _U64 if self.pointer_size == 8 else _U32
+        # pointer(address): a pointer-sized value.  Walkers read pointers more
+        # than anything, so the right reader is bound once here.
+        self.pointer = self._pointer64 if self.pointer_size == 8 else self._pointer32
         self.address_mask = (1 << (8 * self.pointer_size)) - 1
         self.stats = ReadStats()
         self._cache = OrderedDict()
@@ -304,38 +329,13 @@ class Target(object):
         """struct.unpack(fmt, memory at address); fmt must be little-endian ('<...')."""
         return struct.unpack(fmt, self.read(address, struct.calcsize(fmt)))
 
-    def _scalar(self, codec, address):
-        """One ``codec`` (a struct.Struct) value at ``address``; a cached page is
-        decoded in place, without the slice ``read`` would make."""
-        size = codec.size
-        offset = address & (PAGE_SIZE - 1)
-        if offset <= PAGE_SIZE - size:
-            page = self._cache.get(address - offset)
-            if page is not None:
-                stats = self.stats
-                stats.reads += 1
-                stats.bytes_read += size
-                stats.cache_hits += 1
-                return codec.unpack_from(page, offset)[0]
-        return codec.unpack(self.read(address, size))[0]
-
-    def u8(self, address):
-        return self._scalar(_U8, address)
-
-    def u16(self, address):
-        return self._scalar(_U16, address)
-
-    def u32(self, address):
-        return self._scalar(_U32, address)
-
-    def i32(self, address):
-        return self._scalar(_I32, address)
-
-    def u64(self, address):
-        return self._scalar(_U64, address)
-
-    def pointer(self, address):
-        return self._scalar(self._ptr_codec, address)
+    u8 = _scalar_reader(_U8)
+    u16 = _scalar_reader(_U16)
+    u32 = _scalar_reader(_U32)
+    i32 = _scalar_reader(_I32)
+    u64 = _scalar_reader(_U64)
+    _pointer32 = _scalar_reader(_U32)
+    _pointer64 = _scalar_reader(_U64)
 
     def array(self, type_char, address, count):
         """``count`` little-endian values of struct type ``type_char`` ('I', 'Q', 'H'...)."""

@@ -59,11 +59,15 @@ class MinidumpBackend(Backend):
 
     # -- structure ------------------------------------------------------------------
 
-    def _bytes(self, rva, size, what):
-        """File bytes [rva, rva+size) or BadInput naming the structure."""
+    def _check(self, rva, size, what):
+        """BadInput naming the structure unless [rva, rva+size) lies in the file."""
         if rva < 0 or size < 0 or rva + size > self.size:
             raise BadInput("%s: %s at file offset 0x%x (+0x%x) lies past the end of the file (%d bytes)"
                            % (self.path, what, rva, size, self.size))
+
+    def _bytes(self, rva, size, what):
+        """File bytes [rva, rva+size) or BadInput naming the structure."""
+        self._check(rva, size, what)
         return self._map[rva:rva + size]
 
     def _parse(self):
@@ -175,13 +179,13 @@ class MinidumpBackend(Backend):
             cursor = struct.unpack_from("<Q", data, 8)[0]
             for index in range(count):
                 start, size = struct.unpack_from("<QQ", data, offset + 16 * index)
-                self._bytes(cursor, size, "memory range 0x%x" % start)
+                self._check(cursor, size, "memory range 0x%x" % start)
                 ranges.append((start, start + size, cursor))
                 cursor += size
         count, data, offset = self._list("MemoryList", "<I", 16)
         for index in range(count):
             start, size, rva = struct.unpack_from("<QII", data, offset + 16 * index)
-            self._bytes(rva, size, "memory range 0x%x" % start)
+            self._check(rva, size, "memory range 0x%x" % start)
             ranges.append((start, start + size, rva))
         ranges = [r for r in ranges if r[1] > r[0]]
         ranges.sort()

@@ -26,9 +26,11 @@ DEFAULT_DTB = 0x1A0000              # where Windows' boot PML4 conventionally si
 PREFERRED_SELF_MAP_INDEX = 0x1ED    # the pre-1607 fixed self-map slot (0xFFFFF6FB7DBED000)
 LARGE_PAGE = 0x200000
 # Physical layout: page tables from the DTB up, then data pages in a few runs
-# separated by one-page holes, so readers must honour the run table.
+# separated by one-page holes, so readers must honour the run table (the last
+# run takes whatever is left, keeping within the header's 42 runs).
 DATA_PHYSICAL_BASE = 0x1000000
 PAGES_PER_DATA_RUN = 0x1000
+MAX_DATA_RUN_HOLES = 16
 TABLE_FLAGS = PTE_PRESENT | PTE_WRITE | PTE_ACCESSED | PTE_DIRTY
 BREAKPOINT_EXCEPTION = 0x80000003
 
@@ -113,7 +115,7 @@ def build_physical_memory(virtual_pages, large_pages=True):
         leaf_of[region] = (cursor, True)
         cursor += LARGE_PAGE
     for index, va in enumerate(small):
-        if index and index % PAGES_PER_DATA_RUN == 0:
+        if index and index % PAGES_PER_DATA_RUN == 0 and index // PAGES_PER_DATA_RUN <= MAX_DATA_RUN_HOLES:
             cursor += PAGE_SIZE
         physical[cursor] = virtual_pages[va]
         leaf_of[va] = (cursor, False)
