@@ -20,22 +20,26 @@ UNMAPPED_KERNEL = 0xFFFFF80020000000
 NON_CANONICAL = 0x0000900000000000
 
 
+def random_bytes(rng, size):
+    """``size`` reproducible random bytes from ``rng`` (random.Random)."""
+    return rng.getrandbits(8 * size).to_bytes(size, "little") if size else b""
+
+
 def kernel_scenario(seed=1, blobs=24):
     """A kernel-mode scenario: nt (large-page sized), a driver, random blobs of
     1 B .. 12 KiB in pool and user space (some crossing pages), a hole."""
     rng = random.Random(seed)
     s = Scenario("x64", "kernel", build=19045)
-    nt_image = bytearray(rng.getrandbits(8) for _ in range(PAGE_SIZE)) * 2
-    s.add_module("nt", NT_BASE, 0x200000, image="ntoskrnl.exe", content=bytes(nt_image))
+    s.add_module("nt", NT_BASE, 0x200000, image="ntoskrnl.exe", content=random_bytes(rng, 2 * PAGE_SIZE))
     s.add_module("mydrv", DRIVER_BASE, 0x6000, image="mydrv.sys", content=b"MZ" + bytes(0x3E))
     s.add_symbol("nt", "KeBugCheckEx", 0x1230)
     for index in range(blobs):
         size = rng.choice([1, 8, 100, 0xFFF, 0x1001, 0x3000])
         address = s.alloc(size, align=rng.choice([1, 8, 16]))
-        s.write(address, os.urandom(size))
+        s.write(address, random_bytes(rng, size))
         if index % 6 == 5:
             s.alloc_pages(PAGE_SIZE)  # leave unmapped guard gaps between blobs
-    s.write(USER_BLOB, os.urandom(0x40))
+    s.write(USER_BLOB, random_bytes(rng, 0x40))
     hole = s.alloc_pages(3 * PAGE_SIZE)
     s.write(hole, b"\x11" * 3 * PAGE_SIZE)
     s.unmap(hole + PAGE_SIZE, PAGE_SIZE)
@@ -55,11 +59,11 @@ def user_scenario(arch="x64", seed=2, blobs=16):
     for _ in range(blobs):
         size = rng.choice([1, 8, 100, 0xFFF, 0x1001, 0x2800])
         address = s.alloc(size, align=rng.choice([1, 8, 16]))
-        s.write(address, os.urandom(size))
+        s.write(address, random_bytes(rng, size))
     pc, sp = ("rip", "rsp") if arch == "x64" else ("eip", "esp")
     for thread_id in (0x1A0, 0x1A4):
         stack = s.alloc_pages(0x2000)
-        s.write(stack + 0x1F00, os.urandom(0x100))
+        s.write(stack + 0x1F00, random_bytes(rng, 0x100))
         s.threads.append(Thread(thread_id, 0, stack, 0x2000,
                                 {pc: exe_base + 0x1000 + thread_id, sp: stack + 0x1F00}))
     return s

@@ -17,7 +17,7 @@ from dbgext.testing.scenario import KLDR_X64, Scenario
 
 from dumps_support import (
     NON_CANONICAL, NT_BASE, UNMAPPED_KERNEL, USER_BLOB, kdmp_read, kernel_scenario, open_kdmp,
-    probe_addresses, scenario_bytes)
+    probe_addresses, random_bytes, scenario_bytes)
 
 kdmp_parser = pytest.importorskip("kdmp_parser")
 
@@ -368,7 +368,7 @@ def fragmented(request, tmp_path_factory):
     import dbgext.testing.kdump_writer as writer
     scenario = Scenario("x64", "kernel")
     region = scenario.alloc_pages(40 * PAGE_SIZE)
-    scenario.write(region, os.urandom(40 * PAGE_SIZE))
+    scenario.write(region, random_bytes(random.Random(40), 40 * PAGE_SIZE))
     scenario.unmap(region + 17 * PAGE_SIZE, PAGE_SIZE)
     path = str(tmp_path_factory.mktemp("fragmented") / ("%s.dmp" % request.param))
     saved = writer.PAGES_PER_DATA_RUN
@@ -420,7 +420,7 @@ def test_big_scenarios_stay_within_the_42_runs_of_the_header(monkeypatch, tmp_pa
     monkeypatch.setattr(writer, "PAGES_PER_DATA_RUN", 1)
     scenario = Scenario("x64", "kernel")
     region = scenario.alloc_pages(100 * PAGE_SIZE)
-    scenario.write(region, os.urandom(100 * PAGE_SIZE))
+    scenario.write(region, random_bytes(random.Random(100), 100 * PAGE_SIZE))
     path = write_kernel_dump(scenario, str(tmp_path / "many.dmp"), large_pages=False)
     dump = open_kdmp(path)
     assert dump.header.PhysicalMemoryBlock.NumberOfRuns <= 42
