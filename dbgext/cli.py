@@ -1,7 +1,9 @@
 """The ``dbgext`` console entry and the shared runner for ``commands/*.py``.
 
 One registry of commands: every capability package exposes a ``COMMAND`` (or
-``COMMANDS``) in its ``command`` module, listed in ``COMMAND_MODULES``.
+``COMMANDS``) in its ``command`` module, listed in ``COMMAND_MODULES`` under the
+command names it declares.  Running one command imports only its module (WinDbg's
+``!py`` starts a fresh interpreter for every script run, so start-up time counts).
 """
 
 import argparse
@@ -16,19 +18,23 @@ from .render.output import Output
 from .target import open_dump
 
 COMMAND_MODULES = [
-    "dbgext.basic.command",
-    "dbgext.sample.command",
-    "dbgext.rtltrace.command",
-    "dbgext.etwcache.command",
-    "dbgext.ipt.command",
-    "dbgext.stackuse.command",
-    "dbgext.triage.command",
+    ("dbgext.basic.command", ("db", "dd", "dq", "dps", "lm")),
+    ("dbgext.sample.command", ("sample", "demo")),
+    ("dbgext.rtltrace.command", ("rtltrace",)),
+    ("dbgext.etwcache.command", ("etwstacks",)),
+    ("dbgext.ipt.command", ("ipt",)),
+    ("dbgext.stackuse.command", ("stackuse",)),
+    ("dbgext.triage.command", ("triage",)),
 ]
 
 
-def load_commands():
+def load_commands(only=None):
+    """The declared commands; with ``only`` (a command name), just that command's
+    module is imported."""
     commands = []
-    for module_name in COMMAND_MODULES:
+    for module_name, names in COMMAND_MODULES:
+        if only is not None and only not in names:
+            continue
         try:
             module = importlib.import_module(module_name)
         except ImportError as error:
@@ -104,7 +110,10 @@ def main(argv=None, windbg=False, stream=None, target=None):
     keeps ownership and closes it."""
     argv = list(sys.argv[1:] if argv is None else argv)
     out = Output(stream)
-    commands = load_commands()
+    requested = next((word for word in argv if not word.startswith("-")), None)
+    commands = load_commands(only=requested)
+    if not commands:
+        commands = load_commands()
     prog = "!py dbgext" if windbg else "dbgext"
     parser = build_parser(commands, prog=prog, stream=out.stream)
     try:
