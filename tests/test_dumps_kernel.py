@@ -425,3 +425,16 @@ def test_big_scenarios_stay_within_the_42_runs_of_the_header(monkeypatch, tmp_pa
     dump = open_kdmp(path)
     assert dump.header.PhysicalMemoryBlock.NumberOfRuns <= 42
     assert dbgext.open(path).read(region, 100 * PAGE_SIZE) == scenario.read(region, 100 * PAGE_SIZE)
+
+
+def test_scan_of_a_range_starting_mid_page_finds_every_match(tmp_path):
+    scenario = Scenario("x64", "kernel")
+    region = scenario.alloc_pages(6 * PAGE_SIZE)
+    pattern = b"\xfeMID-PAGE\xef"
+    places = [region + 0xFFB, region + 2 * PAGE_SIZE - 3, region + 4 * PAGE_SIZE + 0x7FF]
+    for address in places:
+        scenario.write(address, pattern)
+    target = dbgext.open(write_kernel_dump(scenario, str(tmp_path / "mid.dmp")))
+    for chunk in (PAGE_SIZE, 3 * PAGE_SIZE):
+        assert target.scan(pattern, start=region + 0xFFA, chunk=chunk) == places
+        assert target.scan(pattern, start=region + 0xFFC, chunk=chunk) == places[1:]

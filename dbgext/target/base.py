@@ -470,13 +470,14 @@ class Target(object):
             while cursor < hi:
                 # Page-aligned chunks let try_read hand back the joined pages as
                 # they are; matches straddling two chunks are found in tail+head.
-                stop = min(hi, max((cursor + chunk) & PAGE_MASK, cursor + PAGE_SIZE))
+                stop = min(hi, (cursor + chunk) & PAGE_MASK)  # > cursor: chunk >= PAGE_SIZE
                 data = self.try_read(cursor, stop - cursor).data
                 if tail and collect(tail + data[:overlap], cursor - len(tail), below=cursor):
                     return found
                 if collect(data, cursor):
                     return found
-                tail = data[len(data) - overlap:] if overlap else b""
+                if overlap:
+                    tail = data[-overlap:] if len(data) >= overlap else (tail + data)[-overlap:]
                 cursor = stop
         return found
 
