@@ -138,3 +138,18 @@ def scenario_bytes(scenario, address, size):
             return None
         page += PAGE_SIZE
     return scenario.read(address, size)
+
+
+def kdmp_loaded_modules(dump):
+    """(base, size, file name) of each PsLoadedModuleList entry, read through
+    kdmp-parser: the oracle for dbgext's own module walk."""
+    head = dump.header.PsLoadedModuleList
+    modules = []
+    entry = struct.unpack("<Q", kdmp_read(dump, head, 8))[0]
+    while entry != head and len(modules) < 100:
+        base, = struct.unpack("<Q", kdmp_read(dump, entry + 0x30, 8))
+        size, = struct.unpack("<I", kdmp_read(dump, entry + 0x40, 4))
+        length, _, buffer = struct.unpack("<HHxxxxQ", kdmp_read(dump, entry + 0x58, 16))
+        modules.append((base, size, kdmp_read(dump, buffer, length).decode("utf-16-le")))
+        entry = struct.unpack("<Q", kdmp_read(dump, entry, 8))[0]
+    return modules

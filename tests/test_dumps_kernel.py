@@ -16,8 +16,8 @@ from dbgext.testing.kdump_writer import (
 from dbgext.testing.scenario import KLDR_X64, Scenario
 
 from dumps_support import (
-    NON_CANONICAL, NT_BASE, UNMAPPED_KERNEL, USER_BLOB, kdmp_read, kernel_scenario, open_kdmp,
-    probe_addresses, random_bytes, scenario_bytes)
+    NON_CANONICAL, NT_BASE, UNMAPPED_KERNEL, USER_BLOB, kdmp_loaded_modules, kdmp_read, kernel_scenario,
+    open_kdmp, probe_addresses, random_bytes, scenario_bytes)
 
 kdmp_parser = pytest.importorskip("kdmp_parser")
 
@@ -156,6 +156,13 @@ def test_modules_come_from_ps_loaded_module_list(written):
     modules = dbgext.open(path).modules()
     assert [(m.name, m.base, m.size, m.image) for m in modules] == [
         ("nt", NT_BASE, 0x200000, "ntoskrnl.exe"), ("mydrv", 0xFFFFF80012340000, 0x6000, "mydrv.sys")]
+
+
+def test_dbgext_and_kdmp_parser_agree_on_the_module_list(written):
+    _, path = written
+    expected = kdmp_loaded_modules(open_kdmp(path))
+    assert [(m.base, m.size, m.image) for m in dbgext.open(path).modules()] == expected
+    assert len(expected) == 2
 
 
 def test_info_reports_the_crash(written):

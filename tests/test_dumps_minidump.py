@@ -106,6 +106,12 @@ def test_dbgext_and_the_minidump_package_agree_on_random_addresses(written):
             assert target.read(address, size) == expected
 
 
+def test_dbgext_and_the_minidump_package_agree_on_the_module_list(written):
+    _, path = written
+    expected = [(m.baseaddress, m.size, m.name) for m in minidump_reader(path).modules.modules]
+    assert [(m.base, m.size, m.image) for m in dbgext.open(path).modules()] == expected
+
+
 def test_dbgext_modules_use_debugger_names(written):
     scenario, path = written
     modules = dbgext.open(path).modules()
