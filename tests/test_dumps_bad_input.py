@@ -1,5 +1,5 @@
 """Bad dump files give one BadInput naming the file — never a traceback, never a
-dead process (kdmp-parser itself dies with SIGBUS on a truncated dump)."""
+dead process (kdmp-parser itself dies of a signal on a truncated dump)."""
 
 import io
 import os
@@ -89,7 +89,8 @@ def test_a_truncated_kernel_dump_is_one_cli_error_line(tmp_path, kernel_dumps):
 
 
 def test_kdmp_parser_itself_dies_on_a_truncated_dump(tmp_path, kernel_dumps):
-    """Why the size check exists: the third-party parser kills its process."""
+    """Why the size check exists: the third-party parser's process is killed by
+    a signal (SIGBUS or SIGSEGV), not given an exception."""
     pytest.importorskip("kdmp_parser")
     path = str(tmp_path / "cut.dmp")
     with open(path, "wb") as handle:
@@ -98,7 +99,7 @@ def test_kdmp_parser_itself_dies_on_a_truncated_dump(tmp_path, kernel_dumps):
               "dump = kdmp_parser.KernelDumpParser(sys.argv[1])\n"
               "for pa in list(dump.pages.keys()): dump.read_physical_page(pa)\n")
     result = subprocess.run([sys.executable, "-c", script, path], capture_output=True, timeout=60)
-    assert result.returncode != 0
+    assert result.returncode < 0
 
 
 def test_a_run_table_promising_more_pages_than_the_file_holds_is_truncated(tmp_path, kernel_dumps):
