@@ -10,7 +10,8 @@ kdmp-parser as the independent oracle: both readers must agree byte for byte.
 
 Validation happens before any page is touched: the header's run table or
 bitmap, and RequiredDumpSpace, must fit in the file, otherwise BadInput names
-the file (kdmp-parser would die with SIGBUS on such a truncated file).
+the file (kdmp-parser, which maps the file, dies of SIGBUS or SIGSEGV on such
+a truncated file).
 
 Translation follows the hardware (4 KiB, 2 MiB and 1 GiB pages) with one
 addition that WinDbg also makes: a *transition* PTE (not present, Transition
