@@ -5,11 +5,13 @@ import io
 import json
 import os
 import shutil
+import struct
 
 import pytest
 
 import dbgext
 from dbgext.cli import main
+from dbgext.target.base import PAGE_SIZE
 from dbgext.target.kdump import KernelDumpBackend
 from dbgext.target.minidump import MinidumpBackend
 
@@ -103,3 +105,22 @@ def test_the_cli_lists_minidump_modules_as_json(tmp_path):
     assert main(["lm", "--dump", path, "--json"], stream=stream) == 0
     document = json.loads(stream.getvalue())
     assert "ntdll" in json.dumps(document) and os.path.exists(path)
+
+
+def test_without_a_page_cache_every_read_goes_to_the_backend(kernel_dump):
+    scenario, path = kernel_dump
+    backend = dbgext.open(path).backend
+    target = dbgext.Target(backend, cache_pages=0)
+    address = min(va for va in scenario.pages if va >> 47)
+    for _ in range(3):
+        assert target.u64(address) == struct.unpack("<Q", scenario.read(address, 8))[0]
+    assert target.stats.backend_calls == 3 and target.stats.cache_hits == 0
+
+
+def test_with_the_page_cache_one_backend_call_serves_a_page(kernel_dump):
+    scenario, path = kernel_dump
+    target = dbgext.open(path)
+    address = min(va for va in scenario.pages if va >> 47)
+    for offset in range(0, PAGE_SIZE, 8):
+        assert target.read(address + offset, 8) == scenario.read(address + offset, 8)
+    assert target.stats.backend_calls == 1 and target.stats.reads == PAGE_SIZE // 8
