@@ -18,7 +18,7 @@ import time
 
 from dbgext.cli import main
 from dbgext.etwcache import fixtures, layouts, simulate
-from dbgext.etwcache.hashing import stack_hash
+from dbgext.stackhash import stack_trace_hash_frames
 from dbgext.testing.scenario import Scenario
 
 NT_BASE = 0xFFFFF80000000000
@@ -28,9 +28,9 @@ def stack_for_bucket(rng, bucket, bucket_count, depth):
     """``depth`` kernel frames whose hash lands in ``bucket``: the last frame's low
     word is chosen to steer the sum (a frame fffff800`0000xxxx adds xxxx + 0x7ff)."""
     frames = [NT_BASE + rng.randrange(0x1000, 0x100000, 4) for _ in range(depth - 1)]
-    low = (bucket - stack_hash(frames) - 0x7FF) % bucket_count
+    low = (bucket - stack_trace_hash_frames(frames) - 0x7FF) % bucket_count
     frames.append(NT_BASE + low)
-    assert stack_hash(frames) % bucket_count == bucket
+    assert stack_trace_hash_frames(frames) % bucket_count == bucket
     return frames
 
 

@@ -7,7 +7,7 @@ import struct
 import pytest
 
 from dbgext.etwcache import simulate, walk
-from dbgext.etwcache.hashing import stack_hash
+from dbgext.stackhash import stack_trace_hash_frames
 from dbgext.etwcache.simulate import StackStream
 
 from etwcache_support import random_stacks, scenario_with_cache, walked_state
@@ -22,10 +22,10 @@ def stream_of(stacks):
 
 def test_hash_sums_xors_of_16_bit_word_pairs():
     frame = 0x1111222233334444
-    assert stack_hash([frame]) == (0x4444 ^ 0x3333) + (0x2222 ^ 0x1111)
-    assert stack_hash([frame, frame]) == 2 * stack_hash([frame])
-    assert stack_hash([0xFFFF0000FFFF0000] * 0x20000) == (0xFFFF * 2 * 0x20000) & 0xFFFFFFFF
-    assert stack_hash([]) == 0
+    assert stack_trace_hash_frames([frame]) == (0x4444 ^ 0x3333) + (0x2222 ^ 0x1111)
+    assert stack_trace_hash_frames([frame, frame]) == 2 * stack_trace_hash_frames([frame])
+    assert stack_trace_hash_frames([0xFFFF0000FFFF0000] * 0x20000) == (0xFFFF * 2 * 0x20000) & 0xFFFFFFFF
+    assert stack_trace_hash_frames([]) == 0
 
 
 @pytest.mark.parametrize("frame_count", [1, 2, 3, 31, 32, 33, 256, 1000, 20000])
@@ -34,8 +34,8 @@ def test_fast_hash_equals_the_word_by_word_definition(frame_count):
     frames = [rng.getrandbits(64) for _ in range(frame_count)]
     words = struct.unpack("<%dH" % (4 * frame_count), struct.pack("<%dQ" % frame_count, *frames))
     expected = sum(words[i] ^ words[i + 1] for i in range(0, len(words), 2)) & 0xFFFFFFFF
-    assert stack_hash(frames) == expected
-    assert stack_hash([0xFFFF0000FFFF0000 | f & 0xFFFF for f in frames]) == sum(
+    assert stack_trace_hash_frames(frames) == expected
+    assert stack_trace_hash_frames([0xFFFF0000FFFF0000 | f & 0xFFFF for f in frames]) == sum(
         (0xFFFF ^ (f & 0xFFFF)) + 0xFFFF for f in frames) & 0xFFFFFFFF
 
 

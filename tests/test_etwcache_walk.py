@@ -7,7 +7,7 @@ import pytest
 
 from dbgext.etwcache import layouts, validate, walk
 from dbgext.etwcache.fixtures import PIECE_STRIDE, StackCacheBuilder
-from dbgext.etwcache.hashing import stack_hash
+from dbgext.stackhash import stack_trace_hash_frames
 
 from etwcache_support import kernel_scenario, random_stacks, scenario_with_cache
 
@@ -90,7 +90,7 @@ def test_bucket_list_through_unreadable_memory_reports_the_address():
 def test_piece_chain_that_loops_or_runs_past_frame_count_is_cut():
     stacks = [[0xFFFFF80000001000 + 8 * i for i in range(70)]]  # 3 pieces
     scenario, _context, builder = scenario_with_cache(stacks, "B", 7, 10)
-    key = builder.bucket_entries(stack_hash(stacks[0]) % 7)[0]
+    key = builder.bucket_entries(stack_trace_hash_frames(stacks[0]) % 7)[0]
     second = builder.pieces[key].next
     scenario.pack(second + 0x10, "<Q", key)  # second.Next -> first
     state = walk.read_cache(scenario.target(), builder.address)

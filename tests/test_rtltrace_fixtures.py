@@ -5,7 +5,8 @@ import struct
 import pytest
 
 from dbgext.rtltrace.fixtures import TraceDatabaseBuilder, add_sample_database
-from dbgext.rtltrace.hashing import pointer_sum_hash, stack_trace_hash, stack_trace_hash_frames
+from dbgext.rtltrace.hashing import pointer_sum_hash
+from dbgext.stackhash import stack_trace_hash, stack_trace_hash_frames
 from dbgext.rtltrace.layouts import BLOCK_MAGIC, DATABASE_MAGIC, SEGMENT_MAGIC, layout_named
 from dbgext.testing.scenario import Scenario
 
@@ -189,3 +190,16 @@ def test_add_sample_database_brings_its_own_driver_and_leaves_others_alone():
     assert target.pointer(target.symbol_address("tracedrv!g_TraceDatabase")) == address
     with pytest.raises(ValueError):
         add_sample_database(scenario_for("user-x64"))
+
+
+def test_the_default_hash_is_the_same_for_frames_and_their_bytes_on_both_architectures():
+    import struct
+    from dbgext.stackhash import stack_trace_hash, stack_trace_hash_frames
+    frames64 = [0xFFFFF80000123456, 0x00007FF612345678, 0xFFFFF801ABCDEF01]
+    frames32 = [0x80123456, 0x7712ABCD, 0x0040F00D]
+    # w0^w1 + w2^w3 per 64-bit frame, w0^w1 per 32-bit frame
+    expected64 = sum(((f & 0xFFFF) ^ (f >> 16 & 0xFFFF)) + ((f >> 32 & 0xFFFF) ^ (f >> 48)) for f in frames64)
+    expected32 = sum((f & 0xFFFF) ^ (f >> 16) for f in frames32)
+    assert stack_trace_hash_frames(frames64, 8) == expected64 & 0xFFFFFFFF
+    assert stack_trace_hash(struct.pack("<3Q", *frames64)) == expected64 & 0xFFFFFFFF
+    assert stack_trace_hash_frames(frames32, 4) == expected32

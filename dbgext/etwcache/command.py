@@ -2,9 +2,10 @@
 
 from ..command import Command
 from ..errors import BadInput
+from ..problems import Problem
 from . import discover, layouts, render, simulate, streams
 from .validate import validate
-from .walk import Problem, read_cache
+from .walk import read_cache
 
 DEFAULT_BUCKET_COUNTS = (256, 257, 1021, 2039, 4093)
 DEFAULT_CACHE_SIZES = (0x300000, 0x800000, 0x1000000)

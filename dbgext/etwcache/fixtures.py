@@ -13,7 +13,7 @@ aligned on x64, so the builder places them at a 0x130 stride.
 import struct
 
 from . import layouts
-from .hashing import stack_hash
+from ..stackhash import stack_trace_hash_frames
 
 PIECE_STRIDE = (layouts.PIECE_SIZE + 15) & ~15
 LOGGER_CONTEXT_SIZE = 0x550
@@ -110,7 +110,7 @@ class StackCacheBuilder(object):
         if not frames:
             return None
         self.lookups += 1
-        frame_hash = stack_hash(frames)
+        frame_hash = stack_trace_hash_frames(frames)
         head = self.bucket_head(frame_hash % self.bucket_count)
         entries = self.bucket_entries(frame_hash % self.bucket_count)
         for key in entries:

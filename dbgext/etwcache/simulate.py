@@ -14,7 +14,7 @@ Stacks are interned (``StackStream``) so each event costs a dict-free list looku
 """
 
 from . import layouts
-from .hashing import stack_hash
+from ..stackhash import stack_trace_hash_frames
 
 
 class StackStream(object):
@@ -67,7 +67,7 @@ class StackStream(object):
     @property
     def hashes(self):
         if self._hashes is None:
-            self._hashes = [stack_hash(frames) for frames in self.stacks]
+            self._hashes = [stack_trace_hash_frames(frames) for frames in self.stacks]
         return self._hashes
 
 

@@ -2,8 +2,8 @@
 could not read or follow): bucket sizes, hashes and buckets recomputed, piece
 frame counts, free/used overlap, SLIST depth, reference counts."""
 
+from ..problems import Problem
 from . import layouts
-from .walk import Problem
 
 
 def validate(state, idle=True):

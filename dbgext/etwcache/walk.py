@@ -9,9 +9,10 @@ fit becomes a :class:`Problem` with its address, and the walk goes on.
 import struct
 
 from ..errors import UnreadableMemory
+from ..problems import Problem
+from ..stackhash import stack_trace_hash
 from ..target.base import PAGE_SIZE
 from . import layouts
-from .hashing import hash_frame_bytes
 
 WALK_LIMIT = 64  # entries followed per bucket (a sane bucket holds at most 4)
 MAX_PROBLEMS_PER_KIND = 200
@@ -55,20 +56,6 @@ class _PageView(object):
         data, offset = self.locate(address, 8)
         return _U64.unpack_from(data, offset)[0]
 
-
-class Problem(object):
-    __slots__ = ("kind", "address", "detail")
-
-    def __init__(self, kind, address, detail):
-        self.kind = kind
-        self.address = address
-        self.detail = detail
-
-    def as_dict(self):
-        return {"kind": self.kind, "address": self.address, "detail": self.detail}
-
-    def __repr__(self):
-        return "Problem(%r, 0x%x, %r)" % (self.kind, self.address or 0, self.detail)
 
 
 class CachedStack(object):
@@ -386,7 +373,7 @@ def _read_entry(view, state, entry, previous):
                       % (entry.key, entry.frame_count, expected, len(entry.pieces)))
     raw = b"".join(chunks)
     entry.frames = struct.unpack("<%dQ" % collected, raw)
-    entry.frames_hash = hash_frame_bytes(raw)
+    entry.frames_hash = stack_trace_hash(raw)
     return flink
 
 

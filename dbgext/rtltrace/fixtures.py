@@ -22,7 +22,7 @@ inside named functions of the scenario's modules.
 import random
 import struct
 
-from .hashing import stack_trace_hash
+from ..stackhash import stack_trace_hash
 from .layouts import (BLOCK_MAGIC, DATABASE_MAGIC, MAX_BUCKETS, MAX_FRAMES, MIN_BUCKETS,
                       SEGMENT_MAGIC, layout_named)
 

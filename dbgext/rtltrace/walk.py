@@ -14,7 +14,8 @@ import gc
 import struct
 
 from ..errors import BadInput, UnreadableMemory
-from .hashing import stack_trace_hash
+from ..problems import Problem
+from ..stackhash import stack_trace_hash
 from .layouts import (BLOCK_MAGIC, DATABASE_MAGIC, LAYOUTS, MAX_BUCKETS, MAX_FRAMES, MIN_BUCKETS,
                       Layout, layout_from_types, layout_named)
 
@@ -32,22 +33,6 @@ TYPE_NAMES = (("ntdll", "user"), ("nt", "kernel"))
 DATABASE_FIELDS = ("Magic", "Flags", "Tag", "SegmentList", "MaximumSize", "CurrentSize", "Owner",
                    "NoOfBuckets", "Buckets", "HashFunction", "NoOfTraces", "NoOfHits", "HashCounter")
 
-
-class Problem(object):
-    """Something the walk or the validator found wrong, with a stable ``kind``."""
-
-    __slots__ = ("kind", "address", "detail")
-
-    def __init__(self, kind, address, detail):
-        self.kind = kind
-        self.address = address
-        self.detail = detail
-
-    def as_dict(self):
-        return {"kind": self.kind, "address": self.address, "detail": self.detail}
-
-    def __repr__(self):
-        return "Problem(%r, 0x%x, %r)" % (self.kind, self.address or 0, self.detail)
 
 
 class Segment(object):
