@@ -439,21 +439,23 @@ class _Walk(object):
             self.bit_index = 0
         return True
 
+    def peek_past_modes(self):
+        """The next item that is not a MODE.Exec, applying the modes passed over."""
+        item = self.peek()
+        while item is not None and item[0] == F_MODE:
+            self.lookahead = None
+            if item[2] is not None:
+                self.mode = item[2]
+            item = self.peek()
+        return item
+
     def take_ip(self, address, wanted):
         """Consume the TIP an indirect transfer at ``address`` needs: returns the new IP
         or None when tracing stops there (TIP.PGD or the end of the trace)."""
-        item = self.peek()
+        item = self.peek_past_modes()
         if item is None:
             return None
         kind, offset, value = item
-        while kind == F_MODE:
-            self.lookahead = None
-            if value is not None:
-                self.mode = value
-            item = self.peek()
-            if item is None:
-                return None
-            kind, offset, value = item
         if kind == F_TIP and value is not None:
             self.lookahead = None
             return value
@@ -623,12 +625,7 @@ class _Walk(object):
         """At the FUP address: consume FUP + TIP (transfer) or FUP + TIP.PGD (tracing off)."""
         self.lookahead = None
         self.committed = len(self.out)
-        item = self.peek()
-        while item is not None and item[0] == F_MODE:
-            self.lookahead = None
-            if item[2] is not None:
-                self.mode = item[2]
-            item = self.peek()
+        item = self.peek_past_modes()
         if item is None:
             return None
         kind, offset, value = item
