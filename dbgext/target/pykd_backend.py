@@ -12,11 +12,11 @@ No memory map: :meth:`PykdBackend.mapped_ranges` is None, so
 space — finders running inside WinDbg must be given a range to search.
 """
 
-import bisect
 import re
 
 from ..errors import DbgextError
 from .base import PAGE_SIZE, Backend, Module, Target
+from .symbols import SymbolTable
 
 # One loadBytes call covers at most this many pages (pykd's count is 32-bit and a
 # huge list of ints costs memory; 1 MiB runs keep calls few and lists modest).
@@ -153,28 +153,24 @@ class PykdBackend(Backend):
         return threads
 
 
-class PykdSymbols(object):
+class PykdSymbols(SymbolTable):
     """The :class:`dbgext.target.symbols.SymbolTable` interface answered by the
     debugger's own symbols (findSymbol, getOffset, typeInfo), with every answer
-    cached — inside WinDbg the same address or type is asked about many times."""
+    cached — inside WinDbg the same address or type is asked about many times.
+    Module binding and lookup by address are SymbolTable's."""
 
     # Bound on the address cache: a dps over a huge range must not grow it forever.
     MAX_CACHED_ADDRESSES = 100000
 
     def __init__(self, pykd, address_mask=0xFFFFFFFFFFFFFFFF):
+        super().__init__()
         self.pykd = pykd
         self._address_mask = address_mask
-        self._modules = []
-        self._bases = []
         self._addresses = {}
         self._descriptions = {}
         self._functions = {}
         self._type_sizes = {}
         self._field_offsets = {}
-
-    def bind(self, modules):
-        self._modules = sorted(modules, key=lambda m: m.base)
-        self._bases = [m.base for m in self._modules]
 
     @property
     def empty(self):
@@ -182,12 +178,6 @@ class PykdSymbols(object):
 
     def module_symbols(self, module_name):
         """No ISF tables behind the debugger's symbols."""
-        return None
-
-    def _module_at(self, address):
-        index = bisect.bisect_right(self._bases, address) - 1
-        if index >= 0 and self._modules[index].contains(address):
-            return self._modules[index]
         return None
 
     def address(self, name):
