@@ -182,5 +182,5 @@ def test_thousands_of_damaged_entries_are_summarised_past_200_of_a_kind():
         scenario.pack(key + 0x20, "<I", 0xFFFFFFFF)
     state = walk.read_cache(scenario.target(), builder.address)
     frame_count_problems = [p for p in state.problems if p.kind == "frame_count"]
-    assert len(frame_count_problems) == walk.MAX_PROBLEMS_PER_KIND
+    assert len(frame_count_problems) == walk.CacheState.MAX_PER_KIND
     assert any(p.kind == "problems_truncated" and "frame_count" in p.detail for p in state.problems)

@@ -9,13 +9,12 @@ fit becomes a :class:`Problem` with its address, and the walk goes on.
 import struct
 
 from ..errors import UnreadableMemory
-from ..problems import Problem
+from ..problems import CollectsProblems
 from ..stackhash import stack_trace_hash
 from ..target.base import PAGE_SIZE
 from . import layouts
 
 WALK_LIMIT = 64  # entries followed per bucket (a sane bucket holds at most 4)
-MAX_PROBLEMS_PER_KIND = 200
 _PIECE_HEAD = struct.Struct("<QQQiII")  # Flink, Blink, Next, RefCount, Hash, FrameCount
 _U64 = struct.Struct("<Q")
 
@@ -82,10 +81,11 @@ class CachedStack(object):
                 "frames": list(self.frames)}
 
 
-class CacheState(object):
+class CacheState(CollectsProblems):
     """What the walker found at one cache address."""
 
     def __init__(self, address):
+        super().__init__()
         self.address = address
         self.variant = None
         self.variant_confidence = "none"
@@ -98,21 +98,6 @@ class CacheState(object):
         self.free_list_top = 0
         self.free_pieces = []      # addresses reached by walking the SLIST
         self.free_walk_complete = True
-        self.problems = []
-        self._kind_counts = {}
-
-    def problem(self, kind, address, detail):
-        """Record a problem; past MAX_PROBLEMS_PER_KIND of one kind only count them."""
-        count = self._kind_counts.get(kind, 0) + 1
-        self._kind_counts[kind] = count
-        if count <= MAX_PROBLEMS_PER_KIND:
-            self.problems.append(Problem(kind, address, detail))
-
-    def finish_problems(self):
-        for kind, count in sorted(self._kind_counts.items()):
-            if count > MAX_PROBLEMS_PER_KIND:
-                self.problems.append(Problem("problems_truncated", self.address, "%d more %s problems not listed"
-                                             % (count - MAX_PROBLEMS_PER_KIND, kind)))
 
     @property
     def entries(self):

@@ -14,14 +14,13 @@ import gc
 import struct
 
 from ..errors import BadInput, UnreadableMemory
-from ..problems import Problem
+from ..problems import CollectsProblems
 from ..stackhash import stack_trace_hash
 from .layouts import (BLOCK_MAGIC, DATABASE_MAGIC, LAYOUTS, MAX_BUCKETS, MAX_FRAMES, MIN_BUCKETS,
                       Layout, layout_from_types, layout_named)
 
 MAX_SEGMENTS = 100000
 MAX_BLOCKS = 1000000
-MAX_PROBLEMS_PER_KIND = 200
 # A segment is one allocation of the layout's granularity (the first may also hold
 # a bucket array of up to 8 MiB); a segment claiming more than this is corrupt and
 # is not read in bulk, and all bulk reads together stay within a budget, so a
@@ -116,10 +115,11 @@ class TraceBlock(object):
                 "depth": self.size, "frames": list(self.frames or ())}
 
 
-class TraceDatabase(object):
+class TraceDatabase(CollectsProblems):
     """Everything read from one database, plus what the validator adds."""
 
     def __init__(self, address, layout):
+        super().__init__()
         self.address = address
         self.layout = layout
         self.header = {}
@@ -130,9 +130,7 @@ class TraceDatabase(object):
         self.chain_lengths = []       # per walked bucket
         self.buckets_walked = 0
         self.complete = True          # False when anything stopped the walk early
-        self.problems = []
         self.notes = []
-        self._kind_counts = {}
         # Filled by the validator:
         self.hash_function = {}
         self.hash_counter_expected = None
@@ -146,18 +144,6 @@ class TraceDatabase(object):
     def field(self, name, default=0):
         return self.header.get(name, default)
 
-    def problem(self, kind, address, detail):
-        count = self._kind_counts.get(kind, 0) + 1
-        self._kind_counts[kind] = count
-        if count <= MAX_PROBLEMS_PER_KIND:
-            self.problems.append(Problem(kind, address, detail))
-
-    def finish_problems(self):
-        """Summarise problem kinds that were too many to list one by one."""
-        for kind, count in sorted(self._kind_counts.items()):
-            if count > MAX_PROBLEMS_PER_KIND:
-                self.problems.append(Problem("problems_truncated", self.address,
-                                             "%d more %s problems not listed" % (count - MAX_PROBLEMS_PER_KIND, kind)))
 
     def note(self, text):
         self.notes.append(text)
