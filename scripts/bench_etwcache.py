@@ -11,7 +11,6 @@ import argparse
 import io
 import os
 import random
-import struct
 import sys
 import tempfile
 import time

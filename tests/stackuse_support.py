@@ -11,7 +11,6 @@ import tempfile
 import pytest
 
 from dbgext.stackuse.callgraph import CallGraph, Program
-from dbgext.stackuse.fixtures import Function, alloc_slots, build_pe, push_slot  # noqa: F401 (re-exported)
 from dbgext.stackuse.pe import PEImage
 
 SOURCES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "stackuse")

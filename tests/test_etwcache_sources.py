@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from dbgext.etwcache import fixtures, simulate, walk
+from dbgext.etwcache import simulate
 from dbgext.etwcache.streams import load_rtltrace_stream
 from dbgext.rtltrace.fixtures import TraceDatabaseBuilder
 

@@ -2,7 +2,8 @@
 emit, stack probes, the SEH helper, shrink-wrapping, dynamic frames, and SP
 tracking at call sites."""
 
-from stackuse_support import Function, alloc_slots, analyse_built, build_pe, function_named, push_slot
+from dbgext.stackuse.fixtures import Function, alloc_slots, build_pe, push_slot
+from stackuse_support import analyse_built, function_named
 
 RET = b"\xc3"
 LEAF = Function("leaf", [RET], export=False)
