@@ -75,7 +75,9 @@ def add_target_options(parser):
                         "symbols/ beside the dump)")
 
 
-def build_parser(commands, prog="dbgext", stream=None):
+def build_parser(commands, prog="dbgext", stream=None, command_prog=None):
+    """``command_prog``: how a command is invoked when that is not ``<prog> <name>``
+    (inside WinDbg: ``!py <path>\\commands\\<name>.py``)."""
     class Parser(_Parser):
         output_stream = stream
 
@@ -84,7 +86,8 @@ def build_parser(commands, prog="dbgext", stream=None):
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks for internal errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for command in commands:
-        command_parser = sub.add_parser(command.name, help=command.help, description=command.help)
+        extra = {"prog": command_prog} if command_prog else {}
+        command_parser = sub.add_parser(command.name, help=command.help, description=command.help, **extra)
         if command.needs_target:
             add_target_options(command_parser)
         if command.json_option:
@@ -114,8 +117,10 @@ def main(argv=None, windbg=False, stream=None, target=None):
     commands = load_commands(only=requested)
     if not commands:
         commands = load_commands()
-    prog = "!py dbgext" if windbg else "dbgext"
-    parser = build_parser(commands, prog=prog, stream=out.stream)
+    # Inside WinDbg the user typed ``!py <script> <args>``: usage lines say so.
+    command_prog = "!py %s" % sys.argv[0] if windbg and sys.argv and sys.argv[0] else None
+    parser = build_parser(commands, prog="!py dbgext" if windbg else "dbgext", stream=out.stream,
+                          command_prog=command_prog)
     try:
         args = parser.parse_args(argv)
     except _UsageError as error:

@@ -71,7 +71,8 @@ def test_a_bad_address_in_windbg_is_one_line_without_traceback(world):
 def test_usage_errors_and_help_do_not_exit_the_debuggers_python(world):
     scenario, _ = world
     text, _ = run_windbg_script("db", [], scenario)
-    assert "usage: !py dbgext db" in plain(text) and "required" in plain(text)
+    # the usage line shows what the user typed: !py <full path of the script>
+    assert "usage: !py %s" % os.path.join(COMMANDS_DIR, "db.py") in plain(text) and "required" in plain(text)
     text, _ = run_windbg_script("dps", ["-h"], scenario)
     assert "L<count>" in text  # argparse help is plain write(), not DML
 
@@ -147,4 +148,4 @@ def test_every_entry_script_shows_its_help_inside_windbg(name, world):
     if name not in [command.name for command in load_commands()]:
         pytest.skip("command %s is not built yet" % name)
     text, _ = run_windbg_script(name, ["-h"], world[0])
-    assert text.startswith("usage: !py dbgext %s" % name) and "Traceback" not in text
+    assert text.startswith("usage: !py %s" % os.path.join(COMMANDS_DIR, name + ".py")) and "Traceback" not in text
