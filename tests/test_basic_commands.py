@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dbgext.basic.address import TargetResolver, evaluate, parse_range
+from dbgext.address import TargetResolver, evaluate, parse_range
 from dbgext.basic.memory import MAX_DISPLAY_BYTES
 from dbgext.cli import main
 from dbgext.errors import BadInput, SymbolNotFound

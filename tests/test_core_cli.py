@@ -40,3 +40,14 @@ def test_help_is_available_for_every_command():
         code, text = run(command.name, "-h")
         assert code == 0, command.name
         assert "usage:" in text.lower() or "usage" in text
+
+
+def test_bare_addresses_take_hex_with_or_without_0x_and_windbgs_backtick():
+    import pytest
+    from dbgext.address import parse_hex
+    from dbgext.errors import BadInput
+    assert parse_hex("fffff800`00001000") == parse_hex("0xfffff80000001000") == 0xFFFFF80000001000
+    assert parse_hex(" 10 ") == 0x10
+    for bad in ("", "0x", "zz", "nt!KeBugCheckEx", "-1"):
+        with pytest.raises(BadInput):
+            parse_hex(bad)

@@ -4,7 +4,7 @@ call :mod:`dbgext.basic.memory`, render with :mod:`dbgext.basic.format`)."""
 from ..command import Command
 from ..errors import BadInput
 from . import format as layout
-from .address import TargetResolver, evaluate, parse_range
+from ..address import TargetResolver, evaluate, parse_range
 from .memory import list_modules, read_pointers, read_units
 
 # name -> (unit bytes or None for pointer-sized, default count, help)

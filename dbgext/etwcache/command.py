@@ -1,5 +1,6 @@
 """``etwstacks``: dump ETW stack cache state, resolve StackKeys, simulate and tune."""
 
+from ..address import parse_hex
 from ..command import Command
 from ..errors import BadInput
 from ..problems import Problem
@@ -9,13 +10,6 @@ from .walk import read_cache
 
 DEFAULT_BUCKET_COUNTS = (256, 257, 1021, 2039, 4093)
 DEFAULT_CACHE_SIZES = (0x300000, 0x800000, 0x1000000)
-
-
-def parse_address(text):
-    try:
-        return int(text.replace("`", ""), 16)
-    except ValueError:
-        raise BadInput("%r is not a hexadecimal address" % text)
 
 
 def parse_size(text):
@@ -93,7 +87,7 @@ def run(ctx, args):
             problems.extend(validate(state, idle=not args.busy))
         results.append((logger, state, problems))
     if args.key:
-        return show_key(ctx, target, results, parse_address(args.key))
+        return show_key(ctx, target, results, parse_hex(args.key))
     if args.json:
         ctx.out.json({"loggers": [render.logger_document(logger, state, problems)
                                   for logger, state, problems in results]})
@@ -115,12 +109,12 @@ def caches_to_read(target, args):
     logger = None
     if args.logger_context:
         offsets = discover.field_offsets(target)
-        logger = discover.read_logger(target, parse_address(args.logger_context), offsets)
+        logger = discover.read_logger(target, parse_hex(args.logger_context), offsets)
         for kind, address, detail in logger.problems:
             if kind == "unreadable" and not args.cache:
                 raise BadInput("logger context 0x%x: %s" % (address, detail))
     if args.cache:
-        return [(logger, parse_address(args.cache))]
+        return [(logger, parse_hex(args.cache))]
     if logger is not None:
         return [(logger, logger.stack_cache)] if logger.stack_cache else []
     loggers, _offsets = discover.discover_loggers(target)
@@ -159,7 +153,7 @@ def load_stream(ctx, args):
         return streams.load_stack_file(args.stacks)
     if args.etl:
         return streams.load_etl_stream(args.etl)
-    return streams.load_rtltrace_stream(ctx.target, parse_address(args.rtltrace))
+    return streams.load_rtltrace_stream(ctx.target, parse_hex(args.rtltrace))
 
 
 def run_simulation(ctx, args):

@@ -3,6 +3,7 @@
 import argparse
 import os
 
+from ..address import parse_hex
 from ..command import Command
 from ..errors import BadInput
 from . import render, sources, views
@@ -12,15 +13,6 @@ from .packets import decode_packets, packet_stats
 SUBCOMMANDS = ("packets", "flow", "event", "scan")
 SUSPICIOUS_FUNCTIONS = ("nt!KeBugCheckEx", "nt!KeBugCheck2", "nt!KeBugCheck")
 FLOW_VIEWS = ("instructions", "path", "calltree", "functions")
-
-
-def parse_address(text):
-    """``0xfffff800...``, ``fffff800`12340000`` or plain hex."""
-    cleaned = text.replace("`", "").strip().lower()
-    try:
-        return int(cleaned, 16) if not cleaned.startswith("0x") else int(cleaned, 0)
-    except ValueError:
-        raise BadInput("not an address: %r" % text)
 
 
 def parse_number(text):
@@ -34,7 +26,7 @@ def parse_image(text):
     path, separator, base = text.rpartition("@")
     if not separator or not path:
         raise BadInput("--image takes FILE@BASE, got %r" % text)
-    return path, parse_address(base)
+    return path, parse_hex(base)
 
 
 def _add_buffer_options(parser, size_required_for_raw=True):
@@ -111,7 +103,7 @@ def load_buffers(ctx, args):
         return sources.process_trace_buffers(data, origin=os.path.basename(args.trace))
     if args.address:
         target = ctx.target
-        address = parse_address(args.address)
+        address = parse_hex(args.address)
         if args.format == "event":
             return [sources.event_from_target(target, address, position)]
         if args.format == "process":
@@ -257,7 +249,7 @@ def _render_flow(ctx, document, view, format_address, namer):
 def run_event(ctx, args):
     position = parse_number(args.position) if args.position is not None else None
     if args.address:
-        address = parse_address(args.address)
+        address = parse_hex(args.address)
         buffer = sources.event_from_target(ctx.target, address, position)
     elif args.trace or args.etl:
         data = sources.from_file(args.trace).data if args.trace else _etl_event_payload(args.etl, args.index)
@@ -305,7 +297,7 @@ def run_scan(ctx, args):
     else:
         start, end = 0, None
         if args.start is not None:
-            start = parse_address(args.start)
+            start = parse_hex(args.start)
             end = start + parse_number(args.length or "0x100000")
         events, notes = sources.scan_target(ctx.target, start, end, max_events=args.max_events)
         rows = [{"address": event["address"], "trace_address": event["trace_address"],

@@ -2,6 +2,7 @@
 
 import sys
 
+from ..address import parse_hex
 from ..command import Command
 from ..errors import BadInput, UnreadableMemory
 from .find import find_databases
@@ -42,12 +43,11 @@ def add_arguments(parser):
 
 def parse_address(target, text):
     """(address, was_symbol): hex with or without 0x and WinDbg's backtick, or a symbol."""
-    cleaned = text.strip().replace("`", "")
     try:
-        return int(cleaned, 16), False
-    except ValueError:
+        return parse_hex(text), False
+    except BadInput:
         pass
-    address = target.symbol_address(cleaned)
+    address = target.symbol_address(text.strip())
     if address is None:
         raise BadInput("%r is neither a hex address nor a known symbol" % text)
     return address, True

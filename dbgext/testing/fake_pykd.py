@@ -991,7 +991,7 @@ def _build_module(session):
 
     @export
     def expr(expression, cplusplus=False):
-        from ..basic.address import evaluate
+        from ..address import evaluate
         try:
             return evaluate(_text(expression), _SessionSymbols(session))
         except DbgextError:

@@ -1,4 +1,4 @@
-"""WinDbg-style address expressions and ranges.
+"""WinDbg-style address expressions and ranges, for every command's arguments.
 
 Numbers are hexadecimal by default (``1000``, ``0x1000``, ``fffff800`00001000``),
 ``0n`` marks decimal; ``module!symbol`` and bare ``module`` (its base) resolve
@@ -9,7 +9,7 @@ through the target's symbols; terms combine with ``+`` and ``-``:
 
 import re
 
-from ..errors import BadInput, SymbolNotFound
+from .errors import BadInput, SymbolNotFound
 
 _HEX = re.compile(r"^(0x)?[0-9a-f]+$", re.IGNORECASE)
 _DECIMAL = re.compile(r"^0n[0-9]+$", re.IGNORECASE)
@@ -17,6 +17,17 @@ _NAME = re.compile(r"^[A-Za-z_$@?][\w$@?.:<>]*(![\w$@?.:<>~]+)?$")
 _LENGTH = re.compile(r"^[Ll](\?)?\s*(.+)$")
 
 ADDRESS_LIMIT = 1 << 64
+
+
+def parse_hex(text):
+    """A bare address: hex with or without ``0x``, WinDbg's backtick allowed
+    (``fffff800`00001000``).  For options parsed before any target is open."""
+    cleaned = text.strip().replace("`", "")
+    if cleaned[:2].lower() == "0x":
+        cleaned = cleaned[2:]
+    if not _HEX.match(cleaned):
+        raise BadInput("not an address: %r" % text)
+    return int(cleaned, 16)
 
 
 class TargetResolver(object):
