@@ -395,6 +395,20 @@ class _Session(object):
         va = self._va(self.addr64(address))
         return va is not None and self.target.is_readable(va, size)
 
+    def follow_links(self, api, head, next_offset=0):
+        """The entries pykd's list walkers visit: from the pointer at ``head``, each
+        next one at ``entry + next_offset``, stopping at 0 or back at the head.  A
+        loop that misses the head raises where the real pykd would hang."""
+        seen = set()
+        entry = self.read_pointer(head)
+        while entry != 0 and entry != head:
+            if entry in seen:
+                raise FakePykdHang("fake pykd: %s(0x%x) loops at 0x%x without returning to the head; "
+                                   "the real pykd would hang" % (api, head, entry))
+            seen.add(entry)
+            yield entry
+            entry = self.read_pointer(entry + next_offset)
+
     def read_pointer(self, address):
         data = self.read_scalar(address, self.ptr_size)
         return self.addr64(int.from_bytes(data, "little"))
@@ -817,18 +831,7 @@ def _build_module(session):
 
     @export
     def loadPtrList(offset, /):
-        head = session.addr64(_number(offset))
-        entries = []
-        seen = set()
-        entry = session.read_pointer(head)
-        while entry != 0 and entry != head:
-            if entry in seen:
-                raise FakePykdHang("fake pykd: loadPtrList(0x%x) loops at 0x%x without returning to the head; "
-                                   "the real pykd would hang" % (head, entry))
-            seen.add(entry)
-            entries.append(entry)
-            entry = session.read_pointer(entry)
-        return entries
+        return list(session.follow_links("loadPtrList", session.addr64(_number(offset))))
 
     # ---- memory: queries ----
     @export
@@ -1515,21 +1518,11 @@ def _build_module(session):
         # A pointer to the entry type itself is a singly linked "Next"; anything else
         # (a LIST_ENTRY, or its Flink reached by a dotted path) is a doubly linked list.
         singly_linked = field.isPointer() and field.deref().name() == info.name()
-        result = []
-        seen = set()
-        entry = session.read_pointer(head)
-        while entry != 0 and entry != head:
-            if entry in seen:
-                raise FakePykdHang("fake pykd: typedVarList(0x%x) loops at 0x%x without returning to the head; "
-                                   "the real pykd would hang" % (head, entry))
-            seen.add(entry)
-            if singly_linked:
-                result.append(typedVar._at(info._desc, entry))
-                entry = session.read_pointer(entry + link_offset)
-            else:
-                result.append(typedVar._at(info._desc, entry - link_offset))
-                entry = session.read_pointer(entry)
-        return result
+        if singly_linked:
+            entries = session.follow_links("typedVarList", head, link_offset)
+            return [typedVar._at(info._desc, entry) for entry in entries]
+        entries = session.follow_links("typedVarList", head)
+        return [typedVar._at(info._desc, entry - link_offset) for entry in entries]
 
     @export
     def typedVarArray(addr, typeName, count, /):
