@@ -3,8 +3,10 @@
 Numbers are hexadecimal by default (``1000``, ``0x1000``, ``fffff800`00001000``),
 ``0n`` marks decimal; ``module!symbol`` and bare ``module`` (its base) resolve
 through the target's symbols; terms combine with ``+`` and ``-``:
-``nt!KiSystemStartup+10``.  A range after the start address is ``L<count>``
-(units, hex) or an inclusive end address, as WinDbg's ``d*`` commands take.
+``nt!KiSystemStartup+10``; ``module+off`` is the module's base plus ``off``;
+``@rsp`` is a register of the selected thread.  A range after the start address is
+``L<count>`` (units, hex) or an inclusive end address, as WinDbg's ``d*`` commands
+take.  Every error names the token that failed.
 """
 
 import re
@@ -13,20 +15,24 @@ from .errors import BadInput, SymbolNotFound
 
 _HEX = re.compile(r"^(0x)?[0-9a-f]+$", re.IGNORECASE)
 _DECIMAL = re.compile(r"^0n[0-9]+$", re.IGNORECASE)
-_NAME = re.compile(r"^[A-Za-z_$@?][\w$@?.:<>]*(![\w$@?.:<>~]+)?$")
+_NAME = re.compile(r"^[A-Za-z_$?][\w$@?.:<>]*(![\w$@?.:<>~]+)?$")
+_REGISTER = re.compile(r"^@\$?[A-Za-z][A-Za-z0-9]*$")
 _LENGTH = re.compile(r"^[Ll](\?)?\s*(.+)$")
 
 ADDRESS_LIMIT = 1 << 64
 
 
-def parse_hex(text):
-    """A bare address: hex with or without ``0x``, WinDbg's backtick allowed
-    (``fffff800`00001000``).  For options parsed before any target is open."""
+def parse_number(text):
+    """A number without a target: hex by default (``0x`` optional, backticks
+    allowed: ``fffff800`00001000``), ``0n`` for decimal, an optional ``L`` prefix
+    for counts.  For options that need no symbols (file offsets, sizes)."""
     cleaned = text.strip().replace("`", "")
-    if cleaned[:2].lower() == "0x":
-        cleaned = cleaned[2:]
+    if cleaned[:1] in ("L", "l") and len(cleaned) > 1:
+        cleaned = cleaned[1:]
+    if _DECIMAL.match(cleaned):
+        return int(cleaned[2:], 10)
     if not _HEX.match(cleaned):
-        raise BadInput("not an address: %r" % text)
+        raise BadInput("'%s' is not a number (hex by default, 0n for decimal)" % text)
     return int(cleaned, 16)
 
 
@@ -42,6 +48,9 @@ class TargetResolver(object):
     def module_base(self, name):
         module = self._target.module_named(name)
         return module.base if module else None
+
+    def register(self, name):
+        return self._target.register(name)
 
 
 def evaluate(text, resolver):
@@ -65,7 +74,7 @@ def evaluate(text, resolver):
         sign = 1
         expect_term = False
     if expect_term:
-        raise BadInput("bad address expression '%s'" % text)
+        raise BadInput("'%s' ends in an operator (in '%s')" % (terms[-2] if len(terms) > 1 else text, text))
     if not 0 <= total < ADDRESS_LIMIT:
         raise BadInput("address expression '%s' is out of range" % text)
     return total
@@ -77,8 +86,10 @@ def _term(piece, text, resolver):
         return int(number[2:], 10)
     if _HEX.match(number):
         return int(number, 16)
+    if _REGISTER.match(piece):
+        return resolver.register(piece.lstrip("@").lstrip("$").lower())
     if not _NAME.match(piece):
-        raise BadInput("bad address expression '%s'" % text)
+        raise BadInput("bad token '%s' in '%s'" % (piece, text))
     if "!" not in piece:
         base = resolver.module_base(piece)
         if base is not None:
@@ -87,6 +98,12 @@ def _term(piece, text, resolver):
     if address is None:
         raise SymbolNotFound("unknown symbol '%s' in '%s'" % (piece, text))
     return address
+
+
+def evaluate_count(text, resolver):
+    """A count: an expression (hex by default) with an optional ``L`` prefix."""
+    match = _LENGTH.match(text.strip())
+    return evaluate(match.group(2) if match else text, resolver)
 
 
 def parse_range(tokens, start, unit, default_count, resolver):
@@ -106,3 +123,7 @@ def parse_range(tokens, start, unit, default_count, resolver):
     if end < start:
         raise BadInput("range end %s is below the start address 0x%x" % (text, start))
     return (end - start) // unit + 1
+
+
+# Transitional name while the capability commands move to ctx.address()/ctx.count().
+parse_hex = parse_number

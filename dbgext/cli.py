@@ -13,7 +13,8 @@ import sys
 import traceback
 
 from .command import Context
-from .errors import DbgextError
+from .errors import (EXIT_ERROR, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE,
+                     DbgextError)
 from .render.output import Output
 from .target import open_dump
 
@@ -67,12 +68,38 @@ class _UsageError(Exception):
         self.usage = usage
 
 
-def add_target_options(parser):
-    parser.add_argument("--dump", metavar="FILE", help="kernel crash/live dump or minidump to analyse "
-                        "(inside WinDbg: default is the current target)")
-    parser.add_argument("--symbols", metavar="PATH", action="append",
-                        help="ISF symbol file or directory (repeatable; default: <dump>.symbols/ or "
-                        "symbols/ beside the dump)")
+def add_target_options(parser, default=None):
+    _add_option(parser, "--dump", metavar="FILE", default=default,
+                help="kernel crash/live dump or minidump to analyse (inside WinDbg: default is the current target)")
+    _add_option(parser, "--symbols", metavar="PATH", action="append", default=default,
+                help="ISF symbol file or directory (repeatable; default: <dump>.symbols/ or symbols/ beside the dump)")
+
+
+def _add_option(parser, flag, **options):
+    """Add ``flag`` unless the command declared it itself."""
+    if flag not in parser._option_string_actions:
+        parser.add_argument(flag, **options)
+
+
+def _add_common_options(parser, command, default=None):
+    """The options every command takes, on ``parser``.  Leaf parsers of commands
+    with sub-actions get them too (with a suppressed default, so a value given
+    before the sub-action survives), which makes option order free."""
+    if command.needs_target:
+        add_target_options(parser, default)
+    if command.json_option:
+        _add_option(parser, "--json", action="store_true", default=default or False, help="print one JSON document")
+    _add_option(parser, "--debug", action="store_true", default=default or False,
+                help="show Python tracebacks for internal errors")
+
+
+def _leaf_parsers(parser):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                yield child
+                for grandchild in _leaf_parsers(child):
+                    yield grandchild
 
 
 def build_parser(commands, prog="dbgext", stream=None, command_prog=None):
@@ -88,13 +115,18 @@ def build_parser(commands, prog="dbgext", stream=None, command_prog=None):
     for command in commands:
         extra = {"prog": command_prog} if command_prog else {}
         command_parser = sub.add_parser(command.name, help=command.help, description=command.help, **extra)
-        if command.needs_target:
-            add_target_options(command_parser)
-        if command.json_option:
-            command_parser.add_argument("--json", action="store_true", help="print one JSON document")
+        _add_common_options(command_parser, command, default=argparse.SUPPRESS)
         command.add_arguments(command_parser)
+        for leaf in _leaf_parsers(command_parser):
+            _add_common_options(leaf, command, default=argparse.SUPPRESS)
         command_parser.set_defaults(_command=command)
     return parser
+
+
+def _fill_defaults(args, command):
+    for name, value in (("dump", None), ("symbols", None), ("json", False), ("debug", False)):
+        if not hasattr(args, name):
+            setattr(args, name, value)
 
 
 def open_target(args, windbg):
@@ -106,13 +138,19 @@ def open_target(args, windbg):
     raise DbgextError("no target: give --dump FILE (or run inside WinDbg with pykd)")
 
 
-def main(argv=None, windbg=False, stream=None, target=None):
-    """Run one command; returns the exit code.  Never lets a traceback reach the
+def main(argv=None, windbg=False, stream=None, target=None, error_stream=None):
+    """Run one command; returns the exit code (``dbgext.errors.EXIT_*``).  Results
+    go to ``stream`` (default stdout); errors, warnings and progress to
+    ``error_stream`` (default stderr).  Inside WinDbg, and for a caller that passes
+    only ``stream``, both go to that one stream, as the debugger shows them.  Never lets a traceback reach the
     user unless --debug is given.  ``target``: an already open Target to run the
     command on instead of opening one (tests over in-memory scenarios); the caller
     keeps ownership and closes it."""
     argv = list(sys.argv[1:] if argv is None else argv)
     out = Output(stream)
+    if error_stream is None:
+        error_stream = out.stream if (windbg or stream is not None) else sys.stderr
+    err = Output(error_stream, dml=False if error_stream is not out.stream else None)
     requested = next((word for word in argv if not word.startswith("-")), None)
     commands = load_commands(only=requested)
     if not commands:
@@ -124,38 +162,48 @@ def main(argv=None, windbg=False, stream=None, target=None):
     try:
         args = parser.parse_args(argv)
     except _UsageError as error:
-        out.line(error.usage.rstrip())
-        out.line(str(error))
-        return 2
+        err.line(error.usage.rstrip())
+        err.line(str(error))
+        return EXIT_USAGE
     except SystemExit as exit_request:  # -h / --help
-        return exit_request.code or 0
+        return exit_request.code or EXIT_OK
     if not getattr(args, "_command", None):
-        out.lines(parser.format_help().rstrip().split("\n"))
-        return 2
+        err.lines(parser.format_help().rstrip().split("\n"))
+        return EXIT_USAGE
+    _fill_defaults(args, args._command)
     if target is not None:
-        ctx = Context(args, out=out, windbg=windbg, target_factory=lambda a: target)
+        ctx = Context(args, out=out, err=err, windbg=windbg, target_factory=lambda a: target)
     else:
-        ctx = Context(args, out=out, windbg=windbg, target_factory=lambda a: open_target(a, windbg))
+        ctx = Context(args, out=out, err=err, windbg=windbg, target_factory=lambda a: open_target(a, windbg))
     try:
-        return args._command.run(ctx, args) or 0
+        return args._command.run(ctx, args) or EXIT_OK
     except DbgextError as error:
-        out.line("error: %s" % error)
-        return 1
+        err.line("error: %s" % error)
+        return EXIT_ERROR
     except KeyboardInterrupt:
-        out.line("interrupted")
-        return 130
+        err.line("interrupted")
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # the reader went away (| head): not dbgext's failure
         raise
     except Exception as error:  # a bug in dbgext: one line unless asked for more
+        if _interrupted(error):
+            err.line("interrupted")
+            return EXIT_INTERRUPTED
         if args.debug:
-            out.lines(traceback.format_exc().rstrip().split("\n"))
+            err.lines(traceback.format_exc().rstrip().split("\n"))
         else:
-            out.line("internal error: %s: %s (run with --debug for the traceback)"
+            err.line("internal error: %s: %s (run with --debug for the traceback)"
                      % (type(error).__name__, error))
-        return 3
+        return EXIT_INTERNAL
     finally:
         if target is None:
             ctx.close()
+
+
+def _interrupted(error):
+    """Libraries that catch SIGINT themselves (DuckDB: "Query interrupted") turn
+    Ctrl-C into their own exception; it is still the user's Ctrl-C."""
+    return "interrupted" in str(error).lower() and type(error).__name__ in ("RuntimeError", "InterruptException")
 
 
 def console_main():

@@ -8,6 +8,9 @@ the two is where the Target comes from: ``--dump FILE`` offline, the live pykd
 session (or the dump open in WinDbg) when no ``--dump`` is given inside WinDbg.
 """
 
+import sys
+
+from .address import TargetResolver, evaluate, evaluate_count
 from .render.output import Output
 
 
@@ -23,14 +26,29 @@ class Command(object):
 
 class Context(object):
     """What a command's run function gets: the target (opened on first use), the
-    output, and whether it runs inside WinDbg."""
+    result output (stdout), the diagnostics output (stderr: errors, warnings,
+    progress), and whether it runs inside WinDbg."""
 
-    def __init__(self, args, out=None, windbg=False, target_factory=None):
+    def __init__(self, args, out=None, windbg=False, target_factory=None, err=None):
         self.args = args
         self.out = out or Output()
+        self.err = err or Output(sys.stderr, dml=False)
         self.windbg = windbg
         self._target = None
         self._target_factory = target_factory
+
+    def warn(self, text):
+        self.err.line("warning: %s" % text)
+
+    def address(self, text):
+        """An address argument in WinDbg's grammar (hex, 0n, backticks,
+        module!symbol+off, module+off, @reg) evaluated on the target."""
+        return evaluate(text, _TargetOnDemand(self))
+
+    def count(self, text):
+        """A count argument: hex by default, ``0n`` decimal, optional ``L`` prefix;
+        symbols and registers allowed as in WinDbg."""
+        return evaluate_count(text, _TargetOnDemand(self))
 
     @property
     def target(self):
@@ -44,3 +62,15 @@ class Context(object):
     def close(self):
         if self._target is not None:
             self._target.close()
+
+
+class _TargetOnDemand(TargetResolver):
+    """Resolves names through the context's target, opening it only when an
+    expression names a symbol, module or register (plain numbers need none)."""
+
+    def __init__(self, ctx):
+        self._ctx = ctx
+
+    @property
+    def _target(self):
+        return self._ctx.target

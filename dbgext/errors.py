@@ -4,6 +4,8 @@ Commands turn any DbgextError into a one-line message and a non-zero exit code;
 anything else escaping an analysis is a bug.
 """
 
+from .render.text import hexaddr
+
 
 class DbgextError(Exception):
     """Base class: a problem the user can act on, printed as one line."""
@@ -27,3 +29,29 @@ class BadInput(DbgextError):
 
 class SymbolNotFound(DbgextError):
     """A symbol, type or field is not known to the target's symbol source."""
+
+
+class WrongSignature(BadInput):
+    """A structure's magic or signature does not match what the command expected:
+    the address is probably wrong.  Commands refuse to walk it unless ``--force``."""
+
+    def __init__(self, what, address, found):
+        self.what = what
+        self.address = address
+        self.found = found
+        super().__init__("no %s at %s: found %s there (give --force to walk it anyway)"
+                         % (what, hexaddr(address), found))
+
+
+class LayoutNotFound(BadInput):
+    """No source (type information, the dump's debugger data, built-in tables) knows
+    a structure's layout for this target."""
+
+
+# Exit codes of every command (documented in README.md).
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_INTERNAL = 3
+EXIT_PROBLEMS = 4        # the run worked and found problems (--validate, triage failures)
+EXIT_INTERRUPTED = 130   # Ctrl-C: committed work is kept

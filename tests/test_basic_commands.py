@@ -175,7 +175,7 @@ def test_reading_past_the_top_of_the_address_space_stops_there(world):
 
 @pytest.mark.parametrize("argv, message", [
     (["db", "nt!Nope"], "error: unknown symbol 'nt!Nope'"),
-    (["db", "12zz"], "error: bad address expression '12zz'"),
+    (["db", "12zz"], "error: bad token '12zz' in '12zz'"),
     (["dd", "2000", "1000"], "error: range end 1000 is below the start address 0x2000"),
     (["lm", "x"], "error: lm takes no arguments or 'm PATTERN'"),
 ])

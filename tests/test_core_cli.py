@@ -42,12 +42,15 @@ def test_help_is_available_for_every_command():
         assert "usage:" in text.lower() or "usage" in text
 
 
-def test_bare_addresses_take_hex_with_or_without_0x_and_windbgs_backtick():
+def test_numbers_without_a_target_are_hex_by_default_with_0n_for_decimal_and_windbgs_backtick():
     import pytest
-    from dbgext.address import parse_hex
+    from dbgext.address import parse_number
     from dbgext.errors import BadInput
-    assert parse_hex("fffff800`00001000") == parse_hex("0xfffff80000001000") == 0xFFFFF80000001000
-    assert parse_hex(" 10 ") == 0x10
+    assert parse_number("fffff800`00001000") == parse_number("0xfffff80000001000") == 0xFFFFF80000001000
+    assert parse_number(" 10 ") == 0x10
+    assert parse_number("0n80") == 80
+    assert parse_number("L20") == 0x20
     for bad in ("", "0x", "zz", "nt!KeBugCheckEx", "-1"):
-        with pytest.raises(BadInput):
-            parse_hex(bad)
+        with pytest.raises(BadInput) as raised:
+            parse_number(bad)
+        assert repr(bad)[1:-1] in str(raised.value)

@@ -1,0 +1,135 @@
+"""Structure layouts of the target, in one shape, from one lookup.
+
+A :class:`Layout` is a structure's size and its fields as ``name -> (offset,
+fmt)``, where ``fmt`` is a :mod:`struct` format (``"I"``, ``"Q"``, ``"16I"``; ``"P"``
+is pointer-sized; ``None`` when only the offset is known), plus where it came from.
+
+:func:`lookup_layout` is the one place that decides where a layout comes from, in
+the order a WinDbg user trusts them:
+
+1. the target's type information (PDB, ISF or the debugger's, through
+   ``target.type_size`` / ``target.field_offset``);
+2. the dump's own ``KDDEBUGGER_DATA64`` offsets (``backend.layout_hints``);
+3. the built-in tables for the target's architecture and build.
+
+Every result says which source answered, so the output can say it too.  Dump *file*
+formats live in :mod:`dbgext.layouts.dump_formats`: they are not target types.
+"""
+
+import struct
+
+from ..errors import LayoutNotFound
+
+
+class Layout(object):
+    __slots__ = ("name", "size", "fields", "source", "pointer_size")
+
+    def __init__(self, name, size, fields, source, pointer_size=8):
+        self.name = name
+        self.size = size
+        self.fields = dict(fields)
+        self.source = source
+        self.pointer_size = pointer_size
+
+    def has(self, field):
+        return field in self.fields
+
+    def offset(self, field):
+        entry = self.fields.get(field)
+        return entry[0] if entry else None
+
+    def format(self, field):
+        """The field's struct format with ``P`` resolved for this layout's pointer size."""
+        fmt = self.fields[field][1]
+        if fmt is None:
+            raise LayoutNotFound("%s.%s: only its offset is known (from %s)" % (self.name, field, self.source))
+        return "<" + fmt.replace("P", "Q" if self.pointer_size == 8 else "I")
+
+    def unpack(self, data, field, base=0):
+        """The field's value(s) from ``data`` holding the structure at ``base``."""
+        values = struct.unpack_from(self.format(field), data, base + self.fields[field][0])
+        return values[0] if len(values) == 1 else values
+
+    def read(self, target, address, field):
+        """The field's value read from target memory (UnreadableMemory if it can't be)."""
+        fmt = self.format(field)
+        data = target.read(address + self.fields[field][0], struct.calcsize(fmt))
+        values = struct.unpack(fmt, data)
+        return values[0] if len(values) == 1 else values
+
+    def as_dict(self):
+        return {"name": self.name, "size": self.size, "source": self.source,
+                "fields": {name: offset for name, (offset, _) in self.fields.items()}}
+
+    def __repr__(self):
+        return "Layout(%r, size=%r, %d fields, source=%r)" % (self.name, self.size, len(self.fields), self.source)
+
+
+class BuiltinLayouts(object):
+    """Built-in layouts as data: ``{type_name: [{"arch": "x64", "builds": (min, max),
+    "size": n, "fields": {name: (offset, fmt)}}, ...]}``.  ``builds`` is inclusive;
+    ``None`` (or a missing key) matches every build.  The first matching row wins,
+    so list specific builds before general ones."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def find(self, type_name, arch, build):
+        for row in self.table.get(type_name, ()):
+            if row.get("arch", arch) != arch:
+                continue
+            builds = row.get("builds")
+            if builds is not None and (build is None or not builds[0] <= build <= builds[1]):
+                continue
+            return row
+        return None
+
+    def types(self):
+        return sorted(self.table)
+
+
+def _description(row, build):
+    builds = row.get("builds")
+    if builds is None:
+        return "built-in"
+    return "built-in (build %s)" % (build if builds[0] != builds[1] else builds[0])
+
+
+def lookup_layout(target, type_name, builtin=None, fields=None):
+    """The layout of ``type_name`` (``nt!_KTHREAD`` or ``_KTHREAD``) on ``target``.
+
+    ``builtin``: a :class:`BuiltinLayouts` (or None); ``fields``: the fields a
+    source must know to be taken (default: every field of the built-in row, or any
+    field at all for type information).  Raises :class:`LayoutNotFound`."""
+    bare = type_name.split("!", 1)[-1]
+    arch = target.arch
+    row = builtin.find(bare, arch, target.build) if builtin is not None else None
+    wanted = list(fields) if fields is not None else (list(row["fields"]) if row else [])
+    formats = dict((name, fmt) for name, (_, fmt) in row["fields"].items()) if row else {}
+    pointer_size = target.pointer_size
+
+    size = target.type_size(type_name)
+    if size is not None:
+        known = {}
+        for field in (wanted or formats):
+            offset = target.field_offset(type_name, field)
+            if offset is not None:
+                known[field] = (offset, formats.get(field))
+        if all(field in known for field in wanted):
+            source = target.type_source(type_name)
+            return Layout(bare, size, known, source, pointer_size)
+
+    hints = target.backend.layout_hints(bare)
+    if hints:
+        offsets = hints.get("fields", {})
+        if all(field in offsets for field in wanted):
+            known = dict((field, (offset, formats.get(field))) for field, offset in offsets.items())
+            return Layout(bare, hints.get("size") or (row["size"] if row else None), known,
+                          "KDDEBUGGER_DATA64", pointer_size)
+
+    if row is not None and all(field in row["fields"] for field in wanted):
+        return Layout(bare, row["size"], row["fields"], _description(row, target.build), pointer_size)
+
+    raise LayoutNotFound("no layout for %s on this %s target (build %s): no type information, no debugger "
+                         "data and no built-in table has %s" % (type_name, arch, target.build or "unknown",
+                                                                ", ".join(wanted) or "it"))

@@ -4,10 +4,10 @@ in-memory images."""
 import os
 
 from ..errors import BadInput
-from .base import PAGE_SIZE, Backend, Module, PartialRead, Target
+from .base import PAGE_SIZE, Backend, Module, PartialRead, Target, Thread
 from .symbols import SymbolTable, load_isf_directory
 
-__all__ = ["PAGE_SIZE", "Backend", "Module", "PartialRead", "Target", "SymbolTable", "open_dump",
+__all__ = ["PAGE_SIZE", "Backend", "Module", "PartialRead", "Target", "Thread", "SymbolTable", "open_dump",
            "symbol_paths_beside"]
 
 

@@ -14,7 +14,8 @@ that returns what it could read plus the holes (Fay's TryRead).
 import struct
 from collections import OrderedDict
 
-from ..errors import UnreadableMemory
+from ..errors import BadInput, UnreadableMemory
+from ..render.text import hexaddr
 from .symbols import SymbolTable
 
 PAGE_SIZE = 0x1000
@@ -77,6 +78,27 @@ class Module(object):
         return hash((self.name, self.base, self.size))
 
 
+class Thread(object):
+    """A thread with a register context: a minidump's thread, a kernel dump's
+    crashing thread, the debugger's current thread.  ``registers`` maps lowercase
+    register names (``rip``, ``rsp``… or ``eip``, ``esp``…) to values."""
+
+    __slots__ = ("id", "registers", "kernel_thread", "teb", "stack_base", "stack_limit", "name")
+
+    def __init__(self, id, registers, kernel_thread=None, teb=None, stack_base=None, stack_limit=None,
+                 name=None):
+        self.id = id
+        self.registers = dict(registers)
+        self.kernel_thread = kernel_thread
+        self.teb = teb
+        self.stack_base = stack_base
+        self.stack_limit = stack_limit
+        self.name = name
+
+    def __repr__(self):
+        return "Thread(%r, %d registers)" % (self.id, len(self.registers))
+
+
 class Backend(object):
     """What a memory source must provide.  Subclasses override the page reader.
 
@@ -109,6 +131,19 @@ class Backend(object):
     def info(self):
         """Facts about the target for triage: kind, build, bug check, context..."""
         return {"kind": self.kind, "arch": self.arch}
+
+    def threads(self):
+        """Threads whose register context the source holds."""
+        return []
+
+    def current_thread(self):
+        """The crashing or current thread, or None when the source has no context."""
+        return None
+
+    def layout_hints(self, type_name):
+        """Structure offsets the source itself carries (a kernel dump's
+        KDDEBUGGER_DATA64): ``{"size": n or None, "fields": {name: offset}}`` or None."""
+        return None
 
     def close(self):
         pass
@@ -187,6 +222,7 @@ class Target(object):
         self._cache_limit = cache_pages
         self._modules = None
         self._symbols = symbols
+        self._thread = None
 
     # -- pages ------------------------------------------------------------------
 
@@ -523,14 +559,70 @@ class Target(object):
     def type_size(self, type_name):
         return self.symbols.type_size(type_name)
 
+    def type_source(self, type_name):
+        """Where the type information for ``type_name`` comes from (``pdb nt``,
+        ``isf nt``, ``debugger``), for output that says which layout was used."""
+        describe = getattr(self.symbols, "type_source", None)
+        return describe(type_name) if describe else "type information"
+
     def info(self):
         return self.backend.info()
+
+    @property
+    def build(self):
+        """The Windows build number, or None when the source doesn't say."""
+        return self.backend.info().get("build")
+
+    # -- threads and registers ------------------------------------------------------
+
+    def threads(self):
+        return self.backend.threads()
+
+    @property
+    def thread(self):
+        """The selected thread: the crashing/current one unless select_thread chose
+        another; None when the target holds no register context."""
+        if self._thread is None:
+            self._thread = self.backend.current_thread()
+        return self._thread
+
+    def select_thread(self, wanted):
+        """Select a thread by id, by index (``~N``: ``"~3"`` or an int below the
+        thread count when no thread has that id) or by KTHREAD address."""
+        threads = self.threads()
+        text = str(wanted).strip()
+        if text.startswith("~"):
+            text = text[1:].rstrip("s")
+            by_index = True
+        else:
+            by_index = False
+        try:
+            number = int(text, 0)
+        except ValueError:
+            raise BadInput("'%s' is not a thread id, ~index or KTHREAD address" % wanted)
+        if not by_index:
+            for thread in threads:
+                if thread.id == number or (thread.kernel_thread is not None and thread.kernel_thread == number):
+                    self._thread = thread
+                    return thread
+        if 0 <= number < len(threads):
+            self._thread = threads[number]
+            return self._thread
+        raise BadInput("no thread '%s' in this target (%d threads with a context)" % (wanted, len(threads)))
+
+    def register(self, name):
+        """A register of the selected thread, for ``@reg`` in addresses."""
+        thread = self.thread
+        if thread is None:
+            raise BadInput("@%s: this target holds no register context" % name)
+        try:
+            return thread.registers[name.lower()]
+        except KeyError:
+            raise BadInput("@%s: no such register in the %s context of thread %s" % (name, self.arch, thread.id))
 
     def close(self):
         self.backend.close()
 
     def format_address(self, address):
         """WinDbg style: 64-bit as ``fffff800`00001000``, 32-bit as ``80001000``."""
-        if self.pointer_size == 8:
-            return "%08x`%08x" % (address >> 32, address & 0xFFFFFFFF)
-        return "%08x" % address
+        return hexaddr(address, self.pointer_size)

@@ -8,13 +8,15 @@ from .symbols import SymbolTable
 class ImageBackend(Backend):
     kind = "image"
 
-    def __init__(self, pages, arch="x64", modules=(), symbols=None, info=None):
-        """``pages``: {page-aligned address: bytes of PAGE_SIZE}."""
+    def __init__(self, pages, arch="x64", modules=(), symbols=None, info=None, threads=()):
+        """``pages``: {page-aligned address: bytes of PAGE_SIZE}; ``threads``: Thread
+        objects, the first being the current one."""
         self.arch = arch
         self._pages = pages
         self._modules = list(modules)
         self._symbols = symbols if symbols is not None else SymbolTable()
         self._info = dict(info or {})
+        self._threads = list(threads)
 
     def read_page(self, page_address):
         page = self._pages.get(page_address)
@@ -39,3 +41,9 @@ class ImageBackend(Backend):
         info = {"kind": self.kind, "arch": self.arch}
         info.update(self._info)
         return info
+
+    def threads(self):
+        return list(self._threads)
+
+    def current_thread(self):
+        return self._threads[0] if self._threads else None

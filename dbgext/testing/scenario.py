@@ -19,6 +19,7 @@ read through the in-memory backend, a kernel crash dump, or a minidump.
 import struct
 
 from ..target.base import PAGE_SIZE, Module, Target
+from ..target.base import Thread as TargetThread
 from ..target.image import ImageBackend
 from ..target.symbols import ModuleSymbols, SymbolTable, write_isf_file
 
@@ -226,8 +227,21 @@ class Scenario(object):
     def target(self, with_types=True):
         """An in-memory Target over a snapshot of the scenario's pages."""
         pages = {address: bytes(page) for address, page in self.pages.items()}
-        backend = ImageBackend(pages, self.arch, self.modules, self.symbol_table(with_types), self.info())
+        backend = ImageBackend(pages, self.arch, self.modules, self.symbol_table(with_types), self.info(),
+                               self.target_threads())
         return Target(backend)
+
+    def target_threads(self):
+        """The scenario's register contexts as target Threads: the crash/current
+        context first (kernel mode), then every described thread."""
+        threads = []
+        if self.registers:
+            threads.append(TargetThread(0, self.registers))
+        for thread in self.threads:
+            threads.append(TargetThread(thread.thread_id, thread.registers, kernel_thread=thread.kthread or None,
+                                        teb=thread.teb or None, stack_base=thread.stack_base + thread.stack_size,
+                                        stack_limit=thread.stack_base))
+        return threads
 
     def write_symbols(self, directory):
         import os
