@@ -229,3 +229,14 @@ def test_dml_tables_link_exactly_the_requested_cell():
     lines = stream.text.split("\n")
     assert lines[2].split() == ["abc", '<link', 'cmd="dps', 'abc">abc', "&lt;x&gt;</link>"]
     assert "link" not in lines[3]
+
+
+def test_a_size_the_target_claims_cannot_make_dbgext_allocate_it():
+    from dbgext.target.base import MAX_READ
+    target = Scenario("x64", "kernel").target()
+    address = 0xFFFFC08000000000
+    for reader in (target.read, target.try_read):
+        with pytest.raises(UnreadableMemory) as raised:
+            reader(address, 0xFFFFFFFF)
+        assert raised.value.address == address and "larger than" in str(raised.value)
+    assert MAX_READ >= 64 << 20  # big enough for any real driver image

@@ -78,6 +78,13 @@ class Module(object):
         return hash((self.name, self.base, self.size))
 
 
+# One read's size limit: sizes come from target memory (a module claiming
+# SizeOfImage 0xFFFFFFFF), and memory use must follow what a dump holds, not what
+# it claims.  Bigger regions are read in pieces (``scan``, ``readable_ranges``).
+MAX_READ = 128 << 20
+_TOO_LARGE = "a single read of 0x%x bytes is larger than dbgext reads at once (128 MiB)"
+
+
 class Thread(object):
     """A thread with a register context: a minidump's thread, a kernel dump's
     crashing thread, the debugger's current thread.  ``registers`` maps lowercase
@@ -290,6 +297,8 @@ class Target(object):
                 return page[offset:offset + size]
         if size < 0:
             raise ValueError("negative size")
+        if size > MAX_READ:
+            raise UnreadableMemory(address, size, _TOO_LARGE % size)
         self.stats.reads += 1
         self.stats.bytes_read += size
         if size == 0:
@@ -316,6 +325,8 @@ class Target(object):
         self.stats.bytes_read += size
         if size <= 0:
             return PartialRead(address, b"", [])
+        if size > MAX_READ:
+            raise UnreadableMemory(address, size, _TOO_LARGE % size)
         end = address + size
         if address < 0 or end - 1 > self.address_mask:
             lo = max(address, 0)
