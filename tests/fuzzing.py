@@ -1,0 +1,430 @@
+"""The fuzz harness: seed inputs of every kind dbgext reads, mutations a hostile or
+broken input makes, and the commands that must survive them.
+
+A *case* is one kind of input (a kernel dump, a minidump, an IPT trace, a PE, an
+.etl file, an ISF file...): how to build its seed, and the command lines that read
+it.  :func:`run_input` writes a mutated input to a file and runs each command line
+in-process the way the ``dbgext`` console does, with ``--debug`` so that an
+internal error comes back as a traceback.  Anything but a clean exit code (0, 1,
+2 or ``EXIT_PROBLEMS``) and anything over the time budget is a *failure*, named by
+a signature: the exception type and the innermost dbgext frame, so a campaign
+counts distinct bugs, not inputs.
+
+Used by ``tests/test_fuzz.py`` (Hypothesis, a bounded example count) and by
+``scripts/fuzz.py`` (long campaigns across processes).
+"""
+
+import io
+import os
+import random
+import re
+import signal
+import struct
+import time
+
+from dbgext.cli import main
+from dbgext.errors import EXIT_ERROR, EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, DbgextError
+
+CLEAN_EXIT_CODES = (EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_PROBLEMS)
+
+# -- mutations -----------------------------------------------------------------
+
+INTERESTING_U32 = (0, 1, 0x7F, 0x80, 0xFF, 0x100, 0xFFFF, 0x10000, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFE, 0xFFFFFFFF)
+
+
+def _bit_flip(data, position, value):
+    data[position % len(data)] ^= 1 << (value % 8)
+
+
+def _byte_run(data, position, value):
+    start = position % len(data)
+    length = 1 + value % 64
+    data[start:start + length] = bytes([value >> 8 & 0xFF]) * len(data[start:start + length])
+
+
+def _truncate(data, position, value):
+    del data[max(1, position % len(data)):]
+
+
+def _page_fill(data, position, value):
+    """A whole 4 KiB page of 0x00 or 0xFF: a zeroed or garbage page-table page."""
+    start = (position % len(data)) & ~0xFFF
+    fill = b"\xff" if value & 1 else b"\x00"
+    data[start:start + 0x1000] = fill * len(data[start:start + 0x1000])
+
+
+def _interesting_u32(data, position, value):
+    start = (position % max(1, len(data) - 3)) & ~3
+    data[start:start + 4] = struct.pack("<I", INTERESTING_U32[value % len(INTERESTING_U32)])
+
+
+def _interesting_u64(data, position, value):
+    """A pointer- or size-looking field made huge, tiny or self-referencing."""
+    start = (position % max(1, len(data) - 7)) & ~7
+    choices = (0, 0xFFFFFFFFFFFFFFFF, 0x7FFFFFFFFFFFFFFF, 0xFFFFF80000000000 + (value & 0xFFFFF),
+               struct.unpack_from("<Q", bytes(data[start:start + 8]).ljust(8, b"\0"))[0] ^ (1 << (value % 64)))
+    data[start:start + 8] = struct.pack("<Q", choices[value % len(choices)])
+
+
+def _header_field(data, position, value):
+    """The first 8 KiB hold every format's headers: hit them more often."""
+    _interesting_u32(data, position % min(len(data), 0x2000), value)
+
+
+def _duplicate_chunk(data, position, value):
+    start = position % len(data)
+    chunk = data[start:start + 1 + value % 256]
+    insert_at = (value >> 8) % len(data)
+    data[insert_at:insert_at] = chunk
+
+
+MUTATIONS = {
+    "bit_flip": _bit_flip, "byte_run": _byte_run, "truncate": _truncate, "page_fill": _page_fill,
+    "u32": _interesting_u32, "u64": _interesting_u64, "header": _header_field, "duplicate": _duplicate_chunk,
+}
+
+
+def mutate(seed, operations):
+    """``seed`` with ``operations`` ([(mutation name, position, value)]) applied."""
+    data = bytearray(seed)
+    for name, position, value in operations:
+        if not data:
+            break
+        MUTATIONS[name](data, position, value)
+    return bytes(data)
+
+
+def random_operations(rng, most=4):
+    return [(rng.choice(sorted(MUTATIONS)), rng.getrandbits(31), rng.getrandbits(32))
+            for _ in range(rng.randint(1, most))]
+
+
+# -- JSON mutations (symbol files are structured input) ----------------------------
+
+def mutate_json_text(text, rng):
+    """An ISF document with values swapped for ones of the wrong type."""
+    import json
+    document = json.loads(text)
+    wrong = [None, 1.5, [], {}, "x", -1, 1 << 70, True]
+    nodes = []
+
+    def collect(node, depth):
+        if depth > 6:
+            return
+        if isinstance(node, dict):
+            for key in list(node):
+                nodes.append((node, key))
+                collect(node[key], depth + 1)
+        elif isinstance(node, list):
+            for index in range(len(node)):
+                nodes.append((node, index))
+                collect(node[index], depth + 1)
+    collect(document, 0)
+    for _ in range(rng.randint(1, 3)):
+        if not nodes:
+            break
+        container, key = rng.choice(nodes)
+        container[key] = rng.choice(wrong)
+    return json.dumps(document)
+
+
+# -- running one input -----------------------------------------------------------
+
+class _OverBudget(Exception):
+    pass
+
+
+def _on_alarm(signum, frame):
+    raise _OverBudget()
+
+
+_FRAME = re.compile(r'File "([^"]*dbgext[/\\][^"]+)", line (\d+), in (\S+)')
+
+
+def signature_of(case_name, argv, output, code):
+    """``case: ExceptionType at dbgext/file.py:function`` from a --debug traceback."""
+    frames = _FRAME.findall(output)
+    last_line = output.strip().splitlines()[-1] if output.strip() else ""
+    exception = last_line.split(":", 1)[0].strip() or "exit %s" % code
+    where = ""
+    if frames:
+        path, _, function = frames[-1]
+        where = " at %s:%s" % (path[path.rfind("dbgext"):].replace("\\", "/"), function)
+    return "%s %s: %s%s" % (case_name, argv[0], exception, where)
+
+
+def _within_budget(budget_seconds, run):
+    """``run()``'s result, or raise _OverBudget once ``budget_seconds`` pass."""
+    previous = signal.signal(signal.SIGALRM, _on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, budget_seconds)
+    try:
+        return run()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def run_input(case, data, directory, budget_seconds=10.0, levels="parsers,commands"):
+    """Run ``case``'s parsers and/or command lines (``levels``) over ``data``; a
+    list of failure signatures (empty when dbgext handled the input)."""
+    path = os.path.join(directory, "input" + case.suffix)
+    with open(path, "wb") as handle:
+        handle.write(data)
+    failures = []
+    over = "%s %s: over the %.0f s budget"
+    if "parsers" in levels:
+        for parser in case.parsers:
+            try:
+                _within_budget(budget_seconds, lambda: parser(path, case.seed_directory))
+            except _OverBudget:
+                failures.append(over % (case.name, parser.__name__, budget_seconds))
+            except DbgextError:
+                pass
+            except Exception as error:  # anything else is a bug in dbgext
+                failures.append(_exception_signature(case.name, parser.__name__, error))
+    if "commands" not in levels:
+        return failures
+    for argv in case.command_lines(path):
+        stream = io.StringIO()
+        started = time.monotonic()
+        try:
+            code = _within_budget(budget_seconds, lambda: main(list(argv) + ["--debug"], stream=stream))
+        except _OverBudget:
+            failures.append(over % (case.name, argv[0], budget_seconds))
+            continue
+        except BaseException as error:  # anything escaping main() is a failure
+            failures.append("%s %s: %s escaped main()" % (case.name, argv[0], type(error).__name__))
+            continue
+        if code not in CLEAN_EXIT_CODES:
+            failures.append(signature_of(case.name, argv, stream.getvalue(), code))
+        elif time.monotonic() - started > budget_seconds:
+            failures.append(over % (case.name, argv[0], budget_seconds))
+    return failures
+
+
+def _exception_signature(case_name, parser_name, error):
+    import traceback
+    frames = [frame for frame in traceback.extract_tb(error.__traceback__) if "dbgext" in frame.filename
+              and "tests" not in frame.filename]
+    where = ""
+    if frames:
+        path = frames[-1].filename.replace("\\", "/")
+        where = " at %s:%s" % (path[path.rfind("dbgext/"):], frames[-1].name)
+    return "%s %s: %s%s" % (case_name, parser_name, type(error).__name__, where)
+
+
+# -- the cases -------------------------------------------------------------------
+
+class Case(object):
+    """One kind of input: ``build_seed(directory) -> bytes``; ``parsers`` are
+    functions ``(input path, seed directory)`` calling dbgext's parsers directly
+    (fast: a campaign's bulk); ``commands`` are argv lists with ``{input}`` (the
+    mutated file) and ``{dir}`` (the seed directory, for companion files such as a
+    clean dump) placeholders."""
+
+    def __init__(self, name, suffix, build_seed, commands, parsers=(), structured=False):
+        self.name = name
+        self.suffix = suffix
+        self.build_seed = build_seed
+        self.commands = commands
+        self.parsers = list(parsers)
+        self.structured = structured
+        self.seed_directory = None
+
+    def command_lines(self, path):
+        return [[word.format(input=path, dir=self.seed_directory) for word in argv] for argv in self.commands]
+
+
+def _kernel_dump_seed(bitmap):
+    def build(directory):
+        from dbgext.sample import build_sample_scenario
+        scenario, _ = build_sample_scenario()
+        path = os.path.join(directory, "seed.dmp")
+        scenario.write_kernel_dump(path, bitmap=bitmap)
+        return _read(path)
+    return build
+
+
+def _minidump_seed(arch):
+    def build(directory):
+        from dumps_support import user_scenario
+        path = os.path.join(directory, "seed-%s.mdmp" % arch)
+        user_scenario(arch).write_minidump(path)
+        return _read(path)
+    return build
+
+
+def _ipt_seed(directory):
+    from dbgext.ipt.fixtures import random_program, trace_program
+    program = random_program(0x401000, functions=20, seed=3)
+    trace, _ = trace_program(program, 3000, seed=5, interrupt_every=400)
+    code_path = os.path.join(directory, "code.bin")
+    with open(code_path, "wb") as handle:
+        handle.write(program.code)
+    return trace
+
+
+def _pe_seed(directory):
+    from dbgext.stackuse.fixtures import build_pe, sample_driver_functions
+    return build_pe("x64", sample_driver_functions(), imports=["ntoskrnl.exe!KeQueryTimeIncrement"]).data
+
+
+MINGW_SOURCE = r"""
+#include <string.h>
+struct node { struct node *next; int value[6]; };
+__declspec(dllexport) int __stdcall walk(struct node *n, int limit)
+{ char scratch[200]; int total = 0;
+  for (; n && limit--; n = n->next) { memcpy(scratch, n->value, sizeof n->value); total += scratch[3]; }
+  return total; }
+static int leaf(int x) { return x * 3 + 1; }
+__declspec(dllexport) int __fastcall spin(int x, int y) { int buf[64]; buf[x & 63] = y; return leaf(buf[y & 63]); }
+"""
+
+
+def _mingw_pe_seed(directory):
+    """A real compiler's 32-bit DLL (no .pdata: discovery from symbols and calls)."""
+    import shutil
+    import subprocess
+    compiler = shutil.which("i686-w64-mingw32-gcc")
+    if compiler is None:
+        return None
+    source = os.path.join(directory, "seed.c")
+    output = os.path.join(directory, "seed.dll")
+    with open(source, "w") as handle:
+        handle.write(MINGW_SOURCE)
+    subprocess.run([compiler, "-O2", "-shared", "-o", output, source], check=True)
+    return _read(output)
+
+
+def _etl_seed(directory):
+    from dbgext.etl.writer import EtlWriter
+    writer = EtlWriter()
+    rng = random.Random(7)
+    for key in range(1, 40):
+        frames = [0xFFFFF80000001000 + rng.randrange(0x10000) for _ in range(rng.randint(1, 30))]
+        writer.add_stack_definition(0xFFFF000000000000 + key * 0x10, frames)
+        writer.add_stack_key(0xFFFF000000000000 + key * 0x10)
+    return writer.to_bytes()
+
+
+def _isf_seed(directory):
+    from dbgext.sample import build_sample_scenario
+    scenario, _ = build_sample_scenario()
+    clean = os.path.join(directory, "clean.dmp")
+    scenario.write_kernel_dump(clean)
+    files = scenario.write_symbols(os.path.join(directory, "isf"))
+    nt = [f for f in files if os.path.basename(f).startswith("nt.")][0]
+    return _read(nt)
+
+
+def _read(path):
+    with open(path, "rb") as handle:
+        return handle.read()
+
+
+# -- parser-level targets: dbgext's parsers called directly ---------------------
+
+def open_and_read_dump(path, directory):
+    """Open a dump and touch what every analysis starts from: header facts,
+    modules, threads, the first page of each module, the readable ranges."""
+    from dbgext.target import open_dump
+    target = open_dump(path, symbols=[])
+    try:
+        target.info()
+        target.threads()
+        for module in target.modules()[:16]:
+            target.try_read(module.base, 0x1000)
+            target.symbolize(module.base + 0x10)
+        for start, end in (target.backend.mapped_ranges() or [])[:64]:
+            target.try_read(start, min(end - start, 0x2000))
+    finally:
+        target.close()
+
+
+def decode_ipt_packets(path, directory):
+    from dbgext.ipt.packets import decode_packets
+    decode_packets(_read(path))
+
+
+def decode_ipt_flow(path, directory):
+    from dbgext.ipt.flow import CodeImage, decode_flow
+    code = CodeImage(images=[(0x401000, _read(os.path.join(directory, "code.bin")))])
+    decode_flow(_read(path), code, max_insns=200000)
+
+
+def parse_pe(path, directory):
+    from dbgext.stackuse.pe import PEImage
+    PEImage.from_file(path)
+
+
+def read_etl(path, directory):
+    from dbgext.etl.reader import EtlReader
+    for _ in EtlReader(path).events():
+        pass
+
+
+def load_isf(path, directory):
+    from dbgext.target.symbols import load_isf_file
+    load_isf_file(path)
+
+
+KERNEL_COMMANDS = [["lm", "--dump", "{input}", "--json"], ["dps", "--dump", "{input}", "nt", "L10"],
+                   ["rtltrace", "--dump", "{input}", "--find", "--json"],
+                   ["etwstacks", "--dump", "{input}", "--validate", "--json"],
+                   ["stackuse", "thread", "--dump", "{input}", "--json"],
+                   ["triage", "--dump", "{input}", "--json"]]
+
+CASES = [
+    Case("kernel-full", ".dmp", _kernel_dump_seed(False), KERNEL_COMMANDS, [open_and_read_dump]),
+    Case("kernel-bitmap", ".dmp", _kernel_dump_seed(True), KERNEL_COMMANDS, [open_and_read_dump]),
+    Case("minidump-x64", ".mdmp", _minidump_seed("x64"),
+         [["lm", "--dump", "{input}", "--json"], ["rtltrace", "--dump", "{input}", "--find", "--json"],
+          ["triage", "--dump", "{input}", "--json"]], [open_and_read_dump]),
+    Case("minidump-x86", ".mdmp", _minidump_seed("x86"),
+         [["lm", "--dump", "{input}", "--json"], ["rtltrace", "--dump", "{input}", "--find", "--json"]],
+         [open_and_read_dump]),
+    Case("ipt-trace", ".bin", _ipt_seed,
+         [["ipt", "packets", "--trace", "{input}", "--json"],
+          ["ipt", "flow", "--trace", "{input}", "--image", "{dir}/code.bin@401000", "--json"]],
+         [decode_ipt_packets, decode_ipt_flow]),
+    Case("pe-x64", ".sys", _pe_seed, [["stackuse", "functions", "--pe", "{input}", "--depth", "--json"]],
+         [parse_pe]),
+    Case("pe-mingw-x86", ".dll", _mingw_pe_seed,
+         [["stackuse", "functions", "--pe", "{input}", "--depth", "--json"]], [parse_pe]),
+    Case("etl", ".etl", _etl_seed,
+         [["etwstacks", "--simulate", "--etl", "{input}", "--json"], ["ipt", "scan", "--etl", "{input}", "--json"]],
+         [read_etl]),
+    Case("isf", ".json", _isf_seed,
+         [["lm", "--dump", "{dir}/clean.dmp", "--symbols", "{input}", "--json"],
+          ["dps", "--dump", "{dir}/clean.dmp", "--symbols", "{input}", "nt", "L4"]], [load_isf], structured=True),
+]
+
+
+def case_names(levels):
+    return [case.name for case in CASES if ("commands" in levels and case.commands)
+            or ("parsers" in levels and case.parsers)]
+
+
+def case_named(name):
+    for case in CASES:
+        if case.name == name:
+            return case
+    raise KeyError(name)
+
+
+def prepare(case, directory):
+    """Build the case's seed (and companion files) in ``directory``; the seed bytes,
+    or None when a tool the seed needs (a cross compiler) is not installed."""
+    os.makedirs(directory, exist_ok=True)
+    case.seed_directory = directory
+    return case.build_seed(directory)
+
+
+def mutated_input(case, seed, rng):
+    """One mutated input for ``case`` from ``seed`` (bytes), reproducible from ``rng``."""
+    if case.structured and rng.random() < 0.7:
+        try:
+            return mutate_json_text(seed.decode("utf-8"), rng).encode("utf-8")
+        except ValueError:
+            pass
+    return mutate(seed, random_operations(rng))

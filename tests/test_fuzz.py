@@ -1,0 +1,70 @@
+"""Hostile input, as property tests: whatever mutation hits a dump, trace, PE, .etl
+or symbol file, every command that reads it ends with a clean exit code (0, 1, 2
+or 4) within its time budget — never an internal error, never a traceback.
+
+The example count is bounded for CI (``DBGEXT_FUZZ_EXAMPLES``, default 12 per
+kind); ``scripts/fuzz.py`` runs the long campaigns over the same cases."""
+
+import os
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import fuzzing
+
+EXAMPLES = int(os.environ.get("DBGEXT_FUZZ_EXAMPLES", "12"))
+
+operations = st.lists(st.tuples(st.sampled_from(sorted(fuzzing.MUTATIONS)), st.integers(0, 2 ** 31 - 1),
+                                st.integers(0, 2 ** 32 - 1)), min_size=1, max_size=4)
+
+
+@pytest.fixture(scope="module")
+def seeds(tmp_path_factory):
+    built = {}
+    for case in fuzzing.CASES:
+        built[case.name] = (fuzzing.prepare(case, str(tmp_path_factory.mktemp(case.name))),
+                            str(tmp_path_factory.mktemp(case.name + "-run")))
+    return built
+
+
+@pytest.mark.parametrize("case", fuzzing.CASES, ids=lambda case: case.name)
+def test_the_unmutated_seed_is_read_cleanly(case, seeds):
+    seed, directory = seeds[case.name]
+    if seed is None:
+        pytest.skip("%s: the tool that builds this seed is not installed" % case.name)
+    assert fuzzing.run_input(case, seed, directory) == []
+
+
+@pytest.mark.parametrize("case", fuzzing.CASES, ids=lambda case: case.name)
+def test_mutated_input_never_ends_in_an_internal_error_or_over_budget(case, seeds):
+    seed, directory = seeds[case.name]
+    if seed is None:
+        pytest.skip("%s: the tool that builds this seed is not installed" % case.name)
+
+    @settings(max_examples=EXAMPLES, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+    @given(operations=operations, json_seed=st.integers(0, 2 ** 32 - 1))
+    def check(operations, json_seed):
+        if case.structured and json_seed % 2:
+            data = fuzzing.mutate_json_text(seed.decode("utf-8"), random.Random(json_seed)).encode("utf-8")
+        else:
+            data = fuzzing.mutate(seed, operations)
+        assert fuzzing.run_input(case, data, directory) == []
+
+    check()
+
+
+def test_wrong_typed_symbol_file_fields_are_reported_not_crashed_on(seeds):
+    """The fuzz campaign's biggest finding: ISF fields of the wrong JSON type."""
+    import json
+    case = fuzzing.case_named("isf")
+    seed, directory = seeds["isf"]
+    for path, value in ((("metadata",), 5), (("symbols",), []), (("metadata", "dbgext"), "x")):
+        document = json.loads(seed.decode("utf-8"))
+        node = document
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+        assert fuzzing.run_input(case, json.dumps(document).encode("utf-8"), directory) == [], path
