@@ -27,6 +27,9 @@ from dbgext.errors import EXIT_ERROR, EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, Dbgext
 
 CLEAN_EXIT_CODES = (EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_PROBLEMS)
 
+# No input may make dbgext use more than this beyond the input file's own size.
+MEMORY_BUDGET = 300 << 20
+
 # -- mutations -----------------------------------------------------------------
 
 INTERESTING_U32 = (0, 1, 0x7F, 0x80, 0xFF, 0x100, 0xFFFF, 0x10000, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFE, 0xFFFFFFFF)
@@ -172,6 +175,7 @@ def run_input(case, data, directory, budget_seconds=10.0, levels="parsers,comman
         handle.write(data)
     failures = []
     over = "%s %s: over the %.0f s budget"
+    peak_before = _peak_rss()
     if "parsers" in levels:
         for parser in case.parsers:
             try:
@@ -182,8 +186,23 @@ def run_input(case, data, directory, budget_seconds=10.0, levels="parsers,comman
                 pass
             except Exception as error:  # anything else is a bug in dbgext
                 failures.append(_exception_signature(case.name, parser.__name__, error))
-    if "commands" not in levels:
-        return failures
+    if "commands" in levels:
+        failures += _run_commands(case, path, budget_seconds, over)
+    if _peak_rss() - peak_before > MEMORY_BUDGET + len(data):
+        failures.append("%s: memory grew by more than %d MB beyond the input's size"
+                        % (case.name, MEMORY_BUDGET >> 20))
+    return failures
+
+
+def _peak_rss():
+    """This process's peak resident set in bytes (it never goes down, so a rise
+    during one input is that input's doing)."""
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _run_commands(case, path, budget_seconds, over):
+    failures = []
     for argv in case.command_lines(path):
         stream = io.StringIO()
         started = time.monotonic()
