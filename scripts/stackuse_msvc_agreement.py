@@ -24,7 +24,7 @@ import zipfile
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from dbgext.stackuse.callgraph import CallGraph, Program  # noqa: E402
-from dbgext.stackuse.pe import PEImage  # noqa: E402
+from dbgext.pe import PEImage  # noqa: E402
 
 
 def fetch_dlls(directory, wheels):

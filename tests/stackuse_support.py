@@ -11,7 +11,7 @@ import tempfile
 import pytest
 
 from dbgext.stackuse.callgraph import CallGraph, Program
-from dbgext.stackuse.pe import PEImage
+from dbgext.pe import PEImage
 
 SOURCES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "stackuse")
 COMPILERS = {"x64": "x86_64-w64-mingw32-gcc", "x86": "i686-w64-mingw32-gcc"}

@@ -10,7 +10,7 @@ from dbgext.cli import main
 from dbgext.errors import BadInput
 from dbgext.stackuse.callgraph import CallGraph, Program
 from dbgext.stackuse.fixtures import Function, add_sample_driver, alloc_slots, build_pe, sample_driver_functions
-from dbgext.stackuse.pe import PEImage
+from dbgext.pe import PEImage
 from dbgext.testing.scenario import Scenario
 
 from stackuse_support import analyse_built, function_named
@@ -34,7 +34,7 @@ def test_file_truncated_inside_its_sections_is_analysed_as_far_as_it_goes(driver
     code, text = run("stackuse", "functions", "--pe", str(path))
     assert code == 0
     assert "file truncated: cut.sys ends inside section data at rva 0x%x" % (rdata.rva + 0x10) in text
-    assert "exception directory unreadable" in text
+    assert "pe_directory_unreadable" in text and "the exception directory" in text
 
 
 @pytest.mark.parametrize("content, message", [
@@ -60,12 +60,25 @@ def test_headers_cut_short_and_missing_file(driver_bytes, tmp_path):
     assert code == 1 and text.startswith("error: cannot read")
 
 
-def test_implausible_size_of_image_is_refused(driver_bytes):
+def test_a_huge_claimed_size_of_image_costs_nothing_and_the_code_is_still_analysed(driver_bytes):
     data = bytearray(driver_bytes)
     optional = int.from_bytes(data[0x3C:0x40], "little") + 24
     data[optional + 56:optional + 60] = (0xFFFFFFF0).to_bytes(4, "little")
-    with pytest.raises(BadInput, match="implausible SizeOfImage"):
-        PEImage.from_bytes(bytes(data))
+    image = PEImage.from_bytes(bytes(data))
+    assert image.size_of_image == 0xFFFFFFF0
+    assert image.read(0x7FFF0000, 16) is None  # claimed, but nothing is there
+    program = Program()
+    module = program.add_image(image)
+    CallGraph(program).analyse_all(module)
+    assert sorted(f.frame_size for f in module.functions.values() if f.name) == sorted(
+        f.frame_size for f in _analysed(driver_bytes).functions.values() if f.name)
+
+
+def _analysed(data):
+    program = Program()
+    module = program.add_image(PEImage.from_bytes(data))
+    CallGraph(program).analyse_all(module)
+    return module
 
 
 def test_code_page_missing_from_the_dump_is_reported_and_unwind_sizes_remain():
@@ -78,10 +91,12 @@ def test_code_page_missing_from_the_dump_is_reported_and_unwind_sizes_remain():
     graph = CallGraph(program)
     graph.analyse_all(module)
     assert module.functions[info["functions"]["Dispatch"]].frame_size == 0x228  # from .pdata/.xdata
-    assert any("code page missing at 0x%x" % info["functions"]["DriverEntry"] in p for p in module.problems)
+    assert any(p.kind == "function_not_followed" and p.address == info["functions"]["DriverEntry"]
+               and "code at 0x%x is not readable" % info["functions"]["DriverEntry"] in p.message
+               for p in module.problems)
     bound = graph.bound(module.functions[info["functions"]["DriverEntry"]])
     assert (bound.status, bound.depth) == ("lower", 8 + 0x28)
-    assert "code page missing" in bound.reasons[0]
+    assert "is not readable" in bound.reasons[0]
 
 
 def test_headers_missing_from_the_dump_is_a_clear_error(tmp_path):
@@ -104,7 +119,9 @@ def test_function_running_off_its_section_is_reported_and_bounded():
     program, module, graph = analyse_built(built, "x86")
     function = function_named(module, "runaway")
     assert function.body_problem == "runs off the code section at 0x%x" % (built.image_base + 0x1010)
-    assert graph.bound(function).status == "lower"
+    # Nothing after the section's end is code: the frame cannot be known.
+    bound = graph.bound(function)
+    assert bound.status == "unknown" and "runs off the code section" in bound.reasons[0]
 
 
 def test_code_that_jumps_to_itself_terminates():

@@ -5,7 +5,7 @@ import struct
 
 from dbgext.stackuse.fixtures import Function, alloc_slots, build_pe, push_slot, unwind_slot
 from dbgext.stackuse.functions import ModuleFunctions
-from dbgext.stackuse.pe import PEImage
+from dbgext.pe import PEImage
 from dbgext.stackuse.unwind import frame_from_unwind, parse_unwind_info
 
 RET = b"\xc3"
@@ -74,7 +74,7 @@ def test_unwind_chain_that_loops_is_reported_and_the_rest_still_analysed():
     assert bad.unwind_size is None
     assert "loops" in bad.problem and "0x" in bad.problem
     assert by_name(built, module, "fine").unwind_size == 0x28
-    assert any("loops" in problem for problem in module.problems)
+    assert any(problem.kind == "bad_unwind_info" and "loops" in problem.message for problem in module.problems)
 
 
 def test_unwind_info_outside_the_image_is_a_problem_naming_the_entry():
@@ -95,7 +95,8 @@ def test_pdata_entry_outside_the_image_is_skipped_with_a_problem():
     # Corrupt the second entry so that it points far beyond SizeOfImage.
     data[pdata_rva + 12:pdata_rva + 24] = struct.pack("<III", 0x7FFF0000, 0x7FFF0010, 0x7FFF0020)
     module = ModuleFunctions(PEImage.from_bytes(bytes(data), "test.sys"))
-    assert any("RUNTIME_FUNCTION #1" in problem and "outside" in problem for problem in module.problems)
+    assert any(problem.kind == "pdata_entry_outside_code" and "RUNTIME_FUNCTION #1" in problem.message
+               for problem in module.problems)
     assert module.functions[built.image_base + built.rvas["f"]].unwind_size == 0x28
 
 

@@ -14,14 +14,13 @@ dynamic frames, unresolved imports and undecodable code are reported as making a
 bound a lower bound, unknown or unbounded — never dropped.
 """
 
-import struct
-
 from ..errors import BadInput, UnreadableMemory
 from .functions import ModuleFunctions
-from .pe import PEImage
+from ..disasm import BITS, direct_target, memory_slot, parse_int
+from ..pe import PEImage
 from .prologue import (ACCUMULATOR, FP, PUSH_SIZE, SEH_EPILOG_NAMES, SEH_PROLOG_FRAME_OVERHEAD, SP,
-                       SP_MNEMONICS, STOPS, SpState, apply_sp_effect, direct_target, helper_call_effect,
-                       is_named, memory_slot, parse_int, pushed_immediate_before)
+                       SP_MNEMONICS, STOPS, SpState, apply_sp_effect, helper_call_effect,
+                       is_named, pushed_immediate_before)
 
 MAX_INSTRUCTIONS_PER_FUNCTION = 40000
 MAX_FUNCTIONS = 400000
@@ -138,7 +137,8 @@ class CallGraph(object):
                 done.add(function.va)
                 self.analyse(function)
             if self.program.function_count() > MAX_FUNCTIONS:
-                module.problem("more than %d functions: discovery stopped" % MAX_FUNCTIONS)
+                module.problems.add("too_many_functions", None, "more than %d functions: discovery stopped"
+                                    % MAX_FUNCTIONS)
                 break
         self._refine_stdcall(module)
 
@@ -442,7 +442,8 @@ def _follow_body(program, function, record=None):
                 state.accumulator = None
             address = next_address
     if function.body_problem and record is None:
-        module.problem("%s: %s" % (function.display_name, function.body_problem))
+        module.problems.add("function_not_followed", function.va, "%s: %s"
+                            % (function.display_name, function.body_problem), "warning")
 
 
 def _fragment_ranges(module, function):
@@ -474,7 +475,7 @@ def _jump(program, function, fragments, insn, state, target, worklist, arch):
     module = function.module
     address, size, _, op_str = insn
     if target is None:
-        slot = memory_slot(arch, op_str, address + size)
+        slot = memory_slot(BITS[arch], op_str, address + size)
         import_name = module.image.imports.get(slot - module.image.image_base) if slot is not None else None
         if import_name:
             function.call_sites.append(CallSite(address, state.depth, None, "tail", import_name, slot))
@@ -513,7 +514,7 @@ def _note_import_load(module, arch, op_str, next_address, import_loads):
     register, _, source = op_str.partition(", ")
     if "[" in register:
         return
-    slot = memory_slot(arch, source, next_address)
+    slot = memory_slot(BITS[arch], source, next_address)
     if slot is not None and slot - module.image.image_base in module.image.imports:
         import_loads[register] = slot
     else:
@@ -556,7 +557,7 @@ def _call(program, function, decoder, insn, state, arch, pointer, import_loads):
             state.depth -= callee.ret_pop
         state.accumulator = None
         return True
-    slot = memory_slot(arch, op_str, address + size)
+    slot = memory_slot(BITS[arch], op_str, address + size)
     if slot is None:
         slot = import_loads.get(op_str)
     import_name = module.image.imports.get(slot - module.image.image_base) if slot is not None else None
@@ -574,11 +575,9 @@ def _resolve_import(program, slot):
     module = program.module_for(slot, load=False)
     if module is None or module.image.origin != "memory" or program.target is None:
         return None
-    rva = slot - module.image.image_base
-    if not module.image.is_readable(rva, module.pointer_size):
+    value = module.image.pointer(slot - module.image.image_base)
+    if value is None:
         return None
-    fmt = "<Q" if module.pointer_size == 8 else "<I"
-    value = struct.unpack_from(fmt, module.image.data, rva)[0]
     other = program.module_for(value)
     if other is None or other is module:
         return None

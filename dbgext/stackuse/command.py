@@ -13,7 +13,7 @@ from ..errors import BadInput
 from ..target.symbols import load_isf_directory
 from .callgraph import SEVERITY, UNBOUNDED, UNKNOWN, CallGraph, Program
 from .layouts import DEFAULT_BUDGET
-from .pe import PEImage
+from ..pe import PEImage
 from .render import render_chain, render_functions, render_hogs, render_thread
 from .thread import walk_thread
 

@@ -12,8 +12,6 @@ import bisect
 from .prologue import Decoder, scan_prologue
 from .unwind import frame_from_unwind
 
-MAX_REPORTED_PROBLEMS = 200
-
 
 class FunctionInfo(object):
     """What is known about one function (addresses are VAs)."""
@@ -86,7 +84,7 @@ class ModuleFunctions(object):
         self.pointer_size = 8 if image.arch == "x64" else 4
         self.decoder = Decoder(image)
         self.functions = {}           # va -> FunctionInfo
-        self.problems = list(image.problems)
+        self.problems = image.problems  # one log per image: its directories are parsed lazily
         self.names = {}               # va -> name (exports and symbols)
         self._unwind_cache = {}
         self._starts = None
@@ -118,14 +116,15 @@ class ModuleFunctions(object):
     def _seed_pdata(self):
         image = self.image
         base = image.image_base
-        size = len(image.data)
+        size = image.size_of_image
         for index, entry in enumerate(image.runtime_functions):
             begin, end, unwind_rva = entry
             if begin == 0 and end == 0:
                 continue
             if not (0 < begin < end <= size) or not image.is_code(begin):
-                self.problem("RUNTIME_FUNCTION #%d [0x%x, 0x%x) lies outside the code of %s"
-                             % (index, begin, end, image.name))
+                self.problems.add("pdata_entry_outside_code", base + begin,
+                                  "RUNTIME_FUNCTION #%d [0x%x, 0x%x) lies outside the code of %s"
+                                  % (index, begin, end, image.name))
                 continue
             function = self.functions.get(base + begin)
             if function is None:
@@ -135,7 +134,7 @@ class ModuleFunctions(object):
             function.unwind_size = frame.frame_size
             if frame.problem:
                 function.problem = frame.problem
-                self.problem(frame.problem)
+                self.problems.add("bad_unwind_info", base + begin, frame.problem)
             if frame.is_fragment:
                 function.fragment_of = base + frame.chain[-1][0]
         self._starts = None
@@ -156,17 +155,11 @@ class ModuleFunctions(object):
         self._starts = None
         return function
 
-    def problem(self, text):
-        if len(self.problems) < MAX_REPORTED_PROBLEMS:
-            self.problems.append(text)
-        elif len(self.problems) == MAX_REPORTED_PROBLEMS:
-            self.problems.append("(further problems not listed)")
-
     def name_of(self, va):
         return self.names.get(va)
 
     def contains(self, va):
-        return 0 <= va - self.image.image_base < len(self.image.data)
+        return 0 <= va - self.image.image_base < self.image.size_of_image
 
     def fragments_of(self, va):
         """[(start, end)] of the chained fragments whose primary function is ``va``."""

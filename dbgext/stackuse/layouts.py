@@ -1,21 +1,11 @@
 """Structure layouts and format constants the stack analyses rely on (data, not code).
 
-PE/COFF headers, the x64 exception-handling format (RUNTIME_FUNCTION and
+The x64 exception-handling format (RUNTIME_FUNCTION and
 UNWIND_INFO in ``.pdata``/``.xdata``), and the kernel thread fields read through the
 target's type information.
 """
 
-# -- PE/COFF ----------------------------------------------------------------------------
-
-MACHINE_ARCH = {0x8664: "x64", 0x14C: "x86"}
-SECTION_HEADER_SIZE = 40
-SECTION_EXECUTE = 0x20000000 | 0x00000020  # IMAGE_SCN_MEM_EXECUTE | IMAGE_SCN_CNT_CODE
-
-DIRECTORY_EXPORT = 0
-DIRECTORY_IMPORT = 1
-DIRECTORY_EXCEPTION = 3
-
-RUNTIME_FUNCTION_SIZE = 12  # BeginAddress, EndAddress, UnwindInfoAddress (u32 RVAs)
+# -- x64 exception data ----------------------------------------------------------------
 
 # -- UNWIND_INFO ------------------------------------------------------------------------
 

@@ -15,8 +15,7 @@ classified from their text: that is several times faster than detail mode, which
 matters for images with tens of thousands of functions.
 """
 
-import capstone
-
+from ..disasm import Disassembler, direct_target, memory_displacement, parse_int, split_operands
 from .layouts import SEH_PROLOG_FRAME_OVERHEAD
 
 MAX_PROLOGUE_INSTRUCTIONS = 80
@@ -43,13 +42,6 @@ SEH_PROLOG_NAMES = ("SEH_prolog",)
 SEH_EPILOG_NAMES = ("SEH_epilog",)
 
 
-def parse_int(text):
-    try:
-        return int(text, 0)
-    except ValueError:
-        return None
-
-
 class Decoder(object):
     """Decodes instructions of a :class:`PEImage` by VA, caching each one.
 
@@ -59,8 +51,7 @@ class Decoder(object):
     def __init__(self, image):
         self.image = image
         self.arch = image.arch
-        mode = capstone.CS_MODE_64 if image.arch == "x64" else capstone.CS_MODE_32
-        self._cs = capstone.Cs(capstone.CS_ARCH_X86, mode)
+        self._disassembler = Disassembler.for_arch(image.arch)
         self.instructions = self._insns = {}
         self._failed = {}
 
@@ -81,16 +72,12 @@ class Decoder(object):
         instructions when given) in one capstone call."""
         image = self.image
         rva = start_va - image.image_base
-        if rva < 0 or rva >= len(image.data):
-            self._failed[start_va] = "0x%x lies outside %s" % (start_va, image.name)
+        code = image.read_partial(rva, max(1, end_va - start_va))
+        if not code:
+            self._failed[start_va] = "code at 0x%x is not readable in %s" % (start_va, image.name)
             return
-        size = image.readable_span(rva, max(1, min(end_va - start_va, len(image.data) - rva)))
-        if size <= 0:
-            self._failed[start_va] = "code page missing at 0x%x" % start_va
-            return
-        code = bytes(image.data[rva:rva + size])
         insns = self._insns
-        for insn in self._cs.disasm_lite(code, start_va, count):
+        for insn in self._disassembler.decode(code, start_va, count):
             insns[insn[0]] = insn
 
 
@@ -119,30 +106,6 @@ class StepResult(object):
     def __init__(self, dynamic=None, unknown=None):
         self.dynamic = dynamic
         self.unknown = unknown
-
-
-def split_operands(op_str):
-    """'qword ptr [rsp + 8], rbx' -> ['qword ptr [rsp + 8]', 'rbx'] (top-level commas)."""
-    if "," not in op_str:
-        return [op_str] if op_str else []
-    return [part.strip() for part in op_str.split(",")]
-
-
-def memory_displacement(operand, base):
-    """Displacement of ``[base + d]`` / ``[base - d]`` / ``[base]`` or None if the
-    operand is not exactly that form."""
-    start = operand.find("[")
-    if start < 0:
-        return None
-    inner = operand[start + 1:operand.rfind("]")].strip()
-    if inner == base:
-        return 0
-    if inner.startswith(base + " + "):
-        return parse_int(inner[len(base) + 3:])
-    if inner.startswith(base + " - "):
-        value = parse_int(inner[len(base) + 3:])
-        return None if value is None else -value
-    return None
 
 
 def apply_sp_effect(arch, mnemonic, op_str, state):
@@ -227,31 +190,6 @@ def apply_sp_effect(arch, mnemonic, op_str, state):
     if mnemonic in ("cmp", "test", "xchg") or mnemonic.startswith("mov"):
         return None
     return StepResult(unknown="%s %s" % (mnemonic, op_str))
-
-
-def direct_target(op_str):
-    """The absolute target of ``call 0x1234`` / ``jmp 0x1234``, or None."""
-    if op_str.startswith("0x") or op_str[:1].isdigit():
-        return parse_int(op_str)
-    return None
-
-
-def memory_slot(arch, op_str, next_address):
-    """The address of the pointer an indirect ``call/jmp [mem]`` reads, when it is
-    a fixed location (``[rip + d]`` on x64, ``[abs]`` on x86) — an IAT slot."""
-    start = op_str.find("[")
-    if start < 0:
-        return None
-    inner = op_str[start + 1:op_str.rfind("]")].strip()
-    if arch == "x64":
-        if inner.startswith("rip + "):
-            value = parse_int(inner[6:])
-            return None if value is None else next_address + value
-        if inner.startswith("rip - "):
-            value = parse_int(inner[6:])
-            return None if value is None else next_address - value
-        return None
-    return parse_int(inner)
 
 
 def is_named(name, fragments):

@@ -41,7 +41,7 @@ def render_functions(out, module, functions, bounds=None, jsonl=False, as_json=F
             out.line(json.dumps(record, sort_keys=False))
         return
     if as_json:
-        out.json({"module": module.name, "arch": module.arch, "functions": records, "problems": module.problems})
+        out.json({"module": module.name, "arch": module.arch, "functions": records, "problems": module.problems.as_list()})
         return
     rows, links = [], {}
     for index, function in enumerate(functions):
@@ -75,7 +75,7 @@ def render_problems(out, problems):
         out.line("")
         out.line("problems (%d):" % len(problems))
         for problem in problems:
-            out.line("  " + problem)
+            out.line("  %s" % problem)
 
 
 def chain_document(steps):
@@ -175,7 +175,7 @@ def hogs_document(module, largest, over_budget, over_budget_count, budget, bound
         "largest_frames": [function_record(f) for f in largest],
         "over_budget": [function_record(f, bounds[f.va]) for f in over_budget],
         "over_budget_count": over_budget_count,
-        "problems": module.problems,
+        "problems": module.problems.as_list(),
     }
 
 

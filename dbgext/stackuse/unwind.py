@@ -7,8 +7,6 @@ along the chain.  Chains are followed with a visited set and a depth limit, so a
 corrupt image whose chain loops costs a few steps and one reported problem.
 """
 
-import struct
-
 from .layouts import (MACHFRAME_SIZE, UNW_FLAG_CHAININFO, UNWIND_EXTRA_SLOTS, UWOP_ALLOC_LARGE,
                       UWOP_ALLOC_SMALL, UWOP_PUSH_MACHFRAME, UWOP_PUSH_NONVOL)
 
@@ -54,10 +52,11 @@ class UnwindInfo(object):
 def parse_unwind_info(image, rva):
     """Decode the UNWIND_INFO at ``rva`` of a :class:`PEImage`; problems go in ``.problem``."""
     info = UnwindInfo(rva)
-    if not image.is_readable(rva, 4):
+    fields = image.unpack("<BBBB", rva)
+    if fields is None:
         info.problem = "unwind info at %s is unreadable" % image.describe(rva)
         return info
-    header, info.prolog_size, count, frame = struct.unpack_from("<BBBB", image.data, rva)
+    header, info.prolog_size, count, frame = fields
     info.version = header & 7
     info.flags = header >> 3
     info.frame_register = frame & 0xF
@@ -66,19 +65,18 @@ def parse_unwind_info(image, rva):
         info.problem = "unwind info at %s has unknown version %d" % (image.describe(rva), info.version)
         return info
     slots_at = rva + 4
-    if not image.is_readable(slots_at, 2 * count):
+    slots = image.unpack("<%dH" % count, slots_at)
+    if slots is None:
         info.problem = "unwind codes at %s are unreadable" % image.describe(slots_at)
         return info
-    slots = struct.unpack_from("<%dH" % count, image.data, slots_at) if count else ()
     info.codes, problem = _decode_codes(slots)
     if problem:
         info.problem = "unwind info at %s: %s" % (image.describe(rva), problem)
     if info.flags & UNW_FLAG_CHAININFO:
         # After the codes, padded to an even slot count, sits the parent RUNTIME_FUNCTION.
         parent_at = slots_at + 2 * (count + (count & 1))
-        if image.is_readable(parent_at, 12):
-            info.chained = struct.unpack_from("<III", image.data, parent_at)
-        else:
+        info.chained = image.unpack("<III", parent_at)
+        if info.chained is None:
             info.problem = "chained entry of unwind info at %s is unreadable" % image.describe(rva)
     return info
 
@@ -146,7 +144,7 @@ def frame_from_unwind(image, entry, cache=None):
             frame.problem = "unwind chain loops at %s" % image.describe(unwind_rva)
             return frame
         visited.add(unwind_rva)
-        if not 0 < unwind_rva < len(image.data):
+        if not 0 < unwind_rva < image.size_of_image:
             frame.problem = "unwind info rva 0x%x of the entry at %s lies outside the image" % (
                 unwind_rva, image.describe(current[0]))
             return frame
