@@ -14,7 +14,7 @@ from .flow import RETSTACK_DEPTH
 from .packets import PSB
 from .sources import encode_event_header, ipt_option_value
 
-I_PLAIN, I_COND, I_JUMP, I_CALL, I_RET, I_ICALL, I_IRET, I_CALL_NEXT = range(8)
+I_PLAIN, I_COND, I_JUMP, I_CALL, I_RET, I_ICALL, I_IRET, I_CALL_NEXT, I_SYSCALL, I_SYSRET = range(10)
 
 # Plain instructions by name: (bytes).  Enough for realistic-looking straight-line code.
 PLAIN = {
@@ -93,6 +93,12 @@ class Assembler(object):
     def iretq(self):
         self._emit(b"\x48\xcf", I_IRET)
 
+    def syscall(self):
+        self._emit(b"\x0f\x05", I_SYSCALL)
+
+    def sysretq(self):
+        self._emit(b"\x48\x0f\x07", I_SYSRET)
+
     def assemble(self):
         for position, label, index in self._fixups:
             target = self.labels[label]
@@ -117,6 +123,7 @@ class Program(object):
         self.by_address = {i.address: i for i in assembler.instructions}
         self.entry = self.labels[entry]
         self.interrupt_handler = self.labels.get(interrupt_handler) if interrupt_handler else None
+        self.syscall_handler = self.labels.get("SyscallHandler")
 
 
 def sample_program(base):
@@ -163,9 +170,10 @@ def sample_program(base):
     return Program(asm, "Dispatch", "InterruptHandler")
 
 
-def random_program(base, functions=60, seed=1):
+def random_program(base, functions=60, seed=1, syscalls=False):
     """Many small functions: if/else, loops, direct calls to later functions,
-    occasional indirect calls; function 0 is a never-returning driver loop."""
+    occasional indirect calls; function 0 is a never-returning driver loop.
+    ``syscalls`` adds ``syscall`` sites and a handler ending in ``sysretq``."""
     generator = random.Random(seed)
     asm = Assembler(base)
     names = ["f%d" % i for i in range(functions)]
@@ -177,6 +185,9 @@ def random_program(base, functions=60, seed=1):
     asm.label("InterruptHandler")
     asm.plain("push rbx", "pop rbx")
     asm.iretq()
+    asm.label("SyscallHandler")
+    asm.plain("push rbx", "pop rbx")
+    asm.sysretq()
     plains = [name for name in PLAIN if name not in ("push rbx", "pop rbx", "pop rax")]
     for index, name in enumerate(names):
         asm.label(name)
@@ -200,13 +211,19 @@ def random_program(base, functions=60, seed=1):
             elif shape < 0.92:
                 asm.call_next()
                 asm.plain("pop rax")
+            elif shape < 0.96 and syscalls:
+                asm.syscall()
         asm.ret()
     return Program(asm, "Driver", "InterruptHandler")
 
 
 class PacketWriter(object):
     """Writes packets the way the processor does: TNT bits gathered into TNT-8 (or
-    TNT-64) packets and flushed before any IP packet, IPs compressed against the last IP."""
+    TNT-64) packets and flushed before any IP packet, IPs compressed against the last IP.
+
+    ``tip(ip, deferred=True)`` holds a TIP back until the TNT bits of the branches
+    after it have filled one TNT packet: the TNT-then-TIP order libipt calls a
+    deferred TIP."""
 
     def __init__(self, use_tnt64=False):
         self.out = bytearray()
@@ -214,6 +231,7 @@ class PacketWriter(object):
         self.last_ip = 0
         self.use_tnt64 = use_tnt64
         self.long_bits = 47 if use_tnt64 else 6
+        self.deferred = None
 
     def psb_plus(self, ip, mode_64=True):
         self.flush()
@@ -230,19 +248,24 @@ class PacketWriter(object):
             self.flush()
 
     def flush(self):
-        if not self.bits:
-            return
-        value = 1
-        for bit in self.bits:
-            value = value << 1 | bit
-        if len(self.bits) <= 6:
-            self.out.append(value << 1)
-        else:
-            self.out += b"\x02\xa3" + value.to_bytes(6, "little")
-        self.bits = []
+        if self.bits:
+            value = 1
+            for bit in self.bits:
+                value = value << 1 | bit
+            if len(self.bits) <= 6:
+                self.out.append(value << 1)
+            else:
+                self.out += b"\x02\xa3" + value.to_bytes(6, "little")
+            self.bits = []
+        if self.deferred is not None:
+            ip, self.deferred = self.deferred, None
+            self._ip_bytes(0x0D, ip)
 
     def ip_packet(self, opcode_low, ip):
         self.flush()
+        self._ip_bytes(opcode_low, ip)
+
+    def _ip_bytes(self, opcode_low, ip):
         if ip is None:
             self.out.append(opcode_low)
             return
@@ -257,11 +280,18 @@ class PacketWriter(object):
             self.out += bytes([opcode_low | 6 << 5]) + struct.pack("<Q", ip)
         self.last_ip = ip
 
-    def tip(self, ip):
-        self.ip_packet(0x0D, ip)
+    def tip(self, ip, deferred=False):
+        if deferred:
+            self.flush()
+            self.deferred = ip
+        else:
+            self.ip_packet(0x0D, ip)
 
     def fup(self, ip):
         self.ip_packet(0x1D, ip)
+
+    def pge(self, ip):
+        self.ip_packet(0x11, ip)
 
     def pgd(self, ip=None):
         self.ip_packet(0x01, ip)
@@ -270,6 +300,9 @@ class PacketWriter(object):
         self.flush()
         self.out += b"\x02\xf3"
         self.last_ip = 0
+
+    def tsx(self, intx, abort=False):
+        self.raw(b"\x99" + bytes([0x20 | intx | abort << 1]))
 
     def raw(self, data):
         self.flush()
@@ -280,75 +313,216 @@ class PacketWriter(object):
         return bytes(self.out)
 
 
-def trace_program(program, max_insns, seed=0, taken_probability=0.5, interrupt_every=0, psb_every=4096,
-                  uncompressed_ret_every=0, timing=False, use_tnt64=False):
-    """Walk ``program`` from its entry choosing branch outcomes at random; returns
-    (trace bytes, expected instruction addresses).
+class _Tracer(object):
+    """The processor's side of a trace: executes ``program`` choosing branch outcomes
+    at random and writes the packets for what it did (see :func:`trace_program`)."""
 
-    The expected list ends at the last instruction that consumed trace data, the
-    decoders' stopping convention."""
-    generator = random.Random(seed)
-    writer = PacketWriter(use_tnt64)
-    writer.psb_plus(program.entry)
-    executed = []
-    committed = 0
-    stack = []
-    compression = []  # the return stack RET compression works from
-    ip = program.entry
-    interrupted_at = None
-    by_address = program.by_address
-    next_psb = psb_every
-    while len(executed) < max_insns:
-        if interrupt_every and interrupted_at is None and program.interrupt_handler and \
-                generator.randrange(interrupt_every) == 0:
+    def __init__(self, program, generator, writer, options):
+        self.program = program
+        self.random = generator
+        self.writer = writer
+        self.options = options
+        self.executed = []
+        self.committed = 0
+        self.stack = []
+        self.compression = []  # the return stack RET compression works from
+        self.interrupted_at = None
+        self.in_transaction = False
+        self.ended = False
+
+    def chance(self, every):
+        return every and self.random.randrange(every) == 0
+
+    def commit(self):
+        self.committed = len(self.executed)
+
+    def untraced(self, ip, count):
+        """Execute ``count`` instructions from ``ip`` with no packets (lost to an
+        overflow, or outside the traced range); returns where execution got to."""
+        by_address = self.program.by_address
+        for _ in range(count):
+            instruction = by_address[ip]
+            following = ip + instruction.size
+            kind = instruction.kind
+            if kind == I_COND:
+                ip = instruction.target if self.random.random() < 0.5 else following
+            elif kind in (I_JUMP, I_CALL_NEXT):
+                ip = instruction.target
+            elif kind in (I_CALL, I_ICALL):
+                self.stack.append(following)
+                ip = instruction.target
+            elif kind == I_RET and self.stack:
+                ip = self.stack.pop()
+            elif kind == I_IRET and self.interrupted_at is not None:
+                ip, self.interrupted_at = self.interrupted_at, None
+            elif kind in (I_PLAIN, I_SYSCALL):
+                ip = following
+            else:
+                break
+        # Whatever the hardware's return stack held no longer matches.
+        self.compression = []
+        return ip
+
+    def disable_at_direct_branch(self, target):
+        """TIP.PGD after a direct call/jmp: the branch left the traced range."""
+        self.writer.pgd(target)
+        self.commit()
+        if self.options["end_disabled"]:
+            self.ended = True
+            return target
+        ip = self.untraced(target, self.random.randint(0, 20))
+        self.writer.pge(ip)
+        return ip
+
+    def overflow(self, ip):
+        """Packets lost: OVF, then FUP where tracing resumes (after untraced code)."""
+        del self.executed[self.committed:]
+        ip = self.untraced(ip, self.random.randint(0, 20))
+        self.writer.ovf()
+        self.writer.fup(ip)
+        return ip
+
+    def transaction(self, ip):
+        """MODE.TSX + FUP: begin, commit, or abort (with a TIP to the abort handler)."""
+        writer = self.writer
+        if not self.in_transaction:
+            writer.tsx(1)
             writer.fup(ip)
-            writer.tip(program.interrupt_handler)
-            interrupted_at = ip
-            committed = len(executed)
-            ip = program.interrupt_handler
-        if psb_every and len(writer.out) >= next_psb:
-            writer.psb_plus(ip)
-            next_psb = len(writer.out) + psb_every
-        if timing and generator.randrange(16) == 0:
-            writer.raw(b"\x59" + bytes([generator.getrandbits(8)]))
-        instruction = by_address[ip]
-        executed.append(ip)
+            self.in_transaction = True
+        elif self.random.random() < 0.5:
+            writer.tsx(0)
+            writer.fup(ip)
+            self.in_transaction = False
+        else:
+            writer.tsx(0, abort=True)
+            writer.fup(ip)
+            # The abort handler: the driver loop, which never returns (the stack is abandoned).
+            ip = self.program.entry
+            writer.tip(ip)
+            self.stack = []
+            self.compression = []
+            self.in_transaction = False
+        self.commit()
+        return ip
+
+    def run(self, max_insns):
+        options = self.options
+        program = self.program
+        writer = self.writer
+        by_address = program.by_address
+        ip = program.entry
+        next_psb = options["psb_every"]
+        while len(self.executed) < max_insns and not self.ended:
+            if self.chance(options["interrupt_every"]) and self.interrupted_at is None and \
+                    program.interrupt_handler:
+                writer.fup(ip)
+                writer.tip(program.interrupt_handler)
+                self.interrupted_at = ip
+                self.commit()
+                ip = program.interrupt_handler
+            if self.chance(options["overflow_every"]):
+                ip = self.overflow(ip)
+            if self.chance(options["tsx_every"]):
+                ip = self.transaction(ip)
+            if next_psb and len(writer.out) >= next_psb:
+                writer.psb_plus(ip)
+                next_psb = len(writer.out) + options["psb_every"]
+            if options["timing"] and self.random.randrange(16) == 0:
+                writer.raw(b"\x59" + bytes([self.random.getrandbits(8)]))
+            ip = self.step(ip, by_address[ip])
+        return writer.bytes(), self.executed[:self.committed]
+
+    def step(self, ip, instruction):
+        """Execute one instruction, write its packets; returns the next IP."""
+        options = self.options
+        writer = self.writer
+        self.executed.append(ip)
         kind = instruction.kind
         following = ip + instruction.size
         if kind == I_PLAIN:
-            ip = following
-        elif kind == I_COND:
-            taken = generator.random() < taken_probability
+            return following
+        if kind == I_COND:
+            taken = self.random.random() < options["taken_probability"]
             writer.tnt(taken)
-            ip = instruction.target if taken else following
-            committed = len(executed)
-        elif kind == I_JUMP or kind == I_CALL_NEXT:
-            ip = instruction.target
-        elif kind == I_CALL or kind == I_ICALL:
-            stack.append(following)
-            compression.append(following)
-            if len(compression) > RETSTACK_DEPTH:
-                del compression[0]
-            if kind == I_ICALL:
-                writer.tip(instruction.target)
-                committed = len(executed)
-            ip = instruction.target
-        elif kind == I_RET:
-            ip = stack.pop()
+            self.commit()
+            return instruction.target if taken else following
+        if kind in (I_JUMP, I_CALL_NEXT, I_CALL):
+            if kind == I_CALL:
+                self.stack.append(following)
+                self.compression.append(following)
+                if len(self.compression) > RETSTACK_DEPTH:
+                    del self.compression[0]
+            if kind != I_CALL_NEXT and self.chance(options["disable_every"]):
+                return self.disable_at_direct_branch(instruction.target)
+            return instruction.target
+        deferred = bool(self.chance(options["deferred_tip_every"]))
+        if kind == I_ICALL:
+            self.stack.append(following)
+            self.compression.append(following)
+            if len(self.compression) > RETSTACK_DEPTH:
+                del self.compression[0]
+            writer.tip(instruction.target, deferred)
+            self.commit()
+            return instruction.target
+        if kind == I_RET:
+            ip = self.stack.pop()
             # Compressed only when the decoder's return stack predicts the target.
-            if compression and compression[-1] == ip and not (
-                    uncompressed_ret_every and generator.randrange(uncompressed_ret_every) == 0):
-                compression.pop()
+            if self.compression and self.compression[-1] == ip and not self.chance(
+                    options["uncompressed_ret_every"]):
+                self.compression.pop()
                 writer.tnt(True)
             else:
-                writer.tip(ip)
-            committed = len(executed)
-        elif kind == I_IRET:
-            writer.tip(interrupted_at)
-            ip = interrupted_at
-            interrupted_at = None
-            committed = len(executed)
-    return writer.bytes(), executed[:committed]
+                writer.tip(ip, deferred)
+            self.commit()
+            return ip
+        if kind == I_IRET:
+            ip, self.interrupted_at = self.interrupted_at, None
+            writer.tip(ip)
+            self.commit()
+            return ip
+        if kind == I_SYSCALL:
+            self.commit()
+            if options["kernel_traced"]:
+                self.interrupted_at = following  # sysret returns here
+                writer.tip(self.program.syscall_handler)
+                return self.program.syscall_handler
+            writer.pgd(None)  # into the kernel, which is not traced: IP suppressed
+            writer.pge(following)
+            return following
+        # I_SYSRET
+        ip, self.interrupted_at = self.interrupted_at, None
+        writer.tip(ip)
+        self.commit()
+        return ip
+
+
+TRACE_DEFAULTS = {"taken_probability": 0.5, "interrupt_every": 0, "psb_every": 4096, "uncompressed_ret_every": 0,
+                  "timing": False, "use_tnt64": False, "disable_every": 0, "end_disabled": False,
+                  "overflow_every": 0, "deferred_tip_every": 0, "tsx_every": 0, "kernel_traced": True}
+
+
+def trace_program(program, max_insns, seed=0, **options):
+    """Walk ``program`` from its entry choosing branch outcomes at random; returns
+    (trace bytes, expected instruction addresses).
+
+    Options (all off by default, see TRACE_DEFAULTS): ``taken_probability``;
+    ``interrupt_every`` N (an interrupt, FUP + TIP, about every N instructions);
+    ``psb_every`` bytes; ``uncompressed_ret_every``; ``timing`` (MTC packets);
+    ``use_tnt64``; ``disable_every`` (TIP.PGD after a direct call/jmp, then TIP.PGE
+    further on, or the end of the trace with ``end_disabled``); ``overflow_every``
+    (OVF + FUP after some untraced code); ``deferred_tip_every`` (TNT before the TIP
+    of an indirect branch); ``tsx_every`` (MODE.TSX begin/commit/abort);
+    ``kernel_traced`` (False: a syscall disables tracing, sysret's return enables it).
+
+    The expected list ends at the last instruction that consumed trace data, the
+    decoders' stopping convention."""
+    unknown = set(options) - set(TRACE_DEFAULTS)
+    if unknown:
+        raise TypeError("unknown trace options: %s" % ", ".join(sorted(unknown)))
+    settings = dict(TRACE_DEFAULTS, **options)
+    writer = PacketWriter(settings["use_tnt64"])
+    writer.psb_plus(program.entry)
+    return _Tracer(program, random.Random(seed), writer, settings).run(max_insns)
 
 
 # -- the sample dump -----------------------------------------------------------------

@@ -198,19 +198,24 @@ def _classify(mnemonic, operands):
 
 # -- trace items the walker consumes --------------------------------------------------
 
-F_TNT, F_TIP, F_PGE, F_PGD, F_FUP, F_MODE, F_PSB, F_PSBEND, F_OVF, F_ERROR = range(10)
+F_TNT, F_TIP, F_PGE, F_PGD, F_FUP, F_MODE, F_PSB, F_PSBEND, F_OVF, F_ERROR, F_TSX = range(11)
 _IP_ITEMS = {"tip": F_TIP, "tip.pge": F_PGE, "tip.pgd": F_PGD, "fup": F_FUP}
 ITEM_NAMES = {F_TNT: "tnt", F_TIP: "tip", F_PGE: "tip.pge", F_PGD: "tip.pgd", F_FUP: "fup", F_MODE: "mode.exec",
-              F_PSB: "psb", F_PSBEND: "psbend", F_OVF: "ovf", F_ERROR: "error"}
+              F_PSB: "psb", F_PSBEND: "psbend", F_OVF: "ovf", F_ERROR: "error", F_TSX: "mode.tsx"}
 
 
 def flow_items(data, start=0, end=None):
     """Packets reduced to what control flow needs: (kind, offset, value) with F_* kinds.
 
     TNT-8 runs become one bit string; timing and power packets are dropped; a FUP
-    that belongs to a PTW or EXSTOP (not to a control transfer) is dropped too."""
+    that belongs to a PTW or EXSTOP (not to a control transfer) is dropped too.
+
+    MODE.TSX and the FUP that binds it become one F_TSX item (value: the FUP's IP);
+    as in libipt, the FUP of an abort also stays, as an asynchronous transfer to
+    the TIP that follows."""
     run_bits = P.tnt_bits_of_run
     skip_fup = False
+    tsx_abort = None  # MODE.TSX seen: is it an abort?
     for kind, offset, value in P.tokens(data, start, end, P.FLOW_RE):
         if kind == P.K_TNT8_RUN:
             bits = run_bits(value)
@@ -218,9 +223,15 @@ def flow_items(data, start=0, end=None):
                 yield F_TNT, offset, bits
         elif kind == P.K_IP:
             item = _IP_ITEMS[value[0]]
-            if item == F_FUP and skip_fup:
-                skip_fup = False
-                continue
+            if item == F_FUP:
+                if skip_fup:
+                    skip_fup = False
+                    continue
+                if tsx_abort is not None:
+                    yield F_TSX, offset, value[2]
+                    abort, tsx_abort = tsx_abort, None
+                    if not abort:
+                        continue
             yield item, offset, value[2]
         elif kind == P.K_TNT64:
             yield F_TNT, offset, value
@@ -231,6 +242,8 @@ def flow_items(data, start=0, end=None):
         elif kind == P.K_MODE:
             if value[0] == "mode.exec":
                 yield F_MODE, offset, EXEC_MODES.get(value[1]["mode"])
+            else:
+                tsx_abort = bool(value[1]["abort"])
         elif kind == P.K_OVF:
             yield F_OVF, offset, None
         elif kind == P.K_ERROR:
@@ -242,10 +255,11 @@ def flow_items(data, start=0, end=None):
 class FlowResult(object):
     """Executed instruction addresses, errors as (offset, message), sanity warnings."""
 
-    __slots__ = ("instructions", "errors", "warnings", "truncated", "blocks_built")
+    __slots__ = ("instructions", "errors", "warnings", "truncated", "blocks_built", "events")
 
     def __init__(self):
         self.instructions = []
+        self.events = []
         self.errors = []
         self.warnings = []
         self.truncated = False
@@ -291,6 +305,7 @@ class _Walk(object):
         self.lookahead = None    # one item read ahead (kind, offset, value) or None at the end
         self.ended = False
         self.committed = 0       # out[:committed] are confirmed by consumed trace
+        self.resumed_at = -1     # len(out) when an event last moved the IP (enable, FUP, OVF)
         self.last_offset = 0
         self.warned = set()
         self.walking = False     # inside walk(): PSB+ is then status only
@@ -342,8 +357,15 @@ class _Walk(object):
         self.bit_index = 0
         self.retstack = []
 
-    def drop_uncommitted(self):
-        del self.out[self.committed:]
+    def drop_uncommitted(self, failed_at=None, at_end=False):
+        """Drop what was walked past the last trace data.  At the end of the trace,
+        like libipt, the first instruction after an event that moved the IP stays when
+        it is not the branch (``failed_at``) that found no data."""
+        keep = self.committed
+        out = self.out
+        if at_end and keep == self.resumed_at and len(out) > keep and out[keep] != failed_at:
+            keep += 1
+        del out[keep:]
 
     def error(self, offset, message, failed_at=None):
         """Report and abandon this PSB segment.  Like libipt, the instructions walked so far
@@ -453,6 +475,11 @@ class _Walk(object):
         """Consume the TIP an indirect transfer at ``address`` needs: returns the new IP
         or None when tracing stops there (TIP.PGD or the end of the trace)."""
         item = self.peek_past_modes()
+        if item is not None and item[0] == F_TNT and self.bit_index >= len(self.bits):
+            # A deferred TIP: the TNT bits of the branches after this one come first.
+            self.lookahead = None
+            self.bits, self.bit_index = item[2], 0
+            item = self.peek_past_modes()
         if item is None:
             return None
         kind, offset, value = item
@@ -487,7 +514,8 @@ class _Walk(object):
         extend = out.extend
         bits, bi = self.bits, self.bit_index
         nbits = len(bits)
-        async_ip = self.pending_async()
+        self.committed = self.resumed_at = len(out)
+        async_ip, disable_target = self.pending_event()
         idle_blocks = 0
 
         def save():
@@ -515,7 +543,7 @@ class _Walk(object):
                 retstack = self.retstack
                 bits, bi, committed = self.bits, self.bit_index, self.committed
                 nbits = len(bits)
-                async_ip = self.pending_async()
+                async_ip, disable_target = self.pending_event()
                 continue
             kind = block.kind
             if kind == B_COND:
@@ -533,18 +561,21 @@ class _Walk(object):
                 idle_blocks = 0
                 if bi >= nbits:
                     save()
-                    async_ip = self.pending_async()
-            elif kind == B_JUMP:
+                    async_ip, disable_target = self.pending_event()
+            elif kind == B_JUMP or kind == B_CALL:
                 extend(block.insns)
+                if block.target == disable_target:
+                    # TIP.PGD bound to this direct branch: its target left the traced
+                    # range; the branch is reported, the target is not executed.
+                    save()
+                    self.disable_at(block)
+                    return
                 ip = block.target
                 idle_blocks += 1
-            elif kind == B_CALL:
-                extend(block.insns)
-                retstack.append(block.fallthrough)
-                if len(retstack) > RETSTACK_DEPTH:
-                    del retstack[0]
-                ip = block.target
-                idle_blocks += 1
+                if kind == B_CALL:
+                    retstack.append(block.fallthrough)
+                    if len(retstack) > RETSTACK_DEPTH:
+                        del retstack[0]
             elif kind == B_RET:
                 extend(block.insns)
                 compressed = bi < nbits
@@ -571,33 +602,32 @@ class _Walk(object):
                     committed = len(out)
                     if bi >= nbits:
                         save()
-                        async_ip = self.pending_async()
+                        async_ip, disable_target = self.pending_event()
                 else:
                     ip = self.take_ip(block.end, "ret")
                     if ip is None:
-                        self.finish_segment()
+                        self.finish_segment(block)
                         return
                     committed = len(out)
                     save()
-                    async_ip = self.pending_async()
+                    async_ip, disable_target = self.pending_event()
                 idle_blocks = 0
             elif kind == B_INDIRECT or kind == B_INDIRECT_CALL:
                 extend(block.insns)
                 save()
-                if bi < nbits:
-                    self.error(self.last_offset, "TNT bits left at the indirect branch at 0x%x" % block.end,
-                               block.end)
+                # TNT bits still cached stay for the branches after this one, as in libipt.
                 ip = self.take_ip(block.end, "indirect branch")
                 if ip is None:
-                    self.finish_segment()
+                    self.finish_segment(block)
                     return
                 if kind == B_INDIRECT_CALL:
                     retstack.append(block.fallthrough)
                     if len(retstack) > RETSTACK_DEPTH:
                         del retstack[0]
-                committed = len(out)
-                save()
-                async_ip = self.pending_async()
+                bits, bi = self.bits, self.bit_index
+                nbits = len(bits)
+                committed = self.committed = len(out)
+                async_ip, disable_target = self.pending_event()
                 idle_blocks = 0
             else:
                 extend(block.insns)
@@ -611,20 +641,37 @@ class _Walk(object):
                 save()
                 return
 
-    def pending_async(self):
-        """When the TNT bits are used up and a FUP comes next, the address where the
-        asynchronous transfer happens; else None."""
+    def pending_event(self):
+        """What the next item means once the TNT bits are used up, as libipt's query
+        decoder signals it only then: (address where an asynchronous event binds (FUP,
+        MODE.TSX) or None, target of a TIP.PGD that binds to the direct branch going
+        there (-1: none))."""
         if self.bit_index < len(self.bits):
-            return None
+            return None, -1
         item = self.peek()
-        if item is not None and item[0] == F_FUP:
-            return item[2]
-        return None
+        if item is None:
+            return None, -1
+        kind = item[0]
+        if kind == F_FUP or kind == F_TSX:
+            return item[2], -1
+        if kind == F_PGD and item[2] is not None:
+            return None, item[2]
+        return None, -1
 
-    def take_async(self, address):
-        """At the FUP address: consume FUP + TIP (transfer) or FUP + TIP.PGD (tracing off)."""
+    def disable_at(self, block):
+        """A TIP.PGD binds to ``block``'s direct branch: report it and stop."""
         self.lookahead = None
         self.committed = len(self.out)
+        self.result.events.append(("disabled", self.last_offset, block.target))
+
+    def take_async(self, address):
+        """At the FUP address: consume FUP + TIP (transfer) or FUP + TIP.PGD (tracing
+        off); at a MODE.TSX's address: consume it and go on from there."""
+        self.committed = self.resumed_at = len(self.out)
+        if self.lookahead[0] == F_TSX:
+            self.lookahead = None
+            return address
+        self.lookahead = None
         item = self.peek_past_modes()
         if item is None:
             return None
@@ -643,7 +690,10 @@ class _Walk(object):
         """The trace has no TNT bit for ``block``'s branch: the end or an OVF (walked code
         is dropped), TIP.PGD (tracing stops after the branch), or an error."""
         item = self.peek()
-        if item is None or item[0] == F_OVF:
+        if item is None:
+            self.drop_uncommitted(block.end, at_end=True)
+            return
+        if item[0] == F_OVF:
             self.drop_uncommitted()
             return
         kind, offset, value = item
@@ -654,9 +704,11 @@ class _Walk(object):
         self.error(offset, "expected a TNT bit for the %s at 0x%x, found %s" % (what, block.end, ITEM_NAMES[kind]),
                    block.end)
 
-    def finish_segment(self):
+    def finish_segment(self, block):
         """An indirect transfer found no TIP: the trace ended or overflowed (TIP.PGD was committed)."""
-        if self.lookahead is None or self.lookahead[0] == F_OVF:
+        if self.lookahead is None:
+            self.drop_uncommitted(block.end, at_end=True)
+        elif self.lookahead[0] == F_OVF:
             self.drop_uncommitted()
 
 
