@@ -4,10 +4,15 @@ classic / manifest event headers, and the kernel's StackWalk events.
     from dbgext.etl import EtlReader, iter_events
     for event in iter_events("trace.etl", provider=INTEL_PT_GUID, opcode=32):
         event.payload  # bytes after the event header
+
+    reader = EtlReader("trace.etl")       # when the caller reports what was skipped:
+    for event in reader.events(): ...
+    reader.summary.note()                 # one line, or None; .as_dict() for JSON
 """
 
-from .format import INTEL_PT_GUID, STACKWALK_GUID
-from .reader import EtlReader, Event, iter_events
+from .format import INTEL_PT_GUID, STACKWALK_GUID, looks_like_etl
+from .reader import EtlReader, Event, ReadSummary, iter_events
 from .writer import EtlWriter
 
-__all__ = ["EtlReader", "EtlWriter", "Event", "iter_events", "INTEL_PT_GUID", "STACKWALK_GUID"]
+__all__ = ["EtlReader", "EtlWriter", "Event", "ReadSummary", "iter_events", "looks_like_etl", "INTEL_PT_GUID",
+           "STACKWALK_GUID"]

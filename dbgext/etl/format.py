@@ -27,7 +27,21 @@ BUFFER_HEADER = struct.Struct("<IIIiqqQBBHIIHH16s")
 MAX_BUFFER_SIZE = 64 * 1024 * 1024
 PADDING_MARKER = 0xFFFFFFFF
 
-BUFFER_FLAG_COMPRESSED = 0x40
+BUFFER_FLAG_COMPRESSED = 0x40        # ETW_BUFFER_FLAG_COMPRESSED in BufferFlag (+0x34)
+BUFFER_STATE_OFFSET = 0x2C
+
+# A compressed buffer keeps its 0x48-byte header uncompressed; BufferSize is then
+# its size on disk and SavedOffset its decompressed size (header included).  The
+# file says so in the logfile header (the first event of the first buffer, never
+# compressed): EVENT_TRACE_COMPRESSED_MODE in its LogFileMode, and the first
+# buffer's State then holds the format (COMPRESSION_FORMAT_*) in its low word.
+LOGFILE_HEADER_MODE = 0x20            # TRACE_LOGFILE_HEADER.LogFileMode, from the payload
+EVENT_TRACE_COMPRESSED_MODE = 0x04000000
+COMPRESSION_FORMAT_LZNT1 = 2
+COMPRESSION_FORMAT_XPRESS = 3
+COMPRESSION_FORMAT_XPRESS_HUFF = 4    # what xperf and PerfView write
+COMPRESSION_FORMAT_NAMES = {COMPRESSION_FORMAT_LZNT1: "LZNT1", COMPRESSION_FORMAT_XPRESS: "XPRESS",
+                            COMPRESSION_FORMAT_XPRESS_HUFF: "XPRESS Huffman"}
 
 MARKER_FLAGS = 0xC0  # TRACE_HEADER_FLAG | TRACE_HEADER_EVENT_TRACE, the top byte
 
@@ -66,3 +80,18 @@ STACK_DELETE_DEFINITION = 35
 STACK_RUNDOWN_DEFINITION = 36
 STACK_KEY_KERNEL = 37
 STACK_KEY_USER = 38
+
+# What the first bytes of an .etl file hold: the first buffer's header, then the
+# logfile header event (group 0, type 0) with a full system header.
+SIGNATURE_SIZE = BUFFER_HEADER_SIZE + SYSTEM_PREFIX.size
+
+
+def looks_like_etl(head):
+    """True when ``head`` (the first SIGNATURE_SIZE or more bytes of a file) starts
+    like an .etl file: a plausible first BufferSize and the logfile header event."""
+    if len(head) < SIGNATURE_SIZE:
+        return False
+    buffer_size = BUFFER_HEADER.unpack_from(head)[0]
+    _version, header_type, marker, _size, opcode, group = SYSTEM_PREFIX.unpack_from(head, BUFFER_HEADER_SIZE)
+    return (BUFFER_HEADER_SIZE < buffer_size <= MAX_BUFFER_SIZE and marker & MARKER_FLAGS == MARKER_FLAGS
+            and header_type in (SYSTEM32, SYSTEM64) and group == EVENT_TRACE_GROUP and opcode == 0)

@@ -1,35 +1,108 @@
 """Read .etl files: buffers, then events with their provider, opcode and payload.
 
 Only the headers are interpreted (see ``format``); payloads are handed out as bytes.
-Damage is reported, not raised: a buffer whose size is impossible ends the file
-walk, an event whose header is unknown or whose size runs past the buffer ends
-that buffer, and each such stop is recorded in ``EtlReader.problems``.
+Compressed buffers (LZ77+Huffman, what xperf and PerfView write) are decompressed
+on the way (``xpress``).  Damage is reported, not raised: a buffer whose size is
+impossible ends the file walk, an event whose header is unknown or whose size
+runs past the buffer ends that buffer, and a buffer that cannot be decoded is
+skipped.  What was read and what was not is in ``EtlReader.summary`` (a
+:class:`ReadSummary`): commands show its one-line ``note()`` and put its
+``as_dict()`` in their JSON, so skipped buffers are a count with one example,
+never one line per buffer and never silence.
+
+The file is read buffer by buffer with positioned reads, not mapped: a trace that
+shrinks while it is read (a copy in progress) ends the walk with a problem naming
+the file and the offset instead of killing the process with SIGBUS.
 """
 
 import io
-import mmap
+import os
+import struct
 import uuid
 
 from ..errors import BadInput
+from ..problems import Problem, ProblemLog
 from . import format as fmt
+from .xpress import decompress
+
+
+class ReadSummary(object):
+    """What one pass over an .etl file read and what it had to skip."""
+
+    def __init__(self, path):
+        self.path = path
+        self.buffers = 0              # buffers walked
+        self.compressed = 0           # compressed buffers decoded
+        self.undecodable = 0          # buffers skipped because they could not be decoded
+        self.example = None           # the first of those, as a Problem
+        self.problems = ProblemLog()  # damage: truncation, impossible sizes, corrupt events
+        self._finished = False
+
+    def skip_buffer(self, buffer, why):
+        self.undecodable += 1
+        if self.example is None:
+            self.example = Problem("etl_buffer_undecodable", offset=buffer.file_offset,
+                                   message="buffer %d: %s" % (buffer.index, why))
+
+    def note(self):
+        """One line about the skipped buffers, or None when every buffer was read."""
+        if not self.undecodable:
+            return None
+        return ("%s: %d of %d buffers could not be decoded and were skipped (first: %s at offset 0x%x)"
+                % (self.path, self.undecodable, self.buffers, self.example.message, self.example.offset))
+
+    def finish(self):
+        """Add the skipped buffers to ``problems`` as one problem (once); returns self."""
+        if not self._finished:
+            self._finished = True
+            if self.undecodable:
+                self.problems.append(Problem("etl_buffers_undecodable", offset=self.example.offset,
+                                             message=self.note()))
+            self.problems.finish()
+        return self
+
+    def as_dict(self):
+        return {"buffers": self.buffers, "compressed_buffers": self.compressed,
+                "undecodable_buffers": self.undecodable,
+                "undecodable_example": self.example.as_dict() if self.example else None,
+                "problems": self.problems.as_list()}
 
 
 class Buffer(object):
     __slots__ = ("index", "file_offset", "size", "used", "timestamp", "sequence", "processor",
-                 "logger_id", "flags", "buffer_type", "data")
+                 "logger_id", "flags", "buffer_type", "data", "saved_offset")
 
     def __init__(self, index, file_offset, data):
-        (self.size, saved_offset, current_offset, _refs, self.timestamp, self.sequence, _clock,
+        (self.size, self.saved_offset, current_offset, _refs, self.timestamp, self.sequence, _clock,
          self.processor, _alignment, self.logger_id, _state, offset, self.flags, self.buffer_type,
          _reserved) = fmt.BUFFER_HEADER.unpack_from(data)
         self.index = index
         self.file_offset = file_offset
         self.data = data
         self.used = self.size
-        for candidate in (saved_offset, offset, current_offset):
+        for candidate in (self.saved_offset, offset, current_offset):
             if fmt.BUFFER_HEADER_SIZE <= candidate <= self.size:
                 self.used = candidate
                 break
+
+    @property
+    def compressed(self):
+        return bool(self.flags & fmt.BUFFER_FLAG_COMPRESSED)
+
+    def decompressed(self, compression_format):
+        """This buffer with its payload decompressed (``used`` = SavedOffset), or
+        XpressError/BadInput saying why it cannot be."""
+        if compression_format != fmt.COMPRESSION_FORMAT_XPRESS_HUFF:
+            raise BadInput("compression format %s is not supported (only XPRESS Huffman is)"
+                           % fmt.COMPRESSION_FORMAT_NAMES.get(compression_format, compression_format))
+        size = self.saved_offset
+        if not fmt.BUFFER_HEADER_SIZE <= size <= fmt.MAX_BUFFER_SIZE:
+            raise BadInput("impossible decompressed size %d (SavedOffset)" % size)
+        payload = decompress(self.data[fmt.BUFFER_HEADER_SIZE:], size - fmt.BUFFER_HEADER_SIZE,
+                             "buffer %d at offset 0x%x" % (self.index, self.file_offset))
+        buffer = Buffer(self.index, self.file_offset, self.data[:fmt.BUFFER_HEADER_SIZE] + payload)
+        buffer.size = buffer.used = size
+        return buffer
 
 
 class Event(object):
@@ -64,53 +137,126 @@ class Event(object):
                                                   self.opcode, len(self.payload))
 
 
+class _FileBytes(object):
+    """Positioned reads of a file; a read past what is there comes back short."""
+
+    def __init__(self, path):
+        try:
+            self._handle = io.open(path, "rb")
+            self.size = os.fstat(self._handle.fileno()).st_size
+        except OSError as error:
+            raise BadInput("cannot read %s: %s" % (path, error.strerror or error))
+
+    def read(self, offset, size):
+        try:
+            if hasattr(os, "pread"):
+                return os.pread(self._handle.fileno(), size, offset)
+            self._handle.seek(offset)
+            return self._handle.read(size)
+        except OSError:
+            return b""
+
+    def close(self):
+        self._handle.close()
+
+
+class _MemoryBytes(object):
+    def __init__(self, data):
+        self._data = bytes(data)
+        self.size = len(self._data)
+
+    def read(self, offset, size):
+        return self._data[offset:offset + size]
+
+    def close(self):
+        pass
+
+
 class EtlReader(object):
-    """``EtlReader(path_or_bytes)``; iterate :meth:`events` (or :meth:`buffers`)."""
+    """``EtlReader(path_or_bytes)``; iterate :meth:`events` (or :meth:`buffers`);
+    ``summary`` says what was read and skipped."""
 
     def __init__(self, source, max_buffers=1000000):
         if isinstance(source, (bytes, bytearray)):
-            self._data = bytes(source)
+            self._file = _MemoryBytes(source)
             self.path = "<bytes>"
         else:
-            # Traces run to gigabytes: map the file and copy one buffer at a time.
+            self._file = _FileBytes(source)
             self.path = source
-            try:
-                with io.open(source, "rb") as handle:
-                    self._data = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-            except (OSError, ValueError) as error:
-                raise BadInput("cannot read %s: %s" % (source, getattr(error, "strerror", None) or error))
         self.max_buffers = max_buffers
-        self.problems = []
-        if len(self._data) < fmt.BUFFER_HEADER_SIZE:
-            raise BadInput("%s is not an .etl file (%d bytes)" % (self.path, len(self._data)))
-        first_size = fmt.BUFFER_HEADER.unpack_from(self._data)[0]
+        self.summary = ReadSummary(self.path)
+        head = self._file.read(0, fmt.SIGNATURE_SIZE + fmt.LOGFILE_HEADER_MODE + 4 + 0x20)
+        if len(head) < fmt.BUFFER_HEADER_SIZE:
+            raise BadInput("%s is not an .etl file (%d bytes)" % (self.path, self._file.size))
+        first_size = fmt.BUFFER_HEADER.unpack_from(head)[0]
         if not fmt.BUFFER_HEADER_SIZE < first_size <= fmt.MAX_BUFFER_SIZE:
             raise BadInput("%s is not an .etl file (first buffer size %d)" % (self.path, first_size))
+        self.compression_format = self._compression_format(head)
+
+    @property
+    def problems(self):
+        return self.summary.problems
+
+    @staticmethod
+    def _compression_format(head):
+        """The COMPRESSION_FORMAT_* the logfile header announces; XPRESS Huffman
+        (what every known writer uses) when it announces none."""
+        mode_offset = fmt.BUFFER_HEADER_SIZE + fmt.SYSTEM_HEADER_SIZES[fmt.SYSTEM64] + fmt.LOGFILE_HEADER_MODE
+        if fmt.looks_like_etl(head) and len(head) >= mode_offset + 4:
+            mode = struct.unpack_from("<I", head, mode_offset)[0]
+            if mode & fmt.EVENT_TRACE_COMPRESSED_MODE:
+                return struct.unpack_from("<H", head, fmt.BUFFER_STATE_OFFSET)[0]
+        return fmt.COMPRESSION_FORMAT_XPRESS_HUFF
 
     def buffers(self):
+        """The file's buffers as stored (compressed ones still compressed)."""
         offset = 0
         index = 0
-        data = self._data
-        while offset + fmt.BUFFER_HEADER_SIZE <= len(data) and index < self.max_buffers:
-            size = fmt.BUFFER_HEADER.unpack_from(data, offset)[0]
+        summary = self.summary
+        file_size = self._file.size
+        while offset + fmt.BUFFER_HEADER_SIZE <= file_size and index < self.max_buffers:
+            header = self._file.read(offset, fmt.BUFFER_HEADER_SIZE)
+            if len(header) < fmt.BUFFER_HEADER_SIZE:
+                self._changed(offset)
+                break
+            size = fmt.BUFFER_HEADER.unpack_from(header)[0]
             if not fmt.BUFFER_HEADER_SIZE < size <= fmt.MAX_BUFFER_SIZE:
-                self.problems.append((offset, "buffer %d: impossible BufferSize %d; stopped" % (index, size)))
-                return
-            if offset + size > len(data):
-                self.problems.append((offset, "buffer %d: truncated (%d of %d bytes)"
-                                      % (index, len(data) - offset, size)))
-                return
-            yield Buffer(index, offset, data[offset:offset + size])
+                summary.problems.add("etl_buffer_size", offset=offset, message="buffer %d: impossible BufferSize %d; "
+                                     "stopped" % (index, size))
+                break
+            if offset + size > file_size:
+                summary.problems.add("etl_truncated", offset=offset, message="buffer %d: truncated (%d of %d bytes)"
+                                     % (index, file_size - offset, size))
+                break
+            data = self._file.read(offset, size)
+            if len(data) < size:
+                self._changed(offset)
+                break
+            summary.buffers += 1
+            yield Buffer(index, offset, data)
             offset += size
             index += 1
+        summary.finish()
+
+    def _changed(self, offset):
+        self.summary.problems.add("etl_file_changed", offset=offset,
+                                  message="%s changed while being read: the buffer at offset 0x%x is no longer "
+                                  "in the file" % (self.path, offset))
 
     def events(self):
         for buffer in self.buffers():
-            if buffer.flags & fmt.BUFFER_FLAG_COMPRESSED:
-                self.problems.append((buffer.file_offset, "buffer %d is compressed; skipped" % buffer.index))
-                continue
+            if buffer.compressed:
+                try:
+                    buffer = buffer.decompressed(self.compression_format)
+                except BadInput as error:
+                    self.summary.skip_buffer(buffer, str(error))
+                    continue
+                self.summary.compressed += 1
             for event in self._buffer_events(buffer):
                 yield event
+
+    def close(self):
+        self._file.close()
 
     def _buffer_events(self, buffer):
         data = buffer.data
@@ -141,8 +287,8 @@ class EtlReader(object):
             offset += (size + 7) & ~7
 
     def _stop(self, buffer, offset, why):
-        self.problems.append((buffer.file_offset + offset, "buffer %d at +0x%x: %s; rest of buffer skipped"
-                              % (buffer.index, offset, why)))
+        self.summary.problems.add("etl_event_corrupt", offset=buffer.file_offset + offset,
+                                  message="buffer %d at +0x%x: %s; rest of buffer skipped" % (buffer.index, offset, why))
 
     @staticmethod
     def _system(event, data, offset):
@@ -188,11 +334,13 @@ class EtlReader(object):
 
 
 def iter_events(source, provider=None, opcode=None):
-    """Events of an .etl file (path or bytes), optionally only one provider
-    (uuid.UUID or its string) and/or one opcode (event type)."""
+    """Events of an .etl file (path, bytes, or an EtlReader whose ``summary`` the
+    caller reports), optionally only one provider (uuid.UUID or its string) and/or
+    one opcode (event type)."""
     if provider is not None and not isinstance(provider, uuid.UUID):
         provider = uuid.UUID(str(provider))
-    for event in EtlReader(source).events():
+    reader = source if isinstance(source, EtlReader) else EtlReader(source)
+    for event in reader.events():
         if provider is not None and event.provider != provider:
             continue
         if opcode is not None and event.opcode != opcode:

@@ -67,7 +67,7 @@ def decode(event):
 
 
 def stack_walk_records(source):
-    """(records, reader problems) of every StackWalk event in an .etl file."""
+    """(records, the reader's ReadSummary) of every StackWalk event in an .etl file."""
     reader = EtlReader(source)
     records = []
     for event in reader.events():
@@ -75,4 +75,4 @@ def stack_walk_records(source):
             record = decode(event)
             if record is not None:
                 records.append(record)
-    return records, reader.problems
+    return records, reader.summary

@@ -5,6 +5,7 @@ import io
 import json
 
 from ..errors import BadInput
+from ..etl.format import SIGNATURE_SIZE as ETL_SIGNATURE_SIZE, looks_like_etl
 from .layouts import KERNEL_SPACE_START
 from .simulate import StackStream
 
@@ -30,10 +31,14 @@ def load_stack_file(path):
     (or an object with such a list under "stacks"); frames are ints or hex strings.
     Text: one stack per line, hex frames separated by blanks or commas, optionally
     preceded by ``COUNT:``; blank lines and ``#`` comments are ignored.  Every stack
-    is split into its kernel and user parts, which the kernel caches separately."""
+    is split into its kernel and user parts, which the kernel caches separately.
+    An .etl file is recognised by its signature and read as :func:`load_etl_stream`."""
     try:
-        with io.open(path, "r", encoding="utf-8") as handle:
-            text = handle.read()
+        with io.open(path, "rb") as handle:
+            head = handle.read(ETL_SIGNATURE_SIZE)
+            if looks_like_etl(head):
+                return load_etl_stream(path)
+            text = (head + handle.read()).decode("utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise BadInput("cannot read stack file %s: %s" % (path, error))
     stream = StackStream(source="stack file %s" % path)
@@ -84,10 +89,10 @@ def load_etl_stream(path):
     the end, the rundown)."""
     from ..etl.stackwalk import stack_walk_records
     from ..etl import format as fmt
-    records, problems = stack_walk_records(path)
+    records, summary = stack_walk_records(path)
     stream = StackStream(source="etl file %s" % path)
-    for offset, why in problems:
-        stream.notes.append("etl: %s" % why)
+    for problem in summary.problems:
+        stream.notes.append("etl: %s" % problem.message)
     # Resolve from the end: the definition seen last (walking backwards) for a key is
     # the one that closes the reference's lifetime.
     resolved = [None] * len(records)
