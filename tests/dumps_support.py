@@ -153,3 +153,70 @@ def kdmp_loaded_modules(dump):
         modules.append((base, size, kdmp_read(dump, buffer, length).decode("utf-16-le")))
         entry = struct.unpack("<Q", kdmp_read(dump, entry, 8))[0]
     return modules
+
+
+# -- small memory dumps (DumpType 4) ----------------------------------------------------------
+
+KDBG_ADDRESS = 0xFFFFF80000C00000
+KI_PROCESSOR_BLOCK = 0xFFFFF80000D00000
+PRCB_ADDRESS = 0xFFFFF80000F00180
+THREAD_ADDRESS = 0xFFFFC08000100080
+PROCESS_ADDRESS = 0xFFFFC08000200040
+STACK_POINTER = 0xFFFFD00000007D28     # mid-page, as a real stack pointer is
+STACK_BYTES = 0x22D8                   # up to the thread's InitialStack
+DATA_PAGE = 0xFFFFC08000300000
+FAULT_BLOCK = 0xFFFFC08000400FF0       # a data block crossing a page boundary
+# Windows 10 19041 x64 offsets, as KDDEBUGGER_DATA64 publishes them.
+SMALL_DUMP_OFFSETS = {
+    "KernBase": NT_BASE, "PsLoadedModuleList": NT_BASE + 0x2A0, "PsActiveProcessHead": NT_BASE + 0x2B0,
+    "KiProcessorBlock": KI_PROCESSOR_BLOCK, "MmUnloadedDrivers": NT_BASE + 0x2C0,
+    "OffsetKThreadNextProcessor": 0x218, "OffsetKThreadTeb": 0xF0, "OffsetKThreadKernelStack": 0x58,
+    "OffsetKThreadInitialStack": 0x28, "OffsetKThreadApcProcess": 0xB8, "OffsetKThreadState": 0x184,
+    "SizeEProcess": 0x880, "OffsetEprocessPeb": 0x550, "OffsetEprocessParentCID": 0x540,
+    "OffsetEprocessDirectoryTableBase": 0x28, "SizePrcb": 0x700, "OffsetPrcbCurrentThread": 0x8,
+    "OffsetPrcbNumber": 0x24, "SizeEThread": 0x500, "OffsetPrcbContext": 0x1C0, "OffsetKThreadStackLimit": 0x30,
+    "OffsetKThreadStackBase": 0x38, "OffsetPrcbIdleThread": 0x18, "OffsetKThreadWaitReason": 0x283,
+}
+
+
+def small_dump(seed=41):
+    """A small dump with every part of §1.3a: stack, data page, two data blocks
+    (one holding KiProcessorBlock), KDDEBUGGER_DATA64, the KPRCB/ETHREAD/EPROCESS
+    copies pointing at each other, three drivers, two unloaded drivers and the Mm
+    information."""
+    from dbgext.testing.kdump_writer import KernelDumpHeader, pack_debugger_data
+    from dbgext.testing.triage_writer import SmallDump
+    rng = random.Random(seed)
+    registers = {"rip": DRIVER_BASE + 0x1234, "rsp": STACK_POINTER, "rbp": STACK_POINTER + 0x80,
+                 "rax": 0xC0FFEE, "efl": 0x40286}
+    header = KernelDumpHeader(build=19041, bugcheck=(0xD1, 0xFFFFC08000400FF8, 2, 0, DRIVER_BASE + 0x1234),
+                              registers=registers, system_time=0x1D9A1B2C3D4E5F60,
+                              kd_debugger_data_block=KDBG_ADDRESS, processors=4)
+    dump = SmallDump(header)
+    dump.service_pack_build = 0x100
+    offsets = SMALL_DUMP_OFFSETS
+    dump.debugger_data = pack_debugger_data(offsets)
+    prcb = bytearray(random_bytes(rng, offsets["SizePrcb"]))
+    struct.pack_into("<Q", prcb, offsets["OffsetPrcbCurrentThread"], THREAD_ADDRESS)
+    struct.pack_into("<H", prcb, offsets["OffsetPrcbNumber"], 2)
+    thread = bytearray(random_bytes(rng, offsets["SizeEThread"]))
+    struct.pack_into("<Q", thread, offsets["OffsetKThreadApcProcess"], PROCESS_ADDRESS)
+    struct.pack_into("<Q", thread, offsets["OffsetKThreadInitialStack"], STACK_POINTER + STACK_BYTES)
+    struct.pack_into("<Q", thread, offsets["OffsetKThreadStackLimit"], STACK_POINTER + STACK_BYTES - 0x6000)
+    dump.prcb, dump.thread = bytes(prcb), bytes(thread)
+    dump.process = random_bytes(rng, offsets["SizeEProcess"])
+    dump.stack = (STACK_POINTER, random_bytes(rng, STACK_BYTES))
+    dump.data_page = (DATA_PAGE, random_bytes(rng, PAGE_SIZE))
+    processor_block = struct.pack("<4Q", 0xFFFFF80000E00180, 0xFFFFF80001E00180, PRCB_ADDRESS, 0)
+    dump.data_blocks = [(KI_PROCESSOR_BLOCK, processor_block), (FAULT_BLOCK, random_bytes(rng, 0x40))]
+    dump.drivers = [("ntoskrnl.exe", NT_BASE, 0x200000, 0x5E2B8A3C, 0xA1B2C3),
+                    ("mydrv.sys", DRIVER_BASE, 0x6000, 0x61000001, 0x1234),
+                    ("ACPI.sys", 0xFFFFF80012400000, 0x8A000, 0x5F00AA00, 0x8C3D1)]
+    dump.broken_driver = 1
+    dump.unloaded_drivers = [("oldfilter.sys", 0xFFFFF80013000000, 0xFFFFF80013010000),
+                             ("averyveryverylongname.sys", 0xFFFFF80014000000, 0xFFFFF80014002000)]
+    dump.mm = {"Version": 1, "Size": 0x50, "MmSpecialPoolTag": 0x6C6F6F50, "MiTriageActionTaken": 0,
+               "MmVerifyDriverLevel": 0, "KernelVerifier": 0, "MmMaximumNonPagedPool": 0x80000000,
+               "MmAllocatedNonPagedPool": 0x1234, "PagedPoolMaximum": 0x40000000, "PagedPoolAllocated": 0x5678,
+               "CommittedPages": 0x9ABC, "CommittedPagesPeak": 0xDEF0, "CommitLimitMaximum": 0x100000}
+    return dump

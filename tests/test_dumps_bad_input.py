@@ -134,7 +134,7 @@ def test_a_bitmap_dump_with_a_bad_summary_signature_is_refused(tmp_path, kernel_
 
 
 def test_an_unsupported_dump_type_is_named(tmp_path, kernel_dumps):
-    rejected(tmp_path, patched(kernel_dumps["full"], DUMP_HEADER64["DumpType"], "<I", 2), "type 2")
+    rejected(tmp_path, patched(kernel_dumps["full"], DUMP_HEADER64["DumpType"], "<I", 3), "type 3")
 
 
 def test_a_32_bit_kernel_dump_is_refused_clearly(tmp_path, kernel_dumps):
@@ -143,9 +143,9 @@ def test_a_32_bit_kernel_dump_is_refused_clearly(tmp_path, kernel_dumps):
 
 def test_kdmp_parser_reports_a_bad_header_on_c_stdout(tmp_path, kernel_dumps, capfd):
     kdmp_parser = pytest.importorskip("kdmp_parser")
-    path = str(tmp_path / "type2.dmp")
+    path = str(tmp_path / "type3.dmp")
     with open(path, "wb") as handle:
-        handle.write(patched(kernel_dumps["full"], DUMP_HEADER64["DumpType"], "<I", 2))
+        handle.write(patched(kernel_dumps["full"], DUMP_HEADER64["DumpType"], "<I", 3))
     with pytest.raises(RuntimeError):
         kdmp_parser.KernelDumpParser(path)
     assert "Unknown Type" in capfd.readouterr().out

@@ -341,14 +341,15 @@ def test_an_unreadable_module_link_gives_the_modules_found_so_far(tmp_path):
     path = _broken_list_dump(tmp_path, lambda s, first, second: s.pack(second, "<Q", UNMAPPED_KERNEL))
     target = dbgext.open(path)
     assert [m.name for m in target.modules()] == ["nt", "mydrv"]
-    assert any("0x%x" % UNMAPPED_KERNEL in problem for problem in target.info()["problems"])
+    assert any(problem["kind"] == "module_list_unreadable" and problem["address"] == UNMAPPED_KERNEL
+               for problem in target.info()["problems"])
 
 
 def test_a_cycle_in_the_module_list_ends_the_walk(tmp_path):
     path = _broken_list_dump(tmp_path, lambda s, first, second: s.pack(second, "<Q", first))
     target = dbgext.open(path)
     assert [m.name for m in target.modules()] == ["nt", "mydrv"]
-    assert any("cycle" in problem for problem in target.info()["problems"])
+    assert [problem["kind"] for problem in target.info()["problems"]] == ["module_list_cycle"]
 
 
 def test_a_module_entry_with_an_unreadable_name_is_skipped_and_reported(tmp_path):
@@ -356,7 +357,8 @@ def test_a_module_entry_with_an_unreadable_name_is_skipped_and_reported(tmp_path
         scenario.pack(second + KLDR_X64["BaseDllName"] + 8, "<Q", UNMAPPED_KERNEL)
     target = dbgext.open(_broken_list_dump(tmp_path, corrupt))
     assert [m.name for m in target.modules()] == ["nt", "third"]
-    assert any("0x%x" % UNMAPPED_KERNEL in problem for problem in target.info()["problems"])
+    assert any(problem["kind"] == "module_entry_unreadable" and "0x%x" % UNMAPPED_KERNEL in problem["message"]
+               for problem in target.info()["problems"])
 
 
 def test_a_dump_without_a_module_list_has_no_modules(tmp_path):

@@ -84,7 +84,7 @@ def test_closing_the_target_releases_the_file(kernel_dump):
     target = dbgext.open(path)
     target.close()
     target.close()  # twice is harmless
-    assert target.backend._map.closed
+    assert target.backend.file.closed
 
 
 def test_the_cli_dumps_bytes_from_a_kernel_dump_with_symbols_beside_it(kernel_dump, tmp_path):

@@ -54,12 +54,33 @@ UNSET_U64 = 0x4547415045474150
 MACHINE_AMD64 = 0x8664
 
 DUMP_TYPE_FULL = 1
+DUMP_TYPE_SUMMARY = 2
+DUMP_TYPE_TRIAGE = 4
 DUMP_TYPE_BITMAP = 5
 DUMP_TYPE_LIVE_BITMAP = 6
+DUMP_TYPE_RDMP_KERNEL = 8             # .dump /k on new dbgeng
+DUMP_TYPE_RDMP_KERNEL_USER = 9        # .dump /ka
+DUMP_TYPE_RDMP_COMPLETE = 10          # .dump /f
 DUMP_KIND = {
     DUMP_TYPE_FULL: "kernel-dump",
+    DUMP_TYPE_SUMMARY: "kernel-summary-dump",
+    DUMP_TYPE_TRIAGE: "kernel-small-dump",
     DUMP_TYPE_BITMAP: "kernel-bitmap-dump",
     DUMP_TYPE_LIVE_BITMAP: "live-kernel-dump",
+    DUMP_TYPE_RDMP_KERNEL: "kernel-memory-dump",
+    DUMP_TYPE_RDMP_KERNEL_USER: "kernel-and-user-memory-dump",
+    DUMP_TYPE_RDMP_COMPLETE: "complete-memory-dump",
+}
+# What each type holds, in WinDbg's words, for ``dumpinfo``.
+DUMP_TYPE_DESCRIPTION = {
+    DUMP_TYPE_FULL: "complete memory dump (physical memory runs)",
+    DUMP_TYPE_SUMMARY: "kernel summary dump (page bitmap, 32-bit summary header)",
+    DUMP_TYPE_TRIAGE: "small memory dump (triage dump: header context, stack, selected blocks)",
+    DUMP_TYPE_BITMAP: "kernel bitmap dump (page bitmap)",
+    DUMP_TYPE_LIVE_BITMAP: "live kernel dump (page bitmap)",
+    DUMP_TYPE_RDMP_KERNEL: "kernel memory dump (RDMP page ranges)",
+    DUMP_TYPE_RDMP_KERNEL_USER: "kernel and user memory dump (RDMP page ranges)",
+    DUMP_TYPE_RDMP_COMPLETE: "complete memory dump (RDMP page ranges)",
 }
 
 # _SUMMARY_DUMP64 (bitmap dumps), offsets from file offset 0x2000.
@@ -71,6 +92,197 @@ SUMMARY_DUMP64 = {
     "TotalPresentPages": 0x28,
     "Pages": 0x30,                  # number of bits, one per PFN
     "Bitmap": 0x38,
+}
+
+# SUMMARY_DUMP64 of the older summary dump (DumpType 2), offsets from file offset
+# 0x2000: u32 fields, then an RTL_BITMAP (u32 SizeOfBitMap, u64 Buffer) whose bits
+# follow; the same page-per-set-bit scheme as the bitmap dump.
+SUMMARY_DUMP_OLD = {
+    "offset": 0x2000,
+    "Signature": 0x00,              # b"SDMP" ('PMDS' read as a u32)
+    "ValidDump": 0x04,              # b"DUMP"
+    "DumpOptions": 0x08,
+    "HeaderSize": 0x0C,             # file offset of the first page
+    "BitmapSize": 0x10,             # number of bits, one per PFN
+    "Pages": 0x14,                  # pages present
+    "SizeOfBitMap": 0x18,
+    "Bitmap": 0x24,
+}
+
+# RDMP dumps (DumpType 8, 9, 10), offsets from file offset 0x2000: a 0x20-byte
+# header, 16 bytes (type 10: u32 NumberOfRanges, u16, u16, u64 TotalNumberOfPages),
+# then {u64 PFN, u64 page count} ranges ended by a PFN of 0 or by the first page.
+# kdmp-parser requires MetadataSize - 0x20 == FirstPageOffset - 0x2040.
+RDMP_HEADER64 = {
+    "offset": 0x2000,
+    "Marker": 0x00,                 # 0x40
+    "Signature": 0x04,              # b"RDMP"
+    "ValidDump": 0x08,              # b"DUMP"
+    "MetadataSize": 0x10,
+    "FirstPageOffset": 0x18,
+    "NumberOfRanges": 0x20,         # type 10 only
+    "TotalNumberOfPages": 0x28,     # type 10 only
+    "Ranges": 0x30,
+}
+RDMP_MARKER = 0x40
+
+# TRIAGE_DUMP64 (small dumps, DumpType 4), offsets from file offset 0x2000.  Every
+# ...Offset field is a file offset, every ...Size a byte count.
+TRIAGE_DUMP64 = {
+    "offset": 0x2000,
+    "size": 0x80,
+    "ServicePackBuild": 0x00,
+    "SizeOfDump": 0x04,
+    "ValidOffset": 0x08,            # u32 "DGRT" ends the dump
+    "ContextOffset": 0x0C,
+    "ExceptionOffset": 0x10,
+    "MmOffset": 0x14,
+    "UnloadedDriversOffset": 0x18,
+    "PrcbOffset": 0x1C,
+    "ProcessOffset": 0x20,
+    "ThreadOffset": 0x24,
+    "CallStackOffset": 0x28,
+    "SizeOfCallStack": 0x2C,
+    "DriverListOffset": 0x30,
+    "DriverCount": 0x34,
+    "StringPoolOffset": 0x38,
+    "StringPoolSize": 0x3C,
+    "BrokenDriverOffset": 0x40,
+    "TriageOptions": 0x44,
+    "TopOfStack": 0x48,             # u64: the stack pointer; the copy runs from it upward
+    "ArchitectureSpecific": 0x50,
+    "DataPageAddress": 0x60,        # u64
+    "DataPageOffset": 0x68,
+    "DataPageSize": 0x6C,
+    "DebuggerDataOffset": 0x70,
+    "DebuggerDataSize": 0x74,
+    "DataBlocksOffset": 0x78,
+    "DataBlocksCount": 0x7C,
+}
+TRIAGE_FORMAT = "<18IQ16sQ6I"       # the whole TRIAGE_DUMP64 in field order
+TRIAGE_VALID = b"TRGD"              # 'DGRT' read as a u32
+TRIAGE_OPTION_OVERFLOWED = 0x100
+# TRIAGE_DATA_BLOCK: u64 Address, u32 Offset (file), u32 Size.
+TRIAGE_DATA_BLOCK = "<QII"
+TRIAGE_DATA_BLOCK_SIZE = 16
+# DUMP_DRIVER_ENTRY64: u32 DriverNameOffset (file offset of a DUMP_STRING), pad,
+# then a 0x88-byte KLDR_DATA_TABLE_ENTRY.
+DUMP_DRIVER_ENTRY64 = {
+    "size": 0x90,
+    "DriverNameOffset": 0x00,
+    "DllBase": 0x08 + 0x30,
+    "SizeOfImage": 0x08 + 0x40,
+    "FullDllName": 0x08 + 0x48,
+    "BaseDllName": 0x08 + 0x58,
+    "CheckSum": 0x08 + 0x78,
+    "TimeDateStamp": 0x08 + 0x80,
+}
+# DUMP_UNLOADED_DRIVERS64: UNICODE_STRING64 Name, WCHAR DriverName[12], u64
+# StartAddress, u64 EndAddress.  A u32 count in a u64 slot precedes the entries.
+DUMP_UNLOADED_DRIVERS64 = {
+    "Entries": 0x08,
+    "size": 0x10 + 24 + 16,
+    "Name": 0x00,
+    "DriverName": 0x10,
+    "DriverNameChars": 12,
+    "StartAddress": 0x28,
+    "EndAddress": 0x30,
+}
+# DUMP_MM_STORAGE64: six u32 then seven u64.
+DUMP_MM_STORAGE64 = {
+    "format": "<6I7Q",
+    "fields": ("Version", "Size", "MmSpecialPoolTag", "MiTriageActionTaken", "MmVerifyDriverLevel",
+               "KernelVerifier", "MmMaximumNonPagedPool", "MmAllocatedNonPagedPool", "PagedPoolMaximum",
+               "PagedPoolAllocated", "CommittedPages", "CommittedPagesPeak", "CommitLimitMaximum"),
+}
+# MiniDumpFields (header 0x1038) bits: which parts a small dump holds.
+MINIDUMP_FIELDS = (
+    (0x1, "context"), (0x2, "exception"), (0x4, "prcb"), (0x8, "process"), (0x10, "thread"),
+    (0x20, "stack"), (0x40, "driver_list"), (0x80, "broken_driver"), (0x100, "mm_info"),
+    (0x200, "data_page"), (0x400, "debugger_data"), (0x800, "data_blocks"),
+)
+
+# KDDEBUGGER_DATA64 (wdbgexts.h): DBGKD_DEBUG_DATA_HEADER64 {LIST_ENTRY64, u32
+# OwnerTag "KDBG", u32 Size}, then pointers and the structure offsets the kernel
+# publishes for debuggers.  Fields past Header.Size are absent (older builds).
+KDDEBUGGER_DATA64 = {
+    "OwnerTag": (0x10, "I"), "Size": (0x14, "I"),
+    "KernBase": (0x18, "Q"),
+    "PsLoadedModuleList": (0x48, "Q"),
+    "PsActiveProcessHead": (0x50, "Q"),
+    "PspCidTable": (0x58, "Q"),
+    "MmPfnDatabase": (0xC0, "Q"),
+    "MmHighestPhysicalPage": (0xF0, "Q"),
+    "MmNumberOfPhysicalPages": (0xF8, "Q"),
+    "MmSystemRangeStart": (0x1D0, "Q"),
+    "MmLoadedUserImageList": (0x200, "Q"),
+    "NtBuildLab": (0x208, "Q"),
+    "KiProcessorBlock": (0x218, "Q"),
+    "MmUnloadedDrivers": (0x220, "Q"),
+    "MmLastUnloadedDriver": (0x228, "Q"),
+    "OffsetKThreadNextProcessor": (0x298, "H"),
+    "OffsetKThreadTeb": (0x29A, "H"),
+    "OffsetKThreadKernelStack": (0x29C, "H"),
+    "OffsetKThreadInitialStack": (0x29E, "H"),
+    "OffsetKThreadApcProcess": (0x2A0, "H"),
+    "OffsetKThreadState": (0x2A2, "H"),
+    "SizeEProcess": (0x2A8, "H"),
+    "OffsetEprocessPeb": (0x2AA, "H"),
+    "OffsetEprocessParentCID": (0x2AC, "H"),
+    "OffsetEprocessDirectoryTableBase": (0x2AE, "H"),
+    "SizePrcb": (0x2B0, "H"),
+    "OffsetPrcbDpcRoutine": (0x2B2, "H"),
+    "OffsetPrcbCurrentThread": (0x2B4, "H"),
+    "OffsetPrcbMhz": (0x2B6, "H"),
+    "OffsetPrcbCpuType": (0x2B8, "H"),
+    "OffsetPrcbVendorString": (0x2BA, "H"),
+    "OffsetPrcbProcStateContext": (0x2BC, "H"),
+    "OffsetPrcbNumber": (0x2BE, "H"),
+    "SizeEThread": (0x2C0, "H"),
+    "KeLoaderBlock": (0x2D8, "Q"),
+    "SizePcr": (0x2E0, "H"),
+    "OffsetPcrSelfPcr": (0x2E2, "H"),
+    "OffsetPcrCurrentPrcb": (0x2E4, "H"),
+    "OffsetPcrContainedPrcb": (0x2E6, "H"),
+    "OffsetPcrInitialStack": (0x2EC, "H"),
+    "OffsetPcrStackLimit": (0x2EE, "H"),
+    "OffsetPrcbContext": (0x338, "H"),
+    "OffsetKThreadStackLimit": (0x340, "I"),
+    "OffsetKThreadStackBase": (0x344, "I"),
+    "OffsetKThreadQueueListEntry": (0x348, "I"),
+    "OffsetEThreadIrpList": (0x34C, "I"),
+    "OffsetPrcbIdleThread": (0x350, "H"),
+    "OffsetPrcbDpcStack": (0x354, "H"),
+    "OffsetPrcbIsrStack": (0x356, "H"),
+    "OffsetKThreadWaitReason": (0x35C, "H"),
+    "PteBase": (0x360, "Q"),
+}
+KDBG_OWNER_TAG = b"KDBG"
+KDDEBUGGER_DATA64_MAX_SIZE = 0x1000   # the block is ~0x380 bytes; more is corruption
+# Which KDDEBUGGER_DATA64 offsets describe which kernel structure, under the
+# structure's field names (what lookup_layout asks for), and its size field.
+KDDEBUGGER_LAYOUTS = {
+    "_KTHREAD": {"size": None, "fields": {
+        "NextProcessor": "OffsetKThreadNextProcessor", "Teb": "OffsetKThreadTeb",
+        "KernelStack": "OffsetKThreadKernelStack", "InitialStack": "OffsetKThreadInitialStack",
+        "ApcState.Process": "OffsetKThreadApcProcess", "State": "OffsetKThreadState",
+        "StackLimit": "OffsetKThreadStackLimit", "StackBase": "OffsetKThreadStackBase",
+        "QueueListEntry": "OffsetKThreadQueueListEntry", "WaitReason": "OffsetKThreadWaitReason"}},
+    "_ETHREAD": {"size": "SizeEThread", "fields": {
+        "Tcb.NextProcessor": "OffsetKThreadNextProcessor", "Tcb.Teb": "OffsetKThreadTeb",
+        "Tcb.KernelStack": "OffsetKThreadKernelStack", "Tcb.InitialStack": "OffsetKThreadInitialStack",
+        "Tcb.StackLimit": "OffsetKThreadStackLimit", "Tcb.StackBase": "OffsetKThreadStackBase",
+        "IrpList": "OffsetEThreadIrpList"}},
+    "_EPROCESS": {"size": "SizeEProcess", "fields": {
+        "Peb": "OffsetEprocessPeb", "InheritedFromUniqueProcessId": "OffsetEprocessParentCID",
+        "Pcb.DirectoryTableBase": "OffsetEprocessDirectoryTableBase"}},
+    "_KPRCB": {"size": "SizePrcb", "fields": {
+        "CurrentThread": "OffsetPrcbCurrentThread", "IdleThread": "OffsetPrcbIdleThread",
+        "Number": "OffsetPrcbNumber", "MHz": "OffsetPrcbMhz", "CpuType": "OffsetPrcbCpuType",
+        "VendorString": "OffsetPrcbVendorString", "ProcessorState": "OffsetPrcbProcStateContext",
+        "Context": "OffsetPrcbContext", "DpcStack": "OffsetPrcbDpcStack", "IsrStack": "OffsetPrcbIsrStack"}},
+    "_KPCR": {"size": "SizePcr", "fields": {
+        "Self": "OffsetPcrSelfPcr", "CurrentPrcb": "OffsetPcrCurrentPrcb", "Prcb": "OffsetPcrContainedPrcb"}},
 }
 
 # EXCEPTION_RECORD64 (kernel header) and MINIDUMP_EXCEPTION share this layout.

@@ -27,8 +27,8 @@ def open_dump(path, symbols=None, cache_pages=8192):
     except OSError as error:
         raise BadInput("cannot open %s: %s" % (path, error.strerror or error))
     if magic[:4] == b"PAGE":
-        from .kdump import KernelDumpBackend
-        backend = KernelDumpBackend(path)
+        from .kdump import open_kernel_dump
+        backend = open_kernel_dump(path)
     elif magic[:4] == b"MDMP":
         from .minidump import MinidumpBackend
         backend = MinidumpBackend(path)

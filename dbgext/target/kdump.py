@@ -1,44 +1,63 @@
-"""Windows x64 kernel crash dumps (PAGEDU64): full (DumpType 1) and bitmap
-(DumpType 5, and 6 = live kernel dump) layouts.
+"""Windows x64 kernel crash dumps (PAGEDU64) whose pages are physical memory:
+full (DumpType 1), summary (2), bitmap (5; 6 = live kernel dump) and the RDMP
+layouts of new dbgeng (8 = ``.dump /k``, 9 = ``/ka``, 10 = ``/f``).  Small memory
+dumps (DumpType 4) hold no physical memory: :mod:`dbgext.target.triage_dump`.
+:func:`open_kernel_dump` picks the backend from the header.
 
-The reader is our own: the file is mmapped and virtual addresses are translated
-by walking the x64 page tables from the header's DirectoryTableBase.
-kdmp-parser reads the same files, but its Python bindings convert every page to
-a list of ints (~28 µs per page), which caps scans at ~150 MB/s; slicing the
-mmap directly is two orders of magnitude faster.  The test suite keeps
-kdmp-parser as the independent oracle: both readers must agree byte for byte.
+The reader is our own: pages are read from the file with positioned reads (see
+:mod:`dbgext.target.dumpfile`: an mmap dies of SIGBUS when the file shrinks) and
+virtual addresses are translated by walking the x64 page tables from the
+header's DirectoryTableBase.  kdmp-parser reads the same files (except types 2
+and 4), and the tests keep it as the independent oracle.
 
-Validation happens before any page is touched: the header's run table or
-bitmap, and RequiredDumpSpace, must fit in the file, otherwise BadInput names
-the file (kdmp-parser, which maps the file, dies of SIGBUS or SIGSEGV on such
-a truncated file).
+Validation happens before any page is touched: the run table, bitmap or RDMP
+ranges, and RequiredDumpSpace, must fit in the file, otherwise BadInput names
+the file.
 
 Translation follows the hardware (4 KiB, 2 MiB and 1 GiB pages) with one
 addition that WinDbg also makes: a *transition* PTE (not present, Transition
 bit 11 set, Prototype bit 10 clear) still names the physical page that holds
-the data (a standby/modified page), so it is read like a valid one whenever
-the dump contains that page.  kdmp-parser does not do this and reports such
-addresses as unreadable.  Only leaf PTEs are resolved this way; not-present
-upper-level entries are unmapped.
+the data, so it is read like a valid one whenever the dump contains that page.
+Page tables in a dump can be garbage, so every entry is checked the way the
+processor checks it before it is believed: an entry whose frame lies beyond the
+dump's physical memory, a large page with reserved bits set or a PS bit in a
+PML4 entry is not present.  A walk of the whole address space
+(``mapped_ranges``) visits at most a budget of page-table pages and maps at most
+a budget of pages, so a corrupt dump costs bounded time; what was cut short is
+reported in ``problems``.
 """
 
-import mmap
-import os
 import struct
 from bisect import bisect_right
 
 from ..errors import BadInput, DbgextError
 from ..layouts.dump_formats import (
-    CONTEXT_AMD64, DUMP_HEADER64, DUMP_KIND, DUMP_TYPE_FULL, EXCEPTION_RECORD64,
-    KLDR_DATA_TABLE_ENTRY_X64, LARGE_1G_PFN_MASK, LARGE_2M_PFN_MASK, MAX_PHYSICAL_RUNS,
-    PTE_LARGE, PTE_PFN_MASK, PTE_PRESENT, PTE_PROTOTYPE, PTE_TRANSITION, SUMMARY_DUMP64, UNSET_U64)
-from .base import PAGE_SIZE, Backend, Module, Target
+    CONTEXT_AMD64, DUMP_HEADER64, DUMP_KIND, DUMP_TYPE_DESCRIPTION, DUMP_TYPE_FULL, DUMP_TYPE_RDMP_COMPLETE,
+    DUMP_TYPE_RDMP_KERNEL, DUMP_TYPE_RDMP_KERNEL_USER, DUMP_TYPE_SUMMARY, DUMP_TYPE_TRIAGE, EXCEPTION_RECORD64,
+    KDBG_OWNER_TAG, KDDEBUGGER_DATA64, KDDEBUGGER_DATA64_MAX_SIZE, KDDEBUGGER_LAYOUTS,
+    KLDR_DATA_TABLE_ENTRY_X64, LARGE_1G_PFN_MASK, LARGE_2M_PFN_MASK, MACHINE_AMD64, MAX_PHYSICAL_RUNS,
+    MINIDUMP_FIELDS, PTE_LARGE, PTE_PFN_MASK, PTE_PRESENT, PTE_PROTOTYPE, PTE_TRANSITION, RDMP_HEADER64,
+    RDMP_MARKER, SUMMARY_DUMP64, SUMMARY_DUMP_OLD, UNSET_U32, UNSET_U64)
+from ..problems import ProblemLog
+from .base import PAGE_SIZE, Backend, Module, Target, Thread
+from .dumpfile import DumpFile
 
 MAX_MODULES = 4096
 # Translations are cached per 2 MiB of virtual space; the bound keeps a scan of
 # a huge dump from holding every page table in memory.
 MAX_CACHED_REGIONS = 8192
+MAX_CACHED_TABLES = 4096
 BITMAP_CHUNK_BYTES = 64  # rank() prefix sums every 512 PFNs
+MAX_RDMP_RANGES = 0x100000
+# Budgets of one walk of the whole address space.  A clean dump needs about one
+# page-table page per 512 mapped pages (times the levels the self-map adds);
+# garbage tables can point every entry at another "table" or alias all of
+# physical memory many times over.
+MIN_TABLE_PAGE_BUDGET = 16384
+MIN_MAPPED_PAGE_BUDGET = 0x40000
+# Reserved bits the processor checks in large-page entries (a set one faults).
+LARGE_2M_RESERVED = 0x1FE000
+LARGE_1G_RESERVED = 0x3FFFE000
 _U64 = struct.Struct("<Q")
 
 
@@ -52,164 +71,465 @@ def debugger_module_name(file_name):
     return stem if dot else file_name
 
 
-class KernelDumpBackend(Backend):
-    arch = "x64"
+def open_kernel_dump(path):
+    """The backend for the kernel dump at ``path``: a small memory dump's or a
+    physical-memory dump's, by the header's DumpType."""
+    dump_file = DumpFile(path)
+    try:
+        header = KernelDumpHeader(dump_file)
+        if header.dump_type == DUMP_TYPE_TRIAGE:
+            from .triage_dump import TriageDumpBackend
+            return TriageDumpBackend(dump_file, header)
+        return KernelDumpBackend(dump_file, header)
+    except BaseException:
+        dump_file.close()
+        raise
 
-    def __init__(self, path):
-        self.path = path
-        self.problems = []  # what could not be read, with addresses (module list walk)
-        self._modules = None
-        self._mapped_ranges = None
-        self._regions = {}
-        try:
-            handle = open(path, "rb")
-        except OSError as error:
-            raise BadInput("cannot open %s: %s" % (path, error.strerror or error))
-        try:
-            size = os.fstat(handle.fileno()).st_size
-            if size < DUMP_HEADER64["size"]:
-                raise BadInput("%s: truncated kernel dump (%d bytes, the header alone is %d)"
-                               % (path, size, DUMP_HEADER64["size"]))
-            self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-        finally:
-            handle.close()
-        try:
-            self._parse_header(size)
-        except BaseException:
-            self._map.close()
-            raise
 
-    # -- header and physical layout --------------------------------------------------
+class KernelDumpHeader(object):
+    """The DUMP_HEADER64 facts every kernel dump type shares."""
 
-    def _field(self, fmt, name):
-        return struct.unpack_from(fmt, self._map, DUMP_HEADER64[name])[0]
-
-    def _parse_header(self, size):
-        path, data = self.path, self._map
+    def __init__(self, dump_file):
+        path = dump_file.path
+        if dump_file.size < DUMP_HEADER64["size"]:
+            raise BadInput("%s: truncated kernel dump (%d bytes, the header alone is %d)"
+                           % (path, dump_file.size, DUMP_HEADER64["size"]))
+        data = self.data = dump_file.read(0, DUMP_HEADER64["size"])
         if data[0:4] != b"PAGE":
-            raise BadInput("%s is not a kernel dump (signature %r)" % (path, bytes(data[0:4])))
+            raise BadInput("%s is not a kernel dump (signature %r)" % (path, data[0:4]))
         if data[4:8] == b"DUMP":
             raise BadInput("%s is a 32-bit kernel dump; only x64 (DU64) dumps are supported" % path)
         if data[4:8] != b"DU64":
-            raise BadInput("%s: bad kernel dump header (ValidDump %r)" % (path, bytes(data[4:8])))
-        self.dump_type = self._field("<I", "DumpType")
+            raise BadInput("%s: bad kernel dump header (ValidDump %r)" % (path, data[4:8]))
+        self.dump_type = self.u32("DumpType")
         if self.dump_type not in DUMP_KIND:
-            raise BadInput("%s: unsupported kernel dump type %d (full, bitmap and live dumps are "
-                           "supported)" % (path, self.dump_type))
+            raise BadInput("%s: unsupported kernel dump type %d (types %s are supported)"
+                           % (path, self.dump_type, ", ".join(str(t) for t in sorted(DUMP_KIND))))
         self.kind = DUMP_KIND[self.dump_type]
-        self.dtb = self._field("<Q", "DirectoryTableBase") & PTE_PFN_MASK
-        if self.dump_type == DUMP_TYPE_FULL:
-            end = self._parse_runs(size)
-        else:
-            end = self._parse_bitmap(size)
-        required = self._field("<Q", "RequiredDumpSpace")
-        if required != UNSET_U64 and required > size:
-            raise BadInput("%s: truncated kernel dump (%d bytes, the header says %d)"
-                           % (path, size, required))
-        if end > size:
-            raise BadInput("%s: truncated kernel dump (%d bytes, its pages need %d)"
-                           % (path, size, end))
+        self.dtb = self.u64("DirectoryTableBase") & PTE_PFN_MASK
+        self.build = self.u32("MinorVersion")
+        self.registers = unpack_context(CONTEXT_AMD64, data, DUMP_HEADER64["ContextRecord"])
+        context_flags = struct.unpack_from("<I", data, DUMP_HEADER64["ContextRecord"] + CONTEXT_AMD64["ContextFlags"])[0]
+        self.has_context = context_flags not in (0, UNSET_U32)
 
-    def _parse_runs(self, size):
-        run_count = self._field("<I", "PhysicalMemoryBlock")
+    def u32(self, name):
+        return struct.unpack_from("<I", self.data, DUMP_HEADER64[name])[0]
+
+    def u64(self, name):
+        return struct.unpack_from("<Q", self.data, DUMP_HEADER64[name])[0]
+
+    def pointer(self, name):
+        """A header address, or None when the writer left it unset (0 or "PAGE")."""
+        value = self.u64(name)
+        return None if value in (0, UNSET_U64) else value
+
+    def facts(self):
+        """The header as ``info()`` reports it."""
+        data = self.data
+        fields = self.u32("MiniDumpFields")
+        comment = data[DUMP_HEADER64["Comment"]:DUMP_HEADER64["Comment"] + 128].split(b"\0", 1)[0]
+        return {
+            "dump_type": self.dump_type,
+            "dump_type_description": DUMP_TYPE_DESCRIPTION[self.dump_type],
+            "build": self.build,
+            "major_version": self.u32("MajorVersion"),
+            "machine": self.u32("MachineImageType"),
+            "processors": self.u32("NumberProcessors"),
+            "bugcheck": [self.u32("BugCheckCode")] + list(
+                struct.unpack_from("<4Q", data, DUMP_HEADER64["BugCheckParameters"])),
+            "system_time": self.u64("SystemTime"),
+            "system_uptime": self.u64("SystemUpTime"),
+            "comment": comment.decode("latin-1") if comment != b"PAGE" * 32 else "",
+            "registers": dict(self.registers),
+            "exception": unpack_exception(data, DUMP_HEADER64["Exception"]),
+            "directory_table_base": self.dtb,
+            "pfn_database": self.pointer("PfnDataBase"),
+            "ps_loaded_module_list": self.pointer("PsLoadedModuleList"),
+            "ps_active_process_head": self.pointer("PsActiveProcessHead"),
+            "kd_debugger_data_block": self.pointer("KdDebuggerDataBlock"),
+            "required_dump_space": self.u64("RequiredDumpSpace"),
+            "minidump_fields": [name for bit, name in MINIDUMP_FIELDS if fields != UNSET_U32 and fields & bit],
+        }
+
+
+class KernelDumpBase(Backend):
+    """What every kernel dump backend shares: the header, the crashing context,
+    KDDEBUGGER_DATA64 and its structure offsets."""
+
+    arch = "x64"
+
+    def __init__(self, dump_file, header):
+        self.path = dump_file.path
+        self.file = dump_file
+        self.header = header
+        self.dump_type = header.dump_type
+        self.kind = header.kind
+        self.problems = ProblemLog()  # what could not be read, with addresses
+        self._modules = None
+        self._debugger_data = None
+
+    # -- KDDEBUGGER_DATA64 ----------------------------------------------------------------
+
+    def _debugger_data_bytes(self):
+        """(address, bytes) of this dump's KDDEBUGGER_DATA64 copy, or (address, None)."""
+        raise NotImplementedError
+
+    def debugger_data(self):
+        """The decoded KDDEBUGGER_DATA64 fields {name: value} (empty when the dump
+        has none or it does not carry the "KDBG" tag)."""
+        if self._debugger_data is None:
+            address, data = self._debugger_data_bytes()
+            self._debugger_data = decode_debugger_data(data, address, self.problems)
+        return self._debugger_data
+
+    def layout_hints(self, type_name):
+        """Offsets of ``type_name``'s fields that KDDEBUGGER_DATA64 publishes."""
+        spec = KDDEBUGGER_LAYOUTS.get(type_name.split("!", 1)[-1])
+        data = self.debugger_data()
+        if spec is None or not data:
+            return None
+        fields = dict((field, data[source]) for field, source in spec["fields"].items() if data.get(source))
+        if not fields:
+            return None
+        return {"size": data.get(spec["size"]) or None, "fields": fields}
+
+    def _debugger_data_facts(self):
+        data = self.debugger_data()
+        address = self.header.pointer("KdDebuggerDataBlock")
+        return {
+            "address": address,
+            "present": bool(data),
+            "fields": dict(data),
+            "kernel_base": data.get("KernBase"),
+            "ps_loaded_module_list": data.get("PsLoadedModuleList"),
+            "ps_active_process_head": data.get("PsActiveProcessHead"),
+            "ki_processor_block": data.get("KiProcessorBlock"),
+            "layouts": sorted(name for name in KDDEBUGGER_LAYOUTS if self.layout_hints(name)),
+        }
+
+    # -- threads -----------------------------------------------------------------------------
+
+    def current_thread(self):
+        """The crashing processor's context from the header."""
+        return Thread(0, self.header.registers, kernel_thread=self._current_kernel_thread(),
+                      name="crashing processor")
+
+    def _current_kernel_thread(self):
+        return None
+
+    def threads(self):
+        return [self.current_thread()]
+
+    # -- facts -----------------------------------------------------------------------------------
+
+    def info(self):
+        self.modules()
+        facts = self.header.facts()
+        facts.update({
+            "kind": self.kind,
+            "arch": self.arch,
+            "mode": "kernel",
+            "file": self.path,
+            "file_size": self.file.size,
+            "debugger_data": self._debugger_data_facts(),
+        })
+        facts.update(self._contents())
+        facts["problems"] = self.problems.as_list()
+        return facts
+
+    def _contents(self):
+        raise NotImplementedError
+
+    def close(self):
+        if not self.file.closed:
+            self.file.close()
+
+
+def decode_debugger_data(data, address, problems):
+    """KDDEBUGGER_DATA64 ``data`` -> {field: value} for the fields its Header.Size
+    covers; a missing tag or a bad size is reported in ``problems``, not raised."""
+    if not data:
+        return {}
+    if len(data) < 0x18 or data[0x10:0x14] != KDBG_OWNER_TAG:
+        problems.add("debugger_data_tag", address, "KDDEBUGGER_DATA64 has no KDBG tag (found %r): "
+                     "structure offsets come from elsewhere" % bytes(data[0x10:0x14]), "warning")
+        return {}
+    size = struct.unpack_from("<I", data, 0x14)[0]
+    if size > KDDEBUGGER_DATA64_MAX_SIZE:
+        problems.add("debugger_data_size", address, "KDDEBUGGER_DATA64 claims 0x%x bytes; only the 0x%x "
+                     "read are used" % (size, len(data)), "warning")
+    end = min(size, len(data))
+    decoded = {}
+    for name, (offset, fmt) in KDDEBUGGER_DATA64.items():
+        if offset + struct.calcsize("<" + fmt) <= end:
+            decoded[name] = struct.unpack_from("<" + fmt, data, offset)[0]
+    decoded["OwnerTag"] = KDBG_OWNER_TAG.decode()
+    return decoded
+
+
+# -- physical memory ---------------------------------------------------------------------------
+
+
+class RunLayout(object):
+    """Physical memory stored as runs of consecutive frames: type 1's run table,
+    RDMP's ranges.  ``runs``: [(first PFN, page count, file offset)]."""
+
+    def __init__(self, runs):
+        runs = sorted(runs)
+        self.runs = runs
+        self.bases = [base for base, _, _ in runs]
+        self.page_count = sum(count for _, count, _ in runs)
+        self.highest_pfn = max([base + count - 1 for base, count, _ in runs] or [-1])
+
+    def frame_offset(self, pfn):
+        index = bisect_right(self.bases, pfn) - 1
+        if index < 0:
+            return None
+        base, count, offset = self.runs[index]
+        if pfn - base >= count:
+            return None
+        return offset + (pfn - base) * PAGE_SIZE
+
+    def run_end(self, pfn):
+        """The first PFN past the run holding ``pfn`` (whose frames follow each
+        other in the file)."""
+        base, count, _ = self.runs[bisect_right(self.bases, pfn) - 1]
+        return base + count
+
+    def present(self, first, count):
+        """[(start PFN, end PFN)] of the frames in [first, first+count) the dump holds."""
+        out = []
+        for base, run_count, _ in self.runs:
+            lo, hi = max(base, first), min(base + run_count, first + count)
+            if lo < hi:
+                out.append((lo, hi))
+        return out
+
+    def frames(self):
+        for base, count, _ in self.runs:
+            for pfn in range(base, base + count):
+                yield pfn
+
+
+class BitmapLayout(object):
+    """Physical memory stored one page per set bit, in PFN order, from ``first_page``."""
+
+    def __init__(self, bitmap, first_page):
+        self.bitmap = bitmap
+        self.first_page = first_page
+        prefix = []
+        present = 0
+        for chunk in range(0, len(bitmap), BITMAP_CHUNK_BYTES):
+            prefix.append(present)
+            present += bin(int.from_bytes(bitmap[chunk:chunk + BITMAP_CHUNK_BYTES], "little")).count("1")
+        self.prefix = prefix
+        self.page_count = present
+        last = len(bitmap.rstrip(b"\0"))
+        self.highest_pfn = (last - 1) * 8 + bitmap[last - 1].bit_length() - 1 if last else -1
+
+    def has(self, pfn):
+        byte = pfn >> 3
+        return byte < len(self.bitmap) and (self.bitmap[byte] >> (pfn & 7)) & 1 == 1
+
+    def frame_offset(self, pfn):
+        if not self.has(pfn):
+            return None
+        chunk = pfn >> 9
+        start = chunk * BITMAP_CHUNK_BYTES
+        below = int.from_bytes(self.bitmap[start:(pfn >> 3) + 1], "little") & ((1 << (pfn - (chunk << 9))) - 1)
+        return self.first_page + (self.prefix[chunk] + bin(below).count("1")) * PAGE_SIZE
+
+    def present(self, first, count):
+        """[(start PFN, end PFN)] of the set bits in [first, first+count), a byte
+        at a time (a 1 GiB page spans 32 KiB of bitmap)."""
+        out = []
+        end = min(first + count, len(self.bitmap) * 8)
+        pfn = first
+        bitmap = self.bitmap
+        while pfn < end:
+            byte = bitmap[pfn >> 3]
+            if pfn & 7 == 0 and end - pfn >= 8 and byte in (0, 0xFF):
+                if byte:
+                    _append(out, pfn, pfn + 8)
+                pfn += 8
+                continue
+            if (byte >> (pfn & 7)) & 1:
+                _append(out, pfn, pfn + 1)
+            pfn += 1
+        return out
+
+    def frames(self):
+        for byte_index, byte in enumerate(self.bitmap):
+            if byte:
+                for bit in range(8):
+                    if byte >> bit & 1:
+                        yield (byte_index << 3) + bit
+
+
+class KernelDumpBackend(KernelDumpBase):
+    """A kernel dump of physical memory (every type but the small dump)."""
+
+    def __init__(self, path_or_file, header=None):
+        dump_file = path_or_file if isinstance(path_or_file, DumpFile) else DumpFile(path_or_file)
+        try:
+            header = header or KernelDumpHeader(dump_file)
+            if header.dump_type == DUMP_TYPE_TRIAGE:
+                raise BadInput("%s is a small memory dump: it holds no physical memory (open it with "
+                               "dbgext.open)" % dump_file.path)
+            KernelDumpBase.__init__(self, dump_file, header)
+            self.dtb = header.dtb
+            self._mapped_ranges = None
+            self._regions = {}
+            self._tables = {}
+            self.table_pages_read = 0  # page-table pages read from the file (tests count them)
+            self._parse_layout(dump_file.size)
+        except BaseException:
+            dump_file.close()
+            raise
+
+    # -- physical layout ----------------------------------------------------------------------
+
+    def _parse_layout(self, size):
+        dump_type = self.dump_type
+        if dump_type == DUMP_TYPE_FULL:
+            self.layout = self._run_table()
+            end = DUMP_HEADER64["size"] + self.layout.page_count * PAGE_SIZE
+        elif dump_type in (DUMP_TYPE_RDMP_KERNEL, DUMP_TYPE_RDMP_KERNEL_USER, DUMP_TYPE_RDMP_COMPLETE):
+            self.layout, end = self._rdmp_ranges(size)
+        elif dump_type == DUMP_TYPE_SUMMARY:
+            self.layout = self._old_summary_bitmap(size)
+            end = self.layout.first_page + self.layout.page_count * PAGE_SIZE
+        else:
+            self.layout = self._bitmap(size)
+            end = self.layout.first_page + self.layout.page_count * PAGE_SIZE
+        self.physical_pages = self.layout.page_count
+        required = self.header.u64("RequiredDumpSpace")
+        if required != UNSET_U64 and required > size:
+            raise BadInput("%s: truncated kernel dump (%d bytes, the header says %d)" % (self.path, size, required))
+        if end > size:
+            raise BadInput("%s: truncated kernel dump (%d bytes, its pages need %d)" % (self.path, size, end))
+
+    def _run_table(self):
+        run_count = self.header.u32("PhysicalMemoryBlock")
         if run_count > MAX_PHYSICAL_RUNS:
-            raise BadInput("%s: corrupt kernel dump header (%d physical memory runs)"
-                           % (self.path, run_count))
+            raise BadInput("%s: corrupt kernel dump header (%d physical memory runs)" % (self.path, run_count))
         offset = DUMP_HEADER64["size"]
         runs = []
         for index in range(run_count):
-            base, count = struct.unpack_from("<QQ", self._map, DUMP_HEADER64["PhysicalMemoryRuns"] + 16 * index)
+            base, count = struct.unpack_from("<QQ", self.header.data, DUMP_HEADER64["PhysicalMemoryRuns"] + 16 * index)
             if count > (1 << 40) or base > (1 << 40):
                 raise BadInput("%s: corrupt kernel dump header (run %d: PFN 0x%x, %d pages)"
                                % (self.path, index, base, count))
             runs.append((base, count, offset))
             offset += count * PAGE_SIZE
-        runs.sort()
-        self._run_bases = [base for base, _, _ in runs]
-        self._runs = runs
-        self._bitmap = None
-        self.physical_pages = sum(count for _, count, _ in runs)
-        return offset
+        return RunLayout(runs)
 
-    def _parse_bitmap(self, size):
+    def _rdmp_ranges(self, size):
+        layout = RDMP_HEADER64
+        start = layout["offset"]
+        if size < start + layout["Ranges"]:
+            raise BadInput("%s: truncated kernel dump (%d bytes, no room for the RDMP header)" % (self.path, size))
+        head = self.file.read(start, layout["Ranges"])
+        marker = struct.unpack_from("<I", head, layout["Marker"])[0]
+        if marker != RDMP_MARKER or head[4:12] != b"RDMPDUMP":
+            raise BadInput("%s: bad RDMP dump header (marker 0x%x, signature %r)" % (self.path, marker, head[4:12]))
+        first_page = struct.unpack_from("<Q", head, layout["FirstPageOffset"])[0]
+        ranges_start = start + layout["Ranges"]
+        if first_page < ranges_start or first_page > size:
+            raise BadInput("%s: corrupt RDMP dump header (first page at 0x%x)" % (self.path, first_page))
+        table = self.file.read(ranges_start, min(first_page - ranges_start, MAX_RDMP_RANGES * 16))
+        runs = []
+        offset = first_page
+        for index in range(len(table) // 16):
+            pfn, count = struct.unpack_from("<QQ", table, 16 * index)
+            if pfn == 0:  # the list ends with a zero PFN (kdmp-parser stops there too)
+                break
+            if count > (1 << 40) or pfn > (1 << 40):
+                raise BadInput("%s: corrupt RDMP range %d (PFN 0x%x, %d pages)" % (self.path, index, pfn, count))
+            runs.append((pfn, count, offset))
+            offset += count * PAGE_SIZE
+        return RunLayout(runs), offset
+
+    def _bitmap(self, size):
         layout = SUMMARY_DUMP64
         start = layout["offset"]
         if size < start + layout["Bitmap"]:
-            raise BadInput("%s: truncated kernel dump (%d bytes, no room for the bitmap header)"
-                           % (self.path, size))
-        signature = bytes(self._map[start:start + 8])
-        if signature not in (b"SDMPDUMP", b"FDMPDUMP"):
-            raise BadInput("%s: bad bitmap dump header (signature %r)" % (self.path, signature))
-        first_page, _, bit_count = struct.unpack_from("<QQQ", self._map, start + layout["FirstPage"])
-        bitmap_start = start + layout["Bitmap"]
+            raise BadInput("%s: truncated kernel dump (%d bytes, no room for the bitmap header)" % (self.path, size))
+        head = self.file.read(start, layout["Bitmap"])
+        if head[0:8] not in (b"SDMPDUMP", b"FDMPDUMP"):
+            raise BadInput("%s: bad bitmap dump header (signature %r)" % (self.path, head[0:8]))
+        first_page, _, bit_count = struct.unpack_from("<QQQ", head, layout["FirstPage"])
+        return self._read_bitmap(start + layout["Bitmap"], bit_count, first_page, size)
+
+    def _old_summary_bitmap(self, size):
+        layout = SUMMARY_DUMP_OLD
+        start = layout["offset"]
+        if size < start + layout["Bitmap"]:
+            raise BadInput("%s: truncated kernel dump (%d bytes, no room for the summary header)" % (self.path, size))
+        head = self.file.read(start, layout["Bitmap"])
+        if head[0:8] != b"SDMPDUMP":
+            raise BadInput("%s: bad summary dump header (signature %r)" % (self.path, head[0:8]))
+        first_page, bit_count = struct.unpack_from("<II", head, layout["HeaderSize"])
+        return self._read_bitmap(start + layout["Bitmap"], bit_count, first_page, size)
+
+    def _read_bitmap(self, bitmap_start, bit_count, first_page, size):
         bitmap_end = bitmap_start + bit_count // 8
         if bitmap_end > size:
             raise BadInput("%s: truncated kernel dump (%d bytes, its bitmap of %d pages needs %d)"
                            % (self.path, size, bit_count, bitmap_end))
         if first_page < bitmap_end or first_page > size:
             raise BadInput("%s: corrupt bitmap dump header (first page at 0x%x)" % (self.path, first_page))
-        bitmap = bytes(self._map[bitmap_start:bitmap_end])
-        prefix = []
-        present = 0
-        for chunk in range(0, len(bitmap), BITMAP_CHUNK_BYTES):
-            prefix.append(present)
-            present += bin(int.from_bytes(bitmap[chunk:chunk + BITMAP_CHUNK_BYTES], "little")).count("1")
-        self._bitmap = bitmap
-        self._bitmap_prefix = prefix
-        self._first_page = first_page
-        self._runs = None
-        self.physical_pages = present
-        return first_page + present * PAGE_SIZE
-
-    def _frame_offset(self, pfn):
-        """File offset of physical frame ``pfn``, or None when the dump lacks it."""
-        bitmap = self._bitmap
-        if bitmap is None:
-            index = bisect_right(self._run_bases, pfn) - 1
-            if index < 0:
-                return None
-            base, count, offset = self._runs[index]
-            if pfn - base >= count:
-                return None
-            return offset + (pfn - base) * PAGE_SIZE
-        byte = pfn >> 3
-        if byte >= len(bitmap) or not (bitmap[byte] >> (pfn & 7)) & 1:
-            return None
-        chunk = pfn >> 9
-        start = chunk * BITMAP_CHUNK_BYTES
-        below = int.from_bytes(bitmap[start:byte + 1], "little") & ((1 << (pfn - (chunk << 9))) - 1)
-        return self._first_page + (self._bitmap_prefix[chunk] + bin(below).count("1")) * PAGE_SIZE
+        return BitmapLayout(self.file.read(bitmap_start, bitmap_end - bitmap_start), first_page)
 
     def physical_frames(self):
         """Every physical page address in the dump, ascending."""
-        if self._bitmap is None:
-            for base, count, _ in self._runs:
-                for pfn in range(base, base + count):
-                    yield pfn << 12
-            return
-        for byte_index, byte in enumerate(self._bitmap):
-            if byte:
-                for bit in range(8):
-                    if byte >> bit & 1:
-                        yield ((byte_index << 3) + bit) << 12
+        for pfn in self.layout.frames():
+            yield pfn << 12
 
     def read_physical_page(self, physical_address):
-        offset = self._frame_offset(physical_address >> 12)
+        offset = self.layout.frame_offset(physical_address >> 12)
         if offset is None:
             return None
-        return self._map[offset:offset + PAGE_SIZE]
+        return self.file.read(offset, PAGE_SIZE)
 
-    def _physical_u64(self, physical_address):
-        offset = self._frame_offset(physical_address >> 12)
-        if offset is None:
+    # -- virtual -> physical ----------------------------------------------------------------
+
+    def _table(self, table_pa):
+        """A page-table page as 512 entries, or None when the dump lacks it."""
+        table = self._tables.get(table_pa, False)
+        if table is False:
+            page = self.read_physical_page(table_pa)
+            self.table_pages_read += 1
+            table = struct.unpack("<512Q", page) if page is not None else None
+            if len(self._tables) >= MAX_CACHED_TABLES:
+                self._tables.clear()
+            self._tables[table_pa] = table
+        return table
+
+    def _next_table(self, entry, level):
+        """The physical address of the table a level-``level`` entry points at, the
+        base of the large page it maps (as ``(base, size)``), or None when the
+        processor would fault: not present, reserved bits, or a frame beyond the
+        dump's physical memory."""
+        if not entry & PTE_PRESENT:
             return None
-        return _U64.unpack_from(self._map, offset + (physical_address & 0xFFF))[0]
-
-    # -- virtual -> physical -----------------------------------------------------------
+        if entry & PTE_LARGE and level != 1:
+            if level == 4:
+                return None  # PS is reserved in a PML4 entry
+            reserved, mask, size = ((LARGE_1G_RESERVED, LARGE_1G_PFN_MASK, 1 << 30) if level == 3
+                                    else (LARGE_2M_RESERVED, LARGE_2M_PFN_MASK, 1 << 21))
+            base = entry & mask
+            if entry & reserved or base >> 12 > self.layout.highest_pfn:
+                return None
+            return (base, size)
+        pa = entry & PTE_PFN_MASK
+        if pa >> 12 > self.layout.highest_pfn:
+            return None
+        return pa
 
     def _region(self, region):
         """How the 2 MiB of virtual space numbered ``region`` (va >> 21) is mapped:
-        None, the physical base of a large page, or the leaf page table's bytes."""
+        None, the physical base of a large page, or the leaf page table's entries."""
         try:
             return self._regions[region]
         except KeyError:
@@ -225,20 +545,27 @@ class KernelDumpBackend(Backend):
         return mapping
 
     def _walk_to_leaf(self, va):
-        pml4e = self._physical_u64(self.dtb + ((va >> 39) & 0x1FF) * 8)
-        if pml4e is None or not pml4e & PTE_PRESENT:
-            return None
-        pdpte = self._physical_u64((pml4e & PTE_PFN_MASK) + ((va >> 30) & 0x1FF) * 8)
-        if pdpte is None or not pdpte & PTE_PRESENT:
-            return None
-        if pdpte & PTE_LARGE:
-            return (pdpte & LARGE_1G_PFN_MASK) + (va & 0x3FE00000)
-        pde = self._physical_u64((pdpte & PTE_PFN_MASK) + ((va >> 21) & 0x1FF) * 8)
-        if pde is None or not pde & PTE_PRESENT:
-            return None
-        if pde & PTE_LARGE:
-            return pde & LARGE_2M_PFN_MASK
-        return self.read_physical_page(pde & PTE_PFN_MASK)
+        table_pa = self.dtb
+        for level, shift in ((4, 39), (3, 30), (2, 21)):
+            table = self._table(table_pa)
+            if table is None:
+                return None
+            target = self._next_table(table[(va >> shift) & 0x1FF], level)
+            if target is None:
+                return None
+            if target.__class__ is tuple:
+                base, size = target
+                return base + (va & (size - 1) & ~0x1FFFFF)
+            table_pa = target
+        return self._table(table_pa)
+
+    def _leaf_frame(self, pte):
+        """The frame a PTE maps (present or transition), or None."""
+        if pte & PTE_PRESENT or pte & (PTE_TRANSITION | PTE_PROTOTYPE) == PTE_TRANSITION:
+            pfn = (pte & PTE_PFN_MASK) >> 12
+            if pfn <= self.layout.highest_pfn:
+                return pfn
+        return None
 
     def translate(self, virtual_address):
         """Physical address of ``virtual_address``, or None when it is not mapped
@@ -248,23 +575,18 @@ class KernelDumpBackend(Backend):
             return None
         if mapping.__class__ is int:
             return mapping + (virtual_address & 0x1FFFFF)
-        pte = _U64.unpack_from(mapping, ((virtual_address >> 12) & 0x1FF) * 8)[0]
-        if pte & PTE_PRESENT or pte & (PTE_TRANSITION | PTE_PROTOTYPE) == PTE_TRANSITION:
-            return (pte & PTE_PFN_MASK) + (virtual_address & 0xFFF)
-        return None
+        pfn = self._leaf_frame(mapping[(virtual_address >> 12) & 0x1FF])
+        return None if pfn is None else (pfn << 12) + (virtual_address & 0xFFF)
 
     def read_page(self, page_address):
         physical = self.translate(page_address)
         if physical is None:
             return None
-        offset = self._frame_offset(physical >> 12)
-        if offset is None:
-            return None
-        return self._map[offset:offset + PAGE_SIZE]
+        return self.read_physical_page(physical & ~0xFFF)
 
     def read_pages(self, page_address, count):
         # One translation per 2 MiB of virtual space, then the frames in order.
-        pages = []
+        frames = []
         address = page_address
         end = page_address + count * PAGE_SIZE
         while address < end:
@@ -272,57 +594,71 @@ class KernelDumpBackend(Backend):
             n = (region_end - address) >> 12
             mapping = self._region((address >> 21) & 0x7FFFFFFFFFF)
             if mapping is None:
-                pages.extend([None] * n)
+                frames.extend([None] * n)
             elif mapping.__class__ is int:
                 first = (mapping + (address & 0x1FFFFF)) >> 12
-                self._append_frames(pages, range(first, first + n))
+                frames.extend(range(first, first + n))
             else:
-                ptes = struct.unpack_from("<%dQ" % n, mapping, ((address >> 12) & 0x1FF) * 8)
-                self._append_frames(pages, [
-                    (pte & PTE_PFN_MASK) >> 12
-                    if pte & PTE_PRESENT or pte & (PTE_TRANSITION | PTE_PROTOTYPE) == PTE_TRANSITION else None
-                    for pte in ptes])
+                index = (address >> 12) & 0x1FF
+                frames.extend(self._leaf_frame(pte) for pte in mapping[index:index + n])
             address = region_end
-        return pages
+        return self._read_frames(frames)
 
-    def _append_frames(self, pages, frames):
-        """Append the page of each frame number (None: not mapped) to ``pages``.
-        Consecutive frames usually sit one after the other in the file; then the
-        next offset is the previous one plus a page, without a lookup."""
-        data, bitmap = self._map, self._bitmap
+    def _read_frames(self, frames):
+        """The page of each frame number (None: not mapped or not in the dump).
+        Frames stored one after the other in the file are read with one call."""
+        layout = self.layout
+        runs = layout if isinstance(layout, RunLayout) else None
+        offsets = []
         next_pfn = -1
         next_offset = run_end = 0
         for pfn in frames:
             if pfn is None:
-                pages.append(None)
+                offsets.append(None)
                 next_pfn = -1
                 continue
-            if pfn == next_pfn and (pfn < run_end if bitmap is None else
-                                    (pfn >> 3) < len(bitmap) and (bitmap[pfn >> 3] >> (pfn & 7)) & 1):
+            if pfn == next_pfn and (pfn < run_end if runs is not None else layout.has(pfn)):
                 offset = next_offset
             else:
-                offset = self._frame_offset(pfn)
+                offset = layout.frame_offset(pfn)
                 if offset is None:
-                    pages.append(None)
+                    offsets.append(None)
                     next_pfn = -1
                     continue
-                if bitmap is None:
-                    base, run_count, _ = self._runs[bisect_right(self._run_bases, pfn) - 1]
-                    run_end = base + run_count
-            pages.append(data[offset:offset + PAGE_SIZE])
+                if runs is not None:
+                    run_end = runs.run_end(pfn)
+            offsets.append(offset)
             next_pfn, next_offset = pfn + 1, offset + PAGE_SIZE
+        pages = [None] * len(offsets)
+        index = 0
+        while index < len(offsets):
+            start = offsets[index]
+            if start is None:
+                index += 1
+                continue
+            stop = index + 1
+            while stop < len(offsets) and offsets[stop] == start + (stop - index) * PAGE_SIZE:
+                stop += 1
+            data = self.file.read(start, (stop - index) * PAGE_SIZE)
+            for k in range(index, stop):
+                pages[k] = data[(k - index) * PAGE_SIZE:(k - index + 1) * PAGE_SIZE]
+            index = stop
+        return pages
+
+    # -- the whole address space ------------------------------------------------------------
 
     def mapped_ranges(self):
-        """Readable virtual ranges: the page tables walked once, merged, limited to
-        pages whose frames the dump contains."""
+        """Readable virtual ranges: the page tables walked once (within the
+        budgets), merged, limited to pages whose frames the dump contains."""
         if self._mapped_ranges is None:
             self._mapped_ranges = self._walk_mapped_ranges()
         return list(self._mapped_ranges)
 
     def _walk_mapped_ranges(self):
+        walk = _TableWalk(self)
         ranges = []
         canonical_hole = 1 << 47
-        for start, end in self._table_ranges(self.dtb, 4, {}):
+        for start, end in walk.ranges(self.dtb, 4):
             # The PML4's lower and upper halves are the user and (sign-extended)
             # kernel halves of the address space: never one range.
             if start < canonical_hole < end:
@@ -331,69 +667,25 @@ class KernelDumpBackend(Backend):
             if start >= canonical_hole:
                 start, end = start | 0xFFFF000000000000, ((end - 1) | 0xFFFF000000000000) + 1
             ranges.append((start, end))
+        if walk.tables_cut or walk.work_cut:
+            self.problems.add("page_table_budget", None, "the page tables reach more than %d distinct table pages "
+                              "or %d range pieces; the walk stopped there (corrupt tables?)"
+                              % (walk.table_budget, walk.work_budget))
         merged = []
         for start, end in sorted(ranges):
             if merged and merged[-1][1] == start:
                 merged[-1][1] = end
             else:
                 merged.append([start, end])
-        return [(start, end) for start, end in merged]
+        page_budget = max(MIN_MAPPED_PAGE_BUDGET, 2 * self.physical_pages)
+        kept, cut = _within_page_budget([(start, end) for start, end in merged], page_budget)
+        if cut:
+            self.problems.add("mapped_page_budget", None, "the page tables map more than %d pages of a dump holding "
+                              "%d; %d more were left out (aliased or corrupt tables?)"
+                              % (page_budget, self.physical_pages, cut))
+        return kept
 
-    def _table_ranges(self, table_pa, level, memo):
-        """Readable ranges (relative to the table's span) mapped by one table.
-        Memoised per (table, level): the self-map entry and corrupt dumps make the
-        same table appear under many parents."""
-        key = (table_pa, level)
-        if key in memo:
-            return memo[key]
-        memo[key] = []  # a table reached again through itself maps nothing new
-        table = self.read_physical_page(table_pa)
-        ranges = []
-        if table is not None:
-            shift = 12 + 9 * (level - 1)
-            entries = struct.unpack("<512Q", table)
-            for index, entry in enumerate(entries):
-                if not entry:
-                    continue
-                base = index << shift
-                if level == 1:
-                    if entry & PTE_PRESENT or entry & (PTE_TRANSITION | PTE_PROTOTYPE) == PTE_TRANSITION:
-                        if self._frame_offset((entry & PTE_PFN_MASK) >> 12) is not None:
-                            _append(ranges, base, base + PAGE_SIZE)
-                    continue
-                if not entry & PTE_PRESENT:
-                    continue
-                if level in (2, 3) and entry & PTE_LARGE:
-                    mask = LARGE_2M_PFN_MASK if level == 2 else LARGE_1G_PFN_MASK
-                    first = (entry & mask) >> 12
-                    for start, end in self._present_frames(first, 1 << (shift - 12)):
-                        _append(ranges, base + ((start - first) << 12), base + ((end - first) << 12))
-                    continue
-                for start, end in self._table_ranges(entry & PTE_PFN_MASK, level - 1, memo):
-                    _append(ranges, base + start, base + end)
-        memo[key] = ranges
-        return ranges
-
-    def _present_frames(self, first, count):
-        """[(start PFN, end PFN)] of the frames in [first, first+count) the dump holds."""
-        out = []
-        if self._bitmap is None:
-            for base, run_count, _ in self._runs:
-                lo, hi = max(base, first), min(base + run_count, first + count)
-                if lo < hi:
-                    out.append((lo, hi))
-            return out
-        bitmap = self._bitmap
-        for pfn in range(first, first + count):
-            byte = pfn >> 3
-            if byte < len(bitmap) and (bitmap[byte] >> (pfn & 7)) & 1:
-                if out and out[-1][1] == pfn:
-                    out[-1] = (out[-1][0], pfn + 1)
-                else:
-                    out.append((pfn, pfn + 1))
-        return out
-
-    # -- modules and facts -------------------------------------------------------------
+    # -- modules and facts -------------------------------------------------------------------
 
     def modules(self):
         if self._modules is None:
@@ -401,14 +693,14 @@ class KernelDumpBackend(Backend):
         return list(self._modules)
 
     def _walk_loaded_modules(self):
-        head = self._field("<Q", "PsLoadedModuleList")
-        if head in (0, UNSET_U64):
+        head = self.header.pointer("PsLoadedModuleList") or self.debugger_data().get("PsLoadedModuleList")
+        if not head:
             return []
         memory = Target(self, cache_pages=256)
         walk = memory.walk_list(head, max_entries=MAX_MODULES)
         if walk.problem:
-            self.problems.append("PsLoadedModuleList walk stopped (%s) at 0x%x"
-                                 % (walk.problem, walk.problem_address))
+            self.problems.add("module_list_" + walk.problem, walk.problem_address,
+                              "PsLoadedModuleList walk stopped (%s)" % walk.problem)
         layout = KLDR_DATA_TABLE_ENTRY_X64
         found = []
         for entry in walk.entries:
@@ -417,44 +709,124 @@ class KernelDumpBackend(Backend):
                 size = memory.u32(entry + layout["SizeOfImage"])
                 file_name = memory.unicode_string(entry + layout["BaseDllName"], max_chars=260)
             except DbgextError as error:
-                self.problems.append("loaded module entry at 0x%x: %s" % (entry, error))
+                self.problems.add("module_entry_unreadable", entry, "loaded module entry: %s" % error)
                 continue
             found.append(Module(debugger_module_name(file_name), base, size, file_name))
         return found
 
-    def info(self):
-        bugcheck = [self._field("<I", "BugCheckCode")] + list(
-            struct.unpack_from("<4Q", self._map, DUMP_HEADER64["BugCheckParameters"]))
-        context = DUMP_HEADER64["ContextRecord"]
-        exception = DUMP_HEADER64["Exception"]
-        code, flags, _, address, parameter_count = struct.unpack_from("<IIQQI", self._map, exception)
-        parameters = struct.unpack_from("<15Q", self._map, exception + EXCEPTION_RECORD64["ExceptionInformation"])
-        self.modules()
+    def _debugger_data_bytes(self):
+        address = self.header.pointer("KdDebuggerDataBlock")
+        if address is None:
+            return None, None
+        memory = Target(self, cache_pages=4)
+        try:
+            head = memory.read(address, 0x18)
+        except DbgextError as error:
+            self.problems.add("debugger_data_unreadable", address, "KDDEBUGGER_DATA64: %s" % error, "warning")
+            return address, None
+        size = min(max(struct.unpack_from("<I", head, 0x14)[0], 0x18), KDDEBUGGER_DATA64_MAX_SIZE)
+        return address, memory.try_read(address, size).data
+
+    def _contents(self):
         return {
-            "kind": self.kind,
-            "arch": self.arch,
-            "mode": "kernel",
-            "file": self.path,
-            "dump_type": self.dump_type,
-            "build": self._field("<I", "MinorVersion"),
-            "major_version": self._field("<I", "MajorVersion"),
-            "processors": self._field("<I", "NumberProcessors"),
-            "bugcheck": bugcheck,
-            "system_time": self._field("<Q", "SystemTime"),
-            "registers": unpack_context(CONTEXT_AMD64, self._map, context),
-            "exception": {"code": code, "flags": flags, "address": address,
-                          "parameters": list(parameters[:min(parameter_count, 15)])},
-            "directory_table_base": self.dtb,
-            "ps_loaded_module_list": self._field("<Q", "PsLoadedModuleList"),
-            "ps_active_process_head": self._field("<Q", "PsActiveProcessHead"),
-            "kd_debugger_data_block": self._field("<Q", "KdDebuggerDataBlock"),
             "physical_pages": self.physical_pages,
-            "problems": list(self.problems),
+            "highest_pfn": self.layout.highest_pfn,
+            "contents": ["physical memory: %d pages" % self.physical_pages, "page tables from the header's "
+                         "DirectoryTableBase", "context and exception record of the crashing processor"],
         }
 
-    def close(self):
-        if not self._map.closed:
-            self._map.close()
+
+class _TableWalk(object):
+    """One walk of the page tables over the whole address space, memoised per
+    (table, level) and held to two budgets: distinct table pages visited, and
+    pieces of ranges built (garbage tables can hang one table under every entry,
+    which memoisation makes cheap to reach but not cheap to list)."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.table_budget = max(MIN_TABLE_PAGE_BUDGET, backend.physical_pages // 64)
+        self.work_budget = 4 * max(MIN_MAPPED_PAGE_BUDGET, 2 * backend.physical_pages)
+        self.memo = {}
+        self.work = 0
+        self.tables_cut = 0
+        self.work_cut = False
+
+    def _add(self, ranges, start, end):
+        """Append [start, end) unless the work budget is spent (then False)."""
+        if self.work >= self.work_budget:
+            self.work_cut = True
+            return False
+        self.work += 1
+        _append(ranges, start, end)
+        return True
+
+    def ranges(self, table_pa, level):
+        """Readable ranges (relative to the table's span) mapped by one table.
+        Memoised per (table, level): the self-map entry and corrupt dumps make the
+        same table appear under many parents."""
+        key = (table_pa, level)
+        if key in self.memo:
+            return self.memo[key]
+        self.memo[key] = []  # a table reached again through itself maps nothing new
+        if len(self.memo) > self.table_budget:
+            self.tables_cut += 1
+            return []
+        backend = self.backend
+        table = backend._table(table_pa)
+        out = []
+        if table is None:
+            return out
+        layout = backend.layout
+        shift = 12 + 9 * (level - 1)
+        for index, entry in enumerate(table):
+            if not entry:
+                continue
+            base = index << shift
+            if level == 1:
+                pfn = backend._leaf_frame(entry)
+                if pfn is not None and layout.frame_offset(pfn) is not None and not self._add(
+                        out, base, base + PAGE_SIZE):
+                    break
+                continue
+            target = backend._next_table(entry, level)
+            if target is None:
+                continue
+            if target.__class__ is tuple:
+                first = target[0] >> 12
+                pieces = [((start - first) << 12, (end - first) << 12)
+                          for start, end in layout.present(first, target[1] >> 12)]
+            else:
+                pieces = self.ranges(target, level - 1)
+            if not all(self._add(out, base + start, base + end) for start, end in pieces):
+                break
+        self.memo[key] = out
+        return out
+
+
+def _within_page_budget(ranges, budget):
+    """``ranges`` cut to their first ``budget`` pages, and the pages cut."""
+    kept = []
+    left = budget
+    cut = 0
+    for start, end in ranges:
+        pages = (end - start) >> 12
+        if pages <= left:
+            kept.append((start, end))
+            left -= pages
+        else:
+            if left:
+                kept.append((start, start + (left << 12)))
+            cut += pages - left
+            left = 0
+    return kept, cut
+
+
+def unpack_exception(data, offset):
+    """An EXCEPTION_RECORD64 at ``data[offset:]`` as a dict."""
+    code, flags, _, address, parameter_count = struct.unpack_from("<IIQQI", data, offset)
+    parameters = struct.unpack_from("<15Q", data, offset + EXCEPTION_RECORD64["ExceptionInformation"])
+    return {"code": code, "flags": flags, "address": address,
+            "parameters": list(parameters[:min(parameter_count, 15)])}
 
 
 def unpack_context(layout, data, offset):

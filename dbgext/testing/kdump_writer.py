@@ -7,6 +7,10 @@ page-table scans of memory-forensics tools find it), and writes either a full
 dump (DumpType 1: run table + pages) or a bitmap dump (DumpType 5/6: a
 ``_SUMMARY_DUMP64`` bitmap + pages).  Facts: shared/reference/dump-formats.md.
 
+Every physical-memory type is written: 1 (run table), 2 (the older summary
+bitmap), 5 and 6 (bitmap), 8, 9 and 10 (RDMP page ranges).  Small dumps (type 4)
+have their own writer, :mod:`dbgext.testing.triage_writer`.
+
 Two levels:
 - :func:`write_kernel_dump` (what ``Scenario.write_kernel_dump`` calls);
 - :func:`write_physical_dump`, which writes any physical memory image with any
@@ -17,9 +21,11 @@ Two levels:
 import struct
 
 from ..layouts.dump_formats import (
-    CONTEXT_AMD64, DUMP_HEADER64, DUMP_TYPE_BITMAP, DUMP_TYPE_FULL, DUMP_TYPE_LIVE_BITMAP,
-    EXCEPTION_RECORD64, MACHINE_AMD64, MAX_PHYSICAL_RUNS, PAGE_SIZE, PTE_ACCESSED, PTE_DIRTY,
-    PTE_LARGE, PTE_PFN_MASK, PTE_PRESENT, PTE_USER, PTE_WRITE, SUMMARY_DUMP64)
+    CONTEXT_AMD64, DUMP_HEADER64, DUMP_TYPE_BITMAP, DUMP_TYPE_FULL, DUMP_TYPE_LIVE_BITMAP, DUMP_TYPE_RDMP_COMPLETE,
+    DUMP_TYPE_RDMP_KERNEL, DUMP_TYPE_RDMP_KERNEL_USER, DUMP_TYPE_SUMMARY, EXCEPTION_RECORD64, KDBG_OWNER_TAG,
+    KDDEBUGGER_DATA64, MACHINE_AMD64, MAX_PHYSICAL_RUNS, PAGE_SIZE, PTE_ACCESSED, PTE_DIRTY, PTE_LARGE,
+    PTE_PFN_MASK, PTE_PRESENT, PTE_USER, PTE_WRITE, RDMP_HEADER64, RDMP_MARKER, SUMMARY_DUMP64,
+    SUMMARY_DUMP_OLD)
 from .scenario import KUSER_SHARED_DATA
 
 DEFAULT_DTB = 0x1A0000              # where Windows' boot PML4 conventionally sits
@@ -43,8 +49,8 @@ def is_canonical(address):
 def write_kernel_dump(scenario, path, bitmap=False, dump_type=None, large_pages=True):
     """Write ``scenario`` (x64, kernel mode) as a kernel crash dump; returns ``path``.
 
-    ``bitmap`` selects DumpType 5 over 1; ``dump_type`` may force 1, 5 or 6
-    (live kernel dump).  With ``large_pages``, every 2 MiB-aligned, fully mapped
+    ``bitmap`` selects DumpType 5 over 1; ``dump_type`` may force any
+    physical-memory type (1, 2, 5, 6, 8, 9, 10).  With ``large_pages``, every 2 MiB-aligned, fully mapped
     2 MiB of virtual memory is mapped by one large-page PDE."""
     if scenario.arch != "x64" or scenario.mode != "kernel":
         raise ValueError("kernel dumps need an x64 kernel-mode scenario, not %s/%s"
@@ -76,7 +82,7 @@ class KernelDumpHeader(object):
 
     def __init__(self, directory_table_base=DEFAULT_DTB, build=19041, bugcheck=(0, 0, 0, 0, 0),
                  registers=None, system_time=0, ps_loaded_module_list=0, ps_active_process_head=0,
-                 kd_debugger_data_block=0, processors=1):
+                 kd_debugger_data_block=0, processors=1, minidump_fields=0):
         self.directory_table_base = directory_table_base
         self.build = build
         self.bugcheck = tuple(bugcheck) + (0,) * (5 - len(bugcheck))
@@ -86,6 +92,7 @@ class KernelDumpHeader(object):
         self.ps_active_process_head = ps_active_process_head
         self.kd_debugger_data_block = kd_debugger_data_block
         self.processors = processors
+        self.minidump_fields = minidump_fields
 
 
 # -- physical layout and page tables -------------------------------------------------
@@ -208,9 +215,13 @@ def physical_runs(page_addresses):
     return [tuple(run) for run in runs]
 
 
+PHYSICAL_DUMP_TYPES = (DUMP_TYPE_FULL, DUMP_TYPE_SUMMARY, DUMP_TYPE_BITMAP, DUMP_TYPE_LIVE_BITMAP,
+                       DUMP_TYPE_RDMP_KERNEL, DUMP_TYPE_RDMP_KERNEL_USER, DUMP_TYPE_RDMP_COMPLETE)
+
+
 def write_physical_dump(path, physical, header, dump_type=DUMP_TYPE_FULL):
-    """Write {pa: 4 KiB bytes} as a kernel dump of ``dump_type`` (1, 5 or 6); returns path."""
-    if dump_type not in (DUMP_TYPE_FULL, DUMP_TYPE_BITMAP, DUMP_TYPE_LIVE_BITMAP):
+    """Write {pa: 4 KiB bytes} as a kernel dump of ``dump_type``; returns path."""
+    if dump_type not in PHYSICAL_DUMP_TYPES:
         raise ValueError("cannot write DumpType %r" % (dump_type,))
     for pa, data in physical.items():
         if pa & (PAGE_SIZE - 1) or len(data) != PAGE_SIZE:
@@ -222,11 +233,15 @@ def write_physical_dump(path, physical, header, dump_type=DUMP_TYPE_FULL):
     ordered = sorted(physical)
     if dump_type == DUMP_TYPE_FULL:
         prologue = b""
-    else:
+    elif dump_type == DUMP_TYPE_SUMMARY:
+        prologue = _old_summary_dump(ordered)
+    elif dump_type in (DUMP_TYPE_BITMAP, DUMP_TYPE_LIVE_BITMAP):
         prologue = _summary_dump(ordered)
+    else:
+        prologue = _rdmp_header(runs, len(ordered), dump_type)
     first_page = DUMP_HEADER64["size"] + len(prologue)
     file_size = first_page + PAGE_SIZE * len(ordered)
-    head = _dump_header(header, runs, len(ordered), dump_type, file_size)
+    head = dump_header(header, runs, len(ordered), dump_type, file_size)
     with open(path, "wb") as handle:
         handle.write(head)
         handle.write(prologue)
@@ -235,24 +250,77 @@ def write_physical_dump(path, physical, header, dump_type=DUMP_TYPE_FULL):
     return path
 
 
-def _summary_dump(ordered_pages):
-    """_SUMMARY_DUMP64 + bitmap, zero-padded so the first page is page-aligned."""
+def _bitmap_bytes(ordered_pages):
+    """The page bitmap (a multiple of 64 bits: both parsers agree only on those)."""
     highest = (ordered_pages[-1] >> 12) + 1 if ordered_pages else 0
-    bit_count = (highest + 63) // 64 * 64  # both parsers agree only on multiples of 64
+    bit_count = (highest + 63) // 64 * 64
     bitmap = bytearray(bit_count // 8)
     for pa in ordered_pages:
         pfn = pa >> 12
         bitmap[pfn >> 3] |= 1 << (pfn & 7)
+    return bytes(bitmap)
+
+
+def _padded(fixed, start):
+    """``fixed`` zero-padded so that what follows it starts page-aligned, and that offset."""
+    unpadded = start + len(fixed)
+    first_page = (unpadded + PAGE_SIZE - 1) & ~(PAGE_SIZE - 1)
+    return fixed + bytes(first_page - unpadded), first_page
+
+
+def _summary_dump(ordered_pages):
+    """_SUMMARY_DUMP64 + bitmap, zero-padded so the first page is page-aligned."""
+    bitmap = _bitmap_bytes(ordered_pages)
     layout = SUMMARY_DUMP64
     fixed = bytearray(layout["Bitmap"])
     fixed[layout["Signature"]:layout["Signature"] + 8] = b"SDMPDUMP"
-    unpadded = layout["offset"] + layout["Bitmap"] + len(bitmap)
-    first_page = (unpadded + PAGE_SIZE - 1) & ~(PAGE_SIZE - 1)
-    struct.pack_into("<QQQ", fixed, layout["FirstPage"], first_page, len(ordered_pages), bit_count)
-    return bytes(fixed) + bytes(bitmap) + bytes(first_page - unpadded)
+    first_page = _padded(bytes(fixed) + bitmap, layout["offset"])[1]
+    struct.pack_into("<QQQ", fixed, layout["FirstPage"], first_page, len(ordered_pages), len(bitmap) * 8)
+    return _padded(bytes(fixed) + bitmap, layout["offset"])[0]
 
 
-def _dump_header(header, runs, page_count, dump_type, file_size):
+def _old_summary_dump(ordered_pages):
+    """The DumpType 2 summary header (u32 fields, RTL_BITMAP) + bitmap, padded."""
+    bitmap = _bitmap_bytes(ordered_pages)
+    layout = SUMMARY_DUMP_OLD
+    fixed = bytearray(layout["Bitmap"])
+    fixed[layout["Signature"]:layout["Signature"] + 8] = b"SDMPDUMP"
+    first_page = _padded(bytes(fixed) + bitmap, layout["offset"])[1]
+    struct.pack_into("<IIII", fixed, layout["HeaderSize"], first_page, len(bitmap) * 8, len(ordered_pages),
+                     len(bitmap) * 8)
+    return _padded(bytes(fixed) + bitmap, layout["offset"])[0]
+
+
+def _rdmp_header(runs, page_count, dump_type):
+    """The RDMP header, the {PFN, count} ranges, then zeros up to the first page
+    (at least one zero entry: kdmp-parser reads entries until a zero PFN, over
+    MetadataSize = FirstPageOffset - 0x2020 bytes)."""
+    if runs and runs[0][0] == 0:
+        raise ValueError("an RDMP range cannot start at PFN 0 (a zero PFN ends the list)")
+    layout = RDMP_HEADER64
+    ranges = b"".join(struct.pack("<QQ", base, count) for base, count in runs) + bytes(16)
+    fixed = bytearray(layout["Ranges"])
+    body, first_page = _padded(bytes(fixed) + ranges, layout["offset"])
+    fixed = bytearray(body)
+    struct.pack_into("<I4s4sIQQ", fixed, 0, RDMP_MARKER, b"RDMP", b"DUMP", 0,
+                     first_page - layout["offset"] - 0x20, first_page)
+    if dump_type == DUMP_TYPE_RDMP_COMPLETE:
+        struct.pack_into("<IHHQ", fixed, layout["NumberOfRanges"], len(runs), 0, 0, page_count)
+    return bytes(fixed)
+
+
+def pack_debugger_data(values, size=0x380):
+    """A KDDEBUGGER_DATA64 block ({field: value}, the rest zero) with its KDBG tag."""
+    out = bytearray(size)
+    struct.pack_into("<4sI", out, 0x10, KDBG_OWNER_TAG, size)
+    for name, value in values.items():
+        offset, fmt = KDDEBUGGER_DATA64[name]
+        struct.pack_into("<" + fmt, out, offset, value)
+    return bytes(out)
+
+
+def dump_header(header, runs, page_count, dump_type, file_size):
+    """The 0x2000-byte DUMP_HEADER64 (every unset byte "PAGE")."""
     h = DUMP_HEADER64
     out = bytearray(b"PAGE" * (h["size"] // 4))
     out[h["ValidDump"]:h["ValidDump"] + 4] = b"DU64"
@@ -269,15 +337,20 @@ def _dump_header(header, runs, page_count, dump_type, file_size):
         struct.pack_into("<QQ", out, h["PhysicalMemoryRuns"] + 16 * index, base, count)
     context = pack_context(CONTEXT_AMD64, header.registers)
     out[h["ContextRecord"]:h["ContextRecord"] + len(context)] = context
-    exception = bytearray(EXCEPTION_RECORD64["size"])
-    struct.pack_into("<IIQQI", exception, 0, BREAKPOINT_EXCEPTION, 0, 0,
-                     header.registers.get("rip", 0), 0)
+    exception = exception_record(header)
     out[h["Exception"]:h["Exception"] + len(exception)] = exception
     struct.pack_into("<IIQQ", out, h["DumpType"], dump_type, 0, file_size, header.system_time)
     out[h["Comment"]:h["Comment"] + 128] = bytes(128)
-    struct.pack_into("<QIIIII", out, h["SystemUpTime"], 0, 0, 0, 1, 0x110, 0)
+    struct.pack_into("<QIIIII", out, h["SystemUpTime"], 0, header.minidump_fields, 0, 1, 0x110, 0)
     struct.pack_into("<BBHII", out, h["Unused1"], 0, 0, 0, 0, 0)
     return bytes(out)
+
+
+def exception_record(header):
+    """The EXCEPTION_RECORD64 the writers store: a breakpoint at the context's rip."""
+    exception = bytearray(EXCEPTION_RECORD64["size"])
+    struct.pack_into("<IIQQI", exception, 0, BREAKPOINT_EXCEPTION, 0, 0, header.registers.get("rip", 0), 0)
+    return bytes(exception)
 
 
 def pack_context(layout, registers):
