@@ -9,7 +9,7 @@ import pytest
 from dbgext.cli import main
 from dbgext.stackuse.fixtures import build_pe, sample_driver_functions
 
-CONTRACT_KEYS = {"module", "rva", "name", "frame_size", "dynamic", "source", "disagreement"}
+CONTRACT_KEYS = {"module", "rva", "name", "frame_size", "dynamic", "source", "found_by", "disagreement"}
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ def test_functions_jsonl_is_one_contract_object_per_function(driver_file):
     by_name = {record["name"]: record for record in records}
     assert by_name["DriverEntry"] == {"module": "sampledrv.sys", "rva": built.rvas["DriverEntry"],
                                       "name": "DriverEntry", "frame_size": 0x28, "dynamic": False,
-                                      "source": "both", "disagreement": None}
+                                      "source": "both", "found_by": "pdata", "disagreement": None}
     assert by_name["Dispatch"]["frame_size"] == 0x228
     # CopyLeaf is not exported and has no .pdata entry: found through the call to it.
     leaf = [r for r in records if r["rva"] == built.rvas["CopyLeaf"]][0]
@@ -61,7 +61,8 @@ def test_functions_text_table(driver_file):
     code, text = run("stackuse", "functions", "--pe", path)
     assert code == 0
     assert "sampledrv.sys (x64): 5 functions" in text
-    assert any(line.split()[1:4] == ["Dispatch", "552", "both"] for line in text.splitlines() if "Dispatch" in line)
+    assert any(line.split()[1:5] == ["Dispatch", "552", "both", "pdata"] for line in text.splitlines()
+               if "Dispatch" in line)
 
 
 def test_chain_lists_every_frame_with_the_sp_at_each_call(driver_file):
@@ -78,12 +79,12 @@ def test_chain_lists_every_frame_with_the_sp_at_each_call(driver_file):
 
 def test_hogs_lists_largest_frames_and_chains_over_budget(driver_file):
     path, _ = driver_file
-    code, text = run("stackuse", "hogs", "--pe", path, "--top", "2", "--budget", "600", "--json")
+    code, text = run("stackuse", "hogs", "--pe", path, "--top", "2", "--budget", "0n600", "--json")
     document = json.loads(text)
     assert [record["name"] for record in document["largest_frames"]] == ["Dispatch", "BuildRequest"]
     assert [(r["name"], r["depth"]) for r in document["over_budget"]] == [("DriverEntry", 696), ("Dispatch", 648)]
     assert document["over_budget_count"] == 2
-    code, text = run("stackuse", "hogs", "--pe", path, "--top", "1", "--budget", "600")
+    code, text = run("stackuse", "hogs", "--pe", path, "--top", "1", "--budget", "258")
     assert "over the 600-byte budget (or unbounded): 2 function(s), the first 1 listed" in text
     code, text = run("stackuse", "hogs", "--pe", path)
     assert "worst case over the 24576-byte budget" in text
@@ -115,7 +116,7 @@ def test_option_errors_are_one_line_messages(driver_file, tmp_path):
     code, text = run("stackuse", "thread", "--pe", path)
     assert code == 1 and "needs a target" in text
     code, text = run("stackuse", "hogs", "--pe", path, "--budget", "lots")
-    assert code == 2 and "--budget" in text
+    assert code == 1 and "'lots' is not a number" in text
 
 
 def test_windbg_output_links_functions_to_their_disassembly(driver_file):

@@ -18,6 +18,7 @@ from ..errors import BadInput, UnreadableMemory
 from .functions import ModuleFunctions
 from ..disasm import BITS, direct_target, memory_slot, parse_int
 from ..pe import PEImage
+from ..problems import ProblemLog
 from .prologue import (ACCUMULATOR, FP, PUSH_SIZE, SEH_EPILOG_NAMES, SEH_PROLOG_FRAME_OVERHEAD, SP,
                        SP_MNEMONICS, STOPS, SpState, apply_sp_effect, helper_call_effect,
                        is_named, pushed_immediate_before)
@@ -73,7 +74,7 @@ class Program(object):
     def __init__(self, target=None):
         self.target = target
         self.modules = []  # ModuleFunctions
-        self.problems = []
+        self.problems = ProblemLog()
         self._failed_modules = set()
 
     def add_image(self, image, symbols=None):
@@ -81,12 +82,13 @@ class Program(object):
         self.modules.append(module)
         return module
 
-    def add_target_module(self, module):
+    def add_target_module(self, module, symbols=None):
+        """``symbols`` ({name: rva}) defaults to the target's symbols of the module."""
         image = PEImage.from_target(self.target, module)
-        symbols = None
-        table = self.target.symbols.module_symbols(module.name)
-        if table is not None:
-            symbols = table.symbols
+        if symbols is None:
+            table = self.target.symbols.module_symbols(module.name)
+            if table is not None:
+                symbols = table.symbols
         return self.add_image(image, symbols)
 
     def module_for(self, va, load=True):
@@ -102,7 +104,8 @@ class Program(object):
             return self.add_target_module(loaded)
         except (BadInput, UnreadableMemory) as error:
             self._failed_modules.add(loaded.base)
-            self.problems.append("cannot analyse %s: %s" % (loaded.name, error))
+            self.problems.add("module_not_analysed", loaded.base, "cannot analyse %s: %s" % (loaded.name, error),
+                              "warning")
             return None
 
     def function_at(self, va, origin="call"):

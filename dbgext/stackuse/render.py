@@ -6,26 +6,6 @@ import json
 from .callgraph import UNBOUNDED, UNKNOWN
 
 
-def function_record(function, bound=None):
-    """The ``functions --jsonl`` object for one function (``bound`` adds ``depth``)."""
-    record = {
-        "module": function.module.name,
-        "rva": function.rva,
-        "name": function.name,
-        "frame_size": function.frame_size,
-        "dynamic": bool(function.dynamic),
-        "source": function.source,
-        "disagreement": function.disagreement,
-    }
-    if function.fragment_of is not None:
-        record["fragment_of"] = function.fragment_of - function.module.image.image_base
-    if bound is not None:
-        record["depth"] = bound.depth
-        record["depth_bound"] = bound.status
-        record["depth_unknown"] = "; ".join(bound.reasons) if bound.status != "exact" else None
-    return record
-
-
 def bound_text(bound):
     if bound.status == UNBOUNDED:
         return "unbounded"
@@ -34,28 +14,28 @@ def bound_text(bound):
     return ("%d" % bound.value) + ("+" if bound.status == "lower" else "")
 
 
-def render_functions(out, module, functions, bounds=None, jsonl=False, as_json=False):
-    records = [function_record(f, bounds.get(f.va) if bounds else None) for f in functions]
+def render_functions(out, result, jsonl=False, as_json=False):
     if jsonl:
-        for record in records:
+        for record in result.records():
             out.line(json.dumps(record, sort_keys=False))
         return
     if as_json:
-        out.json({"module": module.name, "arch": module.arch, "functions": records, "problems": module.problems.as_list()})
+        out.json(result.as_dict())
         return
+    module, bounds = result.module, result.bounds
     rows, links = [], {}
-    for index, function in enumerate(functions):
+    for index, function in enumerate(result.functions):
         frame = "dynamic" if function.dynamic else (
             "?" if function.frame_size is None else "%d" % function.frame_size)
-        row = ["0x%x" % function.rva, function.display_name, frame, function.source]
+        row = ["0x%x" % function.rva, function.display_name, frame, function.source, function.origin]
         if bounds:
             row.append(bound_text(bounds[function.va]))
         row.append(function.disagreement or (function.problem or ""))
         rows.append(row)
         links[(index, 1)] = "uf 0x%x" % function.va
-    headers = ["rva", "function", "frame", "source"] + (["worst case"] if bounds else []) + ["note"]
+    headers = ["rva", "function", "frame", "source", "found by"] + (["worst case"] if bounds else []) + ["note"]
     out.table(rows, headers, links=links, title="%s (%s): %d functions" % (module.name, module.arch, len(rows)))
-    render_problems(out, module.problems)
+    render_problems(out, result.problems)
 
 
 def _first_reason(bound, width=90):
@@ -78,36 +58,15 @@ def render_problems(out, problems):
             out.line("  %s" % problem)
 
 
-def chain_document(steps):
-    root_bound = steps[0][2]
-    return {
-        "function": steps[0][0].display_name,
-        "depth": root_bound.depth,
-        "depth_bound": root_bound.status,
-        "reasons": list(root_bound.reasons),
-        "frames": [{
-            "function": function.display_name,
-            "module": function.module.name,
-            "rva": function.rva,
-            "frame_size": function.frame_size,
-            "sp_at_call": site.depth if site is not None else None,
-            "call_site": site.address if site is not None else None,
-            "call_kind": site.kind if site is not None else None,
-            "depth": bound.depth,
-        } for function, site, bound in steps],
-    }
-
-
-def render_chain(out, steps, as_json=False):
-    document = chain_document(steps)
+def render_chain(out, result, as_json=False):
     if as_json:
-        out.json(document)
+        out.json(result.as_dict())
         return
-    root = steps[0][2]
+    root = result.bound
     summary = {"exact": "%s bytes", "lower": "at least %s bytes (a lower bound)"}.get(root.status, "%s")
-    out.line("worst case from %s: %s" % (document["function"], summary % bound_text(root).rstrip("+")))
+    out.line("worst case from %s: %s" % (result.function.display_name, summary % bound_text(root).rstrip("+")))
     rows, links = [], {}
-    for index, (function, site, bound) in enumerate(steps):
+    for index, (function, site, bound) in enumerate(result.steps):
         rows.append([str(index), function.display_name,
                      "dynamic" if function.dynamic else ("?" if function.frame_size is None else str(function.frame_size)),
                      "-" if site is None else str(site.depth),
@@ -117,6 +76,7 @@ def render_chain(out, steps, as_json=False):
     out.table(rows, ["#", "function", "frame", "sp at call", "via", "depth from here"], links=links)
     for reason in root.reasons:
         out.line("  note: " + reason)
+    render_problems(out, result.problems)
 
 
 def thread_document(stack):
@@ -168,35 +128,24 @@ def render_thread(out, stack, target, as_json=False):
     render_problems(out, stack.problems)
 
 
-def hogs_document(module, largest, over_budget, over_budget_count, budget, bounds):
-    return {
-        "module": module.name,
-        "budget": budget,
-        "largest_frames": [function_record(f) for f in largest],
-        "over_budget": [function_record(f, bounds[f.va]) for f in over_budget],
-        "over_budget_count": over_budget_count,
-        "problems": module.problems.as_list(),
-    }
-
-
-def render_hogs(out, module, largest, over_budget, over_budget_count, budget, bounds, as_json=False):
+def render_hogs(out, result, as_json=False):
     if as_json:
-        out.json(hogs_document(module, largest, over_budget, over_budget_count, budget, bounds))
+        out.json(result.as_dict())
         return
     rows, links = [], {}
-    for index, function in enumerate(largest):
+    for index, function in enumerate(result.largest):
         rows.append([function.display_name, str(function.frame_size), function.source])
         links[(index, 0)] = "uf 0x%x" % function.va
     out.table(rows, ["function", "frame", "source"], links=links,
-              title="%s: the %d largest frames" % (module.name, len(rows)))
+              title="%s: the %d largest frames" % (result.module.name, len(rows)))
     out.line("")
     rows, links = [], {}
-    for index, function in enumerate(over_budget):
-        bound = bounds[function.va]
+    for index, function in enumerate(result.over_budget):
+        bound = result.bounds[function.va]
         rows.append([function.display_name, bound_text(bound), _first_reason(bound)])
         links[(index, 0)] = "uf 0x%x" % function.va
     out.table(rows, ["function", "worst case", "why not exact"], links=links,
               title="worst case over the %d-byte budget (or unbounded): %d function(s)%s" % (
-                  budget, over_budget_count,
-                  ", the first %d listed" % len(rows) if over_budget_count > len(rows) else ""))
-    render_problems(out, module.problems)
+                  result.budget, result.over_budget_count,
+                  ", the first %d listed" % len(rows) if result.over_budget_count > len(rows) else ""))
+    render_problems(out, result.problems)
