@@ -80,6 +80,7 @@ if LIB is not None:
     for _name in ("pt_enc_next", "pt_pkt_next", "pt_insn_next", "pt_blk_next", "pt_insn_event",
                   "pt_blk_event"):
         getattr(LIB, _name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    LIB.pt_cpu_errata.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     for _name in ("pt_pkt_sync_forward", "pt_insn_sync_forward", "pt_blk_sync_forward"):
         getattr(LIB, _name).argtypes = [ctypes.c_void_p]
     for _name in ("pt_pkt_get_offset", "pt_insn_get_offset", "pt_enc_get_offset"):
@@ -246,24 +247,36 @@ class _Memory(object):
         return -PTE_NOMAP
 
 
-def instruction_flow(trace, regions, max_insns=10 ** 7):
-    """libipt's instruction flow decoder: (list of instruction IPs, list of (offset, status) errors).
+def instruction_segments(trace, regions, cpu=None, max_insns=10 ** 7):
+    """libipt's instruction flow decoder, one segment per synchronization:
+    [(instruction IPs, (offset, status) of the error that ended it or None)].
 
-    Errors resync at the next PSB, like the dbgext flow decoder."""
+    Errors resync at the next PSB, as ptxed does.  ``cpu``: (family, model,
+    stepping) whose errata workarounds libipt applies (pt_cpu_errata)."""
     buffer = (ctypes.c_uint8 * max(len(trace), 1)).from_buffer_copy(trace or b"\0")
     config = _config(buffer)
     config.end = config.begin + len(trace)
+    if cpu is not None:
+        struct.pack_into("<iHBB", config.cpu, 0, 1, *cpu)
+        LIB.pt_cpu_errata(ctypes.byref(config.errata), ctypes.byref(config.cpu))
     decoder = LIB.pt_insn_alloc_decoder(ctypes.byref(config))
     memory = _Memory(regions)
     image = LIB.pt_insn_get_image(decoder)
     LIB.pt_image_set_callback(image, memory.callback, None)
-    ips, errors = [], []
+    segments = []
+    ips = []
+    total = 0
     insn = Insn()
     event = (ctypes.c_uint8 * EVENT_SIZE)()
     offset = ctypes.c_uint64()
+
+    def failed(status):
+        LIB.pt_insn_get_offset(decoder, ctypes.byref(offset))
+        segments.append((ips, (offset.value, status)))
+
     try:
         status = LIB.pt_insn_sync_forward(decoder)
-        while status >= 0 and len(ips) < max_insns:
+        while status >= 0 and total < max_insns:
             while status & PTS_EVENT_PENDING:
                 status = LIB.pt_insn_event(decoder, event, EVENT_SIZE)
                 if status < 0:
@@ -273,21 +286,30 @@ def instruction_flow(trace, regions, max_insns=10 ** 7):
             status = LIB.pt_insn_next(decoder, ctypes.byref(insn), ctypes.sizeof(Insn))
             if status < 0:
                 if status != -PTE_EOS:
-                    LIB.pt_insn_get_offset(decoder, ctypes.byref(offset))
-                    errors.append((offset.value, status))
+                    failed(status)
+                    ips = []
                     status = LIB.pt_insn_sync_forward(decoder)
                 continue
             ips.append(insn.ip)
+            total += 1
             if status & PTS_EOS and not status & PTS_EVENT_PENDING:
                 # The last instruction that consumed trace data (libipt would go on with
                 # straight-line code until it needs trace again).
                 break
-        if status < 0 and status != -PTE_EOS and len(ips) < max_insns:
-            LIB.pt_insn_get_offset(decoder, ctypes.byref(offset))
-            errors.append((offset.value, status))
+        if status < 0 and status != -PTE_EOS and total < max_insns:
+            failed(status)
+        else:
+            segments.append((ips, None))
     finally:
         LIB.pt_insn_free_decoder(decoder)
-    return ips, errors
+    return segments
+
+
+def instruction_flow(trace, regions, cpu=None, max_insns=10 ** 7):
+    """libipt's instruction flow: (instruction IPs, [(offset, status)] errors)."""
+    segments = instruction_segments(trace, regions, cpu, max_insns)
+    return ([ip for ips, _ in segments for ip in ips],
+            [error for _, error in segments if error is not None])
 
 
 def block_flow_count(trace, regions):

@@ -220,7 +220,8 @@ def test_code_in_memory_beats_the_file_for_import_optimized_calls():
     assert from_memory.errors == []
     assert from_memory.instructions == [base, base + 7, target_function, base + 12]
     from_file = decode_flow(trace, CodeImage(images=[(base, bytes(file_code))]))
-    assert from_file.errors and "expected a TIP" in from_file.errors[0][1]
+    # the file's call [__imp_X] waits for a TIP (the TNT could precede a deferred one) that never comes
+    assert from_file.instructions == []
 
 
 def test_path_into_kebugcheckex_warns():

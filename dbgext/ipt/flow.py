@@ -632,7 +632,15 @@ class _Walk(object):
             else:
                 extend(block.insns)
                 save()
-                self.error(self.last_offset, block.problem)
+                ip = self.skip_gap(block)
+                if ip is None:
+                    return
+                retstack = self.retstack
+                bits, bi, committed = self.bits, self.bit_index, self.committed
+                nbits = len(bits)
+                async_ip, disable_target = self.pending_event()
+                idle_blocks = 0
+                continue
             if idle_blocks > MAX_BLOCKS_WITHOUT_TRACE:
                 save()
                 self.error(self.last_offset, "%d blocks without trace data from 0x%x: the path loops"
@@ -640,6 +648,46 @@ class _Walk(object):
             if 0 <= max_insns <= len(out):
                 save()
                 return
+
+    def skip_gap(self, block):
+        """No code at ``block.end`` (unreadable or undecodable): report a gap and skip
+        the trace to the next packet that names an IP (TIP, TIP.PGE, FUP + TIP, PSB+)
+        whose code can be read; returns that IP, or None when tracing stops first.
+
+        The return stack is kept down to the frame the IP returns to (code beyond
+        the gap usually returns into the code that called it)."""
+        start = self.last_offset
+        self.bits, self.bit_index = "", 0
+        self.walking = False
+        resume = None
+        try:
+            while resume is None:
+                item = self.next_item()
+                if item is None:
+                    break
+                kind, offset, value = item
+                if kind == F_TIP or kind == F_PGE:
+                    resume = value
+                elif kind == F_PSB:
+                    resume = self.read_psb_plus()
+                elif kind == F_MODE and value is not None:
+                    self.mode = value
+                elif kind == F_PGD or kind == F_OVF:
+                    self.lookahead = item
+                    break
+                if resume is not None and not self.cache.code.read_upto(resume, 1):
+                    resume = None  # still outside the code we have
+        finally:
+            self.walking = True
+        self.result.errors.append((start, "%s: trace skipped to offset %d" % (block.problem, self.last_offset)))
+        self.result.events.append(("gap", start, block.end))
+        if resume is None:
+            return None
+        self.result.events.append(("resync", self.last_offset, resume))
+        if resume in self.retstack:
+            del self.retstack[len(self.retstack) - 1 - self.retstack[::-1].index(resume):]
+        self.committed = self.resumed_at = len(self.out)
+        return resume
 
     def pending_event(self):
         """What the next item means once the TNT bits are used up, as libipt's query

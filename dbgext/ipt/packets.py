@@ -87,6 +87,7 @@ def _build_pattern():
         ("tsc", b"\\x19", b".{7}"),
         ("mode", b"\\x99[\\x00-\\x3f]", b""),
         ("ip8", _byte_class(ip_opcodes[8]), b".{8}"),
+        ("trig", b"\\xd9", b"..."),
     ]
     extended = [
         ("psb", b"\\x82", b"(?:\\x02\\x82){7}"),
@@ -94,7 +95,8 @@ def _build_pattern():
         ("tnt64", b"\\xa3", b"(?!\\x00{6}).{6}"),
         ("pip", b"\\x43", b".{6}"),
         ("cbr", b"\\x03", b".."),
-        ("tma", b"\\x73", b".{5}"),
+        # FC[8] is the only payload bit of the last byte; libipt rejects the others.
+        ("tma", b"\\x73", b".{4}[\\x00\\x01]"),
         ("ovf", b"\\xf3", b""),
         ("vmcs", b"\\xc8", b".{5}"),
         ("stop", b"\\x83", b""),
@@ -105,6 +107,8 @@ def _build_pattern():
         ("pwrx", b"\\xa2", b".{5}"),
         ("ptw4", b"[\\x12\\x92]", b".{4}"),
         ("ptw8", b"[\\x32\\xb2]", b".{8}"),
+        ("cfe", b"\\x13", b".."),
+        ("evd", b"\\x53", b".{9}"),
     ]
     tnt_run = _byte_class(tnt8) + b"+"
 
@@ -146,7 +150,8 @@ IP_GROUPS = (G_IP0, G_IP2, G_IP4, G_IP6, G_IP8)
 # Size of a well-formed packet from its first bytes, for telling "truncated" from "unknown".
 _MIN_SIZES = [(b"\x02\x82", 16), (b"\x02\xa3", 8), (b"\x02\x43", 8), (b"\x02\x03", 4), (b"\x02\x73", 7),
               (b"\x02\xc8", 7), (b"\x02\xc3", 11), (b"\x02\xc2", 10), (b"\x02\x22", 4), (b"\x02\xa2", 7),
-              (b"\x02\x12", 6), (b"\x02\x92", 6), (b"\x02\x32", 10), (b"\x02\xb2", 10)]
+              (b"\x02\x12", 6), (b"\x02\x92", 6), (b"\x02\x32", 10), (b"\x02\xb2", 10), (b"\x02\x13", 4),
+              (b"\x02\x53", 11)]
 
 
 def _error_message(data, offset, end):
@@ -159,6 +164,8 @@ def _error_message(data, offset, end):
         need = 1 + IP_PAYLOAD[byte >> 5]
     elif byte == 0x19:
         need = 8
+    elif byte == 0xD9:
+        need = 4
     elif byte == 0x99 and remaining >= 2:
         return "mode packet with unknown leaf %d" % (data[offset + 1] >> 5)
     elif byte in (0x59, 0x99):
@@ -183,6 +190,8 @@ def _error_message(data, offset, end):
             return "malformed psb"
         if data[offset + 1] == 0xA3 and remaining >= 8:
             return "tnt64 packet without stop bit"
+        if data[offset + 1] == 0x73 and remaining >= 7:
+            return "tma packet with reserved bits set (%02x)" % data[offset + 6]
         if data[offset + 1] == 0xC3 and remaining >= 3 and data[offset + 2] != 0x88:
             return "unknown opcode 02 c3 %02x" % data[offset + 2]
         if need is None:
@@ -239,6 +248,13 @@ def other_fields(name, data, offset):
         size = 4 if name == "ptw4" else 8
         return "ptw", {"payload": _u(data, offset + 2, size), "size": size,
                        "ip": data[offset + 1] >> 7}
+    if name == "cfe":
+        return "cfe", {"type": data[offset + 2] & 0x1F, "vector": data[offset + 3], "ip": data[offset + 2] >> 7}
+    if name == "evd":
+        return "evd", {"type": data[offset + 2] & 0x3F, "payload": _u(data, offset + 3, 8)}
+    if name == "trig":
+        return "trig", {"trbv": data[offset + 1] & 0xF, "ip": data[offset + 1] >> 5 & 1,
+                        "mi": data[offset + 1] >> 7, "icntr": _u(data, offset + 2, 2)}
     return name, {}  # stop
 
 
@@ -367,7 +383,7 @@ class PacketDecode(object):
 _IP_SIZES = {0: 1, 1: 3, 2: 5, 3: 7, 4: 7, 6: 9}
 _FIXED_SIZES = {K_PSB: 16, K_PSBEND: 2, K_OVF: 2, K_TNT64: 8, K_MODE: 2}
 _OTHER_SIZES = {"tsc": 8, "mtc": 2, "pip": 8, "cbr": 4, "tma": 7, "vmcs": 7, "mnt": 11, "exstop": 2,
-                "mwait": 10, "pwre": 4, "pwrx": 7, "stop": 2}
+                "mwait": 10, "pwre": 4, "pwrx": 7, "stop": 2, "cfe": 4, "evd": 11, "trig": 4}
 
 
 def _simple_name(kind):
@@ -418,7 +434,7 @@ def decode_packets(data, start=0, end=None, max_packets=None):
 
 PACKET_TYPES = ("pad", "tnt8", "tnt64", "tip", "tip.pge", "tip.pgd", "fup", "psb", "psbend", "pip",
                 "mode.exec", "mode.tsx", "tsc", "mtc", "cyc", "cbr", "tma", "vmcs", "ovf", "stop", "mnt",
-                "exstop", "mwait", "pwre", "pwrx", "ptw")
+                "exstop", "mwait", "pwre", "pwrx", "ptw", "cfe", "evd", "trig")
 
 
 class PacketStats(object):
@@ -455,13 +471,14 @@ def _key_type(key):
         return ("mode.exec" if key[1] >> 5 == 0 else "mode.tsx"), 1, 2
     if first & 3 == 3:
         return "cyc", 1, len(key)
-    return {0x19: ("tsc", 1, 8), 0x59: ("mtc", 1, 2)}[first]
+    return {0x19: ("tsc", 1, 8), 0x59: ("mtc", 1, 2), 0xD9: ("trig", 1, 4)}[first]
 
 
 _EXTENDED = {0x82: ("psb", 16), 0x23: ("psbend", 2), 0xA3: ("tnt64", 8), 0x43: ("pip", 8), 0x03: ("cbr", 4),
              0x73: ("tma", 7), 0xF3: ("ovf", 2), 0xC8: ("vmcs", 7), 0x83: ("stop", 2), 0xC3: ("mnt", 11),
              0xC2: ("mwait", 10), 0x22: ("pwre", 4), 0xA2: ("pwrx", 7), 0x62: ("exstop", 2), 0xE2: ("exstop", 2),
-             0x12: ("ptw", 6), 0x92: ("ptw", 6), 0x32: ("ptw", 10), 0xB2: ("ptw", 10)}
+             0x12: ("ptw", 6), 0x92: ("ptw", 6), 0x32: ("ptw", 10), 0xB2: ("ptw", 10), 0x13: ("cfe", 4),
+             0x53: ("evd", 11)}
 
 
 def packet_stats(data, start=0, end=None):
