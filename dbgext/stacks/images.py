@@ -1,0 +1,121 @@
+"""Where the unwinder gets a module's unwind data and code: the image in target
+memory, or — when the dump lacks it (small dumps, minidumps) — a PE file found by
+an *image loader* (the symbol store's images, ``k --image-path``).
+
+Each module is loaded once per walker.  Its ``.pdata`` becomes a sorted table for
+binary search; entries that cannot be right (end before begin, outside the image,
+overlapping) are dropped and reported once, so a corrupt directory costs one
+problem, not a wrong frame.
+"""
+
+import bisect
+import os
+
+from ..errors import BadInput
+from ..pe import PEImage
+
+
+class ModuleCode(object):
+    """A module's image (or None) and its RUNTIME_FUNCTIONs sorted by begin RVA."""
+
+    __slots__ = ("module", "image", "entries", "begins", "info_cache")
+
+    def __init__(self, module, image, entries):
+        self.module = module
+        self.image = image
+        self.entries = entries
+        self.begins = [entry[0] for entry in entries]
+        self.info_cache = {}  # unwind rva -> UnwindInfo
+
+    @property
+    def has_unwind_data(self):
+        return bool(self.entries)
+
+    def function_entry(self, rva):
+        """The RUNTIME_FUNCTION covering ``rva``, or None (a leaf, or not code)."""
+        index = bisect.bisect_right(self.begins, rva) - 1
+        if index >= 0 and rva < self.entries[index][1]:
+            return self.entries[index]
+        return None
+
+    def code(self, rva, size):
+        """The code bytes at ``rva`` (up to ``size``; fewer where unreadable)."""
+        return self.image.read_partial(rva, size) if self.image is not None else b""
+
+
+class Images(object):
+    """Module lookup by address and each module's :class:`ModuleCode`, loaded on
+    first use.  ``image_loader(module)`` -> PEImage or None supplies an image from
+    elsewhere when the target's copy has no readable unwind data."""
+
+    def __init__(self, target, problems, image_loader=None):
+        self.target = target
+        self.problems = problems
+        self.image_loader = image_loader
+        self.modules = target.modules()          # sorted by base
+        self._bases = [module.base for module in self.modules]
+        self._loaded = {}
+
+    def module_at(self, address):
+        index = bisect.bisect_right(self._bases, address) - 1
+        if index >= 0 and self.modules[index].contains(address):
+            return self.modules[index]
+        return None
+
+    def code_for(self, module):
+        found = self._loaded.get(module.base)
+        if found is None:
+            found = self._loaded[module.base] = self._load(module)
+        return found
+
+    def _load(self, module):
+        image = self._from_target(module)
+        entries = self._entries(image) if image is not None else []
+        if not entries and self.image_loader is not None:
+            try:
+                loaded = self.image_loader(module)
+            except BadInput as error:
+                self.problems.add("image_file_unreadable", module.base, str(error), "warning")
+                loaded = None
+            if loaded is not None and loaded.arch == self.target.arch:
+                image, entries = loaded, self._entries(loaded)
+        if image is not None and not entries and image.arch == "x64":
+            self.problems.add("no_unwind_data", module.base, "%s has no readable unwind data (.pdata): its "
+                              "frames are found by scanning" % module.name, "warning")
+        return ModuleCode(module, image, entries)
+
+    def _from_target(self, module):
+        try:
+            return PEImage.from_target(self.target, module)
+        except BadInput as error:
+            self.problems.add("image_unreadable", module.base, str(error), "warning")
+            return None
+
+    def _entries(self, image):
+        """The image's .pdata, sorted, without impossible entries (reported once)."""
+        self.problems.extend(problem for problem in image.problems if problem.kind != "pe_truncated")
+        entries = []
+        bad = 0
+        for begin, end, unwind in sorted(image.runtime_functions):
+            if not begin < end <= image.size_of_image or not 0 < unwind < image.size_of_image or (
+                    entries and begin < entries[-1][1]):
+                bad += 1
+                continue
+            entries.append((begin, end, unwind))
+        if bad:
+            self.problems.add("pdata_corrupt", image.image_base,
+                              "%s: %d of %d .pdata entries are impossible (outside the image, empty or "
+                              "overlapping) and were ignored" % (image.name, bad, bad + len(entries)))
+        return entries
+
+
+def images_from_directories(directories):
+    """An image loader looking for ``<module image name>`` (``ntoskrnl.exe``,
+    ``mydrv.sys``) in ``directories`` — WinDbg's executable image path."""
+    def load(module):
+        for directory in directories:
+            path = os.path.join(directory, os.path.basename(module.image.replace("\\", "/")))
+            if os.path.isfile(path):
+                return PEImage.from_file(path, module.name)
+        return None
+    return load

@@ -1,0 +1,77 @@
+"""The last resort: find the next return address by scanning the stack.
+
+A slot is taken for a return address when its value points into a loaded module
+*and* the bytes just before it are a ``call`` instruction — what ``dps`` readers
+and WinDbg's fallback do.  A scan can take a stale return address (left by an
+earlier, finished call) for a frame, which is why the walker only scans where no
+unwind data or frame chain applies and marks such frames ``scan``.
+"""
+
+import struct
+
+MAX_SCAN_SLOTS = 0x800  # 16 KiB of x64 stack (8 KiB on x86): a kernel stack's worth of search
+CALL_WINDOW = 7         # the longest call encoding checked below
+
+
+def follows_call(before):
+    """True when ``before`` (the bytes just ahead of a candidate return address)
+    ends with an x86/x64 ``call`` encoding."""
+    n = len(before)
+    if n >= 5 and before[n - 5] == 0xE8:                                    # call rel32
+        return True
+    if n >= 2 and before[n - 2] == 0xFF and (before[n - 1] & 0xF8) == 0xD0:  # call reg
+        return True
+    if n >= 3 and before[n - 3] == 0xFF and (before[n - 2] & 0xF8) == 0x50:  # call [reg+disp8]
+        return True
+    if n >= 6 and before[n - 6] == 0xFF and before[n - 5] in (0x15, 0x90, 0x91, 0x92, 0x93, 0x95, 0x96, 0x97):
+        return True                                                        # call [rip+disp32] / [reg+disp32]
+    if n >= 3 and before[n - 3] == 0xFF and before[n - 2] == 0x14 and before[n - 1] == 0x24:
+        return True                                                        # call [rsp]
+    return False
+
+
+class ReturnAddresses(object):
+    """Decides (and remembers) whether a value is a plausible return address."""
+
+    def __init__(self, target, images):
+        self.target = target
+        self.images = images
+        self._known = {}
+        modules = images.modules
+        self._lowest = modules[0].base if modules else 0
+        self._highest = max(module.end for module in modules) if modules else 0
+
+    def plausible(self, value):
+        if not self._lowest <= value < self._highest:
+            return False  # most stack slots are data: no module lookup for them
+        known = self._known.get(value)
+        if known is None:
+            known = self._known[value] = self._follows_call(value)
+        return known
+
+    def _follows_call(self, value):
+        module = self.images.module_at(value)
+        if module is None:
+            return False
+        read = self.target.try_read(value - CALL_WINDOW, CALL_WINDOW)
+        if read.complete:
+            return follows_call(read.data)
+        # Code paged out of the dump: the module's image file may have it.
+        code = self.images.code_for(module).code(value - CALL_WINDOW - module.base, CALL_WINDOW)
+        return len(code) == CALL_WINDOW and follows_call(code)
+
+
+def scan_for_return(target, returns, start, top, pointer_size):
+    """The first slot at or above ``start`` (below ``top``, within MAX_SCAN_SLOTS)
+    holding a plausible return address: (slot, value), or None."""
+    span = max(0, min(MAX_SCAN_SLOTS * pointer_size, top - start))
+    span -= span % pointer_size
+    if span == 0:
+        return None
+    read = target.try_read(start, span)
+    values = struct.unpack("<%d%s" % (span // pointer_size, "Q" if pointer_size == 8 else "I"), read.data)
+    for index, value in enumerate(values):
+        slot = start + index * pointer_size
+        if value and returns.plausible(value) and read.readable(slot, pointer_size):
+            return slot, value
+    return None

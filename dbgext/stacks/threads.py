@@ -1,0 +1,95 @@
+"""Which thread a walk starts from, with its registers and stack bounds.
+
+* a :class:`~dbgext.target.base.Thread` (a minidump thread, the crash context,
+  the debugger's current thread) is used as it is;
+* a KTHREAD address of a thread that is not running starts from the switch frame
+  its ``KernelStack`` points at (``_KSWITCH_FRAME``: the saved RBP and the return
+  address into the scheduler), as WinDbg's ``.thread`` does;
+* a kernel thread's stack bounds come from ``_KTHREAD.InitialStack`` and
+  ``StackLimit``.
+
+Layouts come from the target's type information first, then the dump's
+debugger data, then the built-in table below (:func:`dbgext.layouts.lookup_layout`).
+"""
+
+from ..errors import LayoutNotFound, UnreadableMemory
+from ..layouts import BuiltinLayouts, lookup_layout
+from ..target.base import Thread
+
+KTHREAD_TYPE = "nt!_KTHREAD"
+KTRAP_FRAME_TYPE = "nt!_KTRAP_FRAME"
+KTHREAD_STACK_FIELDS = ("InitialStack", "StackLimit", "KernelStack")
+
+BUILTIN = BuiltinLayouts({
+    "_KTHREAD": [
+        {"arch": "x64", "builds": (10240, 99999), "size": 0x430,
+         "fields": {"InitialStack": (0x28, "P"), "StackLimit": (0x30, "P"), "KernelStack": (0x58, "P")}},
+    ],
+    # Where the processor's machine frame sits in the trap frame the kernel's
+    # fault and interrupt handlers build (kv prints the trap frame's address).
+    "_KTRAP_FRAME": [
+        {"arch": "x64", "builds": None, "size": 0x190,
+         "fields": {"Rip": (0x168, "P"), "Rsp": (0x180, "P")}},
+    ],
+})
+
+# _KSWITCH_FRAME (x64): the frame a waiting thread's KernelStack points at.
+SWITCH_FRAME_RBP = 0x30
+SWITCH_FRAME_RETURN = 0x38
+SWITCH_FRAME_SIZE = 0x40
+
+
+def kernel_thread_layout(target):
+    try:
+        return lookup_layout(target, KTHREAD_TYPE, BUILTIN, fields=KTHREAD_STACK_FIELDS)
+    except LayoutNotFound:
+        return None
+
+
+def stack_bounds(target, kernel_thread, problems):
+    """{field: value} of the KTHREAD's stack fields that could be read."""
+    layout = kernel_thread_layout(target)
+    if layout is None:
+        problems.add("layout_missing", kernel_thread, "no layout of %s: the thread's stack bounds are unknown"
+                     % KTHREAD_TYPE, "warning")
+        return {}
+    values = {}
+    for field in KTHREAD_STACK_FIELDS:
+        try:
+            values[field] = layout.read(target, kernel_thread, field)
+        except UnreadableMemory as error:
+            problems.add("thread_unreadable", error.address, "%s.%s is unreadable" % (KTHREAD_TYPE, field))
+    return values
+
+
+def waiting_kernel_thread(target, kernel_thread, problems):
+    """A Thread for a KTHREAD that is not running: registers from its switch frame,
+    or None (with a problem) when its KernelStack or switch frame can't be read."""
+    if target.arch != "x64":
+        problems.add("unsupported", kernel_thread, "waiting kernel threads are walked on x64 targets only")
+        return None
+    bounds = stack_bounds(target, kernel_thread, problems)
+    kernel_stack = bounds.get("KernelStack")
+    if kernel_stack is None:
+        problems.add("thread_unreadable", kernel_thread, "the KernelStack of thread %s is unknown"
+                     % target.format_address(kernel_thread))
+        return None
+    try:
+        rbp = target.pointer(kernel_stack + SWITCH_FRAME_RBP)
+        rip = target.pointer(kernel_stack + SWITCH_FRAME_RETURN)
+    except UnreadableMemory as error:
+        problems.add("stack_unreadable", error.address, "the switch frame of thread %s is unreadable"
+                     % target.format_address(kernel_thread))
+        return None
+    return Thread(kernel_thread, {"rip": rip, "rsp": kernel_stack + SWITCH_FRAME_SIZE, "rbp": rbp},
+                  kernel_thread=kernel_thread, stack_base=bounds.get("InitialStack"),
+                  stack_limit=bounds.get("StackLimit"), name="switch frame")
+
+
+def trap_frame_of(target, machine_frame):
+    """The _KTRAP_FRAME holding the machine frame at ``machine_frame`` (kernel x64), or None."""
+    try:
+        layout = lookup_layout(target, KTRAP_FRAME_TYPE, BUILTIN, fields=("Rip",))
+    except LayoutNotFound:
+        return None
+    return machine_frame - layout.offset("Rip")

@@ -1,0 +1,206 @@
+"""The stack walk: frame 0 from the thread's context, then one frame at a time with
+the best method that applies — x64 unwind data (RtlVirtualUnwind's semantics),
+the x86 EBP chain — and a scan of the stack only where neither applies.
+
+Every walk is bounded (``max_frames``, a bounded scan per frame), stops on a loop
+(a stack pointer that does not grow without a machine frame to explain it, or a
+frame seen before) and turns unreadable memory into a Problem with its address.
+"""
+
+from ..errors import UnreadableMemory
+from .images import Images
+from .result import Frame, StackResult
+from .scan import ReturnAddresses, scan_for_return
+from .threads import stack_bounds, trap_frame_of, waiting_kernel_thread
+from .x64 import EPILOGUE_WINDOW, UnwindError, unwind_function, unwind_leaf
+from .x86 import unwind_frame_chain
+
+MAX_FRAMES = 256
+ARGUMENT_SLOTS = 4    # kv's "Args to Child"
+STACK_SPAN_GUESS = 1 << 20  # how far above the context's SP a scan may look when the bounds are unknown
+
+NAMES = {"x64": ("rip", "rsp"), "x86": ("eip", "esp")}
+
+
+def analyze(target, thread=None, max_frames=MAX_FRAMES, image_loader=None):
+    """The :class:`StackResult` of ``thread``: None for the target's selected
+    (crashing/current) thread, a :class:`~dbgext.target.base.Thread`, or a KTHREAD
+    address (int) of a kernel thread.  ``image_loader(module)`` -> PEImage or None
+    supplies images the target lacks (see :mod:`dbgext.stacks.images`)."""
+    return Unwinder(target, image_loader).walk(thread, max_frames)
+
+
+class Unwinder(object):
+    """Walks threads of one target; modules' unwind data is loaded once and kept
+    across walks (triage and benchmarks walk many threads of one target)."""
+
+    def __init__(self, target, image_loader=None):
+        self.target = target
+        self.pointer_size = target.pointer_size
+        self.ip_name, self.sp_name = NAMES[target.arch]
+        self.kernel = (target.info() or {}).get("mode") == "kernel"
+        self.image_loader = image_loader
+        self._images = None
+        self._returns = None
+
+    def walk(self, thread=None, max_frames=MAX_FRAMES):
+        target = self.target
+        result = StackResult(target.arch, self.pointer_size)
+        # Problems met loading images belong to the walk that met them.
+        self.images.problems = result.problems
+        chosen = self._choose(thread, result)
+        if chosen is not None:
+            self._describe_thread(chosen, result)
+            self._walk(chosen.registers, result, max(1, max_frames))
+        result.problems.finish()
+        return result
+
+    @property
+    def images(self):
+        if self._images is None:
+            self._images = Images(self.target, None, self.image_loader)
+            self._returns = ReturnAddresses(self.target, self._images)
+        return self._images
+
+    # -- the thread -------------------------------------------------------------------------
+
+    def _choose(self, thread, result):
+        target = self.target
+        if thread is None:
+            chosen = target.thread
+            if chosen is None:
+                result.problems.add("no_context", None, "the target holds no register context: no thread to walk")
+                return None
+            result.thread_source = chosen.name or "current thread"
+            return chosen
+        if isinstance(thread, int):
+            current = target.thread
+            if current is not None and current.kernel_thread == thread:
+                result.thread_source = current.name or "current thread"
+                return current
+            chosen = waiting_kernel_thread(target, thread, result.problems)
+            result.thread_source = "KTHREAD switch frame"
+            return chosen
+        result.thread_source = thread.name or "thread %s" % thread.id
+        return thread
+
+    def _describe_thread(self, thread, result):
+        result.thread_id = thread.id
+        result.kernel_thread = thread.kernel_thread
+        result.stack_base, result.stack_limit = thread.stack_base, thread.stack_limit
+        if thread.kernel_thread is not None and result.stack_base is None:
+            bounds = stack_bounds(self.target, thread.kernel_thread, result.problems)
+            result.stack_base, result.stack_limit = bounds.get("InitialStack"), bounds.get("StackLimit")
+
+    # -- the walk ---------------------------------------------------------------------------
+
+    def _walk(self, registers, result, max_frames):
+        registers = dict((str(name).lower(), value) for name, value in registers.items() if isinstance(value, int))
+        ip, sp = registers.get(self.ip_name), registers.get(self.sp_name)
+        if ip is None or sp is None:
+            result.problems.add("no_context", None, "the thread's context has no %s/%s" % (self.ip_name, self.sp_name))
+            return
+        bounds = (result.stack_limit, result.stack_base) if result.stack_base else None
+        if bounds and not bounds[0] <= sp <= bounds[1]:
+            result.problems.add("sp_outside_stack", sp, "the stack pointer lies outside the thread's stack "
+                                "%s-%s" % (self.target.format_address(bounds[0]),
+                                           self.target.format_address(bounds[1])))
+            bounds = None
+        found_by = "context"
+        seen = set()
+        frames = result.frames
+        while True:
+            if len(frames) >= max_frames:
+                result.truncated = True
+                result.problems.add("frames_truncated", sp, "stopped after %d frames" % max_frames, "note")
+                return
+            module = self.images.module_at(ip)
+            frame = Frame(len(frames), sp, ip, found_by, module.name if module else None,
+                          self.target.symbolize(ip), registers.get("ebp") if self.target.arch == "x86" else None)
+            if frames:
+                frame.memory = sp - frames[-1].child_sp
+            frames.append(frame)
+            seen.add((ip, sp))
+            step = self._step(frame, module, registers, result.problems, bounds)
+            if step is None:
+                return
+            caller, how, slot, machine_frame = step
+            frame.return_address, frame.return_slot = caller[self.ip_name], slot
+            frame.machine_frame = machine_frame
+            if machine_frame is not None and self.kernel:
+                frame.trap_frame = trap_frame_of(self.target, machine_frame)
+            frame.arguments = self._arguments(slot)
+            new_ip, new_sp = caller[self.ip_name], caller[self.sp_name]
+            if new_ip == 0:
+                return  # the thread's first frame: nothing called it
+            if machine_frame is None and new_sp <= sp:
+                result.problems.add("stack_not_increasing", sp, "unwinding %s gave a stack pointer %s that is not "
+                                    "above the frame's: walk stopped" % (frame.function,
+                                                                           self.target.format_address(new_sp)))
+                return
+            if (new_ip, new_sp) in seen:
+                result.problems.add("unwind_loop", new_sp, "the walk returns to a frame it has seen: stopped")
+                return
+            if machine_frame is not None:
+                bounds = None  # interrupted code may run on another stack (user, DPC, ISR)
+            elif bounds and not bounds[0] <= new_sp <= bounds[1]:
+                result.problems.add("sp_outside_stack", new_sp, "unwinding %s leaves the thread's stack: walk "
+                                    "stopped" % frame.function)
+                return
+            registers, ip, sp, found_by = caller, new_ip, new_sp, how
+
+    def _step(self, frame, module, registers, problems, bounds):
+        """(caller registers, how the caller was found, return slot, machine frame) or None."""
+        target = self.target
+        try:
+            if target.arch == "x64" and module is not None:
+                code = self.images.code_for(module)
+                if code.has_unwind_data:
+                    return self._unwind_x64(code, module, registers, problems, frame)
+            elif target.arch == "x86" and (module is not None or frame.index == 0):
+                step = unwind_frame_chain(target, registers, frame.index == 0, self._returns)
+                if step is not None:
+                    return step
+        except UnreadableMemory as error:
+            problems.add("stack_unreadable", error.address, "unwinding %s needs stack memory at %s that is "
+                         "unreadable" % (frame.function, target.format_address(error.address)))
+            return None
+        if module is None and frame.index > 0:
+            problems.add("outside_modules", frame.ip, "the return address %s is in no loaded module: walk stopped"
+                         % target.format_address(frame.ip), "note")
+            return None
+        return self._scan(frame, registers, problems, bounds)
+
+    def _unwind_x64(self, code, module, registers, problems, frame):
+        rva = registers["rip"] - module.base
+        entry = code.function_entry(rva)
+        read = self.target.pointer
+        if entry is None:
+            step = unwind_leaf(registers, read)
+            return step.registers, "unwind", step.return_slot, None
+        try:
+            step = unwind_function(code.image, module.base, entry, registers, read,
+                                   code.code(rva, EPILOGUE_WINDOW), code.info_cache)
+        except UnwindError as error:
+            problems.add(error.kind, error.address, "%s: %s" % (frame.function, error))
+            return self._scan(frame, registers, problems, None)
+        return step.registers, "unwind", step.return_slot, step.machine_frame
+
+    def _scan(self, frame, registers, problems, bounds):
+        top = bounds[1] if bounds else frame.child_sp + STACK_SPAN_GUESS
+        found = scan_for_return(self.target, self._returns, frame.child_sp, top, self.pointer_size)
+        if found is None:
+            problems.add("no_return_address", frame.child_sp, "no return address found by scanning above %s: "
+                         "walk ended" % self.target.format_address(frame.child_sp), "warning")
+            return None
+        slot, value = found
+        caller = dict(registers)
+        caller[self.ip_name], caller[self.sp_name] = value, slot + self.pointer_size
+        return caller, "scan", slot, None
+
+    def _arguments(self, slot):
+        """The stack slots just above the return address (kv's Args to Child)."""
+        read = self.target.try_read(slot + self.pointer_size, ARGUMENT_SLOTS * self.pointer_size)
+        size = self.pointer_size
+        return [int.from_bytes(read.data[index:index + size], "little") if read.readable(read.address + index, size)
+                else None for index in range(0, len(read.data), size)]
