@@ -379,7 +379,12 @@ class _Tracer(object):
         del self.executed[self.committed:]
         ip = self.untraced(ip, self.random.randint(0, 20))
         self.writer.ovf()
-        self.writer.fup(ip)
+        if self.options["overflow_pgd"]:
+            # erratum APL11: the OVF comes with a TIP.PGD; tracing resumes with TIP.PGE
+            self.writer.pgd(None)
+            self.writer.pge(ip)
+        else:
+            self.writer.fup(ip)
         return ip
 
     def transaction(self, ip):
@@ -472,7 +477,8 @@ class _Tracer(object):
                 self.compression.pop()
                 writer.tnt(True)
             else:
-                writer.tip(ip, deferred)
+                # Never deferred: a TNT where its TIP should be reads as a compressed RET.
+                writer.tip(ip)
             self.commit()
             return ip
         if kind == I_IRET:
@@ -498,7 +504,8 @@ class _Tracer(object):
 
 TRACE_DEFAULTS = {"taken_probability": 0.5, "interrupt_every": 0, "psb_every": 4096, "uncompressed_ret_every": 0,
                   "timing": False, "use_tnt64": False, "disable_every": 0, "end_disabled": False,
-                  "overflow_every": 0, "deferred_tip_every": 0, "tsx_every": 0, "kernel_traced": True}
+                  "overflow_every": 0, "overflow_pgd": False, "deferred_tip_every": 0, "tsx_every": 0,
+                  "kernel_traced": True}
 
 
 def trace_program(program, max_insns, seed=0, **options):
@@ -510,7 +517,8 @@ def trace_program(program, max_insns, seed=0, **options):
     ``psb_every`` bytes; ``uncompressed_ret_every``; ``timing`` (MTC packets);
     ``use_tnt64``; ``disable_every`` (TIP.PGD after a direct call/jmp, then TIP.PGE
     further on, or the end of the trace with ``end_disabled``); ``overflow_every``
-    (OVF + FUP after some untraced code); ``deferred_tip_every`` (TNT before the TIP
+    (OVF + FUP after some untraced code; with ``overflow_pgd`` OVF + TIP.PGD + TIP.PGE,
+    erratum APL11); ``deferred_tip_every`` (TNT before the TIP
     of an indirect branch); ``tsx_every`` (MODE.TSX begin/commit/abort);
     ``kernel_traced`` (False: a syscall disables tracing, sysret's return enables it).
 

@@ -43,6 +43,9 @@ _FAR = {"iret", "iretd", "iretq", "retf", "retfq", "ljmp", "lcall", "syscall", "
         "vmcall", "vmmcall"}
 _COND_EXTRA = {"loop", "loope", "loopne", "jrcxz", "jecxz", "jcxz"}
 
+# Errata whose workaround ignores a TIP.PGD right after an OVF (see errata.py).
+ERRATA_OVF_PGD = frozenset(("apl11", "skd010"))
+
 MAX_BLOCK_BYTES = 0x1000
 # Blocks walked without consuming any trace before we call it a runaway path.
 MAX_BLOCKS_WITHOUT_TRACE = 100000
@@ -276,9 +279,10 @@ class FlowDecoder(object):
     ``suspicious``: {address: name} of functions a real trace should not enter
     (nt!KeBugCheckEx...); entering one adds a warning."""
 
-    def __init__(self, code, suspicious=None, cache=None):
+    def __init__(self, code, suspicious=None, cache=None, errata=frozenset()):
         self.cache = cache or BlockCache(code)
         self.suspicious = dict(suspicious or {})
+        self.errata = frozenset(errata)
 
     def decode(self, data, start=0, end=None, max_insns=None):
         result = FlowResult()
@@ -294,6 +298,7 @@ class _Walk(object):
     def __init__(self, decoder, result, items, max_insns):
         self.cache = decoder.cache
         self.suspicious = decoder.suspicious
+        self.errata = decoder.errata
         self.result = result
         self.out = result.instructions
         self.items = items
@@ -351,6 +356,10 @@ class _Walk(object):
                 self.lookahead = (kind, offset, value)
                 return
         self.ended = True
+
+    def event(self, kind, offset, ip):
+        """Record an event before the next instruction: (instruction index, kind, trace offset, IP)."""
+        self.result.events.append((len(self.out), kind, offset, ip))
 
     def reset(self):
         self.bits = ""
@@ -416,17 +425,27 @@ class _Walk(object):
             if kind == F_PSB:
                 ip = self.read_psb_plus()
                 if ip is not None:
+                    self.event("sync", offset, ip)
                     return ip
             elif kind == F_PGE or kind == F_FUP:
                 # FUP with tracing off: the resume point after an OVF.
                 if value is None:
                     self.error(offset, "%s without an IP" % ITEM_NAMES[kind])
+                self.event("enabled" if kind == F_PGE else "resumed", offset, value)
                 return value
             elif kind == F_MODE:
                 if value is not None:
                     self.mode = value
             elif kind == F_OVF:
                 self.reset()
+                self.event("overflow", offset, None)
+                following = self.peek()
+                if following is not None and following[0] == F_PGD:
+                    if not self.errata & ERRATA_OVF_PGD:
+                        # libipt fails the step that ran into the overflow: its instruction goes too
+                        self.error(following[1], "tip.pgd right after an overflow (an erratum of some parts: "
+                                   "give --cpu to apply its workaround)", self.out[-1] if self.out else None)
+                    self.lookahead = None
             elif kind == F_TNT or kind == F_TIP:
                 self.error(offset, "%s while tracing is disabled" % ITEM_NAMES[kind])
 
@@ -491,6 +510,7 @@ class _Walk(object):
         if kind == F_PGD:
             self.lookahead = None
             self.committed = len(self.out)
+            self.event("disabled", offset, value)
             return None
         if kind == F_OVF:
             return None
@@ -680,10 +700,10 @@ class _Walk(object):
         finally:
             self.walking = True
         self.result.errors.append((start, "%s: trace skipped to offset %d" % (block.problem, self.last_offset)))
-        self.result.events.append(("gap", start, block.end))
+        self.event("gap", start, block.end)
         if resume is None:
             return None
-        self.result.events.append(("resync", self.last_offset, resume))
+        self.event("resync", self.last_offset, resume)
         if resume in self.retstack:
             del self.retstack[len(self.retstack) - 1 - self.retstack[::-1].index(resume):]
         self.committed = self.resumed_at = len(self.out)
@@ -710,7 +730,7 @@ class _Walk(object):
         """A TIP.PGD binds to ``block``'s direct branch: report it and stop."""
         self.lookahead = None
         self.committed = len(self.out)
-        self.result.events.append(("disabled", self.last_offset, block.target))
+        self.event("disabled", self.last_offset, block.target)
 
     def take_async(self, address):
         """At the FUP address: consume FUP + TIP (transfer) or FUP + TIP.PGD (tracing
@@ -726,9 +746,11 @@ class _Walk(object):
         kind, offset, value = item
         if kind == F_TIP and value is not None:
             self.lookahead = None
+            self.event("interrupt", offset, address)
             return value
         if kind == F_PGD:
             self.lookahead = None
+            self.event("disabled", offset, address)
             return None
         if kind == F_OVF:
             return None
@@ -748,6 +770,7 @@ class _Walk(object):
         if kind == F_PGD:
             self.lookahead = None
             self.committed = len(self.out)
+            self.event("disabled", offset, value)
             return
         self.error(offset, "expected a TNT bit for the %s at 0x%x, found %s" % (what, block.end, ITEM_NAMES[kind]),
                    block.end)
@@ -760,6 +783,6 @@ class _Walk(object):
             self.drop_uncommitted()
 
 
-def decode_flow(data, code, start=0, end=None, max_insns=None, suspicious=None):
+def decode_flow(data, code, start=0, end=None, max_insns=None, suspicious=None, errata=frozenset()):
     """Convenience: decode ``data`` over ``code`` (a CodeImage)."""
-    return FlowDecoder(code, suspicious).decode(data, start, end, max_insns)
+    return FlowDecoder(code, suspicious, errata=errata).decode(data, start, end, max_insns)

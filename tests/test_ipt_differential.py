@@ -1,0 +1,119 @@
+"""The instruction flow against libipt's instruction decoder, class by class.
+
+Each class is a kind of trace the tracer (dbgext.ipt.fixtures) writes over random
+code: both decoders must produce the same instructions (and agree on whether there
+was an error).  Run as a script to print how many cases of each class match:
+
+    python tests/test_ipt_differential.py [CASES_PER_CLASS]
+"""
+
+import sys
+
+import pytest
+
+import ipt_support as libipt
+from dbgext.ipt import fixtures as F
+from dbgext.ipt.flow import CodeImage, decode_flow
+
+pytestmark = pytest.mark.skipif(libipt.LIB is None, reason=libipt.SKIP_REASON)
+
+BASE = 0x401000
+CASES = 12
+
+# class -> (tracer options, --cpu for both decoders or None)
+CLASSES = {
+    "straight": ({}, None),
+    "end_of_trace": ({"interrupt_every": 40, "timing": True}, None),
+    "disable_after_direct_branch": ({"disable_every": 15}, None),
+    "trace_ends_disabled_after_direct_branch": ({"disable_every": 15, "end_disabled": True}, None),
+    "overflow": ({"overflow_every": 150}, None),
+    "deferred_tip": ({"deferred_tip_every": 2, "uncompressed_ret_every": 2}, None),
+    "tsx": ({"tsx_every": 60}, None),
+    "far_transfer_traced": ({"kernel_traced": True}, None),
+    "far_transfer_untraced": ({"kernel_traced": False}, None),
+    "interrupts_and_psbs": ({"interrupt_every": 25, "psb_every": 300, "use_tnt64": True}, None),
+    "erratum_apl11": ({"overflow_every": 150, "overflow_pgd": True}, (6, 0x5C, 9)),
+}
+
+
+def case(name, seed):
+    """(program, trace, cpu) of one case."""
+    options, cpu = CLASSES[name]
+    program = F.random_program(BASE, functions=30, seed=seed, syscalls=True)
+    trace, _ = F.trace_program(program, 50 + seed * 37 % 600, seed=seed, **options)
+    return program, trace, cpu
+
+
+def ours(program, trace, cpu=None, regions=None):
+    from dbgext.ipt.errata import cpu_errata
+    regions = regions or {program.base: program.code}
+    return decode_flow(trace, CodeImage(images=sorted(regions.items())), errata=cpu_errata(cpu))
+
+
+def matches(name, seed):
+    program, trace, cpu = case(name, seed)
+    ips, errors = libipt.instruction_flow(trace, {program.base: program.code}, cpu)
+    result = ours(program, trace, cpu)
+    return result.instructions == ips and bool(result.errors) == bool(errors)
+
+
+@pytest.mark.parametrize("seed", range(CASES))
+@pytest.mark.parametrize("name", sorted(CLASSES))
+def test_flow_matches_libipt(name, seed):
+    program, trace, cpu = case(name, seed)
+    ips, errors = libipt.instruction_flow(trace, {program.base: program.code}, cpu)
+    result = ours(program, trace, cpu)
+    assert errors == [] and result.errors == []
+    assert result.instructions == ips
+
+
+def gap_case(seed):
+    """Code with a hole (one function missing from the image): libipt stops at the
+    hole and resyncs at the next PSB; dbgext reports a gap and resumes earlier."""
+    program = F.random_program(BASE, functions=30, seed=seed, syscalls=True)
+    trace, expected = F.trace_program(program, 1500, seed=seed, psb_every=256)
+    hole_start = program.labels["f%d" % (3 + seed % 5)]
+    hole_end = program.labels["f%d" % (4 + seed % 5)]
+    regions = {program.base: program.code[:hole_start - program.base],
+               hole_end: program.code[hole_end - program.base:]}
+    return program, trace, regions
+
+
+def gap_matches(seed):
+    program, trace, regions = gap_case(seed)
+    segments = libipt.instruction_segments(trace, regions)
+    result = ours(program, trace, regions=regions)
+    before_hole, after_last_sync = segments[0][0], segments[-1][0]
+    return (result.instructions[:len(before_hole)] == before_hole
+            and result.instructions[len(result.instructions) - len(after_last_sync):] == after_last_sync
+            and len(result.instructions) >= sum(len(ips) for ips, _ in segments))
+
+
+@pytest.mark.parametrize("seed", range(CASES))
+def test_unreadable_code_is_a_gap_and_decoding_resumes_before_libipt_would(seed):
+    program, trace, regions = gap_case(seed)
+    result = ours(program, trace, regions=regions)
+    kinds = [event[1] for event in result.events]
+    if "gap" in kinds:
+        assert kinds[kinds.index("gap") + 1] in ("resync", "sync", "enabled")
+    assert gap_matches(seed)
+
+
+def test_the_erratum_workaround_needs_the_cpu():
+    """Without --cpu, a TIP.PGD right after an OVF is an error in both decoders."""
+    program, trace, cpu = case("erratum_apl11", 1)
+    ips, errors = libipt.instruction_flow(trace, {program.base: program.code})
+    result = ours(program, trace)
+    assert errors and result.errors and "--cpu" in result.errors[0][1]
+    assert result.instructions == ips
+
+
+def counts(cases):
+    rows = [(name, sum(matches(name, seed) for seed in range(cases)), cases) for name in CLASSES]
+    rows.append(("gap_after_unreadable_code", sum(gap_matches(seed) for seed in range(cases)), cases))
+    return rows
+
+
+if __name__ == "__main__":
+    for name, good, total in counts(int(sys.argv[1]) if len(sys.argv) > 1 else 50):
+        print("%-42s %4d / %d" % (name, good, total))
