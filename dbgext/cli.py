@@ -26,6 +26,8 @@ COMMAND_MODULES = [
     ("dbgext.ipt.command", ("ipt",)),
     ("dbgext.stackuse.command", ("stackuse",)),
     ("dbgext.triage.command", ("triage",)),
+    ("dbgext.dumpinfo.command", ("dumpinfo",)),
+    ("dbgext.symbols.command", ("ln", "x", "dt")),
 ]
 
 
@@ -72,7 +74,11 @@ def add_target_options(parser, default=None):
     _add_option(parser, "--dump", metavar="FILE", default=default,
                 help="kernel crash/live dump or minidump to analyse (inside WinDbg: default is the current target)")
     _add_option(parser, "--symbols", metavar="PATH", action="append", default=default,
-                help="ISF symbol file or directory (repeatable; default: <dump>.symbols/ or symbols/ beside the dump)")
+                help="symbol path, WinDbg syntax: ';'-separated directories, ISF .json and .pdb files, "
+                "srv*CACHE*URL, cache*DIR (repeatable; default: <dump>.symbols/ or symbols/ beside the dump, "
+                "then _NT_SYMBOL_PATH)")
+    _add_option(parser, "--no-download", action="store_true", default=default or False,
+                help="never download from a symbol server in the symbol path")
 
 
 def _add_option(parser, flag, **options):
@@ -124,14 +130,15 @@ def build_parser(commands, prog="dbgext", stream=None, command_prog=None):
 
 
 def _fill_defaults(args, command):
-    for name, value in (("dump", None), ("symbols", None), ("json", False), ("debug", False)):
+    for name, value in (("dump", None), ("symbols", None), ("no_download", False), ("json", False),
+                        ("debug", False)):
         if not hasattr(args, name):
             setattr(args, name, value)
 
 
 def open_target(args, windbg):
     if getattr(args, "dump", None):
-        return open_dump(args.dump, symbols=args.symbols)
+        return open_dump(args.dump, symbols=args.symbols, no_download=args.no_download)
     if windbg:
         from .target.pykd_backend import open_pykd_target
         return open_pykd_target()

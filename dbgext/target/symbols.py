@@ -1,31 +1,57 @@
-"""Symbols and types: address <-> ``module!symbol+0xoff``, type sizes, field offsets.
+"""Symbols and types: address <-> ``module!symbol+0xoff``, type sizes, field offsets,
+layouts — from whichever source a module has.
 
-Offline dumps carry no PDBs, so dbgext reads volatility3's Intermediate Symbol
-Format (ISF): one JSON file per module with module-relative symbol addresses and
-user types with field offsets.  A file belongs to the module whose debugger name
-equals the file's stem (``nt.json`` -> ``nt``) unless its metadata names the module
-(``metadata.dbgext.module``).  The pykd backend answers the same questions from
-the debugger instead; both present this :class:`SymbolTable` interface.
+Sources, per module, in the order a WinDbg user expects:
+
+* an ISF file named for the module (volatility3's Intermediate Symbol Format, see
+  :mod:`dbgext.symbols.isf`) given with ``--symbols`` or found beside the dump;
+* the module's PDB, found through the symbol path (:mod:`dbgext.symbols.path`:
+  directories, ``.pdb`` files, ``srv*CACHE*URL``) and matched to the module by the
+  GUID and age of its CodeView record;
+* the module's export table, read from target memory;
+* nothing: ``module+0xoff``.
+
+A module's source is looked for the first time the module is asked about, and
+kept.  A source that cannot be used (a malformed file, a mismatched PDB) is
+reported once, in :attr:`SymbolTable.problems` and as a warning line, and the
+module goes on with the next source.  The pykd backend answers the same questions
+from the debugger (:class:`dbgext.target.pykd_backend.PykdSymbols`).
 """
 
 import bisect
 import io
 import json
-import lzma
 import os
+import sys
 
 from ..errors import BadInput
+from ..problems import ProblemLog
+from ..symbols.isf import is_isf_name, parse_isf, read_isf_file
+from ..symbols.types import isf_type_view
+
+PDB_SYMBOLS, ISF_SYMBOLS, EXPORT_SYMBOLS, NO_SYMBOLS = "pdb symbols", "isf symbols", "export symbols", "no symbols"
 
 
 class ModuleSymbols(object):
-    """Symbols (name -> RVA) and user types of one module."""
+    """Symbols (name -> RVA) and types of one module: an ISF file's, or built in
+    memory.  Subclasses (PDB, exports, the debugger) fill the same interface."""
 
-    def __init__(self, module_name, symbols=None, types=None):
+    status = ISF_SYMBOLS
+    pointer_size = 8
+
+    def __init__(self, module_name, symbols=None, types=None, base_types=None, path=None):
         self.module_name = module_name
         self.symbols = dict(symbols or {})
         # type name -> {"size": int, "fields": {name: {"offset": int, "type": {...}}}}
         self.types = dict(types or {})
+        self.base_types = dict(base_types or _BASE_TYPES)
+        self.path = path
         self._sorted = None
+
+    @property
+    def source(self):
+        """Short words for output that says where a name or layout came from."""
+        return "isf %s" % self.module_name
 
     def sorted_symbols(self):
         if self._sorted is None:
@@ -33,22 +59,52 @@ class ModuleSymbols(object):
             self._sorted = ([rva for rva, _ in pairs], [name for _, name in pairs])
         return self._sorted
 
-    # -- ISF ----------------------------------------------------------------------
+    def sizes(self):
+        """{rva: size} of the symbols whose extent is known (PDB procedures)."""
+        return {}
+
+    # -- types: one shape (TypeView) for every source ----------------------------------
+
+    def type_view(self, key):
+        entry = self.types.get(key)
+        return isf_type_view(key, entry, self.base_types, self.pointer_size) if entry else None
+
+    def type_names(self):
+        return sorted(self.types)
+
+    def type_size(self, type_name):
+        view = self.type_view(type_name)
+        return view.size if view is not None else None
+
+    def field_offset(self, type_name, field_path):
+        view = self.type_view(type_name)
+        total = 0
+        parts = field_path.split(".")
+        for index, part in enumerate(parts):
+            member = view.member(part) if view is not None else None
+            if member is None:
+                return None
+            total += member.offset
+            if index + 1 < len(parts):
+                view = self.type_view(member.nested) if member.nested is not None else None
+        return total
+
+    def layout(self, type_name):
+        """(size, {field: (offset, fmt)}) of a type, or None."""
+        view = self.type_view(type_name)
+        if view is None:
+            return None
+        fields = {}
+        for member in view.members:
+            fields.setdefault(member.name, (member.offset, member.fmt))
+        return view.size, fields
+
+    # -- ISF -----------------------------------------------------------------------------
 
     @classmethod
-    def from_isf(cls, document, module_name):
-        try:
-            symbols = {name: entry["address"] for name, entry in document.get("symbols", {}).items()
-                       if isinstance(entry, dict) and "address" in entry}
-            types = {}
-            for name, entry in document.get("user_types", {}).items():
-                fields = {}
-                for field_name, field in entry.get("fields", {}).items():
-                    fields[field_name] = {"offset": int(field["offset"]), "type": field.get("type", {})}
-                types[name] = {"size": int(entry.get("size", 0)), "fields": fields}
-        except (AttributeError, KeyError, TypeError, ValueError) as error:
-            raise BadInput("not an ISF symbol file for %s: %s" % (module_name, error))
-        return cls(module_name, symbols, types)
+    def from_isf(cls, document, module_name, path="(ISF document)"):
+        parsed = parse_isf(document, path, module_name)
+        return cls(parsed.module_name, parsed.symbols, parsed.types, parsed.base_types or None, path)
 
     def to_isf(self):
         """An ISF document (volatility3 schema 6.x) describing this module."""
@@ -82,15 +138,28 @@ _BASE_TYPES = {
 }
 
 
-class SymbolTable(object):
-    """All modules' symbols, bound to the modules' load addresses."""
+def _warn_on_stderr(problem):
+    sys.stderr.write("warning: %s\n" % problem.message)
 
-    def __init__(self, per_module=None):
-        self._per_module = {}  # lower-case module name -> ModuleSymbols
+
+class SymbolTable(object):
+    """All modules' symbols, bound to the modules' load addresses.
+
+    ``locator`` (a :class:`dbgext.symbols.path.SymbolLocator`) finds a module's
+    symbols on demand; ``report`` is called once per problem found with a symbol
+    source (default: a warning line on stderr)."""
+
+    def __init__(self, per_module=None, locator=None, report=None):
+        self._per_module = {}  # lower-case module name -> ModuleSymbols given explicitly (ISF)
         for module_symbols in per_module or ():
             self.add(module_symbols)
+        self._located = {}     # lower-case module name -> ModuleSymbols or None, found on demand
+        self._locator = locator
+        self._target = None
         self._modules = []
         self._bases = []
+        self.problems = ProblemLog()
+        self._report = report or _warn_on_stderr
 
     def add(self, module_symbols):
         self._per_module[module_symbols.module_name.lower()] = module_symbols
@@ -100,12 +169,58 @@ class SymbolTable(object):
         self._modules = sorted(modules, key=lambda m: m.base)
         self._bases = [m.base for m in self._modules]
 
-    def module_symbols(self, module_name):
-        return self._per_module.get(module_name.lower())
+    def attach(self, target):
+        """The target whose memory holds the modules' headers (CodeView records, exports)."""
+        self._target = target
+
+    def report(self, kind, message, address=None):
+        """Record a problem with a symbol source, once, and show it."""
+        if any(problem.message == message for problem in self.problems):
+            return
+        self.problems.add(kind, address, message, "warning")
+        self._report(self.problems[-1])
 
     @property
     def empty(self):
-        return not self._per_module
+        return not self._per_module and self._locator is None
+
+    # -- which source a module has ------------------------------------------------------
+
+    def module_symbols(self, module_name):
+        """The module's ModuleSymbols (ISF, PDB or exports) or None."""
+        table = self._per_module.get(module_name.lower())
+        if table is not None:
+            return table
+        module = self._module_by_name(module_name)
+        return self._table(module) if module is not None else None
+
+    def _table(self, module):
+        table = self._per_module.get(module.name.lower())
+        if table is not None:
+            return table
+        key = module.name.lower()
+        if key not in self._located:
+            self._located[key] = None  # a failing source is tried once
+            self._located[key] = self._locate(module)
+        return self._located[key]
+
+    def _locate(self, module):
+        if self._target is None:
+            return None
+        from ..symbols.match import locate_module_symbols
+        return locate_module_symbols(self._target, module, self._locator, self)
+
+    def status(self, module_name):
+        """``pdb symbols``, ``isf symbols``, ``export symbols`` or ``no symbols``."""
+        table = self.module_symbols(module_name)
+        return table.status if table is not None else NO_SYMBOLS
+
+    def symbol_file(self, module_name):
+        """The path of the file the module's symbols came from, or None."""
+        table = self.module_symbols(module_name)
+        return table.path if table is not None else None
+
+    # -- modules ---------------------------------------------------------------------
 
     def _module_by_name(self, name):
         wanted = name.lower()
@@ -120,6 +235,8 @@ class SymbolTable(object):
             return self._modules[index]
         return None
 
+    # -- names -------------------------------------------------------------------------
+
     def address(self, name):
         if "!" in name:
             module_name, symbol = name.split("!", 1)
@@ -130,107 +247,110 @@ class SymbolTable(object):
         for module in candidates:
             if module is None:
                 continue
-            table = self._per_module.get(module.name.lower())
+            table = self._table(module)
             if table is not None and symbol in table.symbols:
                 return module.base + table.symbols[symbol]
         return None
 
-    def describe(self, address):
+    def nearest(self, address):
+        """(module, symbol name, rva of the symbol) at or below ``address``, with
+        module None outside every module and name None without a symbol."""
         module = self._module_at(address)
         if module is None:
-            return "0x%x" % address
-        table = self._per_module.get(module.name.lower())
+            return None, None, None
+        table = self._table(module)
         if table is not None and table.symbols:
             rvas, names = table.sorted_symbols()
-            rva = address - module.base
-            index = bisect.bisect_right(rvas, rva) - 1
+            index = bisect.bisect_right(rvas, address - module.base) - 1
             if index >= 0:
-                displacement = rva - rvas[index]
-                if displacement == 0:
-                    return "%s!%s" % (module.name, names[index])
-                return "%s!%s+0x%x" % (module.name, names[index], displacement)
+                return module, names[index], rvas[index]
+        return module, None, None
+
+    def describe(self, address):
+        module, name, rva = self.nearest(address)
+        if module is None:
+            return "0x%x" % address
+        if name is not None:
+            displacement = address - module.base - rva
+            if displacement == 0:
+                return "%s!%s" % (module.name, name)
+            return "%s!%s+0x%x" % (module.name, name, displacement)
         offset = address - module.base
         return "%s+0x%x" % (module.name, offset) if offset else module.name
 
     def function_of(self, address):
         """``module!symbol`` (no displacement) or ``module`` or None — for signatures."""
-        module = self._module_at(address)
+        module, name, _ = self.nearest(address)
         if module is None:
             return None
-        table = self._per_module.get(module.name.lower())
-        if table is not None and table.symbols:
-            rvas, names = table.sorted_symbols()
-            index = bisect.bisect_right(rvas, address - module.base) - 1
-            if index >= 0:
-                return "%s!%s" % (module.name, names[index])
-        return module.name
+        return "%s!%s" % (module.name, name) if name is not None else module.name
 
-    def _find_type(self, type_name):
+    # -- types ---------------------------------------------------------------------------
+
+    def _type_owner(self, type_name):
+        """(ModuleSymbols, bare type name) of the module that has the type, or (None, name)."""
         if "!" in type_name:
             module_name, bare = type_name.split("!", 1)
-            table = self._per_module.get(module_name.lower())
-            if table is None:
-                module = self._module_by_name(module_name)
-                table = self._per_module.get(module.name.lower()) if module else None
-            return table.types.get(bare) if table else None
-        for table in self._per_module.values():
-            if type_name in table.types:
-                return table.types[type_name]
-        return None
+            table = self.module_symbols(module_name)
+            return (table, bare) if table is not None and table.type_view(bare) is not None else (None, bare)
+        tables = list(self._per_module.values())
+        tables.extend(table for table in (self._table(module) for module in self._modules)
+                      if table is not None and table not in tables)
+        for table in tables:
+            if table.type_view(type_name) is not None:
+                return table, type_name
+        return None, type_name
+
+    def type_view(self, type_name):
+        table, bare = self._type_owner(type_name)
+        return table.type_view(bare) if table is not None else None
 
     def type_size(self, type_name):
-        entry = self._find_type(type_name)
-        return entry["size"] if entry else None
+        table, bare = self._type_owner(type_name)
+        return table.type_size(bare) if table is not None else None
 
     def field_offset(self, type_name, field_path):
-        entry = self._find_type(type_name)
-        if entry is None:
-            return None
-        total = 0
-        module_prefix = type_name.split("!", 1)[0] + "!" if "!" in type_name else ""
-        parts = field_path.split(".")
-        for index, part in enumerate(parts):
-            field = entry["fields"].get(part)
-            if field is None:
-                return None
-            total += field["offset"]
-            if index + 1 < len(parts):
-                subtype = field.get("type", {}).get("name")
-                entry = self._find_type(module_prefix + subtype) if subtype else None
-                if entry is None:
-                    return None
-        return total
+        table, bare = self._type_owner(type_name)
+        return table.field_offset(bare, field_path) if table is not None else None
 
+    def type_source(self, type_name):
+        table, _ = self._type_owner(type_name)
+        return table.source if table is not None else None
+
+    def type_layout(self, type_name):
+        """A :class:`dbgext.layouts.Layout` of the type from this table, or None."""
+        table, bare = self._type_owner(type_name)
+        found = table.layout(bare) if table is not None else None
+        if found is None:
+            return None
+        from ..layouts import Layout
+        size, fields = found
+        return Layout(bare, size, fields, table.source, table.pointer_size)
+
+
+# -- ISF files -------------------------------------------------------------------------
 
 def load_isf_file(path):
-    """Read one ISF file (``.json`` or ``.json.xz``) into ModuleSymbols."""
-    base = os.path.basename(path)
-    stem = base.split(".json")[0]
-    try:
-        if path.endswith(".xz"):
-            with lzma.open(path, "rt", encoding="utf-8") as handle:
-                document = json.load(handle)
-        else:
-            with io.open(path, "r", encoding="utf-8") as handle:
-                document = json.load(handle)
-    except (OSError, ValueError, lzma.LZMAError) as error:
-        raise BadInput("cannot read symbol file %s: %s" % (path, error))
-    if not isinstance(document, dict):
-        raise BadInput("cannot read symbol file %s: not a JSON object" % path)
-    module_name = document.get("metadata", {}).get("dbgext", {}).get("module", stem)
-    return ModuleSymbols.from_isf(document, module_name)
+    """Read one ISF file (``.json`` or ``.json.xz``) into ModuleSymbols; BadInput
+    naming the file (and the field) when it cannot be used."""
+    parsed = read_isf_file(path)
+    return ModuleSymbols(parsed.module_name, parsed.symbols, parsed.types, parsed.base_types or None, path)
 
 
-def load_isf_directory(paths):
-    """A SymbolTable from ISF files and/or directories of them."""
-    table = SymbolTable()
+def load_isf_directory(paths, table=None):
+    """A SymbolTable from ISF files and/or directories of them.  A file that cannot
+    be used is reported (once, naming the file and the field) and left out."""
+    table = table if table is not None else SymbolTable()
     for path in paths:
         if os.path.isdir(path):
-            for name in sorted(os.listdir(path)):
-                if name.endswith(".json") or name.endswith(".json.xz"):
-                    table.add(load_isf_file(os.path.join(path, name)))
+            files = [os.path.join(path, name) for name in sorted(os.listdir(path)) if is_isf_name(name)]
         else:
-            table.add(load_isf_file(path))
+            files = [path]
+        for name in files:
+            try:
+                table.add(load_isf_file(name))
+            except BadInput as error:
+                table.report("bad_symbol_file", str(error))
     return table
 
 
@@ -239,3 +359,11 @@ def write_isf_file(module_symbols, directory):
     with io.open(path, "w", encoding="utf-8") as handle:
         json.dump(module_symbols.to_isf(), handle, indent=1, sort_keys=True)
     return path
+
+
+def open_symbol_table(option_paths, beside=(), no_download=False, environ=None):
+    """The SymbolTable of a run over a dump: ISF files and PDBs along the symbol
+    path (``--symbols`` values, else ``beside`` then ``_NT_SYMBOL_PATH``)."""
+    from ..symbols.path import SymbolLocator, symbol_path_elements
+    locator = SymbolLocator(symbol_path_elements(option_paths, beside, environ), no_download)
+    return load_isf_directory(locator.isf_paths, SymbolTable(locator=locator))

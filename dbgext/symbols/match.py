@@ -1,0 +1,173 @@
+"""A module's symbols: its PDB matched by CodeView record, else its exports.
+
+The CodeView (RSDS) record is read from the image in target memory: the header
+page, the debug directory, the record — three small reads, never the whole image.
+"""
+
+import struct
+
+from ..errors import BadInput, DbgextError
+from ..pe import DIRECTORY_DEBUG, DIRECTORY_EXPORT, CodeView, PEImage, undecorate
+from ..target.symbols import EXPORT_SYMBOLS, PDB_SYMBOLS, ModuleSymbols
+from .pdb import PdbError
+from .types import pdb_type_view
+
+HEADER_BYTES = 0x1000
+DEBUG_ENTRY = struct.Struct("<IIHHIIII")
+MAX_DEBUG_ENTRIES = 32
+MAX_RSDS = 24 + 512
+
+
+def image_headers(target, module):
+    """A PEImage of the module's header page only (sections unread), or None."""
+    read = target.try_read(module.base, HEADER_BYTES)
+    if not read.readable(module.base, 0x200):
+        return None
+    try:
+        return PEImage.from_bytes(read.data, module.image)
+    except BadInput:
+        return None
+
+
+def codeview_in_memory(target, module, headers=None):
+    """The module's RSDS record (:class:`dbgext.pe.CodeView`) read from target memory, or None."""
+    headers = headers or image_headers(target, module)
+    if headers is None:
+        return None
+    rva, size = headers.directory(DIRECTORY_DEBUG)
+    count = min(size // DEBUG_ENTRY.size, MAX_DEBUG_ENTRIES)
+    if not rva or not count:
+        return None
+    entries = target.try_read(module.base + rva, count * DEBUG_ENTRY.size)
+    for index in range(count):
+        at = index * DEBUG_ENTRY.size
+        if not entries.readable(module.base + rva + at, DEBUG_ENTRY.size):
+            continue
+        debug_type, data_size, data_rva = DEBUG_ENTRY.unpack_from(entries.data, at)[4:7]
+        if debug_type != 2 or data_size < 24 or not data_rva:
+            continue
+        record = target.try_read(module.base + data_rva, min(data_size, MAX_RSDS))
+        if not record.readable(module.base + data_rva, 24) or record.data[:4] != b"RSDS":
+            continue
+        name = record.data[24:].split(b"\0", 1)[0]
+        return CodeView(bytes(record.data[4:20]), struct.unpack_from("<I", record.data, 20)[0],
+                        name.decode("utf-8", "replace"))
+    return None
+
+
+class PdbModuleSymbols(ModuleSymbols):
+    """A module's symbols and types from its matched PDB, read on first use.
+    A PDB that turns out broken past its headers is reported once and then
+    answers nothing."""
+
+    status = PDB_SYMBOLS
+
+    def __init__(self, module_name, pdb, report):
+        self.module_name = module_name
+        self.pdb = pdb
+        self.path = pdb.path
+        self._report = report
+        self._symbols = None
+        self._sizes = None
+        self._sorted = None
+        self._views = {}
+        self.pointer_size = 4 if self._guarded(lambda: pdb.machine, 0x8664) == 0x14C else 8
+
+    @property
+    def source(self):
+        return "pdb %s" % self.module_name
+
+    def _guarded(self, read, default):
+        try:
+            return read()
+        except PdbError as error:
+            self._report("bad_symbol_file", str(error))
+            return default
+
+    @property
+    def symbols(self):
+        if self._symbols is None:
+            self._symbols, self._sizes = self._guarded(self._read_symbols, ({}, {}))
+        return self._symbols
+
+    def _read_symbols(self):
+        pdb = self.pdb
+        decorated = pdb.machine == 0x14C
+        symbols = {}
+        for public in pdb.publics():
+            symbols[undecorate(public.name) if decorated else public.name] = public.rva
+        for data in pdb.data():
+            symbols.setdefault(data.name, data.rva)
+        sizes = {}
+        for procedure in pdb.procedures():
+            symbols[procedure.name] = procedure.rva
+            sizes[procedure.rva] = procedure.size
+        return symbols, sizes
+
+    def sizes(self):
+        self.symbols
+        return self._sizes
+
+    def type_view(self, key):
+        if key not in self._views:
+            self._views[key] = self._guarded(lambda: self._view(key), None)
+        return self._views[key]
+
+    def _view(self, key):
+        types = self.pdb.types
+        record = types.get(key) if isinstance(key, int) else types.find(key)
+        if record is None or record.kind not in ("struct", "union", "class", "enum"):
+            return None
+        return pdb_type_view(types, record)
+
+    def type_names(self):
+        return self._guarded(lambda: self.pdb.types.names(), [])
+
+
+class ExportSymbols(ModuleSymbols):
+    """Names from the module's export table (what WinDbg calls export symbols)."""
+
+    status = EXPORT_SYMBOLS
+
+    @property
+    def source(self):
+        return "exports %s" % self.module_name
+
+
+def locate_module_symbols(target, module, locator, table):
+    """The best symbols for ``module``: its matching PDB, else its exports, else None."""
+    headers = image_headers(target, module)
+    if headers is None:
+        return None
+    if locator is not None:
+        codeview = codeview_in_memory(target, module, headers)
+        if codeview is not None:
+            pdb = locator.find_pdb(codeview, table.report)
+            if pdb is not None:
+                return PdbModuleSymbols(module.name, pdb, table.report)
+    return module_exports(target, module, headers)
+
+
+def module_exports(target, module, headers):
+    rva, size = headers.directory(DIRECTORY_EXPORT)
+    if not rva or not size:
+        return None
+    try:
+        image = PEImage.from_target(target, module)
+        exports = image.exports
+    except DbgextError:
+        return None
+    if not exports:
+        return None
+    symbols = ExportSymbols(module.name, dict((name, export_rva) for export_rva, name in exports.items()))
+    symbols.pointer_size = headers.pointer_size
+    return symbols
+
+
+def pe_file_symbols(image, locator, report):
+    """PDB symbols for a PE read from disk (``stackuse --pe``), or None."""
+    codeview = image.codeview
+    if codeview is None or locator is None:
+        return None
+    pdb = locator.find_pdb(codeview, report)
+    return PdbModuleSymbols(image.name.rsplit(".", 1)[0], pdb, report) if pdb is not None else None

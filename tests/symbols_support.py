@@ -1,0 +1,63 @@
+"""PDB fixtures from an independent toolchain, built at test time and cached per
+session: tests/data/symbols/kernel_shapes.c compiled by clang for the MSVC target
+with CodeView debug info and linked by lld-link with /debug /pdb, for x64 and x86.
+Tests that need them skip (with the reason) when clang or lld-link is missing."""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from dbgext.pe import PEImage
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE = os.path.join(HERE, "data", "symbols", "kernel_shapes.c")
+TRIPLES = {"x64": "x86_64-pc-windows-msvc", "x86": "i686-pc-windows-msvc"}
+TOOLS = ("clang", "lld-link")
+
+
+def missing_tools():
+    return [tool for tool in TOOLS if shutil.which(tool) is None]
+
+
+class BuiltDll(object):
+    def __init__(self, arch, dll, pdb):
+        self.arch = arch
+        self.dll = dll
+        self.pdb = pdb
+        self.image = PEImage.from_file(dll)
+
+
+def build_dll(directory, arch, source=SOURCE, name="kernel_shapes", extra_link=()):
+    """Compile and link ``source`` into ``directory``; a BuiltDll."""
+    missing = missing_tools()
+    if missing:
+        pytest.skip("PDB fixtures need %s (Debian packages clang and lld)" % " and ".join(missing))
+    obj = os.path.join(directory, "%s_%s.obj" % (name, arch))
+    dll = os.path.join(directory, "%s_%s.dll" % (name, arch))
+    pdb = os.path.join(directory, "%s_%s.pdb" % (name, arch))
+    subprocess.run(["clang", "--target=" + TRIPLES[arch], "-g", "-gcodeview", "-O1", "-c", source, "-o", obj],
+                   check=True, capture_output=True)
+    subprocess.run(["lld-link", "/dll", "/debug", "/noentry", "/nodefaultlib", "/machine:" + arch,
+                    "/pdb:" + pdb, "/out:" + dll, obj] + list(extra_link), check=True, capture_output=True)
+    return BuiltDll(arch, dll, pdb)
+
+
+def mapped_image(path):
+    """The bytes of a PE file laid out as the loader maps it (sections at their RVAs)."""
+    image = PEImage.from_file(path)
+    raw = open(path, "rb").read()
+    mapped = bytearray(image.size_of_image)
+    headers = min(len(raw), image.sections[0].raw_offset if image.sections else len(raw))
+    mapped[:headers] = raw[:headers]
+    for section in image.sections:
+        data = raw[section.raw_offset:section.raw_offset + min(section.raw_size, section.size)]
+        mapped[section.rva:section.rva + len(data)] = data
+    return bytes(mapped)
+
+
+def llvm_pdbutil(*args):
+    if shutil.which("llvm-pdbutil") is None:
+        pytest.skip("the cross-check needs llvm-pdbutil (Debian package llvm)")
+    return subprocess.run(["llvm-pdbutil"] + list(args), check=True, capture_output=True, text=True).stdout
