@@ -5,7 +5,7 @@ import os
 
 from ..errors import BadInput
 from .base import PAGE_SIZE, Backend, Module, PartialRead, Target, Thread
-from .symbols import SymbolTable, load_isf_directory
+from .symbols import SymbolTable, open_symbol_table
 
 __all__ = ["PAGE_SIZE", "Backend", "Module", "PartialRead", "Target", "Thread", "SymbolTable", "open_dump",
            "symbol_paths_beside"]
@@ -17,10 +17,12 @@ def symbol_paths_beside(path):
     return [c for c in candidates if os.path.isdir(c)]
 
 
-def open_dump(path, symbols=None, cache_pages=8192):
+def open_dump(path, symbols=None, cache_pages=8192, no_download=False):
     """Open a dump file, choosing the backend from the file's signature.
 
-    ``symbols``: ISF files/directories; None means "look beside the dump"."""
+    ``symbols``: symbol path elements (ISF files, PDBs, directories, ``srv*CACHE*URL``;
+    see :mod:`dbgext.symbols.path`); None means "beside the dump, then _NT_SYMBOL_PATH".
+    ``no_download``: never fetch from a symbol server."""
     try:
         with open(path, "rb") as handle:
             magic = handle.read(8)
@@ -34,7 +36,8 @@ def open_dump(path, symbols=None, cache_pages=8192):
         backend = MinidumpBackend(path)
     else:
         raise BadInput("%s is not a Windows dump (signature %r)" % (path, magic[:8]))
-    paths = symbol_paths_beside(path) if symbols is None else list(symbols)
-    table = load_isf_directory(paths) if paths else SymbolTable()
+    table = open_symbol_table(symbols, symbol_paths_beside(path), no_download)
     table.bind(backend.modules())
-    return Target(backend, cache_pages=cache_pages, symbols=table)
+    target = Target(backend, cache_pages=cache_pages, symbols=table)
+    table.attach(target)
+    return target
