@@ -190,7 +190,7 @@ def small_dump(seed=41):
     registers = {"rip": DRIVER_BASE + 0x1234, "rsp": STACK_POINTER, "rbp": STACK_POINTER + 0x80,
                  "rax": 0xC0FFEE, "efl": 0x40286}
     header = KernelDumpHeader(build=19041, bugcheck=(0xD1, 0xFFFFC08000400FF8, 2, 0, DRIVER_BASE + 0x1234),
-                              registers=registers, system_time=0x1D9A1B2C3D4E5F60,
+                              registers=registers, system_time=0x01DB3A1B2C3D4E5F,
                               kd_debugger_data_block=KDBG_ADDRESS, processors=4)
     dump = SmallDump(header)
     dump.service_pack_build = 0x100

@@ -54,7 +54,15 @@ MAX_RDMP_RANGES = 0x100000
 # garbage tables can point every entry at another "table" or alias all of
 # physical memory many times over.
 MIN_TABLE_PAGE_BUDGET = 16384
-MIN_MAPPED_PAGE_BUDGET = 0x40000
+MIN_MAPPED_PAGE_BUDGET = 256
+
+
+def mapped_page_budget(physical_pages):
+    """How many pages one walk may map: every frame the dump holds once, plus half
+    again for what maps frames twice in a real kernel (the page-table self-map).
+    Scans cost what they map, so garbage that aliases memory costs at most ~1.5x
+    the clean dump."""
+    return physical_pages + physical_pages // 2 + MIN_MAPPED_PAGE_BUDGET
 # Reserved bits the processor checks in large-page entries (a set one faults).
 LARGE_2M_RESERVED = 0x1FE000
 LARGE_1G_RESERVED = 0x3FFFE000
@@ -677,7 +685,7 @@ class KernelDumpBackend(KernelDumpBase):
                 merged[-1][1] = end
             else:
                 merged.append([start, end])
-        page_budget = max(MIN_MAPPED_PAGE_BUDGET, 2 * self.physical_pages)
+        page_budget = mapped_page_budget(self.physical_pages)
         kept, cut = _within_page_budget([(start, end) for start, end in merged], page_budget)
         if cut:
             self.problems.add("mapped_page_budget", None, "the page tables map more than %d pages of a dump holding "
@@ -745,7 +753,7 @@ class _TableWalk(object):
     def __init__(self, backend):
         self.backend = backend
         self.table_budget = max(MIN_TABLE_PAGE_BUDGET, backend.physical_pages // 64)
-        self.work_budget = 4 * max(MIN_MAPPED_PAGE_BUDGET, 2 * backend.physical_pages)
+        self.work_budget = 4 * mapped_page_budget(backend.physical_pages)
         self.memo = {}
         self.work = 0
         self.tables_cut = 0

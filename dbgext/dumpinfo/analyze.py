@@ -1,0 +1,39 @@
+"""Collect what a dump is from its backend, and where kernel structure offsets
+come from on it."""
+
+import datetime
+
+from ..problems import Problem, ProblemLog
+
+# The kernel structures whose offsets analyses look up (dbgext.layouts.lookup_layout).
+KERNEL_TYPES = ("_KTHREAD", "_ETHREAD", "_EPROCESS", "_KPRCB", "_KPCR")
+FILETIME_EPOCH = 116444736000000000   # 1601-01-01 to 1970-01-01 in 100 ns units
+FILETIME_LIMIT = 0x0800000000000000   # past year 30000: a garbage or "PAGE"-filled field
+
+
+def analyze(target):
+    """A :class:`~dbgext.dumpinfo.result.DumpInfoResult` for ``target``."""
+    from .result import DumpInfoResult
+    facts = dict(target.info())
+    problems = ProblemLog(Problem(p["kind"], p["address"], p["message"], p["severity"], p["offset"])
+                          for p in facts.get("problems") or () if isinstance(p, dict))
+    layouts = [layout_source(target, name) for name in KERNEL_TYPES] if facts.get("mode") == "kernel" else []
+    return DumpInfoResult(facts, layouts, filetime_iso(facts.get("system_time")), problems.finish())
+
+
+def layout_source(target, type_name):
+    """{"type", "source", "fields"}: where ``type_name``'s offsets come from, in
+    lookup_layout's order (type information, then KDDEBUGGER_DATA64)."""
+    if target.type_size("nt!" + type_name) is not None:
+        return {"type": type_name, "source": target.type_source("nt!" + type_name), "fields": None}
+    hints = target.backend.layout_hints(type_name)
+    if hints:
+        return {"type": type_name, "source": "KDDEBUGGER_DATA64", "fields": sorted(hints["fields"])}
+    return {"type": type_name, "source": "built-in tables (by build)", "fields": None}
+
+
+def filetime_iso(value):
+    if not value or value >= FILETIME_LIMIT or value < FILETIME_EPOCH:
+        return None
+    moment = datetime.datetime(1970, 1, 1) + datetime.timedelta(microseconds=(value - FILETIME_EPOCH) // 10)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
