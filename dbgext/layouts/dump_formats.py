@@ -378,6 +378,10 @@ MINIDUMP_STREAM = {
     "Exception": 6,
     "SystemInfo": 7,
     "Memory64List": 9,
+    "UnloadedModuleList": 14,
+    "MemoryInfoList": 16,
+    "ThreadInfoList": 17,
+    "ThreadNames": 24,
 }
 MINIDUMP_SYSTEM_INFO_SIZE = 56
 MINIDUMP_MODULE_SIZE = 108
@@ -388,6 +392,35 @@ MINIDUMP_MEMORY_DESCRIPTOR64_SIZE = 16
 # layout), then the thread's context location {u32 DataSize, u32 Rva}.
 MINIDUMP_EXCEPTION_STREAM = {"ThreadId": 0x00, "ExceptionRecord": 0x08, "ThreadContext": 0xA0,
                              "size": 0xA8}
+# The list streams below start with a header giving its own size and the entry
+# size (readers must step by SizeOfEntry: newer writers append fields).
+# MINIDUMP_THREAD_INFO_LIST: u32 SizeOfHeader (12), u32 SizeOfEntry, u32 NumberOfEntries;
+# MINIDUMP_THREAD_INFO: ThreadId, DumpFlags, DumpError, ExitStatus (u32), then u64
+# CreateTime, ExitTime, KernelTime, UserTime, StartAddress, Affinity.
+MINIDUMP_THREAD_INFO_LIST_HEADER = "<III"
+MINIDUMP_THREAD_INFO = "<IIIIQQQQQQ"                  # 64 bytes
+THREAD_INFO_FLAGS = {0x1: "error_thread", 0x2: "writing_thread", 0x4: "exited_thread",
+                     0x8: "invalid_info", 0x10: "invalid_context", 0x20: "invalid_teb"}
+# MINIDUMP_MEMORY_INFO_LIST: u32 SizeOfHeader (16), u32 SizeOfEntry, u64 NumberOfEntries;
+# MINIDUMP_MEMORY_INFO: u64 BaseAddress, u64 AllocationBase, u32 AllocationProtect, u32 pad,
+# u64 RegionSize, u32 State, u32 Protect, u32 Type, u32 pad.
+MINIDUMP_MEMORY_INFO_LIST_HEADER = "<IIQ"
+MINIDUMP_MEMORY_INFO = "<QQIIQIIII"                   # 48 bytes
+MEMORY_STATES = {0x1000: "MEM_COMMIT", 0x2000: "MEM_RESERVE", 0x10000: "MEM_FREE"}
+MEMORY_TYPES = {0x20000: "MEM_PRIVATE", 0x40000: "MEM_MAPPED", 0x1000000: "MEM_IMAGE"}
+PAGE_PROTECTIONS = {0x01: "PAGE_NOACCESS", 0x02: "PAGE_READONLY", 0x04: "PAGE_READWRITE",
+                    0x08: "PAGE_WRITECOPY", 0x10: "PAGE_EXECUTE", 0x20: "PAGE_EXECUTE_READ",
+                    0x40: "PAGE_EXECUTE_READWRITE", 0x80: "PAGE_EXECUTE_WRITECOPY"}
+PAGE_MODIFIERS = {0x100: "PAGE_GUARD", 0x200: "PAGE_NOCACHE", 0x400: "PAGE_WRITECOMBINE"}
+# MINIDUMP_UNLOADED_MODULE_LIST: u32 SizeOfHeader (12), u32 SizeOfEntry, u32 NumberOfEntries;
+# MINIDUMP_UNLOADED_MODULE: u64 BaseOfImage, u32 SizeOfImage, CheckSum, TimeDateStamp, ModuleNameRva.
+MINIDUMP_UNLOADED_MODULE_LIST_HEADER = "<III"
+MINIDUMP_UNLOADED_MODULE = "<QIIII"                   # 24 bytes
+# MINIDUMP_THREAD_NAME_LIST: u32 NumberOfThreadNames; MINIDUMP_THREAD_NAME: u32 ThreadId,
+# u64 RvaOfThreadName (a MINIDUMP_STRING; packed, 12 bytes per entry).
+MINIDUMP_THREAD_NAME = "<IQ"
+# NT_TIB at the start of a TEB: the stack's bounds (StackBase is the high end).
+TEB_STACK = {"x64": {"StackBase": 0x08, "StackLimit": 0x10}, "x86": {"StackBase": 0x04, "StackLimit": 0x08}}
 PROCESSOR_ARCHITECTURE = {"x64": 9, "x86": 0}
 ARCH_OF_PROCESSOR = {9: "x64", 0: "x86"}
 

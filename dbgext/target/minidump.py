@@ -1,84 +1,128 @@
 """User-mode minidumps ('MDMP'), x64 and x86.
 
-Our own reader: the file is mmapped and reads are slices of it.  The issue asked
-for the ``minidump`` package; it is kept as the independent oracle in the tests
-(both must agree byte for byte) rather than used here, because it is a pure
-Python object parser whose reads cannot cross memory ranges, that raises bare
-``Exception``s, and that logs tracebacks on ordinary gaps — a small mmap reader
-is faster, validates every RVA against the file, and reports a one-line
-BadInput naming the file instead.
+Our own reader; the ``minidump`` package is the independent oracle in the tests
+(both must agree byte for byte).  The file is read with positioned reads
+(:class:`~dbgext.target.dumpfile.DumpFile`), not mapped: a dump that shrinks
+while it is read ends with one line naming the file and the offset, never SIGBUS.
+Every RVA and size is checked against the file before it is believed, and lists
+are bounded by what the file holds, not by the counts it claims.
 
-Both memory-list formats are read (Memory64List: data contiguous from BaseRva;
-MemoryList: one RVA per range); when a dump has both, both are used.  Reads are
-split at range boundaries.  A page only partly covered by the dump's ranges
-(MemoryList ranges need not be page-aligned) is served with the uncovered bytes
-zero-filled, because the Target works in whole pages; ``mapped_ranges`` reports
-the exact byte ranges.
+Memory: both memory-list formats are read (Memory64List: data contiguous from
+BaseRva; MemoryList: one RVA per range); when a dump has both, both are used.
+Unreadable means unreadable at byte granularity: Windows captures 256-byte
+windows around instruction pointers and partial stacks, so a page may be only
+partly in the dump.  ``read_page`` serves such a page with the missing bytes
+zero-filled (the Target works in whole pages) and :meth:`partial_pages` says
+which bytes of it are real, so the Target reports the rest as unreadable.
+
+Streams read besides memory and modules: the thread list with each thread's
+CONTEXT (x64 or x86), ThreadInfoList (creation time, start address, flags),
+thread names, the exception stream (with its own context, the one WinDbg's
+``.ecxr`` shows), MemoryInfoList (regions and protections, for an
+``!address``-like listing) and the unloaded-module list.
 """
 
-import mmap
-import os
 import struct
 from bisect import bisect_right
 
 from ..errors import BadInput
 from ..layouts.dump_formats import (
-    CONTEXTS, EXCEPTION_RECORD64, MINIDUMP_DIRECTORY_ENTRY_SIZE, MINIDUMP_EXCEPTION_STREAM,
-    MINIDUMP_HEADER_SIZE, MINIDUMP_MODULE_SIZE, MINIDUMP_SIGNATURE, MINIDUMP_STREAM,
-    MINIDUMP_SYSTEM_INFO_SIZE, MINIDUMP_THREAD_SIZE, ARCH_OF_PROCESSOR)
-from .base import PAGE_SIZE, Backend, Module
+    ARCH_OF_PROCESSOR, CONTEXTS, EXCEPTION_RECORD64, MEMORY_STATES, MEMORY_TYPES, MINIDUMP_DIRECTORY_ENTRY_SIZE,
+    MINIDUMP_EXCEPTION_STREAM, MINIDUMP_HEADER_SIZE, MINIDUMP_MEMORY_INFO, MINIDUMP_MEMORY_INFO_LIST_HEADER,
+    MINIDUMP_MODULE_SIZE, MINIDUMP_SIGNATURE, MINIDUMP_STREAM, MINIDUMP_SYSTEM_INFO_SIZE, MINIDUMP_THREAD_INFO,
+    MINIDUMP_THREAD_INFO_LIST_HEADER, MINIDUMP_THREAD_NAME, MINIDUMP_THREAD_SIZE, MINIDUMP_UNLOADED_MODULE,
+    MINIDUMP_UNLOADED_MODULE_LIST_HEADER, PAGE_MODIFIERS, PAGE_PROTECTIONS, TEB_STACK, THREAD_INFO_FLAGS)
+from .base import PAGE_SIZE, Backend, Module, Thread
+from .dumpfile import DumpFile
 from .kdump import unpack_context
 
 MAX_STREAMS = 0x10000
-MAX_LIST_ENTRIES = 0x100000
 MAX_NAME_BYTES = 0x10000
+PAGE_OFFSET_MASK = PAGE_SIZE - 1
+
+
+def protection_name(value):
+    """``PAGE_READWRITE``, ``PAGE_EXECUTE_READ|PAGE_GUARD``, or hex for unknown bits."""
+    names = [PAGE_PROTECTIONS[value & 0xFF]] if value & 0xFF in PAGE_PROTECTIONS else []
+    names += [name for bit, name in sorted(PAGE_MODIFIERS.items()) if value & bit]
+    known = (0xFF if value & 0xFF in PAGE_PROTECTIONS else 0) | sum(bit for bit in PAGE_MODIFIERS if value & bit)
+    if value & ~known or not names:
+        names.append("0x%x" % (value & ~known))
+    return "|".join(names)
+
+
+class MemoryRegion(object):
+    """One MINIDUMP_MEMORY_INFO: a region of the process's address space."""
+
+    __slots__ = ("base", "allocation_base", "allocation_protect", "size", "state", "protect", "type")
+
+    def __init__(self, base, allocation_base, allocation_protect, size, state, protect, type):
+        self.base = base
+        self.allocation_base = allocation_base
+        self.allocation_protect = allocation_protect
+        self.size = size
+        self.state = state
+        self.protect = protect
+        self.type = type
+
+    @property
+    def end(self):
+        return self.base + self.size
+
+    @property
+    def state_name(self):
+        return MEMORY_STATES.get(self.state, "0x%x" % self.state)
+
+    @property
+    def type_name(self):
+        # Free and reserved regions have no type; Windows leaves 0 there.
+        return MEMORY_TYPES.get(self.type, "0x%x" % self.type) if self.type else ""
+
+    @property
+    def protect_name(self):
+        # For reserved and free regions the Protect member is undefined.
+        return protection_name(self.protect) if self.state == 0x1000 else ""
+
+    def as_dict(self):
+        return {"base": self.base, "size": self.size, "allocation_base": self.allocation_base,
+                "allocation_protect": self.allocation_protect, "state": self.state_name,
+                "protect": self.protect_name, "protect_value": self.protect, "type": self.type_name}
 
 
 class MinidumpBackend(Backend):
     kind = "minidump"
 
     def __init__(self, path):
-        self.path = path
+        self._file = DumpFile(path)
+        self.path = self._file.path
+        self.size = self._file.size
         try:
-            handle = open(path, "rb")
-        except OSError as error:
-            raise BadInput("cannot open %s: %s" % (path, error.strerror or error))
-        try:
-            self.size = os.fstat(handle.fileno()).st_size
             if self.size < MINIDUMP_HEADER_SIZE:
                 raise BadInput("%s: truncated minidump (%d bytes, the header alone is %d)"
                                % (path, self.size, MINIDUMP_HEADER_SIZE))
-            self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-        finally:
-            handle.close()
-        try:
             self._parse()
         except BaseException:
-            self._map.close()
+            self._file.close()
             raise
 
     # -- structure ------------------------------------------------------------------
 
-    def _check(self, rva, size, what):
-        """BadInput naming the structure unless [rva, rva+size) lies in the file."""
+    def _bytes(self, rva, size, what):
+        """File bytes [rva, rva+size) or BadInput naming the structure."""
         if rva < 0 or size < 0 or rva + size > self.size:
             raise BadInput("%s: %s at file offset 0x%x (+0x%x) lies past the end of the file (%d bytes)"
                            % (self.path, what, rva, size, self.size))
-
-    def _bytes(self, rva, size, what):
-        """File bytes [rva, rva+size) or BadInput naming the structure."""
-        self._check(rva, size, what)
-        return self._map[rva:rva + size]
+        return self._file.read(rva, size)
 
     def _parse(self):
-        if self._map[0:4] != MINIDUMP_SIGNATURE:
-            raise BadInput("%s is not a minidump (signature %r)" % (self.path, bytes(self._map[0:4])))
-        stream_count, directory_rva = struct.unpack_from("<II", self._map, 8)
-        self.time_date_stamp = struct.unpack_from("<I", self._map, 0x14)[0]
+        header = self._file.read(0, MINIDUMP_HEADER_SIZE)
+        if header[0:4] != MINIDUMP_SIGNATURE:
+            raise BadInput("%s is not a minidump (signature %r)" % (self.path, bytes(header[0:4])))
+        stream_count, directory_rva = struct.unpack_from("<II", header, 8)
+        self.time_date_stamp = struct.unpack_from("<I", header, 0x14)[0]
         if stream_count > MAX_STREAMS:
             raise BadInput("%s: corrupt minidump header (%d streams)" % (self.path, stream_count))
-        directory = self._bytes(directory_rva, stream_count * MINIDUMP_DIRECTORY_ENTRY_SIZE,
-                                "the stream directory")
+        directory = self._bytes(directory_rva, stream_count * MINIDUMP_DIRECTORY_ENTRY_SIZE, "the stream directory")
         self.streams = {}
         for index in range(stream_count):
             kind, size, rva = struct.unpack_from("<III", directory, index * MINIDUMP_DIRECTORY_ENTRY_SIZE)
@@ -95,9 +139,11 @@ class MinidumpBackend(Backend):
         self.arch = ARCH_OF_PROCESSOR[processor]
         self.build = struct.unpack_from("<I", system_info, 16)[0]
         self._modules = self._parse_modules()
-        self.threads = self._parse_threads()
-        self.exception = self._parse_exception()
         self._parse_memory()
+        self.exception = self._parse_exception()
+        self.unloaded_modules = self._parse_unloaded_modules()
+        self.memory_info = self._parse_memory_info()
+        self._thread_rows = self._parse_threads()
 
     def _stream(self, name, minimum_size):
         entry = self.streams.get(MINIDUMP_STREAM[name])
@@ -108,19 +154,33 @@ class MinidumpBackend(Backend):
             raise BadInput("%s: %s stream too small (%d bytes)" % (self.path, name, size))
         return self._bytes(rva, size, "the %s stream" % name)
 
-    def _list(self, name, count_format, entry_size, header=None):
-        """(count, stream bytes, first entry offset) of a counted list stream whose
-        entries follow a ``header``-byte head starting with the count."""
-        if header is None:
-            header = struct.calcsize(count_format)
-        data = self._stream(name, header)
+    def _entries(self, name, entry_format, count_format="<I"):
+        """The unpacked entries of a list stream that is a count then fixed entries."""
+        data = self._stream(name, struct.calcsize(count_format))
         if data is None:
-            return 0, b"", 0
-        count = struct.unpack_from(count_format, data, 0)[0]
-        if count > MAX_LIST_ENTRIES or header + count * entry_size > len(data):
+            return []
+        head = struct.calcsize(count_format)
+        return self._unpack_entries(name, data, head, struct.unpack_from(count_format, data)[0],
+                                    struct.calcsize(entry_format), entry_format)
+
+    def _sized_entries(self, name, header_format, entry_format):
+        """The entries of a list stream whose header gives SizeOfHeader, SizeOfEntry
+        and the count (ThreadInfoList, MemoryInfoList, UnloadedModuleList): entries are
+        stepped by SizeOfEntry, which newer writers may make larger."""
+        data = self._stream(name, struct.calcsize(header_format))
+        if data is None:
+            return []
+        header_size, entry_size, count = struct.unpack_from(header_format, data)
+        if entry_size < struct.calcsize(entry_format) or header_size < struct.calcsize(header_format):
+            raise BadInput("%s: corrupt %s stream (header %d bytes, entries %d bytes, %d expected)"
+                           % (self.path, name, header_size, entry_size, struct.calcsize(entry_format)))
+        return self._unpack_entries(name, data, header_size, count, entry_size, entry_format)
+
+    def _unpack_entries(self, name, data, first, count, entry_size, entry_format):
+        if first + count * entry_size > len(data):
             raise BadInput("%s: %s stream holds %d bytes, too few for %d entries"
                            % (self.path, name, len(data), count))
-        return count, data, header
+        return [struct.unpack_from(entry_format, data, first + index * entry_size) for index in range(count)]
 
     def _string(self, rva):
         length = struct.unpack("<I", self._bytes(rva, 4, "a string"))[0]
@@ -129,12 +189,9 @@ class MinidumpBackend(Backend):
         return self._bytes(rva + 4, length, "a string").decode("utf-16-le", "replace")
 
     def _parse_modules(self):
-        count, data, offset = self._list("ModuleList", "<I", MINIDUMP_MODULE_SIZE)
         modules = []
-        for index in range(count):
-            base, size, _, _, name_rva = struct.unpack_from("<QIIII", data, offset + index * MINIDUMP_MODULE_SIZE)
-            path = self._string(name_rva)
-            file_name = path.replace("/", "\\").rpartition("\\")[2]
+        for base, size, _, _, name_rva in self._entries("ModuleList", "<QIIII%dx" % (MINIDUMP_MODULE_SIZE - 24)):
+            file_name = self._string(name_rva).replace("/", "\\").rpartition("\\")[2]
             stem, dot, _ = file_name.rpartition(".")
             modules.append(Module(stem if dot else file_name, base, size, file_name))
         return modules
@@ -149,14 +206,25 @@ class MinidumpBackend(Backend):
         return unpack_context(layout, self._bytes(rva, layout["size"], "a thread context"), 0)
 
     def _parse_threads(self):
-        count, data, offset = self._list("ThreadList", "<I", MINIDUMP_THREAD_SIZE)
-        threads = []
-        for index in range(count):
-            (thread_id, _, _, _, teb, stack_start, stack_size, _, context_size,
-             context_rva) = struct.unpack_from("<IIIIQQIIII", data, offset + index * MINIDUMP_THREAD_SIZE)
-            threads.append({"thread_id": thread_id, "teb": teb, "stack_start": stack_start,
-                            "stack_size": stack_size, "registers": self._context(context_size, context_rva)})
-        return threads
+        """One dict per MINIDUMP_THREAD, with its ThreadInfoList facts and name."""
+        infos = {}
+        for (thread_id, flags, error, exit_status, create_time, exit_time, kernel_time, user_time, start_address,
+             affinity) in self._sized_entries("ThreadInfoList", MINIDUMP_THREAD_INFO_LIST_HEADER, MINIDUMP_THREAD_INFO):
+            infos.setdefault(thread_id, {
+                "dump_flags": [name for bit, name in sorted(THREAD_INFO_FLAGS.items()) if flags & bit],
+                "dump_error": error, "exit_status": exit_status, "create_time": create_time, "exit_time": exit_time,
+                "kernel_time": kernel_time, "user_time": user_time, "start_address": start_address,
+                "affinity": affinity})
+        names = {thread_id: self._string(rva) for thread_id, rva in self._entries("ThreadNames", MINIDUMP_THREAD_NAME)}
+        rows = []
+        for (thread_id, suspend_count, priority_class, priority, teb, stack_start, stack_size, _stack_rva,
+             context_size, context_rva) in self._entries("ThreadList", "<IIIIQQIIII"):
+            row = {"thread_id": thread_id, "teb": teb, "stack_start": stack_start, "stack_size": stack_size,
+                   "suspend_count": suspend_count, "priority_class": priority_class, "priority": priority,
+                   "name": names.get(thread_id) or None, "registers": self._context(context_size, context_rva)}
+            row.update(infos.get(thread_id, {}))
+            rows.append(row)
+        return rows
 
     def _parse_exception(self):
         data = self._stream("Exception", MINIDUMP_EXCEPTION_STREAM["size"])
@@ -172,40 +240,75 @@ class MinidumpBackend(Backend):
                 "parameters": list(parameters[:min(parameter_count, 15)]),
                 "registers": self._context(context_size, context_rva)}
 
+    def _parse_unloaded_modules(self):
+        return [{"name": self._string(name_rva), "base": base, "size": size, "checksum": checksum,
+                 "time_date_stamp": time_date_stamp}
+                for base, size, checksum, time_date_stamp, name_rva in self._sized_entries(
+                    "UnloadedModuleList", MINIDUMP_UNLOADED_MODULE_LIST_HEADER, MINIDUMP_UNLOADED_MODULE)]
+
+    def _parse_memory_info(self):
+        """The MemoryInfoList as MemoryRegions, or None when the dump has none."""
+        if MINIDUMP_STREAM["MemoryInfoList"] not in self.streams:
+            return None
+        return [MemoryRegion(base, allocation_base, allocation_protect, size, state, protect, kind)
+                for base, allocation_base, allocation_protect, _, size, state, protect, kind, _ in self._sized_entries(
+                    "MemoryInfoList", MINIDUMP_MEMORY_INFO_LIST_HEADER, MINIDUMP_MEMORY_INFO)]
+
     def _parse_memory(self):
         ranges = []  # (start, end, file offset)
-        count, data, offset = self._list("Memory64List", "<Q", 16, header=16)
-        if count:
-            cursor = struct.unpack_from("<Q", data, 8)[0]
-            for index in range(count):
-                start, size = struct.unpack_from("<QQ", data, offset + 16 * index)
-                self._check(cursor, size, "memory range 0x%x" % start)
+        data = self._stream("Memory64List", 16)
+        if data is not None:
+            count, cursor = struct.unpack_from("<QQ", data)
+            for start, size in self._unpack_entries("Memory64List", data, 16, count, 16, "<QQ"):
+                self._check_range(start, size, cursor)
                 ranges.append((start, start + size, cursor))
                 cursor += size
-        count, data, offset = self._list("MemoryList", "<I", 16)
-        for index in range(count):
-            start, size, rva = struct.unpack_from("<QII", data, offset + 16 * index)
-            self._check(rva, size, "memory range 0x%x" % start)
+        for start, size, rva in self._entries("MemoryList", "<QII"):
+            self._check_range(start, size, rva)
             ranges.append((start, start + size, rva))
         ranges = [r for r in ranges if r[1] > r[0]]
         ranges.sort()
         self._ranges = ranges
         self._starts = [start for start, _, _ in ranges]
+        self._merged = _merge([(start, end) for start, end, _ in ranges])
+        self._partial = _partial_pages(self._merged)
+
+    def _check_range(self, start, size, rva):
+        if rva + size > self.size:
+            raise BadInput("%s: memory range 0x%x (+0x%x) at file offset 0x%x lies past the end of the file "
+                           "(%d bytes)" % (self.path, start, size, rva, self.size))
+        if start + size > 1 << 64:
+            raise BadInput("%s: memory range 0x%x (+0x%x) runs past the end of the address space"
+                           % (self.path, start, size))
 
     # -- memory -----------------------------------------------------------------------
 
     def read_page(self, page_address):
+        return self.read_pages(page_address, 1)[0]
+
+    def read_pages(self, page_address, count):
+        """Pages [page_address, +count pages): bytes or None each.  A stretch one
+        range covers is fetched with one file read."""
+        pages = []
         starts, ranges = self._starts, self._ranges
-        index = bisect_right(starts, page_address) - 1
-        if index >= 0:
-            start, end, offset = ranges[index]
-            if end >= page_address + PAGE_SIZE:
-                position = offset + page_address - start
-                return self._map[position:position + PAGE_SIZE]
-        return self._assemble_page(page_address, max(index, 0))
+        address = page_address
+        end_address = page_address + count * PAGE_SIZE
+        while address < end_address:
+            index = bisect_right(starts, address) - 1
+            if index >= 0 and ranges[index][1] >= address + PAGE_SIZE:
+                start, end, offset = ranges[index]
+                stop = min(end_address, address + (end - address) // PAGE_SIZE * PAGE_SIZE)
+                data = self._file.read(offset + address - start, stop - address)
+                pages.extend(data[i:i + PAGE_SIZE] for i in range(0, len(data), PAGE_SIZE))
+                address = stop
+            else:
+                pages.append(self._assemble_page(address, max(index, 0)))
+                address += PAGE_SIZE
+        return pages
 
     def _assemble_page(self, page_address, index):
-        """A page put together from several ranges (or none: None)."""
+        """A page put together from the ranges that touch it, zero-filled where
+        they do not (``partial_pages`` names the real bytes); None when none does."""
         page = None
         page_end = page_address + PAGE_SIZE
         ranges = self._ranges
@@ -215,51 +318,79 @@ class MinidumpBackend(Backend):
             if lo < hi:
                 if page is None:
                     page = bytearray(PAGE_SIZE)
-                page[lo - page_address:hi - page_address] = self._map[offset + lo - start:offset + hi - start]
+                page[lo - page_address:hi - page_address] = self._file.read(offset + lo - start, hi - lo)
             index += 1
         return bytes(page) if page is not None else None
 
-    def read_pages(self, page_address, count):
-        pages = []
-        data, starts, ranges = self._map, self._starts, self._ranges
-        address = page_address
-        end_address = page_address + count * PAGE_SIZE
-        while address < end_address:
-            index = bisect_right(starts, address) - 1
-            if index >= 0 and ranges[index][1] >= address + PAGE_SIZE:
-                # Serve every whole page this range covers in one go.
-                start, end, offset = ranges[index]
-                stop = min(end_address, address + (end - address) // PAGE_SIZE * PAGE_SIZE)
-                position = offset + address - start
-                for _ in range((stop - address) // PAGE_SIZE):
-                    pages.append(data[position:position + PAGE_SIZE])
-                    position += PAGE_SIZE
-                address = stop
-            else:
-                pages.append(self._assemble_page(address, max(index, 0)))
-                address += PAGE_SIZE
-        return pages
-
     def mapped_ranges(self):
-        merged = []
-        for start, end, _ in self._ranges:
-            if merged and merged[-1][1] >= start:
-                merged[-1][1] = max(merged[-1][1], end)
-            else:
-                merged.append([start, end])
-        return [(start, end) for start, end in merged]
+        return list(self._merged)
+
+    def partial_pages(self):
+        """{page address: ((start, end), ...)}: the pages the dump holds only part
+        of, each with the address ranges of the bytes it does hold."""
+        return dict(self._partial)
+
+    def _virtual(self, address, size):
+        """Bytes [address, address+size) when one captured range holds them all, else None."""
+        index = bisect_right(self._starts, address) - 1
+        if index < 0:
+            return None
+        start, end, offset = self._ranges[index]
+        if address + size > end:
+            return None
+        return self._file.read(offset + address - start, size)
+
+    # -- threads ------------------------------------------------------------------------
+
+    def threads(self):
+        return [self._thread(row, row["registers"]) for row in self._thread_rows]
+
+    def current_thread(self):
+        """The exception thread with the exception's context (what ``.ecxr`` shows),
+        else the first thread; None for a dump without threads."""
+        if self.exception:
+            for row in self._thread_rows:
+                if row["thread_id"] == self.exception["thread_id"]:
+                    return self._thread(row, self.exception["registers"] or row["registers"])
+        return self._thread(self._thread_rows[0], self._thread_rows[0]["registers"]) if self._thread_rows else None
+
+    def _thread(self, row, registers):
+        """A Thread; its stack bounds from the TEB's NT_TIB when the dump holds it,
+        else the captured stack range."""
+        stack_base, stack_limit = row["stack_start"] + row["stack_size"], row["stack_start"]
+        fields = TEB_STACK[self.arch]
+        pair = "<2Q" if self.arch == "x64" else "<2I"
+        tib = self._virtual(row["teb"] + fields["StackBase"], struct.calcsize(pair)) if row["teb"] else None
+        if tib is not None:
+            base, limit = struct.unpack(pair, tib)
+            if limit < base:
+                stack_base, stack_limit = base, limit
+        return Thread(row["thread_id"], registers, teb=row["teb"] or None, stack_base=stack_base,
+                      stack_limit=stack_limit, name=row["name"])
 
     # -- facts ------------------------------------------------------------------------
 
     def modules(self):
         return list(self._modules)
 
+    def memory_regions(self):
+        """The MemoryInfoList (an ``!address`` listing) as MemoryRegions, or None."""
+        return list(self.memory_info) if self.memory_info is not None else None
+
+    def memory_info_summary(self):
+        """Bytes by state, by type and by protection (committed memory), or None."""
+        if self.memory_info is None:
+            return None
+        summary = {"regions": len(self.memory_info), "by_state": {}, "by_type": {}, "by_protection": {}}
+        for region in self.memory_info:
+            _add(summary["by_state"], region.state_name, region.size)
+            if region.state == 0x1000:
+                _add(summary["by_type"], region.type_name or "unknown", region.size)
+                _add(summary["by_protection"], region.protect_name, region.size)
+        return summary
+
     def info(self):
-        registers = {}
-        if self.exception and self.exception["registers"]:
-            registers = self.exception["registers"]
-        elif self.threads:
-            registers = self.threads[0]["registers"]
+        current = self.current_thread()
         return {
             "kind": self.kind,
             "arch": self.arch,
@@ -267,12 +398,45 @@ class MinidumpBackend(Backend):
             "file": self.path,
             "build": self.build,
             "time_date_stamp": self.time_date_stamp,
-            "threads": [dict(thread) for thread in self.threads],
+            "threads": [dict(row) for row in self._thread_rows],
+            "thread_count": len(self._thread_rows),
+            "current_thread": current.id if current else None,
             "exception": dict(self.exception) if self.exception else None,
-            "registers": dict(registers),
+            "registers": dict(current.registers) if current else {},
             "memory_ranges": len(self._ranges),
+            "captured_bytes": sum(end - start for start, end in self._merged),
+            "partial_pages": len(self._partial),
+            "memory_info": self.memory_info_summary(),
+            "unloaded_modules": [dict(module) for module in self.unloaded_modules],
         }
 
     def close(self):
-        if not self._map.closed:
-            self._map.close()
+        if not self._file.closed:
+            self._file.close()
+
+
+def _add(totals, key, size):
+    totals[key] = totals.get(key, 0) + size
+
+
+def _merge(ranges):
+    """Sorted (start, end) ranges with touching and overlapping ones joined."""
+    merged = []
+    for start, end in ranges:
+        if merged and merged[-1][1] >= start:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _partial_pages(merged):
+    """{page: ((start, end), ...)} of the pages that merged ranges cover only in part."""
+    partial = {}
+    for start, end in merged:
+        first, last = start & ~PAGE_OFFSET_MASK, (end - 1) & ~PAGE_OFFSET_MASK
+        for page in {first, last}:
+            lo, hi = max(start, page), min(end, page + PAGE_SIZE)
+            if hi - lo < PAGE_SIZE:
+                partial.setdefault(page, []).append((lo, hi))
+    return {page: tuple(sorted(pieces)) for page, pieces in partial.items()}

@@ -1,10 +1,13 @@
 """Write a user-mode Scenario (x64 or x86) as a minidump ('MDMP').
 
 Streams written: SystemInfo, ModuleList, ThreadList (when the scenario has
-threads), Exception (when asked for) and the memory as either a Memory64List
+threads), and when asked for: Exception, ThreadInfoList, thread names,
+MemoryInfoList and UnloadedModuleList; then the memory as either a Memory64List
 (all data contiguous at the end, as full-memory dumps do) or a MemoryList (one
 RVA per range, as small dumps do).  Touching pages are merged into one range:
 readers such as the ``minidump`` package never let a read cross two ranges.
+``captured`` limits the memory to byte windows, as Windows' small dumps capture
+256 bytes around an instruction pointer: pages then end up partly in the dump.
 
 The ``minidump`` package follows TEB(first thread) -> PEB -> ProcessParameters
 whenever a thread list exists and logs an error traceback when that chain is
@@ -16,9 +19,10 @@ import struct
 
 from ..layouts.dump_formats import (
     CONTEXTS, EXCEPTION_RECORD64, MINIDUMP_DIRECTORY_ENTRY_SIZE, MINIDUMP_EXCEPTION_STREAM,
-    MINIDUMP_HEADER_SIZE, MINIDUMP_MODULE_SIZE, MINIDUMP_SIGNATURE, MINIDUMP_STREAM,
-    MINIDUMP_SYSTEM_INFO_SIZE, MINIDUMP_THREAD_SIZE, MINIDUMP_VERSION, PAGE_SIZE,
-    PROCESS_BLOCKS, PROCESSOR_ARCHITECTURE)
+    MINIDUMP_HEADER_SIZE, MINIDUMP_MEMORY_INFO, MINIDUMP_MEMORY_INFO_LIST_HEADER, MINIDUMP_MODULE_SIZE,
+    MINIDUMP_SIGNATURE, MINIDUMP_STREAM, MINIDUMP_SYSTEM_INFO_SIZE, MINIDUMP_THREAD_INFO,
+    MINIDUMP_THREAD_INFO_LIST_HEADER, MINIDUMP_THREAD_NAME, MINIDUMP_THREAD_SIZE, MINIDUMP_UNLOADED_MODULE,
+    MINIDUMP_UNLOADED_MODULE_LIST_HEADER, MINIDUMP_VERSION, PAGE_SIZE, PROCESS_BLOCKS, PROCESSOR_ARCHITECTURE)
 from .kdump_writer import pack_context
 
 MINIDUMP_WITH_FULL_MEMORY = 0x2
@@ -27,21 +31,33 @@ FILETIME_UNIX_EPOCH = 116444736000000000
 MAX_RVA = 0xFFFFFFFF
 
 
-def write_minidump(scenario, path, memory_list="memory64", exception=None):
+def write_minidump(scenario, path, memory_list="memory64", exception=None, captured=None, thread_info=None,
+                   thread_names=None, memory_info=None, unloaded_modules=None):
     """Write ``scenario`` (user mode) as a minidump; returns ``path``.
 
     ``memory_list``: "memory64" (Memory64List) or "memory" (MemoryList).
     ``exception``: optional {"thread_id", "code", "address", "flags", "parameters"}
-    for an Exception stream (the thread must be one of ``scenario.threads``)."""
+    for an Exception stream (the thread must be one of ``scenario.threads``).
+    ``captured``: optional [(address, size)] byte windows: only these bytes of the
+    scenario's memory go into the dump (plus the first thread's TEB/PEB chain).
+    ``thread_info``: optional {thread id: {"flags", "error", "exit_status",
+    "create_time", "exit_time", "kernel_time", "user_time", "start_address",
+    "affinity"}} (missing keys are 0) for a ThreadInfoList.
+    ``thread_names``: optional {thread id: name}.
+    ``memory_info``: optional [{"base", "size", "allocation_base",
+    "allocation_protect", "state", "protect", "type"}] for a MemoryInfoList.
+    ``unloaded_modules``: optional [{"name", "base", "size", "checksum",
+    "time_date_stamp"}] for an UnloadedModuleList."""
     if scenario.mode != "user" or scenario.arch not in PROCESSOR_ARCHITECTURE:
         raise ValueError("minidumps need a user-mode x64 or x86 scenario, not %s/%s"
                          % (scenario.arch, scenario.mode))
     if memory_list not in ("memory64", "memory"):
         raise ValueError("memory_list must be 'memory64' or 'memory', not %r" % (memory_list,))
-    if scenario.threads:
-        ensure_process_blocks(scenario)
-    ranges = memory_ranges(scenario)
-    writer = _MinidumpLayout(scenario, ranges, memory_list, exception)
+    blocks = ensure_process_blocks(scenario) if scenario.threads else []
+    ranges = memory_ranges(scenario, None if captured is None else list(captured) + blocks)
+    extra = {"thread_info": thread_info, "thread_names": thread_names, "memory_info": memory_info,
+             "unloaded_modules": unloaded_modules}
+    writer = _MinidumpLayout(scenario, ranges, memory_list, exception, extra)
     with open(path, "wb") as handle:
         handle.write(writer.build())
         for _, data in ranges:
@@ -49,24 +65,34 @@ def write_minidump(scenario, path, memory_list="memory64", exception=None):
     return path
 
 
-def memory_ranges(scenario):
-    """[(start, bytes)] of the scenario's dumped pages, touching pages merged."""
-    ranges = []  # [start, end, [page bytes]]
+def memory_ranges(scenario, captured=None):
+    """[(start, bytes)] of the scenario's dumped memory, touching pieces merged:
+    every page, or only the bytes of the ``captured`` (address, size) windows
+    that lie in mapped pages."""
+    pieces = []  # (start, end) within one page each
     for page in sorted(scenario.pages):
         if page in scenario.excluded_pages:
             continue
-        data = bytes(scenario.pages[page])
-        if ranges and ranges[-1][1] == page:
-            ranges[-1][1] = page + PAGE_SIZE
-            ranges[-1][2].append(data)
+        if captured is None:
+            pieces.append((page, page + PAGE_SIZE))
+            continue
+        for address, size in captured:
+            lo, hi = max(address, page), min(address + size, page + PAGE_SIZE)
+            if lo < hi:
+                pieces.append((lo, hi))
+    merged = []  # [start, end]
+    for start, end in sorted(pieces):
+        if merged and merged[-1][1] >= start:
+            merged[-1][1] = max(merged[-1][1], end)
         else:
-            ranges.append([page, page + PAGE_SIZE, [data]])
-    return [(start, b"".join(chunks)) for start, _, chunks in ranges]
+            merged.append([start, end])
+    return [(start, scenario.read(start, end - start)) for start, end in merged]
 
 
 def ensure_process_blocks(scenario):
     """Give the first thread a mapped TEB -> PEB -> ProcessParameters chain (with an
-    empty environment) unless it already has one."""
+    empty environment) unless it already has one; returns the chain's (address,
+    size) blocks."""
     layout = PROCESS_BLOCKS[scenario.arch]
     pointer_format = "<Q" if scenario.pointer_size == 8 else "<I"
     thread = scenario.threads[0]
@@ -99,17 +125,20 @@ def ensure_process_blocks(scenario):
     if not environment or not mapped(environment, 4):
         environment = scenario.alloc(16)  # zeroed: an empty environment block
         scenario.write_pointer(params + layout["Params.Environment"], environment)
+    return [(thread.teb, layout["teb_size"]), (peb, layout["peb_size"]), (params, layout["params_size"]),
+            (environment, 16)]
 
 
 class _MinidumpLayout(object):
     """Lays the file's metadata out in one bytearray: header, directory, stream
     bodies, strings and contexts; the memory data is written after it."""
 
-    def __init__(self, scenario, ranges, memory_list, exception):
+    def __init__(self, scenario, ranges, memory_list, exception, extra):
         self.scenario = scenario
         self.ranges = ranges
         self.memory_list = memory_list
         self.exception = exception
+        self.extra = extra
         self.out = bytearray()
         self.directory = []  # (stream type, size, rva)
         self.thread_entries = {}  # thread id -> (rva of its MINIDUMP_THREAD, thread)
@@ -131,13 +160,20 @@ class _MinidumpLayout(object):
 
     def build(self):
         scenario = self.scenario
-        stream_count = 3 + bool(scenario.threads) + bool(self.exception)
+        extra = self.extra
+        optional = [(self.exception, None), (extra["thread_info"], self._thread_info_list),
+                    (extra["thread_names"], self._thread_names), (extra["memory_info"], self._memory_info_list),
+                    (extra["unloaded_modules"], self._unloaded_module_list)]
+        stream_count = 3 + bool(scenario.threads) + sum(1 for value, _ in optional if value is not None)
         self.out += bytes(MINIDUMP_HEADER_SIZE + MINIDUMP_DIRECTORY_ENTRY_SIZE * stream_count)
         self._system_info()
         self._module_list()
         contexts = self._thread_list() if scenario.threads else {}
         if self.exception:
             self._exception_stream(contexts)
+        for value, write in optional[1:]:
+            if value is not None:
+                write(value)
         data_rvas = self._memory_list()
         self._point_stacks_at_memory(data_rvas)
         seconds = max(0, (scenario.system_time - FILETIME_UNIX_EPOCH) // 10000000)
@@ -199,6 +235,39 @@ class _MinidumpLayout(object):
         body = struct.pack("<II", thread_id, 0) + bytes(record) + struct.pack("<II", size, rva)
         assert len(body) == MINIDUMP_EXCEPTION_STREAM["size"]
         self._stream("Exception", body)
+
+    def _thread_info_list(self, facts):
+        fields = ("flags", "error", "exit_status", "create_time", "exit_time", "kernel_time", "user_time",
+                  "start_address", "affinity")
+        entries = [struct.pack(MINIDUMP_THREAD_INFO, thread.thread_id,
+                               *[facts.get(thread.thread_id, {}).get(name, 0) for name in fields])
+                   for thread in self.scenario.threads]
+        self._sized_list("ThreadInfoList", MINIDUMP_THREAD_INFO_LIST_HEADER, MINIDUMP_THREAD_INFO, entries)
+
+    def _thread_names(self, names):
+        entries = [struct.pack(MINIDUMP_THREAD_NAME, thread_id, self._string(name))
+                   for thread_id, name in sorted(names.items())]
+        self._stream("ThreadNames", struct.pack("<I", len(entries)) + b"".join(entries))
+
+    def _memory_info_list(self, regions):
+        entries = [struct.pack(MINIDUMP_MEMORY_INFO, region["base"], region.get("allocation_base", region["base"]),
+                               region.get("allocation_protect", region.get("protect", 0)), 0, region["size"],
+                               region["state"], region.get("protect", 0), region.get("type", 0), 0)
+                   for region in regions]
+        self._sized_list("MemoryInfoList", MINIDUMP_MEMORY_INFO_LIST_HEADER, MINIDUMP_MEMORY_INFO, entries)
+
+    def _unloaded_module_list(self, modules):
+        entries = [struct.pack(MINIDUMP_UNLOADED_MODULE, module["base"], module["size"], module.get("checksum", 0),
+                               module.get("time_date_stamp", 0), self._string(module["name"]))
+                   for module in modules]
+        self._sized_list("UnloadedModuleList", MINIDUMP_UNLOADED_MODULE_LIST_HEADER, MINIDUMP_UNLOADED_MODULE,
+                         entries)
+
+    def _sized_list(self, name, header_format, entry_format, entries):
+        """A list stream headed by SizeOfHeader, SizeOfEntry and the count."""
+        header = struct.pack(header_format, struct.calcsize(header_format), struct.calcsize(entry_format),
+                             len(entries))
+        self._stream(name, header + b"".join(entries))
 
     def _memory_list(self):
         """The memory stream; returns each range's data RVA.  The data itself
