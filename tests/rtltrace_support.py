@@ -20,6 +20,11 @@ USER_MODULES = {
 KERNEL_MODULES = [("nt", 0xFFFFF80000000000, 0x400000, "ntoskrnl.exe"),
                   ("mydrv", 0xFFFFF80012340000, 0x20000, "mydrv.sys")]
 
+# ntdll!_RTL_TRACE_DATABASE as a PDB would give it (user x64 offsets).
+DATABASE_TYPE_FIELDS = {"Magic": 0, "Flags": 4, "Tag": 8, "SegmentList": 0x10, "MaximumSize": 0x18,
+                        "CurrentSize": 0x20, "Owner": 0x28, "NoOfBuckets": 0x58, "Buckets": 0x60,
+                        "HashFunction": 0x68, "NoOfTraces": 0x70, "NoOfHits": 0x78, "HashCounter": 0x80}
+
 LAYOUT_SCENARIO = {"user-x64": ("x64", "user"), "user-x86": ("x86", "user"),
                    "kernel-x64": ("x64", "kernel")}
 

@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from dbgext.render.text import hexaddr
 from dbgext.rtltrace.layouts import layout_named
 from dbgext.target.base import Target
 from dbgext.target.image import ImageBackend
@@ -38,10 +39,25 @@ def longest_bucket(builder):
     return max(range(builder.buckets), key=lambda b: len(builder.bucket_chain(b)))
 
 
-def test_bad_database_magic_is_reported_and_the_walk_goes_on():
+def test_a_wrong_database_magic_is_refused_in_one_line_naming_what_is_there():
     scenario, builder = corrupt()
     scenario.pack(builder.address, "<I", 0x12345678)
-    document = analyse(scenario, builder, "--layout", "user-x64")
+    code, text = run(["0x%x" % builder.address], target=scenario.target())
+    assert code == 1 and text.count("\n") == 1
+    assert "no RTL_TRACE_DATABASE at %s: found 0x12345678" % hexaddr(builder.address) in text
+    assert "--force" in text
+
+
+def test_a_segment_address_given_for_the_database_is_named_as_a_segment():
+    scenario, builder = corrupt()
+    code, text = run(["0x%x" % builder.segments[0]], target=scenario.target())
+    assert code == 1 and "the magic of an RTL_TRACE_SEGMENT" in text
+
+
+def test_force_walks_a_wrong_magic_reporting_it_and_going_on():
+    scenario, builder = corrupt()
+    scenario.pack(builder.address, "<I", 0x12345678)
+    document = analyse(scenario, builder, "--layout", "user-x64", "--force")
     assert document["magic_ok"] is False
     assert problems_of(document, "bad_magic")[0]["address"] == builder.address
     assert document["blocks_found"] == 200
@@ -108,7 +124,7 @@ def test_a_block_pointer_into_unreadable_memory_is_reported_with_its_address():
     document = analyse(scenario, builder)
     unreadable = problems_of(document, "unreadable")
     assert unreadable[0]["address"] == nowhere
-    assert "bucket %d" % bucket in unreadable[0]["detail"]
+    assert "bucket %d" % bucket in unreadable[0]["message"]
     assert "count_mismatch" in problem_kinds(document)
 
 
@@ -162,7 +178,7 @@ def test_garbage_memory_is_walked_without_a_hang():
     scenario, _ = corrupt(distinct=5, adds=5)
     garbage = scenario.alloc_pages(0x4000)
     scenario.write(garbage, os.urandom(0x4000))
-    document = run_json(["0x%x" % garbage], target=scenario.target())
+    document = run_json(["0x%x" % garbage, "--force"], target=scenario.target())
     assert "assuming" in document["layout_reason"]
     assert "bad_magic" in problem_kinds(document)
 
@@ -220,16 +236,18 @@ def test_many_identical_problems_are_summarised():
         scenario.pack(block + 0x30, "<Q", 1)  # every Trace pointer wrong
     document = analyse(scenario, builder)
     assert len(problems_of(document, "bad_trace_pointer")) == 200
-    assert "200 more bad_trace_pointer" in problems_of(document, "problems_truncated")[0]["detail"]
+    assert "200 more bad_trace_pointer" in problems_of(document, "problems_truncated")[0]["message"]
 
 
 @pytest.mark.parametrize("argv,message", [
     ([], "give the database address"),
-    (["not-an-address"], "neither a hex address nor a known symbol"),
+    (["not-an-address"], "unknown symbol 'not'"),
+    (["nt!+"], "bad token"),
     (["--bucket", "99999"], "outside"),
+    (["--bucket", "0n12x"], "bad token"),
     (["--module", "nosuch"], "no module named"),
     (["--range", "0", "10"], "--find only"),
-    (["--find", "--range", "10", "0"], "above START"),
+    (["--find", "--range", "10", "0"], "must end above its start"),
     (["--trace", "0x7ff000000000"], "unreadable"),
 ])
 def test_bad_arguments_give_one_line_and_exit_one(argv, message):
@@ -253,7 +271,7 @@ def test_find_without_a_memory_map_needs_a_range():
     assert code == 1 and "--range" in text
     found = run_json(["--find", "--range", "0x%x" % builder.address, "0x%x" % (builder.address + 0x2000)],
                      target=target)
-    assert [c["address"] for c in found] == [builder.address]
+    assert [c["address"] for c in found["candidates"]] == [builder.address]
 
 
 SEGMENT_FIELDS = layout_named("kernel-x64").segment.offsets

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from dbgext.cli import main
+from dbgext.errors import EXIT_PROBLEMS
 from dbgext.rtltrace.fixtures import add_sample_database
 from dbgext.testing.scenario import Scenario
 
@@ -55,7 +56,7 @@ def test_find_scans_the_dump(dump):
     layout, path, builder = dump
     code, text = cli(["--dump", path, "--find", "--json"])
     assert code == 0, text
-    assert [c["address"] for c in json.loads(text)] == [builder.address]
+    assert [c["address"] for c in json.loads(text)["candidates"]] == [builder.address]
 
 
 def test_a_dump_with_pages_left_out_reports_them(tmp_path):
@@ -64,7 +65,7 @@ def test_a_dump_with_pages_left_out_reports_them(tmp_path):
     path = str(tmp_path / "holes.dmp")
     scenario.write_kernel_dump(path, bitmap=True)
     code, text = cli(["--dump", path, "0x%x" % builder.address, "--validate", "--json"])
-    assert code == 0
+    assert code == EXIT_PROBLEMS
     document = json.loads(text)
     unreadable = [p for p in document["problems"] if p["kind"] == "unreadable"]
     assert unreadable and all(builder.segments[1] <= p["address"] < builder.segments[1] + 0x1000

@@ -4,9 +4,9 @@ import pytest
 
 from dbgext.rtltrace.fixtures import TraceDatabaseBuilder
 from dbgext.rtltrace.hashing import pointer_sum_hash
-from dbgext.rtltrace.validate import analyze
+from dbgext.rtltrace import analyze
 
-from rtltrace_support import database, problem_kinds, run, run_json, scenario_for
+from rtltrace_support import DATABASE_TYPE_FIELDS, database, problem_kinds, run, run_json, scenario_for
 
 LAYOUTS = ["user-x64", "kernel-x64", "user-x86"]
 
@@ -73,13 +73,20 @@ def test_bucket_array_past_the_first_segment_end_is_a_note(layout, buckets):
 
 def test_layout_comes_from_type_information_when_the_symbols_have_it():
     scenario, builder = database("user-x64", distinct=20, adds=20)
-    scenario.add_type("ntdll", "_RTL_TRACE_DATABASE", 0xC0, {
-        "Magic": 0, "Flags": 4, "SegmentList": 0x10, "CurrentSize": 0x20, "NoOfBuckets": 0x58,
-        "Buckets": 0x60, "HashFunction": 0x68, "NoOfTraces": 0x70, "NoOfHits": 0x78, "HashCounter": 0x80})
+    scenario.add_type("ntdll", "_RTL_TRACE_DATABASE", 0xC0, DATABASE_TYPE_FIELDS)
     document = run_json(["0x%x" % builder.address], target=scenario.target())
     assert document["layout"] == "user-x64"
-    assert "type information for ntdll!_RTL_TRACE_DATABASE" in document["layout_reason"]
+    assert document["layout_reason"].startswith("type information for ntdll!_RTL_TRACE_DATABASE")
+    assert document["layout_sources"]["segment"] == "built-in"  # no segment type in the symbols
     assert document["problems"] == []
+
+
+def test_type_information_lacking_fields_the_walk_reads_is_not_taken():
+    scenario, builder = database("user-x64", distinct=20, adds=20)
+    scenario.add_type("ntdll", "_RTL_TRACE_DATABASE", 0xC0, {"Magic": 0, "NoOfBuckets": 0x58, "Buckets": 0x60})
+    document = run_json(["0x%x" % builder.address], target=scenario.target())
+    assert document["layout_reason"].startswith("recognised from memory")
+    assert document["layout_sources"]["database"] == "built-in"
 
 
 def test_layout_option_overrides_and_a_wrong_one_shows_problems():
@@ -87,6 +94,7 @@ def test_layout_option_overrides_and_a_wrong_one_shows_problems():
     document = run_json(["0x%x" % builder.address, "--layout", "user-x64"], target=scenario.target())
     assert document["layout"] == "user-x64"
     assert document["layout_reason"] == "chosen with --layout"
+    assert document["layout_sources"]["database"] == "built-in"
     assert document["problems"]
 
 
@@ -116,7 +124,7 @@ def test_trace_view_shows_one_block_with_symbolized_frames(built):
 def test_bucket_view_lists_the_chain_newest_first():
     scenario, builder = database("kernel-x64")
     bucket = max(range(builder.buckets), key=lambda b: len(builder.bucket_chain(b)))
-    document = run_json(["0x%x" % builder.address, "--bucket", str(bucket)], target=scenario.target())
+    document = run_json(["0x%x" % builder.address, "--bucket", "0n%d" % bucket], target=scenario.target())
     assert [t["address"] for t in document["trace_list"]] == builder.bucket_chain(bucket)
     assert document["selection"] == "bucket"
 
@@ -164,7 +172,7 @@ def test_dml_links_go_from_traces_to_frames_and_from_buckets_to_chains(monkeypat
     block = builder.bucket_chain(next(b for b in range(builder.buckets) if builder.bucket_chain(b)))[0]
     depth = len(builder.frames_of(block))
     assert '<link cmd="dps 0x%x L0x%x">' % (block + 0x38, depth) in text
-    assert '<link cmd="!py C:\\dbgext\\commands\\rtltrace.py 0x%x --bucket %d --layout user-x64">' % (
+    assert '<link cmd="!py C:\\dbgext\\commands\\rtltrace.py 0x%x --bucket 0x%x --layout user-x64">' % (
         builder.address, builder.bucket_of(builder.frames_of(block))) in text
 
 
@@ -200,12 +208,12 @@ def test_find_lists_every_database_in_memory():
     second.add([0x7FFA10001000, 0x7FF6A0001000])
     second.sync()
     target = scenario.target()
-    found = run_json(["--find"], target=target)
+    found = run_json(["--find"], target=target)["candidates"]
     assert [c["address"] for c in found] == [first.address, second.address]
     assert found[0]["buckets"] == 6263 and found[0]["traces"] == 30
     assert found[0]["segments"] == len(first.segments)
     only = run_json(["--find", "--range", "0x%x" % second.address, "0x%x" % (second.address + 0x1000)],
-                    target=target)
+                    target=target)["candidates"]
     assert [c["address"] for c in only] == [second.address]
     code, text = run(["--find"], target=target)
     assert code == 0 and "Trace databases found: 2" in text

@@ -3,7 +3,7 @@
 import json
 
 from pykd_support import COMMANDS_DIR, run_windbg_script
-from rtltrace_support import database
+from rtltrace_support import DATABASE_TYPE_FIELDS, database
 
 SCRIPT = COMMANDS_DIR + "/rtltrace.py"
 
@@ -14,14 +14,14 @@ def test_trace_list_links_to_dps_and_to_the_bucket_view():
     block = builder.bucket_chain(next(b for b in range(builder.buckets) if builder.bucket_chain(b)))[0]
     frames = builder.frames_of(block)
     assert '<link cmd="dps 0x%x L0x%x">' % (block + 0x38, len(frames)) in text
-    assert '<link cmd="!py %s 0x%x --bucket %d --layout user-x64">' % (
+    assert '<link cmd="!py %s 0x%x --bucket 0x%x --layout user-x64">' % (
         SCRIPT, builder.address, builder.bucket_of(frames)) in text
 
 
 def test_the_bucket_link_target_runs_and_lists_that_chain():
     scenario, builder = database("kernel-x64", distinct=60, adds=60)
     bucket = max(range(builder.buckets), key=lambda b: len(builder.bucket_chain(b)))
-    text, _ = run_windbg_script("rtltrace", ["0x%x" % builder.address, "--bucket", str(bucket),
+    text, _ = run_windbg_script("rtltrace", ["0x%x" % builder.address, "--bucket", "%x" % bucket,
                                              "--layout", "kernel-x64"], scenario, mode="kernel")
     assert "Bucket %d of 211" % bucket in text
     for block in builder.bucket_chain(bucket):
@@ -45,8 +45,8 @@ def test_find_in_a_live_session_asks_for_a_range():
 
 def test_the_debuggers_type_information_chooses_the_layout():
     scenario, builder = database("user-x64", distinct=20, adds=40)
-    scenario.add_type("ntdll", "_RTL_TRACE_DATABASE", 0xC0, {"Magic": 0, "NoOfBuckets": 0x58, "Buckets": 0x60})
+    scenario.add_type("ntdll", "_RTL_TRACE_DATABASE", 0xC0, DATABASE_TYPE_FIELDS)
     text, _ = run_windbg_script("rtltrace", ["%x" % builder.address, "--json"], scenario)
     document = json.loads(text)
-    assert document["layout_reason"] == "type information for ntdll!_RTL_TRACE_DATABASE"
+    assert document["layout_reason"].startswith("type information for ntdll!_RTL_TRACE_DATABASE")
     assert document["problems"] == []

@@ -2,72 +2,33 @@
 
 import sys
 
-from ..address import parse_hex
 from ..command import Command
-from ..errors import BadInput, UnreadableMemory
-from .find import find_databases
-from .layouts import DATABASE_MAGIC, LAYOUT_NAMES
-from .render import (Links, candidates_document, database_document, render_block, render_bucket,
-                     render_candidates, render_header, render_magic_checks, render_problems, render_summary,
-                     render_traces)
-from .validate import analyze
-from .walk import read_block
-
-SUMMARY_TOP = 10
-
-SORT_KEYS = {
-    "count": lambda block: (-block.count, block.address),
-    "depth": lambda block: (-block.size, block.address),
-    "address": lambda block: block.address,
-}
+from ..errors import EXIT_PROBLEMS, BadInput
+from .analysis import SORT_KEYS, TOP_TRACES, analyze, find
+from .layouts import LAYOUT_NAMES
+from .render import Links, render, render_candidates
 
 
 def add_arguments(parser):
     parser.add_argument("address", nargs="?",
-                        help="database address (hex, 0x..., fffff800`00001000) or a symbol; a symbol "
-                        "naming a pointer to a database is followed")
-    parser.add_argument("--layout", choices=LAYOUT_NAMES, help="structure layout (default: from type "
+                        help="database address in WinDbg's syntax (fffff800`00001000, nt!X+10, @rcx); a "
+                        "location holding a pointer to a database is followed")
+    parser.add_argument("--layout", choices=LAYOUT_NAMES, help="built-in structure layout (default: from type "
                         "information, else recognised from memory)")
+    parser.add_argument("--force", action="store_true", help="walk the address even if the database magic "
+                        "is not there")
     view = parser.add_mutually_exclusive_group()
     view.add_argument("--traces", action="store_true", help="list traces")
     view.add_argument("--trace", metavar="ADDR", help="one trace block in full")
-    view.add_argument("--bucket", metavar="N", type=int, help="one bucket's chain")
+    view.add_argument("--bucket", metavar="N", help="one bucket's chain (N: hex, or 0n decimal)")
     view.add_argument("--module", metavar="NAME", help="traces with a frame in module NAME")
-    view.add_argument("--validate", action="store_true", help="check every invariant and list problems")
+    view.add_argument("--validate", action="store_true", help="check every invariant and list problems "
+                      "(exit code 4 when there are any)")
     view.add_argument("--find", action="store_true", help="scan readable memory for databases")
     parser.add_argument("--sort", choices=sorted(SORT_KEYS), default="count", help="trace order (default count)")
-    parser.add_argument("--limit", metavar="N", type=int, help="at most N traces (the summary's top "
-                        "traces: default %d)" % SUMMARY_TOP)
+    parser.add_argument("--limit", metavar="N", help="at most N traces (the summary's top traces: default "
+                        "0n%d)" % TOP_TRACES)
     parser.add_argument("--range", metavar=("START", "END"), nargs=2, help="--find only in [START, END)")
-
-
-def parse_address(target, text):
-    """(address, was_symbol): hex with or without 0x and WinDbg's backtick, or a symbol."""
-    try:
-        return parse_hex(text), False
-    except BadInput:
-        pass
-    address = target.symbol_address(text.strip())
-    if address is None:
-        raise BadInput("%r is neither a hex address nor a known symbol" % text)
-    return address, True
-
-
-def resolve_database(target, text):
-    """The database address for the user's argument, and a note when a symbol was
-    followed (``driver!g_TraceDatabase`` holds a pointer to the database)."""
-    address, was_symbol = parse_address(target, text)
-    if not was_symbol:
-        return address, None
-    try:
-        if target.u32(address) == DATABASE_MAGIC:
-            return address, None
-        pointed = target.pointer(address)
-        if target.u32(pointed) == DATABASE_MAGIC:
-            return pointed, "%s holds a pointer to the database at %s" % (text, target.format_address(pointed))
-    except UnreadableMemory:
-        pass
-    return address, None
 
 
 def _script(ctx):
@@ -78,35 +39,14 @@ def _script(ctx):
     return '"%s"' % script if " " in script else script
 
 
-def _limited(blocks, limit):
-    return blocks if limit is None else blocks[:max(0, limit)]
-
-
 def run_find(ctx, args):
-    target = ctx.target
-    start, end = 0, None
-    if args.range:
-        start = parse_address(target, args.range[0])[0]
-        end = parse_address(target, args.range[1])[0]
-        if end <= start:
-            raise BadInput("--range END must be above START")
-    candidates = find_databases(target, start, end)
+    start, end = (ctx.address(args.range[0]), ctx.address(args.range[1])) if args.range else (0, None)
+    search = find(ctx.target, start, end)
     if args.json:
-        ctx.out.json(candidates_document(candidates))
+        ctx.out.json(search.as_dict())
     else:
-        render_candidates(ctx.out, target, candidates)
+        render_candidates(ctx.out, ctx.target, search)
     return 0
-
-
-def _selected_trace(target, db, text):
-    address = parse_address(target, text)[0]
-    for block in db.blocks:
-        if address in (block.address, block.trace):
-            return block
-    try:
-        return read_block(target, db.layout, address)
-    except UnreadableMemory as error:
-        raise BadInput("no trace block at 0x%x: memory at 0x%x is unreadable" % (address, error.address))
 
 
 def run(ctx, args):
@@ -116,50 +56,18 @@ def run(ctx, args):
         raise BadInput("give the database address (or --find to look for databases)")
     if args.range:
         raise BadInput("--range applies to --find only")
-    target = ctx.target
-    address, followed = resolve_database(target, args.address)
-    db = analyze(target, address, args.layout)
-    if followed:
-        db.note(followed)
-    links = Links(_script(ctx))
-    out = ctx.out
-    blocks = db.blocks
-    selection = "all"
-    if args.trace:
-        blocks, selection = [_selected_trace(target, db, args.trace)], "trace"
-    elif args.bucket is not None:
-        if not 0 <= args.bucket < max(db.buckets_walked, 1) or not db.buckets_walked:
-            raise BadInput("bucket %d is outside 0..%d" % (args.bucket, max(db.buckets_walked - 1, 0)))
-        blocks, selection = [block for block in db.blocks if block.bucket == args.bucket], "bucket"
-    elif args.module:
-        module = target.module_named(args.module)
-        if module is None:
-            raise BadInput("no module named %r (known: %s)" % (
-                args.module, ", ".join(m.name for m in target.modules()) or "none"))
-        blocks = [block for block in blocks if any(module.contains(frame) for frame in block.frames or ())]
-        selection = "module"
-    if selection in ("all", "module") and (args.json or args.traces or args.module):
-        blocks = sorted(blocks, key=SORT_KEYS[args.sort])
-    blocks = _limited(blocks, args.limit)
+    limit = ctx.count(args.limit) if args.limit is not None else None
+    db = analyze(ctx.target, ctx.address(args.address), layout=args.layout, force=args.force,
+                 trace=ctx.address(args.trace) if args.trace else None,
+                 bucket=ctx.count(args.bucket) if args.bucket is not None else None,
+                 module=args.module, sort=args.sort, limit=limit,
+                 top=TOP_TRACES if limit is None else limit)
     if args.json:
-        out.json(database_document(db, blocks, selection))
-        return 0
-    if args.trace:
-        render_block(out, target, db, blocks[0], links)
-    elif args.bucket is not None:
-        render_bucket(out, target, db, args.bucket, blocks, links)
-    elif args.module:
-        render_traces(out, target, db, blocks, links, "Traces with a frame in %s: %d" % (module.name, len(blocks)))
-    elif args.traces:
-        render_traces(out, target, db, blocks, links, "Traces (%d, by %s):" % (len(blocks), args.sort))
-    elif args.validate:
-        render_header(out, target, db)
-        if db.header_read:
-            render_magic_checks(out, db)
-        render_problems(out, target, db)
+        ctx.out.json(db.as_dict())
     else:
-        render_summary(out, target, db, links, top=SUMMARY_TOP if args.limit is None else args.limit)
-    return 0
+        render(ctx.out, ctx.target, db, Links(_script(ctx)),
+               "validate" if args.validate else "traces" if args.traces else "summary")
+    return EXIT_PROBLEMS if args.validate and db.problems.errors else 0
 
 
 COMMAND = Command("rtltrace", "walk, validate and find RTL_TRACE_DATABASE stack-trace databases",

@@ -5,7 +5,7 @@ import struct
 
 from ..errors import BadInput, UnreadableMemory
 from .layouts import DATABASE_MAGIC
-from .walk import recognise_layout
+from .layouts import recognise_layouts
 
 MAX_CANDIDATES = 1000
 MAX_SEGMENTS_COUNTED = 100000
@@ -30,7 +30,7 @@ def find_databases(target, start=0, end=None, limit=MAX_CANDIDATES):
     pattern = struct.pack("<I", DATABASE_MAGIC)
     candidates = []
     for address in target.scan(pattern, start, end, alignment=8 if target.pointer_size == 8 else 4):
-        layout = recognise_layout(target, address)
+        layout = recognise_layouts(target, address)
         if layout is None:
             continue
         try:

@@ -224,7 +224,7 @@ class TraceDatabaseBuilder(object):
 
     def _db_field(self, name, value):
         database = self.layout.database
-        struct.pack_into(database.formats[name], self.regions[0].data, database.offsets[name], value)
+        struct.pack_into(database.layout.format(name), self.regions[0].data, database.offsets[name], value)
 
     def _write_segment_header(self, region, offset, next_segment, start, free):
         fields = self.layout.segment.offsets

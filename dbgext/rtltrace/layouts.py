@@ -1,11 +1,18 @@
-"""RTL_TRACE_DATABASE / _SEGMENT / _BLOCK layouts as data.
+"""RTL_TRACE_DATABASE / _SEGMENT / _BLOCK layouts, as data of the one layout shape
+(:mod:`dbgext.layouts`), and how a database's layout is chosen.
 
 Offsets come from /work/shared/reference/rtl-trace-database.md (Windows' own
-ntdll and ntoskrnl builds).  Field formats are struct characters: ``I`` is a ULONG,
-``P`` a pointer-sized value (PVOID, SIZE_T) resolved per layout to ``Q`` or ``I``.
+ntdll and ntoskrnl builds).  User and kernel databases differ after CurrentSize,
+so each mode has its own built-in table; :func:`choose_layouts` looks the types up
+the one way (:func:`dbgext.layouts.lookup_layout`: type information first, else the
+built-in table) and says which source it used.
 """
 
 import struct
+
+from ..errors import BadInput, UnreadableMemory
+from ..layouts import BuiltinLayouts, lookup_layout
+from ..target.base import Backend
 
 DATABASE_MAGIC = 0xABCDCCCC
 SEGMENT_MAGIC = 0xABCDBBBB
@@ -18,111 +25,100 @@ HASH_COUNTER_SLOTS = 16
 
 DEFAULT_HASH_SYMBOLS = ("RtlStackTraceHashFunction", "RtlpTraceStandardHashFunction")
 
-_SEGMENT_X64 = {
-    "size": 0x38,
-    "fields": {"Magic": (0x00, "I"), "Database": (0x08, "P"), "NextSegment": (0x10, "P"),
-               "TotalSize": (0x18, "P"), "SegmentStart": (0x20, "P"), "SegmentEnd": (0x28, "P"),
-               "SegmentFree": (0x30, "P")},
+_MAGIC_NAMES = {DATABASE_MAGIC: "RTL_TRACE_DATABASE", SEGMENT_MAGIC: "RTL_TRACE_SEGMENT",
+                BLOCK_MAGIC: "RTL_TRACE_BLOCK"}
+
+
+def describe_magic(value):
+    """What a ULONG found where a magic belongs says is there, for WrongSignature."""
+    if value in _MAGIC_NAMES:
+        return "the magic of an %s (0x%08x)" % (_MAGIC_NAMES[value], value)
+    return "0x%08x" % value
+
+
+DATABASE_TYPE = "_RTL_TRACE_DATABASE"
+SEGMENT_TYPE = "_RTL_TRACE_SEGMENT"
+BLOCK_TYPE = "_RTL_TRACE_BLOCK"
+
+_SEGMENT_X64 = {"arch": "x64", "size": 0x38,
+                "fields": {"Magic": (0x00, "I"), "Database": (0x08, "P"), "NextSegment": (0x10, "P"),
+                           "TotalSize": (0x18, "P"), "SegmentStart": (0x20, "P"), "SegmentEnd": (0x28, "P"),
+                           "SegmentFree": (0x30, "P")}}
+_SEGMENT_X86 = {"arch": "x86", "size": 0x1C,
+                "fields": {"Magic": (0x00, "I"), "Database": (0x04, "P"), "NextSegment": (0x08, "P"),
+                           "TotalSize": (0x0C, "P"), "SegmentStart": (0x10, "P"), "SegmentEnd": (0x14, "P"),
+                           "SegmentFree": (0x18, "P")}}
+_BLOCK_X64 = {"arch": "x64", "size": 0x38,
+              "fields": {"Magic": (0x00, "I"), "Count": (0x04, "I"), "Size": (0x08, "I"),
+                         "UserCount": (0x10, "P"), "UserSize": (0x18, "P"), "UserContext": (0x20, "P"),
+                         "Next": (0x28, "P"), "Trace": (0x30, "P")}}
+_BLOCK_X86 = {"arch": "x86", "size": 0x20,
+              "fields": {"Magic": (0x00, "I"), "Count": (0x04, "I"), "Size": (0x08, "I"),
+                         "UserCount": (0x0C, "P"), "UserSize": (0x10, "P"), "UserContext": (0x14, "P"),
+                         "Next": (0x18, "P"), "Trace": (0x1C, "P")}}
+
+# ntdll's databases (RtlTraceDatabaseCreate in user mode).
+USER_LAYOUTS = BuiltinLayouts({
+    DATABASE_TYPE: [
+        {"arch": "x64", "size": 0xC0,
+         "fields": {"Magic": (0x00, "I"), "Flags": (0x04, "I"), "Tag": (0x08, "I"), "SegmentList": (0x10, "P"),
+                    "MaximumSize": (0x18, "P"), "CurrentSize": (0x20, "P"), "Owner": (0x28, "P"),
+                    "NoOfBuckets": (0x58, "I"), "Buckets": (0x60, "P"), "HashFunction": (0x68, "P"),
+                    "NoOfTraces": (0x70, "P"), "NoOfHits": (0x78, "P"), "HashCounter": (0x80, "16I")}},
+        {"arch": "x86", "size": 0x88,
+         "fields": {"Magic": (0x00, "I"), "Flags": (0x04, "I"), "Tag": (0x08, "I"), "SegmentList": (0x0C, "P"),
+                    "MaximumSize": (0x10, "P"), "CurrentSize": (0x14, "P"), "Owner": (0x18, "P"),
+                    "NoOfBuckets": (0x34, "I"), "Buckets": (0x38, "P"), "HashFunction": (0x3C, "P"),
+                    "NoOfTraces": (0x40, "P"), "NoOfHits": (0x44, "P"), "HashCounter": (0x48, "16I")}},
+    ],
+    SEGMENT_TYPE: [_SEGMENT_X64, _SEGMENT_X86],
+    BLOCK_TYPE: [_BLOCK_X64, _BLOCK_X86],
+})
+
+# ntoskrnl's databases: a different lock moves everything after CurrentSize.
+KERNEL_LAYOUTS = BuiltinLayouts({
+    DATABASE_TYPE: [
+        {"arch": "x64", "size": 0xD8,
+         "fields": {"Magic": (0x00, "I"), "Flags": (0x04, "I"), "Tag": (0x08, "I"), "SegmentList": (0x10, "P"),
+                    "MaximumSize": (0x18, "P"), "CurrentSize": (0x20, "P"), "Owner": (0x30, "P"),
+                    "NoOfBuckets": (0x70, "I"), "Buckets": (0x78, "P"), "HashFunction": (0x80, "P"),
+                    "NoOfTraces": (0x88, "P"), "NoOfHits": (0x90, "P"), "HashCounter": (0x98, "16I")}},
+    ],
+    SEGMENT_TYPE: [_SEGMENT_X64],
+    BLOCK_TYPE: [_BLOCK_X64],
+})
+
+# What differs between the modes besides the layouts.
+MODES = {
+    "user": {"module": "ntdll", "create_flag": 1, "segment_granularity": 0x10000, "builtin": USER_LAYOUTS},
+    "kernel": {"module": "nt", "create_flag": 2, "segment_granularity": 0x1000, "builtin": KERNEL_LAYOUTS},
 }
 
-_BLOCK_X64 = {
-    "size": 0x38,
-    "fields": {"Magic": (0x00, "I"), "Count": (0x04, "I"), "Size": (0x08, "I"),
-               "UserCount": (0x10, "P"), "UserSize": (0x18, "P"), "UserContext": (0x20, "P"),
-               "Next": (0x28, "P"), "Trace": (0x30, "P")},
-}
-
-LAYOUTS = {
-    "user-x64": {
-        "arch": "x64",
-        "mode": "user",
-        "module": "ntdll",
-        "create_flag": 1,           # Create ORs this into the caller's flags
-        "segment_granularity": 0x10000,
-        "database": {
-            "size": 0xC0,
-            "fields": {"Magic": (0x00, "I"), "Flags": (0x04, "I"), "Tag": (0x08, "I"),
-                       "SegmentList": (0x10, "P"), "MaximumSize": (0x18, "P"),
-                       "CurrentSize": (0x20, "P"), "Owner": (0x28, "P"),
-                       "NoOfBuckets": (0x58, "I"), "Buckets": (0x60, "P"),
-                       "HashFunction": (0x68, "P"), "NoOfTraces": (0x70, "P"),
-                       "NoOfHits": (0x78, "P"), "HashCounter": (0x80, "16I")},
-        },
-        "segment": _SEGMENT_X64,
-        "block": _BLOCK_X64,
-    },
-    "kernel-x64": {
-        "arch": "x64",
-        "mode": "kernel",
-        "module": "nt",
-        "create_flag": 2,
-        "segment_granularity": 0x1000,
-        "database": {
-            "size": 0xD8,
-            "fields": {"Magic": (0x00, "I"), "Flags": (0x04, "I"), "Tag": (0x08, "I"),
-                       "SegmentList": (0x10, "P"), "MaximumSize": (0x18, "P"),
-                       "CurrentSize": (0x20, "P"), "Owner": (0x30, "P"),
-                       "NoOfBuckets": (0x70, "I"), "Buckets": (0x78, "P"),
-                       "HashFunction": (0x80, "P"), "NoOfTraces": (0x88, "P"),
-                       "NoOfHits": (0x90, "P"), "HashCounter": (0x98, "16I")},
-        },
-        "segment": _SEGMENT_X64,
-        "block": _BLOCK_X64,
-    },
-    "user-x86": {
-        "arch": "x86",
-        "mode": "user",
-        "module": "ntdll",
-        "create_flag": 1,
-        "segment_granularity": 0x10000,
-        "database": {
-            "size": 0x88,
-            "fields": {"Magic": (0x00, "I"), "Flags": (0x04, "I"), "Tag": (0x08, "I"),
-                       "SegmentList": (0x0C, "P"), "MaximumSize": (0x10, "P"),
-                       "CurrentSize": (0x14, "P"), "Owner": (0x18, "P"),
-                       "NoOfBuckets": (0x34, "I"), "Buckets": (0x38, "P"),
-                       "HashFunction": (0x3C, "P"), "NoOfTraces": (0x40, "P"),
-                       "NoOfHits": (0x44, "P"), "HashCounter": (0x48, "16I")},
-        },
-        "segment": {
-            "size": 0x1C,
-            "fields": {"Magic": (0x00, "I"), "Database": (0x04, "P"), "NextSegment": (0x08, "P"),
-                       "TotalSize": (0x0C, "P"), "SegmentStart": (0x10, "P"),
-                       "SegmentEnd": (0x14, "P"), "SegmentFree": (0x18, "P")},
-        },
-        "block": {
-            "size": 0x20,
-            "fields": {"Magic": (0x00, "I"), "Count": (0x04, "I"), "Size": (0x08, "I"),
-                       "UserCount": (0x0C, "P"), "UserSize": (0x10, "P"),
-                       "UserContext": (0x14, "P"), "Next": (0x18, "P"), "Trace": (0x1C, "P")},
-        },
-    },
-}
-
-LAYOUT_NAMES = sorted(LAYOUTS)
+# The names --layout accepts: a mode's built-in table for one architecture.
+LAYOUT_NAMES = sorted("%s-%s" % (mode, row["arch"]) for mode, facts in MODES.items()
+                      for row in facts["builtin"].table[DATABASE_TYPE])
 
 
-class StructLayout(object):
-    """One structure's fields with struct formats resolved for a pointer size; reads
-    every field from a buffer in one ``unpack_from``."""
+class StructDecoder(object):
+    """One structure's :class:`dbgext.layouts.Layout` compiled into a single
+    ``struct`` that reads every field from a buffer in one ``unpack_from``."""
 
-    def __init__(self, spec, pointer_size):
-        pointer_char = "Q" if pointer_size == 8 else "I"
-        self.size = spec["size"]
+    def __init__(self, layout):
+        self.layout = layout
+        self.size = layout.size
         self.offsets = {}
-        self.formats = {}  # field -> struct format of the field alone
         names = []
         fmt = "<"
         cursor = 0
-        for name, (offset, kind) in sorted(spec["fields"].items(), key=lambda item: item[1][0]):
-            kind = kind.replace("P", pointer_char)
+        for name, (offset, _) in sorted(layout.fields.items(), key=lambda item: item[1][0]):
+            kind = layout.format(name)[1:]
             if offset < cursor:
-                raise ValueError("overlapping field %s at 0x%x" % (name, offset))
+                raise BadInput("%s: field %s at 0x%x overlaps the previous one (from %s)"
+                               % (layout.name, name, offset, layout.source))
             fmt += "%dx" % (offset - cursor) if offset > cursor else ""
             fmt += kind
             cursor = offset + struct.calcsize("<" + kind)
             self.offsets[name] = offset
-            self.formats[name] = "<" + kind
             names.append((name, int(kind[:-1]) if len(kind) > 1 else None))
         self._struct = struct.Struct(fmt)
         # The raw field values in offset order (the fast path for blocks).
@@ -144,25 +140,30 @@ class StructLayout(object):
                 index += 1
         return result
 
-    def field_order(self):
-        return [name for name, _ in self._names]
 
+class TraceLayouts(object):
+    """The three structure layouts of one database, the facts of its mode, and why
+    they were chosen (``reason``, shown in output and JSON)."""
 
-class Layout(object):
-    """A named set of the three structure layouts for one architecture."""
-
-    def __init__(self, name, spec, reason):
+    def __init__(self, name, mode, database, segment, block, reason):
+        facts = MODES[mode]
         self.name = name
+        self.mode = mode
+        self.arch = name.split("-", 1)[1]
+        self.module = facts["module"]
+        self.create_flag = facts["create_flag"]
+        self.segment_granularity = facts["segment_granularity"]
+        self.pointer_size = database.pointer_size
+        self.database = StructDecoder(database)
+        self.segment = StructDecoder(segment)
+        self.block = StructDecoder(block)
         self.reason = reason
-        self.arch = spec["arch"]
-        self.mode = spec["mode"]
-        self.module = spec["module"]
-        self.create_flag = spec["create_flag"]
-        self.segment_granularity = spec["segment_granularity"]
-        self.pointer_size = 8 if self.arch == "x64" else 4
-        self.database = StructLayout(spec["database"], self.pointer_size)
-        self.segment = StructLayout(spec["segment"], self.pointer_size)
-        self.block = StructLayout(spec["block"], self.pointer_size)
+
+    @property
+    def sources(self):
+        """Where each structure's layout came from."""
+        return {"database": self.database.layout.source, "segment": self.segment.layout.source,
+                "block": self.block.layout.source}
 
     @property
     def first_segment_offset(self):
@@ -174,19 +175,85 @@ class Layout(object):
         return self.database.offsets["HashCounter"]
 
 
+def _lookup(target, mode, reason):
+    """The mode's three layouts for ``target`` (type information of ntdll/nt when it
+    has the types, else the mode's built-in table)."""
+    facts = MODES[mode]
+    found = [lookup_layout(target, "%s!%s" % (facts["module"], type_name), facts["builtin"])
+             for type_name in (DATABASE_TYPE, SEGMENT_TYPE, BLOCK_TYPE)]
+    return TraceLayouts("%s-%s" % (mode, target.arch), mode, found[0], found[1], found[2], reason)
+
+
+class _BuiltinOnly(object):
+    """A stand-in target with no type information, so :func:`lookup_layout` answers
+    from the built-in tables: what ``--layout NAME`` asks for."""
+
+    build = None
+    backend = Backend()
+
+    def __init__(self, arch):
+        self.arch = arch
+        self.pointer_size = 8 if arch == "x64" else 4
+
+    def type_size(self, type_name):
+        return None
+
+
 def layout_named(name, reason="chosen with --layout"):
-    if name not in LAYOUTS:
-        raise KeyError(name)
-    return Layout(name, LAYOUTS[name], reason)
+    """The built-in layouts ``--layout NAME`` stands for (``user-x64``, ``kernel-x64``, ``user-x86``)."""
+    if name not in LAYOUT_NAMES:
+        raise BadInput("unknown layout %r (known: %s)" % (name, ", ".join(LAYOUT_NAMES)))
+    mode, arch = name.split("-", 1)
+    return _lookup(_BuiltinOnly(arch), mode, reason)
 
 
-def layout_from_types(name, database_size, database_offsets, reason):
-    """A built-in layout with the database offsets replaced by those from the
-    debugger's type information (``database_offsets``: {field: offset})."""
-    spec = dict(LAYOUTS[name])
-    base = spec["database"]
-    fields = {}
-    for field, (offset, kind) in base["fields"].items():
-        fields[field] = (database_offsets.get(field, offset), kind)
-    spec["database"] = {"size": database_size or base["size"], "fields": fields}
-    return Layout(name, spec, reason)
+def _modes_for(target):
+    return [mode for mode in sorted(MODES) if MODES[mode]["builtin"].find(DATABASE_TYPE, target.arch, None)]
+
+
+def choose_layouts(target, address, requested=None):
+    """The layouts to read the database at ``address`` with, and why.
+
+    Order: ``--layout``; the target's type information for ntdll's or nt's
+    _RTL_TRACE_DATABASE; recognition from memory (the first segment header right
+    after the database header points back to it); else the built-in layout of the
+    target's mode, saying that it is an assumption."""
+    if requested:
+        return layout_named(requested)
+    for mode in _modes_for(target):
+        type_name = "%s!%s" % (MODES[mode]["module"], DATABASE_TYPE)
+        if target.type_size(type_name) is None:
+            continue
+        source = target.type_source(type_name)
+        layouts = _lookup(target, mode, "type information for %s%s" % (type_name, " (%s)" % source if source else ""))
+        # lookup_layout takes type information only when it has every field the
+        # walk reads; otherwise it answered from the built-in table.
+        if layouts.database.layout.source == source:
+            return layouts
+    recognised = recognise_layouts(target, address)
+    if recognised is not None:
+        return recognised
+    info = target.info()
+    mode = "kernel" if info.get("kind") == "kernel-dump" or info.get("mode") == "kernel" else "user"
+    if mode not in _modes_for(target):
+        mode = "user"
+    name = "%s-%s" % (mode, target.arch)
+    return _lookup(target, mode, "no type information and no first segment header recognised after the "
+                                 "database; assuming %s (override with --layout)" % name)
+
+
+def recognise_layouts(target, address):
+    """The layouts whose first segment header (right after the database header) has
+    Database == address and SegmentStart == address, or None."""
+    for mode in _modes_for(target):
+        layouts = _lookup(target, mode, "")
+        segment_address = address + layouts.first_segment_offset
+        try:
+            fields = layouts.segment.unpack(target.read(segment_address, layouts.segment.span))
+        except UnreadableMemory:
+            continue
+        if fields["Database"] == address and fields["SegmentStart"] == address:
+            layouts.reason = ("recognised from memory: the first segment header at +0x%x points back to the "
+                              "database" % layouts.first_segment_offset)
+            return layouts
+    return None

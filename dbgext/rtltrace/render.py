@@ -4,11 +4,8 @@
 to ``dps`` over its frames, a bucket to this command's ``--bucket N`` view.
 """
 
-import heapq
-
 from ..render.output import dml_escape
-from .layouts import BLOCK_MAGIC, DATABASE_MAGIC, HASH_COUNTER_SLOTS, MAX_FRAMES, SEGMENT_MAGIC
-from .validate import statistics
+from .layouts import DATABASE_MAGIC, HASH_COUNTER_SLOTS, MAX_FRAMES
 
 
 class Links(object):
@@ -27,53 +24,11 @@ class Links(object):
     def bucket(self, db, bucket):
         if not self.script:
             return None
-        return "!py %s 0x%x --bucket %d%s" % (self.script, db.address, bucket, self.layout_option(db))
+        return "!py %s 0x%x --bucket 0x%x%s" % (self.script, db.address, bucket, self.layout_option(db))
 
     @staticmethod
     def layout_option(db):
         return " --layout %s" % db.layout.name
-
-
-# -- JSON ------------------------------------------------------------------------------
-
-def database_document(db, blocks=None, selection="all"):
-    """The --json object (see the issue's output contract)."""
-    stats = statistics(db)
-    shown = db.blocks if blocks is None else blocks
-    return {
-        "address": db.address,
-        "arch": db.arch,
-        "layout": db.layout.name,
-        "layout_reason": db.layout.reason,
-        "magic_ok": db.header_read and db.field("Magic") == DATABASE_MAGIC,
-        "magic": db.field("Magic") if db.header_read else None,
-        "flags": db.field("Flags"),
-        "tag": db.field("Tag"),
-        "buckets": db.field("NoOfBuckets"),
-        "buckets_address": db.field("Buckets"),
-        "traces": db.field("NoOfTraces"),
-        "hits": db.field("NoOfHits"),
-        "current_size": db.field("CurrentSize"),
-        "maximum_size": db.field("MaximumSize"),
-        "owner": db.field("Owner"),
-        "hash_function": dict(db.hash_function),
-        "hash_counter": list(db.field("HashCounter", [])),
-        "hash_counter_expected": db.hash_counter_expected,
-        "hash_counter_overflow": db.overflow_traces,
-        "external_finds": db.external_finds,
-        "segments": [segment.as_dict() for segment in db.segments],
-        "blocks_found": len(db.blocks),
-        "statistics": stats,
-        "complete": db.complete,
-        "selection": selection,
-        "trace_list": [block.as_dict() for block in shown],
-        "problems": [problem.as_dict() for problem in db.problems],
-        "notes": list(db.notes),
-    }
-
-
-def candidates_document(candidates):
-    return [candidate.as_dict() for candidate in candidates]
 
 
 # -- text ------------------------------------------------------------------------------
@@ -90,19 +45,12 @@ def render_header(out, target, db):
         return
     magic = db.field("Magic")
     flags = db.field("Flags")
-    flag_names = []
-    if flags & 1:
-        flag_names.append("user-mode create")
-    if flags & 2:
-        flag_names.append("kernel-mode create")
-    if flags & 4:
-        flag_names.append("non-paged segments")
     tag = db.field("Tag")
     tag_text = "".join(chr(b) if 32 <= b < 127 else "." for b in tag.to_bytes(4, "little"))
     hash_info = db.hash_function
     rows = [
         ["Magic", _hex(magic), "ok" if magic == DATABASE_MAGIC else "BAD (expected 0x%x)" % DATABASE_MAGIC],
-        ["Flags", _hex(flags), ", ".join(flag_names)],
+        ["Flags", _hex(flags), ", ".join(db.flag_names)],
         ["Tag", _hex(tag), "'%s'" % tag_text if tag else ""],
         ["SegmentList", target.format_address(db.field("SegmentList")), "%d segments" % len(db.segments)],
         ["MaximumSize", _hex(db.field("MaximumSize")), "unlimited" if not db.field("MaximumSize") else ""],
@@ -119,12 +67,11 @@ def render_header(out, target, db):
 
 
 def render_magic_checks(out, db):
-    segments_ok = sum(1 for segment in db.segments if _segment_magic(db, segment).startswith("ok"))
-    blocks_ok = sum(1 for block in db.blocks if block.magic == BLOCK_MAGIC)
+    stats = db.statistics
     out.line("")
     out.line("Magic checks: database %s, segments %d/%d ok, blocks %d/%d ok"
-             % ("ok" if db.field("Magic") == DATABASE_MAGIC else "BAD", segments_ok, len(db.segments),
-                blocks_ok, len(db.blocks)))
+             % ("ok" if db.magic_ok else "BAD", stats["segments_magic_ok"], len(db.segments),
+                stats["blocks_magic_ok"], len(db.blocks)))
 
 
 def render_segments(out, target, db):
@@ -133,22 +80,14 @@ def render_segments(out, target, db):
         total = segment.total_size
         rows.append([str(index), target.format_address(segment.address), target.format_address(segment.start),
                      target.format_address(segment.end), target.format_address(segment.free),
-                     "0x%x / 0x%x" % (segment.used, total), _segment_magic(db, segment)])
+                     "0x%x / 0x%x" % (segment.used, total), db.segment_magic[segment.address]])
     out.line("")
     out.table(rows, ["#", "segment", "start", "end", "free", "used/total", "magic"],
               title="Segments (newest first):")
 
 
-def _segment_magic(db, segment):
-    if segment.magic == SEGMENT_MAGIC:
-        return "ok"
-    if segment.start == db.address and segment.magic == (SEGMENT_MAGIC + db.overflow_traces) & 0xFFFFFFFF:
-        return "ok (+%d HashCounter overflow)" % db.overflow_traces
-    return "BAD 0x%08x" % segment.magic
-
-
 def render_buckets(out, db):
-    stats = statistics(db)
+    stats = db.statistics
     out.line("")
     out.line("Buckets: %d walked, %d occupied, %d empty, average chain %.2f, longest chain %d (bucket %s)"
              % (stats["buckets_walked"], stats["occupied_buckets"], stats["empty_buckets"],
@@ -174,7 +113,7 @@ def render_buckets(out, db):
 
 
 def render_totals(out, db):
-    stats = statistics(db)
+    stats = db.statistics
     out.line("")
     out.line("Totals: %d traces (%d stored), %d hits (%d stored), %d bytes in blocks, %d bytes in segments"
              % (stats["blocks_found"], db.field("NoOfTraces"), stats["hits_found"], db.field("NoOfHits"),
@@ -201,11 +140,10 @@ def render_traces(out, target, db, blocks, links, title):
     out.table(rows, ["block", "bucket", "count", "depth", "top frame"], links=cell_links, title=title)
 
 
-def render_top_traces(out, target, db, links, top):
-    blocks = heapq.nsmallest(max(0, top), db.blocks, key=lambda block: (-block.count, block.address))
+def render_top_traces(out, target, db, links):
     out.line("")
-    out.line("Top %d traces by hit count:" % len(blocks))
-    for block in blocks:
+    out.line("Top %d traces by hit count:" % len(db.top_traces))
+    for block in db.top_traces:
         render_frames(out, target, db, block, links, indent="    ")
 
 
@@ -246,29 +184,55 @@ def render_bucket(out, target, db, bucket, blocks, links):
 def render_problems(out, target, db, title="Problems"):
     out.line("")
     if db.problems:
-        rows = [[problem.kind, target.format_address(problem.address or 0), problem.detail]
+        rows = [[problem.severity, problem.kind, _where(target, problem), problem.message]
                 for problem in db.problems]
-        out.table(rows, ["kind", "address", "detail"], title="%s (%d):" % (title, len(db.problems)))
+        out.table(rows, ["severity", "kind", "address", "message"], title="%s (%d):" % (title, len(db.problems)))
     else:
         out.line("%s: none%s" % (title, "" if db.complete else " found in what could be read"))
     for note in db.notes:
         out.line("note: %s" % note)
 
 
-def render_summary(out, target, db, links, top=10):
+def _where(target, problem):
+    return "-" if problem.address is None else target.format_address(problem.address)
+
+
+def render_summary(out, target, db, links):
     render_header(out, target, db)
     if db.header_read:
         render_magic_checks(out, db)
         render_segments(out, target, db)
         render_buckets(out, db)
         render_totals(out, db)
-        render_top_traces(out, target, db, links, top)
+        render_top_traces(out, target, db, links)
     render_problems(out, target, db)
 
 
-def render_candidates(out, target, candidates):
+def render_candidates(out, target, search):
     rows = [[target.format_address(c.address), c.layout, str(c.buckets), str(c.traces), str(c.hits),
              str(c.segments) + ("" if not c.segment_problem else " (%s)" % c.segment_problem),
-             _hex(c.current_size)] for c in candidates]
+             _hex(c.current_size)] for c in search.candidates]
     out.table(rows, ["database", "layout", "buckets", "traces", "hits", "segments", "size"],
-              title="Trace databases found: %d" % len(candidates))
+              title="Trace databases found: %d" % len(search.candidates))
+
+
+def render(out, target, db, links, view):
+    """The text view ``view`` (``summary``, ``traces``, ``validate``) of an analyzed
+    database; a trace, bucket or module selection shows that selection."""
+    selection = db.selection
+    if selection.kind == "trace":
+        render_block(out, target, db, selection.blocks[0], links)
+    elif selection.kind == "bucket":
+        render_bucket(out, target, db, selection.bucket, selection.blocks, links)
+    elif selection.kind == "module":
+        render_traces(out, target, db, selection.blocks, links,
+                      "Traces with a frame in %s: %d" % (selection.module.name, len(selection.blocks)))
+    elif view == "traces":
+        render_traces(out, target, db, selection.blocks, links, "Traces (%d, by %s):" % (len(selection.blocks), selection.sort))
+    elif view == "validate":
+        render_header(out, target, db)
+        if db.header_read:
+            render_magic_checks(out, db)
+        render_problems(out, target, db)
+    else:
+        render_summary(out, target, db, links)

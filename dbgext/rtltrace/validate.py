@@ -9,7 +9,6 @@ import bisect
 
 from .hashing import pointer_sum_hash
 from .layouts import BLOCK_MAGIC, DEFAULT_HASH_SYMBOLS, HASH_COUNTER_SLOTS, MIN_BUCKETS, SEGMENT_MAGIC
-from .walk import walk_database
 
 HASH_NAMES = {
     "default": "RtlStackTraceHashFunction (XOR of 16-bit word pairs)",
@@ -17,13 +16,6 @@ HASH_NAMES = {
     "custom": "a custom hash function",
     "unknown": "unknown (no blocks to check placement with)",
 }
-
-
-def analyze(target, address, layout=None):
-    """Walk and validate the database at ``address``: a TraceDatabase with its
-    problems and notes."""
-    db = walk_database(target, address, layout)
-    return validate_database(target, db)
 
 
 def validate_database(target, db):
@@ -34,7 +26,8 @@ def validate_database(target, db):
         _check_blocks(db)
         _check_totals(db)
         _check_hash_counter(db)
-    db.finish_problems()
+        _describe(db)
+    db.problems.finish()
     return db
 
 
@@ -45,7 +38,7 @@ def _field_address(db, name):
 def _check_header(db):
     flags = db.field("Flags")
     if not flags & db.layout.create_flag:
-        db.problem("bad_flags", _field_address(db, "Flags"),
+        db.problems.add("bad_flags", _field_address(db, "Flags"),
                    "Flags 0x%x lacks bit 0x%x that %s's RtlTraceDatabaseCreate always sets"
                    % (flags, db.layout.create_flag, db.layout.module))
 
@@ -70,7 +63,7 @@ def _classify_hash(target, db):
             "checked_blocks": len(checked), "matching_blocks": 0}
     db.hash_function = info
     if address == 0:
-        db.problem("null_hash_function", _field_address(db, "HashFunction"),
+        db.problems.add("null_hash_function", _field_address(db, "HashFunction"),
                    "HashFunction is NULL (Create always sets one)")
     if buckets == 0:
         info["kind"], info["description"] = "unknown", HASH_NAMES["unknown"]
@@ -106,7 +99,7 @@ def _classify_hash(target, db):
     for block in checked:
         expected = block.hash % buckets
         if expected != block.bucket:
-            db.problem("wrong_bucket", block.address, "block is in bucket %d but its frames hash to bucket %d"
+            db.problems.add("wrong_bucket", block.address, "block is in bucket %d but its frames hash to bucket %d"
                        % (block.bucket, expected))
 
 
@@ -123,16 +116,16 @@ def _check_segments(db):
     first = _first_segment(db)
     for segment in db.segments:
         if segment is not first and segment.magic != SEGMENT_MAGIC:
-            db.problem("bad_magic", segment.address, "segment magic 0x%08x, expected 0x%08x"
+            db.problems.add("bad_magic", segment.address, "segment magic 0x%08x, expected 0x%08x"
                        % (segment.magic, SEGMENT_MAGIC))
         if segment.database != db.address:
-            db.problem("segment_database_mismatch", segment.address,
+            db.problems.add("segment_database_mismatch", segment.address,
                        "segment's Database is 0x%x, not this database" % segment.database)
         if segment.free < segment.start:
-            db.problem("segment_free_before_start", segment.address,
+            db.problems.add("segment_free_before_start", segment.address,
                        "SegmentFree 0x%x is below SegmentStart 0x%x" % (segment.free, segment.start))
         if segment.end - segment.start != segment.total_size:
-            db.problem("segment_size_mismatch", segment.address,
+            db.problems.add("segment_size_mismatch", segment.address,
                        "SegmentEnd - SegmentStart = 0x%x but TotalSize = 0x%x"
                        % ((segment.end - segment.start) & ((1 << 64) - 1), segment.total_size))
         if segment.free > segment.end:
@@ -141,21 +134,21 @@ def _check_segments(db):
                         "SegmentFree 0x%x > SegmentEnd 0x%x: Windows lays big bucket arrays out this way"
                         % (db.field("NoOfBuckets"), segment.free, segment.end))
             else:
-                db.problem("segment_free_past_end", segment.address,
+                db.problems.add("segment_free_past_end", segment.address,
                            "SegmentFree 0x%x is past SegmentEnd 0x%x" % (segment.free, segment.end))
     if not db.segment_list_complete:
         return
     if db.segments and db.segments[-1] is not first:
-        db.problem("first_segment_missing", db.segments[-1].address,
+        db.problems.add("first_segment_missing", db.segments[-1].address,
                    "the segment list does not end at the first segment (SegmentStart == database)")
     total = sum(segment.total_size for segment in db.segments)
     if total != db.field("CurrentSize"):
-        db.problem("current_size_mismatch", _field_address(db, "CurrentSize"),
+        db.problems.add("current_size_mismatch", _field_address(db, "CurrentSize"),
                    "CurrentSize 0x%x but the %d segments total 0x%x"
                    % (db.field("CurrentSize"), len(db.segments), total))
     maximum = db.field("MaximumSize")
     if maximum and len(db.segments) > 1 and db.field("CurrentSize") - granularity > maximum:
-        db.problem("maximum_size_exceeded", _field_address(db, "MaximumSize"),
+        db.problems.add("maximum_size_exceeded", _field_address(db, "MaximumSize"),
                    "CurrentSize 0x%x exceeds MaximumSize 0x%x by more than one segment"
                    % (db.field("CurrentSize"), maximum))
 
@@ -171,15 +164,15 @@ def _check_blocks(db):
         size = header_size + (block.size if block.size <= 256 else 0) * pointer_size
         index = bisect.bisect_right(starts, block.address) - 1
         if index < 0 or block.address + size > areas[index][1]:
-            db.problem("block_outside_segments", block.address,
+            db.problems.add("block_outside_segments", block.address,
                        "bucket %d: block is not inside any segment's used area" % block.bucket)
         if block.magic != BLOCK_MAGIC:
             continue  # already reported; its other fields are noise
         if block.trace != block.address + header_size:
-            db.problem("bad_trace_pointer", block.address, "Trace is 0x%x, expected block + 0x%x"
+            db.problems.add("bad_trace_pointer", block.address, "Trace is 0x%x, expected block + 0x%x"
                        % (block.trace, header_size))
         if block.count == 0:
-            db.problem("bad_count", block.address, "bucket %d: Count is 0 (1 on creation)" % block.bucket)
+            db.problems.add("bad_count", block.address, "bucket %d: Count is 0 (1 on creation)" % block.bucket)
         if block.user_count or block.user_size or block.user_context:
             nonzero_user += 1
     if nonzero_user:
@@ -191,12 +184,12 @@ def _check_totals(db):
     found = len(db.blocks)
     stored = db.field("NoOfTraces")
     if found != stored:
-        db.problem("count_mismatch", _field_address(db, "NoOfTraces"),
+        db.problems.add("count_mismatch", _field_address(db, "NoOfTraces"),
                    "NoOfTraces is %d but %d blocks were reached through the buckets%s"
                    % (stored, found, "" if db.complete else " (walk incomplete)"))
     hits = sum(block.count - 1 for block in db.blocks if block.count)
     if db.complete and hits != db.field("NoOfHits"):
-        db.problem("count_mismatch", _field_address(db, "NoOfHits"),
+        db.problems.add("count_mismatch", _field_address(db, "NoOfHits"),
                    "NoOfHits is %d but the blocks' Count - 1 sum to %d" % (db.field("NoOfHits"), hits))
 
 
@@ -206,7 +199,7 @@ def _check_hash_counter(db):
     first = _first_segment(db)
     if buckets < MIN_BUCKETS:
         if first is not None and first.magic != SEGMENT_MAGIC:
-            db.problem("bad_magic", first.address, "first segment magic 0x%08x, expected 0x%08x"
+            db.problems.add("bad_magic", first.address, "first segment magic 0x%08x, expected 0x%08x"
                        % (first.magic, SEGMENT_MAGIC))
         return
     per_range = buckets >> 4
@@ -235,14 +228,14 @@ def _check_hash_counter(db):
                     % (first.magic, SEGMENT_MAGIC, raised, overflow))
             overflow = raised
         else:
-            db.problem("bad_magic", first.address, "first segment magic 0x%08x, expected 0x%08x + %d "
+            db.problems.add("bad_magic", first.address, "first segment magic 0x%08x, expected 0x%08x + %d "
                        "(HashCounter overflow from %d traces in the last buckets)"
                        % (first.magic, SEGMENT_MAGIC, overflow, overflow))
     db.overflow_traces = overflow
     lookups = 2 * db.field("NoOfTraces") + db.field("NoOfHits")
     finds = sum(stored) + overflow - lookups
     if finds < 0:
-        db.problem("hash_counter_mismatch", _field_address(db, "HashCounter"),
+        db.problems.add("hash_counter_mismatch", _field_address(db, "HashCounter"),
                    "sum(HashCounter) + %d = %d is below 2*NoOfTraces + NoOfHits = %d"
                    % (overflow, sum(stored) + overflow, lookups))
     else:
@@ -255,13 +248,29 @@ def _check_hash_counter(db):
     db.hash_counter_expected = expected
     for slot in range(HASH_COUNTER_SLOTS):
         if stored[slot] < expected[slot]:
-            db.problem("hash_counter_mismatch", _field_address(db, "HashCounter") + 4 * slot,
+            db.problems.add("hash_counter_mismatch", _field_address(db, "HashCounter") + 4 * slot,
                        "HashCounter[%d] is %d but the stored blocks account for %d lookups"
                        % (slot, stored[slot], expected[slot]))
 
 
-def statistics(db):
-    """Bucket and size figures for the summary: plain data."""
+FLAG_NAMES = ((1, "user-mode create"), (2, "kernel-mode create"), (4, "non-paged segments"))
+
+
+def _segment_magic(db, segment, first):
+    if segment.magic == SEGMENT_MAGIC:
+        return "ok"
+    if segment is first and segment.magic == (SEGMENT_MAGIC + db.overflow_traces) & 0xFFFFFFFF:
+        return "ok (+%d HashCounter overflow)" % db.overflow_traces
+    return "BAD 0x%08x" % segment.magic
+
+
+def _describe(db):
+    """The derived facts views show: flag names, each segment's magic verdict and
+    the bucket and size statistics."""
+    flags = db.field("Flags")
+    db.flag_names = [name for bit, name in FLAG_NAMES if flags & bit]
+    first = _first_segment(db)
+    db.segment_magic = dict((segment.address, _segment_magic(db, segment, first)) for segment in db.segments)
     lengths = db.chain_lengths
     histogram = {}
     for length in lengths:
@@ -270,7 +279,7 @@ def statistics(db):
     longest_bucket = max(range(len(lengths)), key=lengths.__getitem__) if lengths else None
     header_size = db.layout.block.size
     pointer_size = db.layout.pointer_size
-    return {
+    db.statistics = {
         "buckets_walked": len(lengths),
         "occupied_buckets": occupied,
         "empty_buckets": len(lengths) - occupied,
@@ -283,4 +292,6 @@ def statistics(db):
         "block_bytes": sum(header_size + block.size * pointer_size
                            for block in db.blocks if block.frames_read),
         "segment_bytes": sum(segment.total_size for segment in db.segments),
+        "segments_magic_ok": sum(1 for verdict in db.segment_magic.values() if verdict.startswith("ok")),
+        "blocks_magic_ok": sum(1 for block in db.blocks if block.magic == BLOCK_MAGIC),
     }

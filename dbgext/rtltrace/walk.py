@@ -13,11 +13,10 @@ import contextlib
 import gc
 import struct
 
-from ..errors import BadInput, UnreadableMemory
-from ..problems import CollectsProblems
+from ..errors import UnreadableMemory, WrongSignature
 from ..stackhash import stack_trace_hash
-from .layouts import (BLOCK_MAGIC, DATABASE_MAGIC, LAYOUTS, MAX_BUCKETS, MAX_FRAMES, MIN_BUCKETS,
-                      Layout, layout_from_types, layout_named)
+from .layouts import BLOCK_MAGIC, DATABASE_MAGIC, MAX_BUCKETS, MAX_FRAMES, MIN_BUCKETS, describe_magic
+from .result import TraceBlock, TraceDatabase, Segment
 
 MAX_SEGMENTS = 100000
 MAX_BLOCKS = 1000000
@@ -27,192 +26,6 @@ MAX_BLOCKS = 1000000
 # garbage segment list cannot make the walk read (and hold) gigabytes.
 MAX_BULK_SEGMENT = 16 * 1024 * 1024
 MAX_BULK_TOTAL = 512 * 1024 * 1024
-
-TYPE_NAMES = (("ntdll", "user"), ("nt", "kernel"))
-DATABASE_FIELDS = ("Magic", "Flags", "Tag", "SegmentList", "MaximumSize", "CurrentSize", "Owner",
-                   "NoOfBuckets", "Buckets", "HashFunction", "NoOfTraces", "NoOfHits", "HashCounter")
-
-
-
-class Segment(object):
-    """One RTL_TRACE_SEGMENT header, plus where its blocks may lie."""
-
-    __slots__ = ("address", "magic", "database", "next", "total_size", "start", "end", "free",
-                 "payload_start", "extent_end")
-
-    def __init__(self, address, fields):
-        self.address = address
-        self.magic = fields["Magic"]
-        self.database = fields["Database"]
-        self.next = fields["NextSegment"]
-        self.total_size = fields["TotalSize"]
-        self.start = fields["SegmentStart"]
-        self.end = fields["SegmentEnd"]
-        self.free = fields["SegmentFree"]
-        self.payload_start = self.start  # where blocks may begin (set by the walker)
-        self.extent_end = self.end        # end of the allocation (first segment: rounded up)
-
-    @property
-    def used(self):
-        return max(0, self.free - self.payload_start)
-
-    def as_dict(self):
-        return {"address": self.address, "magic": self.magic, "database": self.database,
-                "next": self.next, "start": self.start, "end": self.end, "free": self.free,
-                "total_size": self.total_size, "used": self.used}
-
-
-class TraceBlock(object):
-    """One stored stack trace; ``bucket`` is the bucket whose chain reached it and
-    ``hash`` the default hash of its frames (None when the frames were not read).
-
-    ``frames`` (a tuple of return addresses, or None when unreadable) is decoded
-    on first use: validation needs only the hash, which the walk computes from
-    the raw bytes, and decoding 100,000 frame arrays up front would be a third
-    of a full walk."""
-
-    __slots__ = ("address", "magic", "count", "size", "user_count", "user_size", "user_context",
-                 "next", "trace", "bucket", "hash", "_frames", "_frame_buffer", "_frame_offset",
-                 "_frame_decoder")
-
-    def __init__(self, address, bucket, fields):
-        """``fields``: the header in offset order (Magic, Count, Size, UserCount,
-        UserSize, UserContext, Next, Trace)."""
-        self.address = address
-        self.bucket = bucket
-        (self.magic, self.count, self.size, self.user_count, self.user_size, self.user_context,
-         self.next, self.trace) = fields
-        self.hash = None
-        self._frames = None
-        self._frame_decoder = None
-
-    @property
-    def frames(self):
-        if self._frame_decoder is not None:
-            self._frames = self._frame_decoder.unpack_from(self._frame_buffer, self._frame_offset)
-            self._frame_decoder = self._frame_buffer = None
-        return self._frames
-
-    @frames.setter
-    def frames(self, value):
-        self._frames = value
-        self._frame_decoder = self._frame_buffer = None
-
-    def defer_frames(self, buffer, offset, decoder):
-        """Frames to decode later with ``decoder`` (a struct.Struct) at ``offset``
-        (three slots rather than one tuple: 100,000 fewer objects to allocate and
-        for the garbage collector to track)."""
-        self._frame_buffer = buffer
-        self._frame_offset = offset
-        self._frame_decoder = decoder
-
-    @property
-    def frames_read(self):
-        return self._frames is not None or self._frame_decoder is not None
-
-    def as_dict(self):
-        return {"address": self.address, "bucket": self.bucket, "count": self.count,
-                "depth": self.size, "frames": list(self.frames or ())}
-
-
-class TraceDatabase(CollectsProblems):
-    """Everything read from one database, plus what the validator adds."""
-
-    def __init__(self, address, layout):
-        super().__init__()
-        self.address = address
-        self.layout = layout
-        self.header = {}
-        self.header_read = False
-        self.segments = []
-        self.segment_list_complete = True  # False when the list walk stopped early
-        self.blocks = []
-        self.chain_lengths = []       # per walked bucket
-        self.buckets_walked = 0
-        self.complete = True          # False when anything stopped the walk early
-        self.notes = []
-        # Filled by the validator:
-        self.hash_function = {}
-        self.hash_counter_expected = None
-        self.overflow_traces = 0      # m: new traces whose HashCounter slot was 16
-        self.external_finds = None    # F
-
-    @property
-    def arch(self):
-        return self.layout.arch
-
-    def field(self, name, default=0):
-        return self.header.get(name, default)
-
-
-    def note(self, text):
-        self.notes.append(text)
-
-
-# -- layout selection --------------------------------------------------------------
-
-def choose_layout(target, address, requested=None):
-    """The layout to read ``address`` with, and why (``Layout.reason``).
-
-    Order: ``--layout``; the debugger's type information for _RTL_TRACE_DATABASE;
-    recognition from memory (the first segment header right after the database
-    header points back to it); else the arch's user layout, saying it is a guess."""
-    if requested:
-        if requested not in LAYOUTS:
-            raise BadInput("unknown layout %r (known: %s)" % (requested, ", ".join(sorted(LAYOUTS))))
-        return layout_named(requested, "chosen with --layout")
-    from_types = _layout_from_types(target)
-    if from_types is not None:
-        return from_types
-    recognised = recognise_layout(target, address)
-    if recognised is not None:
-        return recognised
-    info = target.info()
-    mode = "kernel" if info.get("kind") == "kernel-dump" or info.get("mode") == "kernel" else "user"
-    name = "%s-%s" % (mode, target.arch)
-    if name not in LAYOUTS:
-        name = "user-%s" % target.arch
-    return layout_named(name, "no type information and no first segment header recognised "
-                              "after the database; assuming %s (override with --layout)" % name)
-
-
-def _layout_from_types(target):
-    for module, mode in TYPE_NAMES:
-        type_name = "%s!_RTL_TRACE_DATABASE" % module
-        if target.field_offset(type_name, "NoOfBuckets") is None:
-            continue
-        name = "%s-%s" % (mode, target.arch)
-        if name not in LAYOUTS:
-            continue
-        offsets = {}
-        for field in DATABASE_FIELDS:
-            offset = target.field_offset(type_name, field)
-            if offset is not None:
-                offsets[field] = offset
-        return layout_from_types(name, target.type_size(type_name), offsets,
-                                 "type information for %s" % type_name)
-    return None
-
-
-def recognise_layout(target, address):
-    """The layout whose first segment header (right after the database header) has
-    Database == address and SegmentStart == address, or None."""
-    for name in sorted(LAYOUTS):
-        spec = LAYOUTS[name]
-        if spec["arch"] != target.arch:
-            continue
-        layout = Layout(name, spec, "")
-        segment_address = address + layout.first_segment_offset
-        try:
-            data = target.read(segment_address, layout.segment.span)
-        except UnreadableMemory:
-            continue
-        fields = layout.segment.unpack(data)
-        if fields["Database"] == address and fields["SegmentStart"] == address:
-            layout.reason = ("recognised from memory: the first segment header at +0x%x points back "
-                             "to the database" % layout.first_segment_offset)
-            return layout
-    return None
 
 
 # -- the walk ----------------------------------------------------------------------
@@ -280,11 +93,12 @@ class _SegmentMemory(object):
         return None
 
 
-def read_header(target, db):
+def read_header(target, db, force=False):
+    """Read the header; a wrong magic is refused (WrongSignature) unless ``force``."""
     layout = db.layout
     partial = target.try_read(db.address, layout.database.size)
     if partial.holes:
-        db.problem("unreadable", partial.holes[0][0],
+        db.problems.add("unreadable", partial.holes[0][0],
                    "database header (0x%x bytes at 0x%x) is not fully readable"
                    % (layout.database.size, db.address))
         db.complete = False
@@ -292,8 +106,10 @@ def read_header(target, db):
     db.header = layout.database.unpack(partial.data)
     db.header_read = True
     if db.header["Magic"] != DATABASE_MAGIC:
-        db.problem("bad_magic", db.address, "database magic 0x%08x, expected 0x%08x"
-                   % (db.header["Magic"], DATABASE_MAGIC))
+        if not force:
+            raise WrongSignature("RTL_TRACE_DATABASE", db.address, describe_magic(db.header["Magic"]))
+        db.problems.add("bad_magic", db.address, "database magic 0x%08x, expected 0x%08x"
+                        % (db.header["Magic"], DATABASE_MAGIC))
     return True
 
 
@@ -303,13 +119,13 @@ def walk_segments(target, db, max_segments=MAX_SEGMENTS):
     address = db.field("SegmentList")
     while address:
         if address in seen:
-            db.problem("segment_cycle", address, "segment list returns to 0x%x after %d segments"
+            db.problems.add("segment_cycle", address, "segment list returns to 0x%x after %d segments"
                        % (address, len(db.segments)))
             db.complete = False
             db.segment_list_complete = False
             return
         if len(db.segments) >= max_segments:
-            db.problem("segment_limit", address, "stopped after %d segments" % max_segments)
+            db.problems.add("segment_limit", address, "stopped after %d segments" % max_segments)
             db.complete = False
             db.segment_list_complete = False
             return
@@ -317,7 +133,7 @@ def walk_segments(target, db, max_segments=MAX_SEGMENTS):
         try:
             data = target.read(address, layout.segment.span)
         except UnreadableMemory as error:
-            db.problem("unreadable", error.address, "segment header at 0x%x (segment %d of the list)"
+            db.problems.add("unreadable", error.address, "segment header at 0x%x (segment %d of the list)"
                        % (address, len(db.segments)))
             db.complete = False
             db.segment_list_complete = False
@@ -357,7 +173,7 @@ def read_buckets(target, db):
     """Bucket head pointers (a list; unreadable heads are 0 and reported)."""
     count = db.field("NoOfBuckets")
     if count < MIN_BUCKETS or count > MAX_BUCKETS:
-        db.problem("bad_bucket_count", db.address + db.layout.database.offsets["NoOfBuckets"],
+        db.problems.add("bad_bucket_count", db.address + db.layout.database.offsets["NoOfBuckets"],
                    "NoOfBuckets is %d (Windows uses %d..0x%x)" % (count, MIN_BUCKETS, MAX_BUCKETS))
         count = min(count, MAX_BUCKETS)
         if count < db.field("NoOfBuckets"):
@@ -367,7 +183,7 @@ def read_buckets(target, db):
         return []
     buckets = db.field("Buckets")
     if buckets == 0:
-        db.problem("null_buckets", db.address + db.layout.database.offsets["Buckets"],
+        db.problems.add("null_buckets", db.address + db.layout.database.offsets["Buckets"],
                    "Buckets pointer is NULL with %d buckets" % count)
         db.complete = False
         return []
@@ -375,7 +191,7 @@ def read_buckets(target, db):
     partial = target.try_read(buckets, size)
     pointer_size = db.layout.pointer_size
     for start, end in partial.holes:
-        db.problem("unreadable", start, "bucket array: buckets %d..%d are unreadable"
+        db.problems.add("unreadable", start, "bucket array: buckets %d..%d are unreadable"
                    % ((start - buckets) // pointer_size, (end - 1 - buckets) // pointer_size))
         db.complete = False
     fmt = "<%d%s" % (count, "Q" if pointer_size == 8 else "I")
@@ -422,15 +238,15 @@ def walk_chains(db, heads, memory, max_blocks=MAX_BLOCKS):
         while address:
             if address in owner:
                 if owner[address] == bucket:
-                    db.problem("bucket_cycle", address, "bucket %d: chain loops back to 0x%x after %d blocks"
+                    db.problems.add("bucket_cycle", address, "bucket %d: chain loops back to 0x%x after %d blocks"
                                % (bucket, address, length))
                 else:
-                    db.problem("bucket_cross_link", address, "bucket %d: chain joins bucket %d's chain at 0x%x"
+                    db.problems.add("bucket_cross_link", address, "bucket %d: chain joins bucket %d's chain at 0x%x"
                                % (bucket, owner[address], address))
                 db.complete = False
                 break
             if len(blocks) >= max_blocks:
-                db.problem("block_limit", address, "stopped after %d blocks" % max_blocks)
+                db.problems.add("block_limit", address, "stopped after %d blocks" % max_blocks)
                 db.complete = False
                 break
             span = span_of_page(address >> 12)
@@ -442,7 +258,7 @@ def walk_chains(db, heads, memory, max_blocks=MAX_BLOCKS):
                 else:
                     fields = unpack_header(target.read(address, header_span))
             except UnreadableMemory as error:
-                db.problem("unreadable", error.address, "bucket %d: block 0x%x (linked from 0x%x) is unreadable"
+                db.problems.add("unreadable", error.address, "bucket %d: block 0x%x (linked from 0x%x) is unreadable"
                            % (bucket, address, came_from))
                 db.complete = False
                 break
@@ -451,7 +267,7 @@ def walk_chains(db, heads, memory, max_blocks=MAX_BLOCKS):
             blocks.append(block)
             length += 1
             if block.magic != BLOCK_MAGIC:
-                db.problem("bad_magic", address, "bucket %d: block magic 0x%08x, expected 0x%08x "
+                db.problems.add("bad_magic", address, "bucket %d: block magic 0x%08x, expected 0x%08x "
                            "(chain not followed further)" % (bucket, block.magic, BLOCK_MAGIC))
                 db.complete = False
                 break
@@ -473,13 +289,13 @@ def walk_chains(db, heads, memory, max_blocks=MAX_BLOCKS):
                 else:
                     partial = target.try_read(frames_address, frames_end - frames_address)
                     if partial.holes:
-                        db.problem("unreadable", partial.holes[0][0], "bucket %d: frames of block 0x%x are "
+                        db.problems.add("unreadable", partial.holes[0][0], "bucket %d: frames of block 0x%x are "
                                    "unreadable" % (bucket, address))
                     else:
                         block.frames = frame_structs[size].unpack(partial.data)
                         block.hash = stack_trace_hash(partial.data)
             else:
-                db.problem("bad_block_size", address, "bucket %d: block Size %d (1..%d frames expected); "
+                db.problems.add("bad_block_size", address, "bucket %d: block Size %d (1..%d frames expected); "
                            "frames not read" % (bucket, size, MAX_FRAMES))
             came_from = address
             address = block.next
@@ -487,13 +303,12 @@ def walk_chains(db, heads, memory, max_blocks=MAX_BLOCKS):
     db.buckets_walked = len(heads)
 
 
-def walk_database(target, address, layout=None, max_blocks=MAX_BLOCKS):
-    """Read the database at ``address`` (layout: a name, or None to choose)."""
-    chosen = choose_layout(target, address, layout)
-    db = TraceDatabase(address, chosen)
-    if chosen.arch != target.arch:
-        db.note("layout %s is for %s but the target is %s" % (chosen.name, chosen.arch, target.arch))
-    if not read_header(target, db):
+def walk_database(target, address, layouts, force=False, max_blocks=MAX_BLOCKS):
+    """Read the database at ``address`` with ``layouts`` (a TraceLayouts)."""
+    db = TraceDatabase(address, layouts)
+    if layouts.arch != target.arch:
+        db.note("layout %s is for %s but the target is %s" % (layouts.name, layouts.arch, target.arch))
+    if not read_header(target, db, force):
         return db
     walk_segments(target, db)
     memory = _SegmentMemory(target)
