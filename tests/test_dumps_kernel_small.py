@@ -365,3 +365,21 @@ def test_db_outside_the_saved_parts_shows_unreadable_bytes(written):
     _, _, path = written
     code, text = run(["db", "--dump", path, "%x" % NT_BASE, "L10"])
     assert code in (0, 1) and "??" in text or "unreadable" in text
+
+
+def test_partly_held_pages_name_the_bytes_they_hold(written):
+    dump, _, path = written
+    partial = dbgext.open(path).backend.partial_pages()
+    stack_page = STACK_POINTER & ~0xFFF
+    assert partial[stack_page] == ((STACK_POINTER, stack_page + PAGE_SIZE),)
+    assert partial[FAULT_BLOCK & ~0xFFF] == ((FAULT_BLOCK, (FAULT_BLOCK | 0xFFF) + 1),)
+    assert DATA_PAGE not in partial
+
+
+@pytest.mark.skipif(not hasattr(dbgext.target.Backend, "partial_pages"),
+                    reason="Target does not yet honour Backend.partial_pages()")
+def test_bytes_below_the_stack_pointer_are_unreadable(written):
+    _, _, path = written
+    target = dbgext.open(path)
+    assert not target.is_readable(STACK_POINTER - 8, 8)
+    assert target.is_readable(STACK_POINTER, 8)

@@ -15,9 +15,9 @@ address space:
   Thread.ApcState.Process, sized by KDDEBUGGER_DATA64's SizePrcb, SizeEThread
   and SizeEProcess.
 
-Everything else is unreadable, at byte granularity in ``mapped_ranges`` (pages
-partly covered are served with the uncovered bytes zero-filled, because the
-Target works in whole pages).  Modules come from the driver list and its string
+Everything else is unreadable, at byte granularity: pages partly covered are
+served with the uncovered bytes zero-filled and named by ``partial_pages``, which
+the Target honours as it does for minidumps.  Modules come from the driver list and its string
 pool; the bug check and the crashing context from the header.  A part that lies
 outside the file, overlaps another or names a string outside the pool is a
 reported problem; the rest of the dump stays usable.
@@ -33,6 +33,7 @@ from ..layouts.dump_formats import (
     TRIAGE_VALID)
 from .base import PAGE_SIZE, Module
 from .kdump import KernelDumpBase, debugger_module_name, unpack_context, unpack_exception
+from .minidump import _partial_pages  # the one partial-page rule, shared with minidumps
 
 TRIAGE_FIELDS = sorted((name for name in TRIAGE_DUMP64 if name not in ("offset", "size")),
                        key=lambda name: TRIAGE_DUMP64[name])
@@ -231,6 +232,12 @@ class TriageDumpBackend(KernelDumpBase):
             else:
                 merged.append((start, end))
         return merged
+
+    def partial_pages(self):
+        """{page address: ((start, end), ...)}: the pages the dump holds only part
+        of (a stack copy starts at the stack pointer, data blocks anywhere), with
+        the ranges it does hold; ``read_page`` zero-fills the rest."""
+        return _partial_pages(self.mapped_ranges())
 
     # -- what the dump says ------------------------------------------------------------
 
