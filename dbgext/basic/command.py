@@ -90,13 +90,27 @@ def _run_lm(ctx, args):
         pattern = args.filter[1]
     target = ctx.target
     modules = list_modules(target, pattern)
+    symbols = target.symbols
     if args.json:
-        ctx.out.json({"command": "lm", "modules": [module.as_dict() for module in modules]})
+        documents = []
+        for module in modules:
+            document = module.as_dict()
+            document.update(symbols=symbols.status(module.name), symbol_file=symbols.symbol_file(module.name))
+            documents.append(document)
+        ctx.out.json({"command": "lm", "modules": documents})
         return 0
-    rows = [[target.format_address(m.start), target.format_address(m.end), m.name, m.image] for m in modules]
+    rows = [[target.format_address(m.start), target.format_address(m.end), m.name, m.image,
+             _symbol_column(symbols, m.name)] for m in modules]
     links = {(index, 2): "lmvm %s" % m.name for index, m in enumerate(modules)}
-    ctx.out.table(rows, ["start", "end", "module name", "image"], links=links)
+    ctx.out.table(rows, ["start", "end", "module name", "image", "symbols"], links=links)
     return 0
+
+
+def _symbol_column(symbols, module_name):
+    """WinDbg's ``(pdb symbols)  C:\\sym\\nt.pdb`` / ``(export symbols)`` / ``(no symbols)``."""
+    path = symbols.symbol_file(module_name)
+    status = "(%s)" % symbols.status(module_name)
+    return "%s  %s" % (status, path) if path else status
 
 
 COMMANDS = [

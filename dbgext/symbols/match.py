@@ -125,13 +125,36 @@ class PdbModuleSymbols(ModuleSymbols):
 
 
 class ExportSymbols(ModuleSymbols):
-    """Names from the module's export table (what WinDbg calls export symbols)."""
+    """Names from the module's export table (what WinDbg calls export symbols),
+    read from target memory on first use — knowing that a module has exports
+    (for ``lm``) costs only its header page."""
 
     status = EXPORT_SYMBOLS
+
+    def __init__(self, target, module, pointer_size):
+        self.module_name = module.name
+        self.types = {}
+        self.base_types = {}
+        self.path = None
+        self.pointer_size = pointer_size
+        self._target = target
+        self._module = module
+        self._symbols = None
+        self._sorted = None
 
     @property
     def source(self):
         return "exports %s" % self.module_name
+
+    @property
+    def symbols(self):
+        if self._symbols is None:
+            try:
+                exports = PEImage.from_target(self._target, self._module).exports
+            except DbgextError:
+                exports = {}
+            self._symbols = dict((name, rva) for rva, name in exports.items())
+        return self._symbols
 
 
 def locate_module_symbols(target, module, locator, table):
@@ -145,23 +168,8 @@ def locate_module_symbols(target, module, locator, table):
             pdb = locator.find_pdb(codeview, table.report)
             if pdb is not None:
                 return PdbModuleSymbols(module.name, pdb, table.report)
-    return module_exports(target, module, headers)
-
-
-def module_exports(target, module, headers):
     rva, size = headers.directory(DIRECTORY_EXPORT)
-    if not rva or not size:
-        return None
-    try:
-        image = PEImage.from_target(target, module)
-        exports = image.exports
-    except DbgextError:
-        return None
-    if not exports:
-        return None
-    symbols = ExportSymbols(module.name, dict((name, export_rva) for export_rva, name in exports.items()))
-    symbols.pointer_size = headers.pointer_size
-    return symbols
+    return ExportSymbols(target, module, headers.pointer_size) if rva and size else None
 
 
 def pe_file_symbols(image, locator, report):

@@ -98,7 +98,7 @@ def pdb_type_text(types, index, depth=0):
     if kind == "pointer":
         pointee = types.resolve(types.get(record.element))
         if pointee.kind == "procedure":
-            return "Ptr%d     %s " % (record.size * 8, pdb_type_text(types, pointee.element, depth + 1))
+            return "Ptr%d     %s" % (record.size * 8, pdb_type_text(types, pointee.element, depth + 1))
         return "Ptr%d %s" % (record.size * 8, pdb_type_text(types, record.element, depth + 1))
     if kind == "modifier":
         return pdb_type_text(types, record.element, depth + 1)

@@ -24,12 +24,19 @@ import json
 import os
 import sys
 
-from ..errors import BadInput
+from ..errors import BadInput, DbgextError
 from ..problems import ProblemLog
 from ..symbols.isf import is_isf_name, parse_isf, read_isf_file
 from ..symbols.types import isf_type_view
 
 PDB_SYMBOLS, ISF_SYMBOLS, EXPORT_SYMBOLS, NO_SYMBOLS = "pdb symbols", "isf symbols", "export symbols", "no symbols"
+
+KERNEL_MODULE = "nt"
+# Kernel dump header facts (Target.info() keys) that are addresses of nt globals.
+HEADER_GLOBALS = {"ps_loaded_module_list": "PsLoadedModuleList", "ps_active_process_head": "PsActiveProcessHead",
+                  "kd_debugger_data_block": "KdDebuggerDataBlock"}
+# KDDEBUGGER_DATA64 fields that are not the address of a global of that name.
+NOT_GLOBALS = ("KernBase", "OwnerTag", "Size", "ThCallbackStack", "NextCallback", "FramePointer", "PaeEnabled")
 
 
 class ModuleSymbols(object):
@@ -154,6 +161,7 @@ class SymbolTable(object):
         for module_symbols in per_module or ():
             self.add(module_symbols)
         self._located = {}     # lower-case module name -> ModuleSymbols or None, found on demand
+        self._dump_globals = None
         self._locator = locator
         self._target = None
         self._modules = []
@@ -250,7 +258,34 @@ class SymbolTable(object):
             table = self._table(module)
             if table is not None and symbol in table.symbols:
                 return module.base + table.symbols[symbol]
+        if "!" not in name or name.split("!", 1)[0].lower() == KERNEL_MODULE:
+            return self.dump_globals().get(symbol)
         return None
+
+    def dump_globals(self):
+        """{name: address} of kernel globals the dump itself records (its header
+        and KDDEBUGGER_DATA64): ``nt!PsLoadedModuleList`` works without symbols."""
+        if self._dump_globals is None:
+            self._dump_globals = {}
+            kernel = self._module_by_name(KERNEL_MODULE)
+            if self._target is None or kernel is None:
+                return self._dump_globals
+            try:
+                info = self._target.info()
+            except DbgextError:
+                return self._dump_globals
+            found = {}
+            debugger_data = info.get("debugger_data")
+            if isinstance(debugger_data, dict) and isinstance(debugger_data.get("fields"), dict):
+                # Offsets and sizes share the block with addresses: only addresses inside nt count.
+                for field, value in debugger_data["fields"].items():
+                    if field not in NOT_GLOBALS and isinstance(value, int) and kernel.contains(value):
+                        found[field] = value
+            for key, field in HEADER_GLOBALS.items():
+                if isinstance(info.get(key), int) and info[key]:
+                    found[field] = info[key]
+            self._dump_globals = found
+        return self._dump_globals
 
     def nearest(self, address):
         """(module, symbol name, rva of the symbol) at or below ``address``, with
@@ -287,7 +322,7 @@ class SymbolTable(object):
 
     # -- types ---------------------------------------------------------------------------
 
-    def _type_owner(self, type_name):
+    def type_owner(self, type_name):
         """(ModuleSymbols, bare type name) of the module that has the type, or (None, name)."""
         if "!" in type_name:
             module_name, bare = type_name.split("!", 1)
@@ -302,24 +337,24 @@ class SymbolTable(object):
         return None, type_name
 
     def type_view(self, type_name):
-        table, bare = self._type_owner(type_name)
+        table, bare = self.type_owner(type_name)
         return table.type_view(bare) if table is not None else None
 
     def type_size(self, type_name):
-        table, bare = self._type_owner(type_name)
+        table, bare = self.type_owner(type_name)
         return table.type_size(bare) if table is not None else None
 
     def field_offset(self, type_name, field_path):
-        table, bare = self._type_owner(type_name)
+        table, bare = self.type_owner(type_name)
         return table.field_offset(bare, field_path) if table is not None else None
 
     def type_source(self, type_name):
-        table, _ = self._type_owner(type_name)
+        table, _ = self.type_owner(type_name)
         return table.source if table is not None else None
 
     def type_layout(self, type_name):
         """A :class:`dbgext.layouts.Layout` of the type from this table, or None."""
-        table, bare = self._type_owner(type_name)
+        table, bare = self.type_owner(type_name)
         found = table.layout(bare) if table is not None else None
         if found is None:
             return None
