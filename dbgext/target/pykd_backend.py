@@ -16,7 +16,7 @@ import re
 
 from ..errors import DbgextError
 from .base import PAGE_SIZE, Backend, Module, Target
-from .symbols import SymbolTable
+from .symbols import EXPORT_SYMBOLS, NO_SYMBOLS, PDB_SYMBOLS, ModuleSymbols, SymbolTable
 
 # One loadBytes call covers at most this many pages (pykd's count is 32-bit and a
 # huge list of ints costs memory; 1 MiB runs keep calls few and lists modest).
@@ -176,9 +176,38 @@ class PykdSymbols(SymbolTable):
     def empty(self):
         return False
 
-    def module_symbols(self, module_name):
-        """No ISF tables behind the debugger's symbols."""
-        return None
+    def _locate(self, module):
+        """The module's symbols as the debugger has them (its PDB, or exports), from
+        one ``enumSymbols`` per module, kept: stackuse, ln and x then name the
+        functions WinDbg names, not only the exported ones."""
+        pykd = self.pykd
+        try:
+            handle = pykd.module(module.name)
+            entries = handle.enumSymbols("*")
+        except pykd.DbgException:
+            return None
+        symbols = {}
+        for name, address in entries:
+            rva = (address & self._address_mask) - module.base
+            if 0 <= rva < module.size:
+                symbols.setdefault(name, rva)
+        table = ModuleSymbols(module.name, symbols)
+        table.path = self._symbol_file(handle)
+        table.status = debugger_status(table.path, symbols)
+        return table
+
+    def _symbol_file(self, handle):
+        try:
+            return handle.symfile() or None
+        except self.pykd.DbgException:
+            return None
+
+    def type_owner(self, type_name):
+        """Types come from the debugger (type_size, field_offset), not from tables."""
+        return None, type_name
+
+    def type_source(self, type_name):
+        return "debugger"
 
     def address(self, name):
         if name not in self._addresses:
@@ -231,6 +260,13 @@ class PykdSymbols(SymbolTable):
             except (pykd.DbgException, AttributeError, KeyError):
                 self._field_offsets[key] = None
         return self._field_offsets[key]
+
+
+def debugger_status(symbol_file, symbols):
+    """WinDbg's lm column for a module the debugger loaded symbols for."""
+    if symbol_file and symbol_file.lower().endswith(".pdb"):
+        return PDB_SYMBOLS
+    return EXPORT_SYMBOLS if symbols else NO_SYMBOLS
 
 
 def _with_hex_prefix(text):

@@ -220,7 +220,7 @@ UNSUPPORTED = {
 
 # Class members the fake leaves out, with the reason (the surface test reads this).
 OMITTED_MEMBERS = {
-    "module": {"reload": "changes the debugger session", "symfile": "no symbol files",
+    "module": {"reload": "changes the debugger session",
                "queryVersion": "no version resources", "getVersion": "no version resources",
                "getFixedFileInfo": "no version resources", "typedVarList": "use pykd.typedVarList",
                "typedVarArray": "use pykd.typedVarArray", "containingRecord": "use pykd.containingRecord",
@@ -1109,6 +1109,14 @@ def _build_module(session):
         def enumTypes(self, mask="*"):
             table = session.module_symbols(self._module)
             return [name for name in sorted(table.types) if fnmatch.fnmatchcase(name, mask)] if table else []
+
+        def symfile(self):
+            """The debugger's symbol file: a module the scenario has symbols for is
+            one WinDbg loaded a PDB for; the others have none ("")."""
+            table = session.module_symbols(self._module)
+            if table is None or not table.symbols:
+                return ""
+            return "c:\\symbols\\%s.pdb" % self._module.image.rsplit(".", 1)[0]
 
         def hasSymbol(self, name):
             table = session.module_symbols(self._module)
