@@ -25,6 +25,7 @@ COMMAND_MODULES = [
     ("dbgext.etwcache.command", ("etwstacks",)),
     ("dbgext.ipt.command", ("ipt",)),
     ("dbgext.stackuse.command", ("stackuse",)),
+    ("dbgext.stacks.command", ("k",)),
     ("dbgext.triage.command", ("triage",)),
     ("dbgext.dumpinfo.command", ("dumpinfo",)),
     ("dbgext.symbols.command", ("ln", "x", "dt")),

@@ -18,14 +18,17 @@ from ..pe import PEImage
 class ModuleCode(object):
     """A module's image (or None) and its RUNTIME_FUNCTIONs sorted by begin RVA."""
 
-    __slots__ = ("module", "image", "entries", "begins", "info_cache")
+    __slots__ = ("module", "image", "entries", "begins", "info_cache", "corrupt")
 
-    def __init__(self, module, image, entries):
+    def __init__(self, module, image, entries, corrupt=False):
         self.module = module
         self.image = image
         self.entries = entries
         self.begins = [entry[0] for entry in entries]
         self.info_cache = {}  # unwind rva -> UnwindInfo
+        # Entries were dropped: a function without one may have lost it rather
+        # than be a leaf, so the walker scans there instead of popping [rsp].
+        self.corrupt = corrupt
 
     @property
     def has_unwind_data(self):
@@ -70,7 +73,7 @@ class Images(object):
 
     def _load(self, module):
         image = self._from_target(module)
-        entries = self._entries(image) if image is not None else []
+        entries, corrupt = self._entries(image) if image is not None else ([], False)
         if not entries and self.image_loader is not None:
             try:
                 loaded = self.image_loader(module)
@@ -78,11 +81,12 @@ class Images(object):
                 self.problems.add("image_file_unreadable", module.base, str(error), "warning")
                 loaded = None
             if loaded is not None and loaded.arch == self.target.arch:
-                image, entries = loaded, self._entries(loaded)
+                image = loaded
+                entries, corrupt = self._entries(loaded)
         if image is not None and not entries and image.arch == "x64":
             self.problems.add("no_unwind_data", module.base, "%s has no readable unwind data (.pdata): its "
                               "frames are found by scanning" % module.name, "warning")
-        return ModuleCode(module, image, entries)
+        return ModuleCode(module, image, entries, corrupt)
 
     def _from_target(self, module):
         try:
@@ -92,7 +96,8 @@ class Images(object):
             return None
 
     def _entries(self, image):
-        """The image's .pdata, sorted, without impossible entries (reported once)."""
+        """(the image's .pdata sorted without impossible entries, whether any were
+        dropped); dropped entries are reported once."""
         self.problems.extend(problem for problem in image.problems if problem.kind != "pe_truncated")
         entries = []
         bad = 0
@@ -106,7 +111,7 @@ class Images(object):
             self.problems.add("pdata_corrupt", image.image_base,
                               "%s: %d of %d .pdata entries are impossible (outside the image, empty or "
                               "overlapping) and were ignored" % (image.name, bad, bad + len(entries)))
-        return entries
+        return entries, bool(bad)
 
 
 def images_from_directories(directories):

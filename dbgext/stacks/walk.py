@@ -152,30 +152,35 @@ class Unwinder(object):
     def _step(self, frame, module, registers, problems, bounds):
         """(caller registers, how the caller was found, return slot, machine frame) or None."""
         target = self.target
+        step = None
         try:
             if target.arch == "x64" and module is not None:
-                code = self.images.code_for(module)
-                if code.has_unwind_data:
-                    return self._unwind_x64(code, module, registers, problems, frame)
+                step = self._unwind_x64(module, registers, problems, frame)
             elif target.arch == "x86" and (module is not None or frame.index == 0):
                 step = unwind_frame_chain(target, registers, frame.index == 0, self._returns)
-                if step is not None:
-                    return step
         except UnreadableMemory as error:
             problems.add("stack_unreadable", error.address, "unwinding %s needs stack memory at %s that is "
                          "unreadable" % (frame.function, target.format_address(error.address)))
             return None
+        if step is not None:
+            return step
         if module is None and frame.index > 0:
             problems.add("outside_modules", frame.ip, "the return address %s is in no loaded module: walk stopped"
                          % target.format_address(frame.ip), "note")
             return None
         return self._scan(frame, registers, problems, bounds)
 
-    def _unwind_x64(self, code, module, registers, problems, frame):
+    def _unwind_x64(self, module, registers, problems, frame):
+        """The step by the module's unwind data, or None where it has none to trust."""
+        code = self.images.code_for(module)
+        if not code.has_unwind_data:
+            return None
         rva = registers["rip"] - module.base
         entry = code.function_entry(rva)
         read = self.target.pointer
         if entry is None:
+            if code.corrupt:
+                return None  # its entry may be one of those dropped: not evidence of a leaf
             step = unwind_leaf(registers, read)
             return step.registers, "unwind", step.return_slot, None
         try:
@@ -183,7 +188,7 @@ class Unwinder(object):
                                    code.code(rva, EPILOGUE_WINDOW), code.info_cache)
         except UnwindError as error:
             problems.add(error.kind, error.address, "%s: %s" % (frame.function, error))
-            return self._scan(frame, registers, problems, None)
+            return None
         return step.registers, "unwind", step.return_slot, step.machine_frame
 
     def _scan(self, frame, registers, problems, bounds):
