@@ -25,7 +25,6 @@ def record_of(scenario, names):
 
 
 def test_trace_databases_are_counted_with_their_top_traces(sample):
-    pytest.importorskip("dbgext.rtltrace.validate")
     scenario, manifest = sample
     summary = record_of(scenario, ["rtltrace"]).analyses["rtltrace"]
     assert summary["databases"] == 1 and summary["suspicious"] == 0
@@ -37,17 +36,18 @@ def test_trace_databases_are_counted_with_their_top_traces(sample):
 
 
 def test_a_damaged_trace_database_makes_the_dump_suspicious(sample):
-    pytest.importorskip("dbgext.rtltrace.validate")
-    from dbgext.rtltrace.walk import recognise_layout
+    from dbgext.render.text import hexaddr
+    from dbgext.rtltrace import find
     scenario, manifest = sample
     address = manifest["contents"]["rtltrace"]
-    layout = recognise_layout(scenario.target(), address)
+    layout = find(scenario.target(), walk=True).databases[0].layout
     damaged = build_sample_scenario()[0]
     damaged.write_pointer(address + layout.database.offsets["NoOfTraces"], 0x7777)
     record = record_of(damaged, ["rtltrace"])
     assert record.analyses["rtltrace"]["suspicious"] == 1
-    assert record.problems and all(p["analysis"] == "rtltrace" for p in record.problems)
-    assert any("0x%x" % address in p["message"] for p in record.problems)
+    problems = list(record.problems["rtltrace"])
+    assert problems and all(problem.kind and problem.kind != "rtltrace" for problem in problems)
+    assert any(hexaddr(address) in problem.message for problem in problems)
     assert record.status == "ok"
 
 

@@ -4,6 +4,7 @@ timeout), idempotent re-runs, a run killed with SIGKILL and resumed, and the Das
 path on a LocalCluster started by the test."""
 
 import glob
+import hashlib
 import io
 import json
 import os
@@ -17,6 +18,7 @@ import pytest
 pytest.importorskip("duckdb")
 
 from dbgext.cli import main  # noqa: E402
+from dbgext.errors import EXIT_PROBLEMS  # noqa: E402
 from dbgext.triage.store import TriageStore  # noqa: E402
 
 import triage_support  # noqa: E402
@@ -47,7 +49,7 @@ def batch(tmp_path_factory):
     db = str(base / "results.duckdb")
     code, text = triage(str(base / "dumps"), "--db", db, "--workers", "2", "--timeout", TIMEOUT,
                         "--plugin", PLUGIN, "--analyses", "test-hang,test-explode", "--json")
-    assert code == 0, text
+    assert code == EXIT_PROBLEMS, text   # the run worked and some dumps failed
     return str(base / "dumps"), made, db, json.loads(text)
 
 
@@ -66,7 +68,9 @@ def test_good_dumps_get_full_records(batch):
             continue
         row = rows(db, "SELECT * FROM dumps WHERE path = ?", [path])[0]
         assert (row["status"], row["bugcheck_code"], row["signature"]) == expectation, name
-        assert row["size"] == os.path.getsize(path) and len(row["hash"]) == 64
+        assert row["bucket"] == "0x%X_%s" % (expectation[1], expectation[2]) and row["bucket_basis"] == "symbol"
+        assert row["size"] == os.path.getsize(path)
+        assert row["hash"] == hashlib.sha256(open(path, "rb").read()).hexdigest()
         assert row["arch"] == "x64" and row["build"] in (19041, 19042, 19043, 22621)
         assert row["system_time"] is not None and row["analyses"] == ["test-hang", "test-explode"]
     kinds = {r["kind"] for r in rows(db, "SELECT kind FROM dumps WHERE status = 'ok'")}
@@ -84,9 +88,10 @@ def test_bad_dumps_become_failed_rows_with_the_reason(batch):
 
 def test_an_analysis_problem_is_stored_with_its_address(batch):
     directory, made, db, summary = batch
-    problems = rows(db, "SELECT analysis, message, address FROM problems WHERE analysis = 'test-explode'")
-    assert problems and all(p == {"analysis": "test-explode", "message": "test problem", "address": 0x1000}
-                            for p in problems)
+    problems = rows(db, "SELECT analysis, kind, severity, message, address FROM problems "
+                        "WHERE analysis = 'test-explode'")
+    assert problems and all(p == {"analysis": "test-explode", "kind": "test_problem", "severity": "warning",
+                                  "message": "test problem", "address": 0x1000} for p in problems)
 
 
 def test_the_report_buckets_dumps_sharing_a_crash(batch):
@@ -94,15 +99,18 @@ def test_the_report_buckets_dumps_sharing_a_crash(batch):
     code, text = triage("report", "--db", db, "--json")
     assert code == 0, text
     report = json.loads(text)
-    buckets = {(b["bugcheck_code"], b["signature"]): b for b in report["buckets"]}
-    assert buckets[(0xD1, "mydrv!DispatchIoctl")]["dumps"] == 3
-    assert buckets[(0x7E, "netdrv!ProcessPacket")]["dumps"] == 2
-    assert buckets[(0x161, "netdrv!CompleteRequest")]["dumps"] == 1
-    assert buckets[(0xC0000005, "app!ParseRequest")]["dumps"] == 2     # minidumps: the exception code
-    assert report["buckets"][0]["signature"] == "mydrv!DispatchIoctl"
+    buckets = {b["bucket"]: b for b in report["buckets"]}
+    assert buckets["0xD1_mydrv!DispatchIoctl"]["dumps"] == 3
+    assert buckets["0xD1_mydrv!DispatchIoctl"]["bugcheck_name"] == "DRIVER_IRQL_NOT_LESS_OR_EQUAL"
+    assert buckets["0xD1_mydrv!DispatchIoctl"]["image"] == "mydrv.sys"
+    assert buckets["0x7E_netdrv!ProcessPacket"]["dumps"] == 2
+    assert buckets["0x161_netdrv!CompleteRequest"]["bugcheck_name"] == "LIVE_SYSTEM_DUMP"
+    assert buckets["0xC0000005_app!ParseRequest"]["dumps"] == 2     # minidumps: the exception code
+    assert buckets["0xC0000005_app!ParseRequest"]["bugcheck_name"] == "ACCESS_VIOLATION"
+    assert report["buckets"][0]["bucket"] == "0xD1_mydrv!DispatchIoctl"
     assert len(report["failures"]) == 4
     code, text = triage("report", "--db", db, "--top", "1")
-    assert code == 0 and "0xD1 mydrv!DispatchIoctl" in text and "Failed dumps" in text
+    assert code == 0 and "0xD1_mydrv!DispatchIoctl" in text and "Failed dumps" in text
 
 
 def test_a_rerun_is_idempotent(batch):
@@ -122,6 +130,9 @@ def test_a_copy_of_a_recorded_dump_is_recognised_by_content(batch, tmp_path):
     copy.write_bytes(open(made["a1.dmp"][0], "rb").read())
     code, text = triage(str(copy), "--db", db, "--json")
     assert code == 0 and json.loads(text)["skipped"] == 1
+    # The copy's path is remembered with its hash: the next run does not read it again.
+    code, text = triage(str(copy), "--db", db, "--json", "--plugin", PLUGIN, "--analyses", "test-explode")
+    assert json.loads(text)["skipped"] == 1
 
 
 def test_retry_failed_analyses_failed_dumps_again_in_place(tmp_path):
@@ -142,7 +153,7 @@ def test_retry_failed_analyses_failed_dumps_again_in_place(tmp_path):
 def test_globs_and_files_can_be_mixed_and_paths_that_match_nothing_are_reported(batch, tmp_path):
     directory, made, db, summary = batch
     code, text = triage(os.path.join(directory, "a*.dmp"), str(tmp_path / "missing.dmp"), "--db", db)
-    assert code == 0
+    assert code == EXIT_PROBLEMS   # a path that matched nothing is a problem of the run
     assert "3 dumps found, 3 already recorded" in text and "no such file or directory" in text
 
 
@@ -206,18 +217,21 @@ def test_the_dask_path_records_good_failed_and_hung_dumps(tmp_path):
     with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cluster:
         code, text = triage(str(directory), "--db", db, "--dask", cluster.scheduler_address,
                             "--timeout", DASK_TIMEOUT, "--plugin", PLUGIN, "--analyses", "test-hang", "--json")
-    assert code == 0, text
+    assert code == EXIT_PROBLEMS, text
     assert json.loads(text)["analysed"] == 4
     found = {os.path.basename(r["path"]): r for r in rows(db, "SELECT path, status, reason, signature FROM dumps")}
     assert found["a.dmp"]["signature"] == found["b.dmp"]["signature"] == "mydrv!DispatchIoctl"
     assert "cannot open dump" in found["corrupt.dmp"]["reason"]
     assert "timed out" in found["hang.dmp"]["reason"]
+    assert rows(db, "SELECT hash FROM dumps WHERE path LIKE '%hang.dmp'")[0]["hash"] == hashlib.sha256(
+        open(str(directory / "hang.dmp"), "rb").read()).hexdigest()   # the hash line came before the hang
 
 
 def test_parquet_export_from_a_run(batch, tmp_path):
     directory, made, db, summary = batch
     code, text = triage("report", "--db", db, "--parquet", str(tmp_path / "pq"), "--json")
     assert code == 0
-    assert sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "pq" / "*.parquet"))) == [
-        "dumps.parquet", "frames.parquet", "problems.parquet", "stack_hogs.parquet", "summaries.parquet"]
+    assert sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "pq" / "*"))) == [
+        "dumps.parquet", "files.parquet", "frames.parquet", "problems.parquet", "stack_hogs.parquet",
+        "summaries.parquet"]
 

@@ -9,7 +9,7 @@ import pytest
 from dbgext.cli import main
 
 from pykd_support import run_windbg_script
-from triage_support import crash_scenario, user_crash_scenario, write_dump, write_user_dump
+from triage_support import DRIVER_TIMESTAMP, crash_scenario, user_crash_scenario, write_dump, write_user_dump
 
 
 def triage(*argv):
@@ -28,25 +28,43 @@ def test_one_dump_record_as_json(crash_dump):
     code, text = triage("--dump", crash_dump, "--json", "--analyses", "rtltrace")
     assert code == 0, text
     record = json.loads(text)
+    assert list(record)[0] == "schema_version" and record["schema_version"] == 1
     assert record["path"] == crash_dump and record["kind"] == "kernel-dump" and len(record["hash"]) == 64
     assert (record["bugcheck_code"], record["signature"]) == (0xD1, "mydrv!DispatchIoctl")
+    assert (record["bucket"], record["bucket_basis"]) == ("0xD1_mydrv!DispatchIoctl", "symbol")
+    assert record["faulting"]["image"] == "mydrv.sys" and record["faulting"]["module_timestamp"] == DRIVER_TIMESTAMP
     assert record["system_time"] == "2024-09-06T02:56:33Z" and record["status"] == "ok"
     assert list(record["analyses"]) in ([], ["rtltrace"])   # absent when rtltrace is not installed
 
 
-def test_one_dump_record_as_text(crash_dump):
-    code, text = triage("--dump", crash_dump)
+def test_one_dump_record_as_text_reads_like_analyze_v(crash_dump):
+    code, text = triage("record", "--dump", crash_dump, "--analyses", "rtltrace")
     assert code == 0, text
-    assert "bug check  0xD1 (0x11, 0x2, 0x0, 0xfffff80001002041)" in text
-    assert "signature  mydrv!DispatchIoctl" in text and "  03 mydrv!DispatchIoctl" in text
-    assert "status     ok" in text
+    lines = text.splitlines()
+    assert "DRIVER_IRQL_NOT_LESS_OR_EQUAL (d1)" in lines
+    assert "Arg1: 00000000`00000011, memory referenced" in lines
+    assert "Arg4: fffff800`01002041, address of the instruction that referenced the memory" in lines
+    assert "FAULTING_IP:      mydrv!DispatchIoctl+0x41 (fffff800`01002041), named by the bug check's arguments" in lines
+    assert "IMAGE_NAME:       mydrv.sys" in lines and "IMAGE_TIMESTAMP:  5f3c2a10, size 0x10000" in lines
+    assert "BUCKET_ID:        0xD1_mydrv!DispatchIoctl (by symbol)" in lines
+    assert "00 fffff800`00001000 nt!KeBugCheckEx  (context)" in lines
+    assert any(line.startswith("03 fffff800`01002041 mydrv!DispatchIoctl+0x41  (") for line in lines)
+    assert any(line.startswith("STATUS:           ok") for line in lines)
+    assert "{" not in text and "18446" not in text   # no Python dicts, no decimal addresses
+
+
+def test_triage_with_a_dump_and_no_action_word_is_the_record(crash_dump):
+    implicit, explicit = (json.loads(triage(*argv)[1]) for argv in (
+        ("--dump", crash_dump, "--json"), ("record", "--dump", crash_dump, "--json")))
+    assert (implicit["hash"], implicit["bucket"]) == (explicit["hash"], explicit["bucket"])
 
 
 def test_a_minidump_record_names_its_exception(tmp_path):
     path = write_user_dump(user_crash_scenario(salt=1), str(tmp_path / "app.mdmp"))
     code, text = triage("--dump", path, "--analyses", "etwstacks")
     assert code == 0, text
-    assert "exception  0xC0000005" in text and "signature  app!ParseRequest" in text
+    assert "ACCESS_VIOLATION (c0000005)" in text and "SYMBOL_NAME:      app!ParseRequest" in text
+    assert "BUCKET_ID:        0xC0000005_app!ParseRequest (by symbol)" in text
 
 
 def test_a_corrupt_dump_given_with_dump_is_a_one_line_error(tmp_path):
@@ -62,24 +80,24 @@ def test_inside_windbg_the_script_prints_the_current_targets_record():
     record = json.loads(text)
     assert record["path"] is None and record["hash"] is None
     assert (record["bugcheck_code"], record["signature"]) == (0x7E, "netdrv!ProcessPacket")
-    assert record["frames"][0] == "nt!KeBugCheckEx"
+    assert record["bucket"] == "0x7E_netdrv!ProcessPacket" and record["faulting"]["how"] == "bugcheck_argument"
 
 
 def test_inside_windbg_the_record_can_be_written_to_a_json_file(tmp_path):
     out = tmp_path / "record.json"
     text, _ = run_windbg_script("triage", ["--analyses", "etwstacks", "--out", str(out)], crash_scenario(salt=3))
-    assert "signature  mydrv!DispatchIoctl" in text
+    assert "BUCKET_ID:        0xD1_mydrv!DispatchIoctl (by symbol)" in text
     assert json.loads(out.read_text())["signature"] == "mydrv!DispatchIoctl"
 
 
 def test_inside_windbg_the_text_record_has_no_traceback():
     text, _ = run_windbg_script("triage", ["--analyses", "rtltrace,ipt"], crash_scenario(salt=2))
-    assert "signature  mydrv!DispatchIoctl" in text and "Traceback" not in text
+    assert "BUCKET_ID:        0xD1_mydrv!DispatchIoctl (by symbol)" in text and "Traceback" not in text
 
 
 @pytest.mark.parametrize("argv, message", [
     ([], "give dump PATHs to triage"),
-    (["report", "extra"], "'triage report' takes no paths"),
+    (["record"], "triage record needs --dump FILE"),
     (["some.dmp", "--dump", "other.dmp"], "give dump PATHs or --dump FILE, not both"),
     (["x.dmp", "--workers", "0"], "--workers must be at least 1"),
     (["--dump", "x.dmp", "--analyses", "nonsense"], "unknown analysis nonsense"),
@@ -87,6 +105,17 @@ def test_inside_windbg_the_text_record_has_no_traceback():
 def test_usage_mistakes_are_one_line_errors(argv, message, tmp_path):
     code, text = triage(*argv)
     assert code == 1 and message in text and "Traceback" not in text
+
+
+def test_the_report_takes_no_paths_as_a_usage_error():
+    code, text = triage("report", "extra")
+    assert code == 2 and "unrecognized arguments: extra" in text
+
+
+def test_each_action_has_its_own_help():
+    for action, words in (("run", "PATH"), ("report", "--top"), ("record", "--out")):
+        code, text = triage(action, "--help")
+        assert code == 0 and words in text and "usage: dbgext triage %s" % action in text
 
 
 def test_the_report_of_a_missing_database_says_how_to_make_one(tmp_path):

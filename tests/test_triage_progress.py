@@ -72,17 +72,23 @@ def test_on_a_terminal_the_bar_redraws_in_place():
 
 
 def test_a_plugin_or_file_a_worker_cannot_load_fails_only_its_dump(tmp_path):
-    missing_file = make_task(str(tmp_path / "missing.dmp"), "k1", 0)
-    missing_plugin = make_task(str(tmp_path / "other.dmp"), "k2", 0, plugins=["no_such_triage_plugin"])
-    records = {r["hash"]: r for r in LocalPool(workers=1, timeout=30).run([missing_plugin, missing_file])}
-    assert records["k2"]["status"] == "failed"
-    assert records["k2"]["reason"].startswith("cannot load analyses: cannot import triage plug-in")
-    assert records["k1"]["status"] == "failed" and records["k1"]["reason"].startswith("cannot open dump")
+    (tmp_path / "other.dmp").write_bytes(b"PAGEDU64" + b"\0" * 100)
+    missing_file = make_task(str(tmp_path / "missing.dmp"), (0, 0, 0))
+    missing_plugin = make_task(str(tmp_path / "other.dmp"), (108, 0, 0), plugins=["no_such_triage_plugin"])
+    records = {os.path.basename(task["path"]): record
+               for task, record in LocalPool(workers=1, timeout=30).run([missing_plugin, missing_file])}
+    assert records["other.dmp"]["status"] == "failed" and len(records["other.dmp"]["hash"]) == 64
+    assert records["other.dmp"]["reason"].startswith("cannot load analyses: cannot import triage plug-in")
+    # A file that cannot even be read has no content, so no hash: the batch reports it, the store never sees it.
+    assert records["missing.dmp"]["hash"] is None and records["missing.dmp"]["reason"].startswith("cannot read")
 
 
 def test_a_worker_process_that_dies_is_replaced_and_the_batch_goes_on(tmp_path, monkeypatch):
-    # A worker killed mid-dump is what kdmp-parser's SIGBUS on a truncated file looks like.
-    tasks = [make_task(str(tmp_path / ("d%d.dmp" % i)), "k%d" % i, 0) for i in range(3)]
+    # A worker killed mid-dump is what a parser dying of a signal looks like.
+    tasks = []
+    for index in range(3):
+        (tmp_path / ("d%d.dmp" % index)).write_bytes(b"PAGEDU64" + bytes([index]) * 100)
+        tasks.append(make_task(str(tmp_path / ("d%d.dmp" % index)), (108, 0, 0)))
     pool = LocalPool(workers=1, timeout=30)
     started = []
     original_start = pool._start
@@ -95,10 +101,11 @@ def test_a_worker_process_that_dies_is_replaced_and_the_batch_goes_on(tmp_path, 
         return slot
 
     monkeypatch.setattr(pool, "_start", start_and_kill_first)
-    records = {r["hash"]: r for r in pool.run(tasks)}
-    assert set(records) == {"k0", "k1", "k2"} and len(started) == 2
-    assert "worker process died" in records["k0"]["reason"]
-    assert all("cannot open dump" in records[k]["reason"] for k in ("k1", "k2"))
+    records = {os.path.basename(task["path"]): record for task, record in pool.run(tasks)}
+    assert set(records) == {"d0.dmp", "d1.dmp", "d2.dmp"} and len(started) == 2
+    assert "worker process died" in records["d0.dmp"]["reason"] and records["d0.dmp"]["hash"] is None
+    assert all("cannot open dump" in records[name]["reason"] and len(records[name]["hash"]) == 64
+               for name in ("d1.dmp", "d2.dmp"))
 
 
 def test_paths_expand_to_dump_files_only_inside_directories(tmp_path):

@@ -1,17 +1,19 @@
-"""The per-dump triage record: identity, bug check, stack signature, analysis
-plug-ins and the content hash — built from in-memory scenarios, no dump files."""
+"""The per-dump triage record: identity, the bug check named with its arguments
+labelled, the faulting frame and bucket, analysis plug-ins and the content hash —
+built from in-memory scenarios, no dump files."""
 
-import os
+import hashlib
 
 import pytest
 
 from dbgext.errors import BadInput
+from dbgext.problems import Problem
 from dbgext.triage import record as record_module
+from dbgext.triage.bugchecks import BUGCHECK_NAMES, bugcheck_name, describe_crash
 from dbgext.triage.record import (STATUS_FAILED, STATUS_OK, Analysis, DumpRecord, build_record, content_hash,
                                   iso_time, register_analysis, select_analyses, unregister_analysis)
-from dbgext.triage.signature import faulting_signature, follows_call
 
-from triage_support import DRIVER_BASE, crash_scenario
+from triage_support import DRIVER_BASE, DRIVER_TIMESTAMP, crash_scenario
 
 
 @pytest.fixture
@@ -28,69 +30,119 @@ def scratch_analyses():
         unregister_analysis(name)
 
 
-def test_a_crash_record_has_identity_bugcheck_and_the_faulting_function():
+def test_a_crash_record_has_identity_the_named_bugcheck_and_the_faulting_function():
     target = crash_scenario("mydrv", "DispatchIoctl", 0xD1, salt=1).target()
     record = build_record(target, "x.dmp", 1234, "abc", analyses=[])
     assert (record.path, record.size, record.hash) == ("x.dmp", 1234, "abc")
     assert record.arch == "x64" and record.build == 19042
     assert record.bugcheck_code == 0xD1 and record.bugcheck_parameters[:3] == [0x11, 2, 0]
-    assert record.frames == ["nt!KeBugCheckEx", "nt!KiBugCheckDispatch", "nt!KiPageFault",
-                             "mydrv!DispatchIoctl", "nt!IofCallDriver"]
+    assert record.bugcheck_name == "DRIVER_IRQL_NOT_LESS_OR_EQUAL"
+    assert record.bugcheck_labels[0] == "memory referenced"
+    assert record.bugcheck_labels[3] == "address of the instruction that referenced the memory"
+    faulting = record.faulting
+    assert (faulting.how, faulting.function, faulting.module, faulting.image) == (
+        "bugcheck_argument", "mydrv!DispatchIoctl", "mydrv", "mydrv.sys")
+    assert (faulting.module_timestamp, faulting.module_size) == (DRIVER_TIMESTAMP, 0x10000)
+    assert faulting.module_offset == faulting.address - DRIVER_BASE and faulting.function_offset == 0x41
+    assert (record.bucket, record.bucket_basis) == ("0xD1_mydrv!DispatchIoctl", "symbol")
     assert record.signature == "mydrv!DispatchIoctl"
-    assert record.status == STATUS_OK and record.problems == []
-
-
-def test_dumps_with_one_crash_share_a_signature_whatever_the_offsets():
-    signatures = {build_record(crash_scenario(salt=salt).target(), analyses=[]).signature for salt in range(4)}
-    assert signatures == {"mydrv!DispatchIoctl"}
-
-
-def test_an_unreadable_stack_is_a_problem_with_its_address_not_a_failure():
-    scenario = crash_scenario(stack_readable=False)
-    record = build_record(scenario.target(), analyses=[])
     assert record.status == STATUS_OK
-    assert record.frames == ["nt!KeBugCheckEx"]
-    rsp = scenario.registers["rsp"]
-    assert record.problems == [{"analysis": "signature", "message": "stack at 0x%x is unreadable" % rsp,
-                                "address": rsp}]
 
 
-def test_a_dump_without_a_context_has_no_signature():
+def test_dumps_with_one_crash_share_a_bucket_whatever_the_offsets():
+    buckets = {build_record(crash_scenario(salt=salt).target(), analyses=[]).bucket for salt in range(4)}
+    assert buckets == {"0xD1_mydrv!DispatchIoctl"}
+
+
+def test_without_symbols_the_bucket_is_module_plus_offset_with_the_image_identity():
+    scenario = crash_scenario(salt=1)
+    scenario.module_symbols["mydrv"].symbols.clear()
+    record = build_record(scenario.target(), analyses=[])
+    assert (record.bucket, record.bucket_basis) == ("0xD1_mydrv+0x2041", "offset")
+    assert record.faulting.function is None and record.signature == "mydrv+0x2041"
+    assert (record.faulting.module_timestamp, record.faulting.module_size) == (DRIVER_TIMESTAMP, 0x10000)
+
+
+def test_a_module_without_its_pe_headers_in_the_dump_keeps_its_loader_size_and_no_timestamp():
+    scenario = crash_scenario(salt=1)
+    scenario.write(DRIVER_BASE, b"\0" * 0x200)
+    record = build_record(scenario.target(), analyses=[])
+    assert (record.faulting.module_timestamp, record.faulting.module_size) == (None, 0x10000)
+
+
+def test_a_faulting_address_outside_every_module_is_an_unknown_module_bucket():
+    scenario = crash_scenario()
+    code, p1, p2, p3, _ = scenario.bugcheck
+    scenario.bugcheck = (code, p1, p2, p3, 0x4141414141410000)
+    record = build_record(scenario.target(), analyses=[])
+    assert (record.bucket, record.bucket_basis) == ("0xD1_UNKNOWN_MODULE", "unknown")
+
+
+@pytest.mark.parametrize("code, name", [
+    (0xD1, "DRIVER_IRQL_NOT_LESS_OR_EQUAL"), (0x0A, "IRQL_NOT_LESS_OR_EQUAL"), (0x139, "KERNEL_SECURITY_CHECK_FAILURE"),
+    (0x1000007E, "SYSTEM_THREAD_EXCEPTION_NOT_HANDLED_M"), (0xC000021A, "WINLOGON_FATAL_ERROR"),
+    (0x1D5, "DRIVER_PNP_WATCHDOG"), (0xDEADDEAD, "MANUALLY_INITIATED_CRASH1"), (0x12345, None),
+])
+def test_bug_checks_are_named_from_the_complete_table(code, name):
+    assert bugcheck_name(code) == name
+
+
+def test_the_table_names_every_code_of_the_sdk_list_once():
+    assert len(BUGCHECK_NAMES) > 500 and len(set(BUGCHECK_NAMES.values())) == len(BUGCHECK_NAMES)
+    assert all(name == name.upper() and " " not in name for name in BUGCHECK_NAMES.values())
+
+
+def test_undocumented_arguments_have_no_label():
+    name, arguments = describe_crash(0xE2, [0, 0, 0, 0])
+    assert name == "MANUALLY_INITIATED_CRASH" and [a.label for a in arguments] == [None] * 4
+
+
+def test_a_minidump_is_named_by_its_exception():
+    name, arguments = describe_crash(0xC0000005, [1, 0x10], user_mode=True)
+    assert name == "ACCESS_VIOLATION" and arguments[1] == (0x10, "inaccessible address")
+
+
+def test_without_a_named_faulting_address_the_first_frame_past_the_plumbing_is_blamed():
+    pytest.importorskip("dbgext.stacks")
+    scenario = crash_scenario()
+    scenario.bugcheck = (0xE2, 0, 0, 0, 0)    # MANUALLY_INITIATED_CRASH names no instruction
+    record = build_record(scenario.target(), analyses=[])
+    assert record.frames[0].name.startswith("nt!KeBugCheckEx") and record.frames[0].how == "context"
+    assert record.faulting.function == "mydrv!DispatchIoctl" and record.bucket == "0xE2_mydrv!DispatchIoctl"
+    assert record.faulting.how in ("unwind", "frame_chain", "scan")
+
+
+def test_a_zero_context_and_no_faulting_address_give_an_unknown_module_bucket():
     scenario = crash_scenario()
     scenario.registers = {"rip": 0, "rsp": 0}
+    scenario.bugcheck = (0xE2, 0, 0, 0, 0)
     record = build_record(scenario.target(), analyses=[])
-    assert record.frames == [] and record.signature is None and record.problems == []
+    assert record.faulting.module is None and record.signature == "0x0"
+    assert (record.bucket, record.bucket_basis) == ("0xE2_UNKNOWN_MODULE", "unknown")
 
 
-def test_stack_values_that_do_not_follow_a_call_are_not_frames():
-    scenario = crash_scenario()
-    rsp = scenario.registers["rsp"]
-    scenario.pack(rsp, "<Q", DRIVER_BASE + 0x3010)  # inside the driver, but no call before it
-    assert "mydrv!ProcessPacket" not in faulting_signature(scenario.target()).frames
-
-
-@pytest.mark.parametrize("code, expected", [
-    (b"\x90\x90\xe8\x01\x02\x03\x04", True),     # call rel32
-    (b"\x90\x90\x90\x90\x90\xff\xd0", True),     # call rax
-    (b"\x90\x90\x90\x90\x41\xff\xd3", True),     # call r11
-    (b"\x90\xff\x15\x00\x10\x00\x00", True),     # call [rip+0x1000]
-    (b"\x90\x90\x90\x90\xff\x50\x08", True),     # call [rax+8]
-    (b"\x90\x90\x90\x90\x90\x90\x90", False),
-    (b"\x48\x83\xec\x28\x90\x90\xc3", False),
-])
-def test_return_addresses_are_recognised_by_the_call_before_them(code, expected):
-    assert follows_call(code) is expected
+def test_the_walk_problems_are_kept_under_signature():
+    record = build_record(crash_scenario(stack_readable=False).target(), analyses=[])
+    assert record.status == STATUS_OK and record.problems["signature"].count() >= 1
+    assert record.bucket == "0xD1_mydrv!DispatchIoctl"   # the bug check still names the instruction
 
 
 def test_analysis_summaries_and_problems_go_into_the_record(scratch_analyses):
     scratch_analyses("counting", lambda target: {"items": 3, "problems": [
-        "plain text problem", {"message": "bad link", "address": 0xFFFFC08000000010}]})
+        Problem("bad_link", 0xFFFFC08000000010, "bad link"), Problem("odd_count", None, "odd", "warning")]})
     record = build_record(crash_scenario().target(), analyses=select_analyses(["counting"]))
     assert record.analyses == {"counting": {"items": 3}}
-    assert record.problems == [
-        {"analysis": "counting", "message": "plain text problem", "address": None},
-        {"analysis": "counting", "message": "bad link", "address": 0xFFFFC08000000010}]
+    assert list(record.problems["counting"]) == [Problem("bad_link", 0xFFFFC08000000010, "bad link"),
+                                                 Problem("odd_count", None, "odd", "warning")]
+    assert [p for p in record.as_dict()["problems"] if p["analysis"] == "counting"][0] == {"analysis": "counting", "kind": "bad_link", "severity": "error",
+                                               "address": 0xFFFFC08000000010, "offset": None, "message": "bad link"}
     assert record.status == STATUS_OK
+
+
+def test_an_analysis_reporting_problems_of_another_shape_fails_naming_itself(scratch_analyses):
+    scratch_analyses("strings", lambda target: {"problems": ["plain text"]})
+    record = build_record(crash_scenario().target(), analyses=select_analyses(["strings"]))
+    assert record.status == STATUS_FAILED and "strings" in record.reason and "Problem objects" in record.reason
 
 
 def test_an_analysis_that_raises_fails_the_record_but_keeps_the_rest(scratch_analyses):
@@ -102,7 +154,7 @@ def test_an_analysis_that_raises_fails_the_record_but_keeps_the_rest(scratch_ana
     assert record.status == STATUS_FAILED
     assert record.reason == "broken: KeyError: 'oops'"
     assert record.analyses == {"fine": {"ok": True}}
-    assert record.signature == "mydrv!DispatchIoctl"
+    assert record.bucket == "0xD1_mydrv!DispatchIoctl"
 
 
 def test_an_analysis_whose_package_is_missing_is_simply_absent(scratch_analyses):
@@ -138,17 +190,17 @@ def test_the_content_hash_depends_on_content_not_on_the_name(tmp_path):
     assert content_hash(str(first)) == content_hash(str(second)) != content_hash(str(other))
 
 
-def test_big_files_are_hashed_from_bounded_samples(tmp_path):
+def test_the_content_hash_covers_every_byte_of_a_big_file(tmp_path):
     path = tmp_path / "big.dmp"
     size = 8 * 1024 * 1024
     with open(str(path), "wb") as handle:
         handle.truncate(size)
     before = content_hash(str(path))
-    with open(str(path), "r+b") as handle:          # a byte in the first 64 KiB sample
-        handle.seek(100)
+    with open(str(path), "r+b") as handle:          # one byte far from the head and the tail
+        handle.seek(size // 2 + 12345)
         handle.write(b"\x01")
     assert content_hash(str(path)) != before
-    assert os.path.getsize(str(path)) == size
+    assert before == hashlib.sha256(b"\0" * size).hexdigest()
 
 
 def test_an_unreadable_file_cannot_be_hashed(tmp_path):

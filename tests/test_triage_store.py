@@ -5,24 +5,41 @@ import pytest
 pytest.importorskip("duckdb")
 
 from dbgext.errors import DbgextError  # noqa: E402
+from dbgext.problems import Problem  # noqa: E402
 from dbgext.triage.record import DumpRecord, failed_record  # noqa: E402
 from dbgext.triage.report import build_report, render_report  # noqa: E402
+from dbgext.triage.signature import CrashFrame, bucket_key  # noqa: E402
 from dbgext.triage.store import TriageStore  # noqa: E402
 from dbgext.render.output import Output  # noqa: E402
 
+DRIVER_BASE = 0xFFFFF80001000000
 
-def crash(key, signature, code=0xD1, hour=1, hogs=(), problems=(), path=None):
+
+def frame(signature, offset=0x2040, timestamp=0x5F3C2A10, symbols=True):
+    """The faulting frame ``module!function`` at ``offset`` in its module; without
+    ``symbols`` only module+offset is known."""
+    module = signature.split("!")[0]
+    return CrashFrame(DRIVER_BASE + offset, "bugcheck_argument",
+                      name="%s+0x%x" % (signature, 0x40) if symbols else "%s+0x%x" % (module, offset),
+                      module=module, image=module + ".sys", module_offset=offset,
+                      function=signature if symbols else None, function_offset=0x40 if symbols else None,
+                      module_timestamp=timestamp, module_size=0x10000)
+
+
+def crash(key, signature, code=0xD1, hour=1, hogs=(), problems=(), path=None, symbols=True, offset=0x2040,
+          timestamp=0x5F3C2A10):
     record = DumpRecord(path or "/dumps/%s.dmp" % key, 1000, key)
     record.kind, record.arch, record.build = "kernel-dump", "x64", 19041
     record.system_time = "2024-09-06T%02d:00:00Z" % hour
-    record.bugcheck_code, record.bugcheck_parameters = code, [1, 2, 0, 0xFFFFF80001002040]
-    record.frames = ["nt!KeBugCheckEx", signature]
-    record.signature = signature
+    record.bugcheck_code, record.bugcheck_parameters = code, [1, 2, 0, DRIVER_BASE + offset]
+    record.faulting = frame(signature, offset, timestamp, symbols)
+    record.frames = [CrashFrame(0xFFFFF80000001000, "context", "nt!KeBugCheckEx"), record.faulting]
+    record.bucket, record.bucket_basis = bucket_key(code, record.faulting)
     if hogs:
         record.analyses["stackuse"] = {"used": 9000, "limit": 24576,
                                        "biggest_frames": [{"function": f, "bytes": b} for f, b in hogs]}
-    for analysis, message in problems:
-        record.add_problem(analysis, message, 0xFFFFC08000000000)
+    for analysis, kind, message in problems:
+        record.problems_of(analysis).add(kind, 0xFFFFC08000000000, message)
     return record
 
 
@@ -41,25 +58,37 @@ def test_each_dump_is_one_row_and_a_second_add_of_the_same_hash_is_ignored(store
 
 def test_child_rows_hang_off_the_dump_hash(store):
     store.add(crash("h1", "mydrv!DispatchIoctl", hogs=[("mydrv!Big", 4096)],
-                    problems=[("rtltrace", "segment chain loops")]))
-    assert store.query("SELECT position, frame FROM frames ORDER BY position") == [
-        {"position": 0, "frame": "nt!KeBugCheckEx"}, {"position": 1, "frame": "mydrv!DispatchIoctl"}]
-    assert store.query("SELECT analysis, message, address FROM problems") == [
-        {"analysis": "rtltrace", "message": "segment chain loops", "address": 0xFFFFC08000000000}]
+                    problems=[("rtltrace", "segment_cycle", "segment chain loops")]))
+    assert store.query("SELECT position, name, how FROM frames ORDER BY position") == [
+        {"position": 0, "name": "nt!KeBugCheckEx", "how": "context"},
+        {"position": 1, "name": "mydrv!DispatchIoctl+0x40", "how": "bugcheck_argument"}]
+    assert store.query("SELECT analysis, kind, severity, address, \"offset\", message FROM problems") == [
+        {"analysis": "rtltrace", "kind": "segment_cycle", "severity": "error", "address": 0xFFFFC08000000000,
+         "offset": None, "message": "segment chain loops"}]
     assert store.query("SELECT function, frame_bytes FROM stack_hogs") == [
         {"function": "mydrv!Big", "frame_bytes": 4096}]
     assert store.record("h1")["signature"] == "mydrv!DispatchIoctl"
-    row = store.query("SELECT bugcheck_code, bugcheck_parameters, status, analyses FROM dumps")[0]
+    row = store.query("SELECT bugcheck_code, bugcheck_parameters, bucket, bucket_basis, image, module_timestamp, "
+                      "module_size, module_offset, function, status, analyses FROM dumps")[0]
     assert row == {"bugcheck_code": 0xD1, "bugcheck_parameters": [1, 2, 0, 0xFFFFF80001002040],
-                   "status": "ok", "analyses": ["stackuse"]}
+                   "bucket": "0xD1_mydrv!DispatchIoctl", "bucket_basis": "symbol", "image": "mydrv.sys",
+                   "module_timestamp": 0x5F3C2A10, "module_size": 0x10000, "module_offset": 0x2040,
+                   "function": "mydrv!DispatchIoctl", "status": "ok", "analyses": ["stackuse"]}
+
+
+def test_problems_keep_their_kind_and_severity_in_their_own_columns(store):
+    record = crash("h1", "mydrv!F")
+    record.problems_of("rtltrace").append(Problem("bad_magic", None, "no database here", "warning"))
+    store.add(record)
+    assert store.query("SELECT kind, severity FROM problems") == [{"kind": "bad_magic", "severity": "warning"}]
 
 
 def test_a_failed_row_is_kept_unless_a_retry_replaces_it(store):
     store.add(failed_record("/d/x.dmp", 10, "hx", "timed out after 5 s (worker killed)"))
     assert store.add(crash("hx", "mydrv!F")) is False
     assert store.add(crash("hx", "mydrv!F"), replace_failed=True) is True
-    assert store.query("SELECT status, reason, signature FROM dumps") == [
-        {"status": "ok", "reason": None, "signature": "mydrv!F"}]
+    assert store.query("SELECT status, reason, bucket FROM dumps") == [
+        {"status": "ok", "reason": None, "bucket": "0xD1_mydrv!F"}]
     assert store.add(crash("hx", "other!G"), replace_failed=True) is False  # an ok row is never replaced
 
 
@@ -73,25 +102,38 @@ def test_the_report_buckets_by_bugcheck_and_faulting_function(store):
     report = build_report(store, top=10, examples=2)
     assert report["totals"]["dumps"] == 6 and report["totals"]["ok"] == 5 and report["totals"]["failed"] == 1
     first = report["buckets"][0]
-    assert (first["bugcheck_code"], first["signature"], first["dumps"]) == (0xD1, "mydrv!DispatchIoctl", 3)
+    assert (first["bucket"], first["basis"], first["dumps"]) == ("0xD1_mydrv!DispatchIoctl", "symbol", 3)
+    assert (first["image"], first["module_timestamp"]) == ("mydrv.sys", 0x5F3C2A10)
     assert (first["first_seen"], first["last_seen"]) == ("2024-09-06T01:00:00Z", "2024-09-06T03:00:00Z")
     assert first["examples"] == ["/dumps/a2.dmp", "/dumps/a3.dmp"]  # oldest first
-    assert sorted((b["bugcheck_code"], b["signature"]) for b in report["buckets"][1:]) == [
-        (0x7E, "mydrv!DispatchIoctl"), (0x7E, "netdrv!ProcessPacket")]
+    assert sorted(b["bucket"] for b in report["buckets"][1:]) == ["0x7E_mydrv!DispatchIoctl",
+                                                                  "0x7E_netdrv!ProcessPacket"]
     assert report["failures"] == [{"path": "/dumps/bad.dmp", "reason": "cannot open dump: truncated"}]
 
 
 def test_the_report_ranks_stack_hogs_and_lists_suspicious_dumps(store):
     store.add(crash("a", "x!F", hogs=[("mydrv!Big", 4096), ("nt!Small", 64)],
-                    problems=[("rtltrace", "bucket chain loops"), ("rtltrace", "bad magic"),
-                              ("stackuse", "dynamic frame")]))
+                    problems=[("rtltrace", "bucket_cycle", "bucket chain loops"),
+                              ("rtltrace", "bad_magic", "bad magic"), ("stackuse", "dynamic_frame", "dynamic frame")]))
     store.add(crash("b", "x!F", hogs=[("mydrv!Big", 3000), ("net!Mid", 512)],
-                    problems=[("etwstacks", "free list cycle")]))
+                    problems=[("etwstacks", "free_list_cycle", "free list cycle")]))
     report = build_report(store, top=2)
     assert report["stack_hogs"] == [{"function": "mydrv!Big", "biggest_frame": 4096, "dumps": 2},
                                     {"function": "net!Mid", "biggest_frame": 512, "dumps": 1}]
     assert [(s["path"], s["analysis"], s["problems"]) for s in report["suspicious"]] == [
         ("/dumps/a.dmp", "rtltrace", 2), ("/dumps/b.dmp", "etwstacks", 1)]
+    assert {(k["analysis"], k["kind"]): k["dumps"] for k in report["problem_kinds"]}[("rtltrace", "bad_magic")] == 1
+
+
+def test_a_dump_analysed_without_symbols_joins_the_bucket_its_image_build_got_by_name(store):
+    store.add(crash("named", "mydrv!CopyLeaf", offset=0x2040))
+    store.add(crash("bare", "mydrv!CopyLeaf", offset=0x2040, symbols=False))
+    store.add(crash("other-build", "mydrv!CopyLeaf", offset=0x2040, symbols=False, timestamp=0x60000000))
+    buckets = {(b["bucket"], b["module_timestamp"]): b for b in build_report(store)["buckets"]}
+    assert buckets[("0xD1_mydrv!CopyLeaf", 0x5F3C2A10)]["dumps"] == 2
+    assert buckets[("0xD1_mydrv!CopyLeaf", 0x5F3C2A10)]["basis"] in ("symbol", "symbol (same image build)")
+    # Another build of the driver: the same offset is other code, so it stays apart, by offset.
+    assert buckets[("0xD1_mydrv+0x2040", 0x60000000)]["basis"] == "offset"
 
 
 def test_the_report_renders_as_text_tables(store):
@@ -100,7 +142,7 @@ def test_the_report_renders_as_text_tables(store):
     stream = io.StringIO()
     render_report(Output(stream), build_report(store))
     text = stream.getvalue()
-    assert "0xD1 mydrv!DispatchIoctl" in text and "1 dumps: 1 ok, 0 failed" in text
+    assert "0xD1_mydrv!DispatchIoctl" in text and "DRIVER_IRQL" not in text and "1 dumps: 1 ok, 0 failed" in text
 
 
 def test_an_empty_database_reports_zeros(store):
@@ -112,7 +154,8 @@ def test_tables_export_to_parquet(store, tmp_path):
     store.add(crash("a", "mydrv!DispatchIoctl", hogs=[("mydrv!Big", 4096)]))
     paths = store.export_parquet(str(tmp_path / "out"))
     assert sorted(p.rsplit("/", 1)[1] for p in paths) == [
-        "dumps.parquet", "frames.parquet", "problems.parquet", "stack_hogs.parquet", "summaries.parquet"]
+        "dumps.parquet", "files.parquet", "frames.parquet", "problems.parquet", "stack_hogs.parquet",
+        "summaries.parquet"]
     rows = store.query("SELECT signature FROM read_parquet(?)", [str(tmp_path / "out" / "dumps.parquet")])
     assert rows == [{"signature": "mydrv!DispatchIoctl"}]
 
@@ -125,5 +168,15 @@ def test_a_missing_database_is_a_clear_error_for_the_report(tmp_path):
 def test_a_file_that_is_not_a_database_is_a_clear_error(tmp_path):
     path = tmp_path / "junk.duckdb"
     path.write_bytes(b"this is not a database" * 100)
-    with pytest.raises(DbgextError, match="cannot open triage database"):
+    with pytest.raises(DbgextError, match="triage database .*junk.duckdb"):
         TriageStore(str(path))
+
+
+def test_a_database_of_the_old_schema_is_refused_by_name(tmp_path):
+    import duckdb
+    path = str(tmp_path / "old.duckdb")
+    connection = duckdb.connect(path)
+    connection.execute("CREATE TABLE dumps (hash VARCHAR PRIMARY KEY)")
+    connection.close()
+    with pytest.raises(DbgextError, match="schema version 1.*give a new --db"):
+        TriageStore(path)

@@ -17,11 +17,13 @@ in $TRIAGE_TEST_MARKERS, so a test can kill a run midway).
 """
 
 import os
+import struct
 import time
 
 from dbgext.testing.kdump_writer import write_kernel_dump
 from dbgext.testing.minidump_writer import write_minidump
 from dbgext.testing.scenario import Scenario, Thread
+from dbgext.problems import Problem
 from dbgext.triage.record import register_analysis
 
 NT_BASE = 0xFFFFF80000000000
@@ -32,6 +34,8 @@ NT_SYMBOLS = {"KeBugCheckEx": 0x1000, "KiBugCheckDispatch": 0x2000, "KiPageFault
 DRIVER_FUNCTIONS = {"DriverEntry": 0x1000, "DispatchIoctl": 0x2000, "ProcessPacket": 0x3000,
                     "CompleteRequest": 0x4000}
 
+DRIVER_TIMESTAMP = 0x5F3C2A10
+ACCESS_VIOLATION = 0xC0000005
 HANG_BUGCHECK = 0xDEAD0001
 EXPLODE_BUGCHECK = 0xDEAD0002
 SLOW_SECONDS = 0.25
@@ -45,14 +49,40 @@ def _return_address(scenario, module_name, symbol, offset):
     return address
 
 
-def crash_scenario(driver="mydrv", function="DispatchIoctl", bugcheck=0xD1, salt=0, stack_readable=True):
+def pe_headers(timestamp, size_of_image):
+    """The headers an x64 image has in memory: MZ, PE signature, file header with
+    its TimeDateStamp and a PE32+ optional header with SizeOfImage (no sections)."""
+    nt = 0x80
+    headers = bytearray(0x200)
+    headers[0:2] = b"MZ"
+    struct.pack_into("<I", headers, 0x3C, nt)
+    headers[nt:nt + 4] = b"PE\0\0"
+    struct.pack_into("<HHIIIHH", headers, nt + 4, 0x8664, 0, timestamp, 0, 0, 0xF0, 0x22)
+    optional = nt + 24
+    struct.pack_into("<H", headers, optional, 0x20B)
+    struct.pack_into("<II", headers, optional + 56, size_of_image, 0x200)
+    struct.pack_into("<I", headers, optional + 108, 16)
+    return bytes(headers)
+
+
+def bugcheck_arguments(code, salt, faulting_ip):
+    """Arguments shaped as ``code``'s documentation says: the faulting instruction
+    where the code puts it (0xD1: Arg4; 0x7E: Arg2, after the exception code)."""
+    if code == 0x7E:
+        return (ACCESS_VIOLATION, faulting_ip, 0xFFFFC08000002000 + salt, 0xFFFFC08000003000)
+    return (0x10 + salt, 2, 0, faulting_ip)
+
+
+def crash_scenario(driver="mydrv", function="DispatchIoctl", bugcheck=0xD1, salt=0, stack_readable=True,
+                   driver_timestamp=DRIVER_TIMESTAMP):
     """A kernel-mode scenario crashing in ``driver!function`` with bug check ``bugcheck``.
     ``salt`` varies parameters and time so dumps with one signature differ in content."""
     scenario = Scenario(arch="x64", mode="kernel", build=19041 + (salt % 3))
     scenario.add_module("nt", NT_BASE, 0x8000, image="ntoskrnl.exe")
     for name, rva in NT_SYMBOLS.items():
         scenario.add_symbol("nt", name, rva)
-    scenario.add_module(driver, DRIVER_BASE, DRIVER_SIZE, image=driver + ".sys")
+    scenario.add_module(driver, DRIVER_BASE, DRIVER_SIZE, image=driver + ".sys",
+                        content=pe_headers(driver_timestamp, DRIVER_SIZE))
     for name, rva in DRIVER_FUNCTIONS.items():
         scenario.add_symbol(driver, name, rva)
     stack = scenario.alloc_pages(0x2000)
@@ -69,14 +99,13 @@ def crash_scenario(driver="mydrv", function="DispatchIoctl", bugcheck=0xD1, salt
     if not stack_readable:
         scenario.unmap(stack, 0x2000)
     scenario.registers = {"rip": scenario.module("nt").base + NT_SYMBOLS["KeBugCheckEx"], "rsp": rsp}
-    scenario.bugcheck = (bugcheck, 0x10 + salt, 2, 0, chain[2])
+    scenario.bugcheck = (bugcheck,) + bugcheck_arguments(bugcheck, salt, chain[2])
     scenario.system_time = 0x01DB000000000000 + salt * 10000000 * 3600  # one hour apart
     return scenario
 
 
 APP_BASE = 0x00007FF700000000
 NTDLL_BASE = 0x00007FFA00000000
-ACCESS_VIOLATION = 0xC0000005
 
 
 def user_crash_scenario(function="ParseRequest", salt=0):
@@ -110,10 +139,12 @@ def write_user_dump(scenario_and_exception, path):
     return str(path)
 
 
-def write_dump(scenario, path, dump_type=None):
-    """The dump and its ISF symbols in ``<dump>.symbols/`` (where dbgext.open looks)."""
+def write_dump(scenario, path, dump_type=None, symbols=True):
+    """The dump and (unless not ``symbols``) its ISF symbols in ``<dump>.symbols/``
+    (where dbgext.open looks)."""
     write_kernel_dump(scenario, str(path), dump_type=dump_type)
-    scenario.write_symbols(str(path) + ".symbols")
+    if symbols:
+        scenario.write_symbols(str(path) + ".symbols")
     return str(path)
 
 
@@ -181,7 +212,7 @@ def summarize_or_hang(target):
 def summarize_or_explode(target):
     if _bugcheck_code(target) == EXPLODE_BUGCHECK:
         raise RuntimeError("analysis bug on purpose")
-    return {"checked": True, "problems": [{"message": "test problem", "address": 0x1000}]}
+    return {"checked": True, "problems": [Problem("test_problem", 0x1000, "test problem", "warning")]}
 
 
 def summarize_slowly(target):

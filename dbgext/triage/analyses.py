@@ -2,8 +2,8 @@
 
 This one file holds all the coupling between triage and the analyses: each
 adapter calls its package's public API and boils the result down to a small dict
-(counts, a few top items) plus the problems the analysis reported, with their
-addresses.  Each adapter is registered with the package it ``requires``; when the
+(counts, a few top items) plus the problems the analysis reported, as
+:class:`~dbgext.problems.Problem` objects with their kinds and addresses.  Each adapter is registered with the package it ``requires``; when the
 package is not installed the analysis is simply absent from records.
 
 Scans over all memory need a target that can list its memory (a dump); on a live
@@ -11,24 +11,19 @@ session the scanning analyses say they were skipped instead of probing 2^64 byte
 """
 
 from ..errors import BadInput, SymbolNotFound, UnreadableMemory
+from ..problems import Problem, ProblemLog
 from .record import register_analysis
 
 TOP = 5                       # top items kept per list in a summary
-MAX_DATABASES = 16            # trace databases walked and validated per dump
-MAX_PROBLEMS = 50             # problems kept per analysis per dump
 MAX_IPT_EVENTS = 256
 MAX_IPT_SCAN_BYTES = 1 << 30
 CANNOT_SCAN = "the target cannot list its memory (a debugger session): triage the dump file offline to scan it"
 
 
-def _problem(message, address):
-    return {"message": message, "address": address}
-
-
-def _bounded(problems):
-    if len(problems) <= MAX_PROBLEMS:
-        return problems
-    return problems[:MAX_PROBLEMS] + [_problem("%d more problems not kept" % (len(problems) - MAX_PROBLEMS), None)]
+def _located(where, problem):
+    """``problem`` with the structure it was found in named in its message."""
+    return Problem(problem.kind, problem.address, "%s: %s" % (where, problem.message), problem.severity,
+                   problem.offset)
 
 
 def _cannot_list_memory(target):
@@ -42,28 +37,23 @@ def _frames(target, frames, count=3):
 # -- rtltrace: RTL stack-trace databases ------------------------------------------------
 
 def summarize_rtltrace(target):
-    from ..rtltrace.find import find_databases
-    from ..rtltrace.validate import analyze
+    from ..rtltrace import find
 
     if _cannot_list_memory(target):
         return {"skipped": CANNOT_SCAN}
-    candidates = find_databases(target)
-    problems = []
+    search = find(target, walk=True)
+    problems = ProblemLog(search.problems)
     databases = []
     blocks = []
-    for candidate in candidates[:MAX_DATABASES]:
-        db = analyze(target, candidate.address, candidate.layout)
+    for candidate, database in zip(search.candidates, search.databases):
         databases.append({"address": candidate.address, "traces": candidate.traces, "hits": candidate.hits,
-                          "segments": candidate.segments, "problems": len(db.problems),
-                          "complete": db.complete})
-        blocks.extend((block, candidate.address) for block in db.blocks if block.count)
-        for problem in db.problems:
-            problems.append(_problem("database 0x%x: %s: %s" % (candidate.address, problem.kind, problem.detail),
-                                     problem.address))
+                          "segments": candidate.segments, "problems": len(database.problems),
+                          "complete": database.complete})
+        blocks.extend((block, candidate.address) for block in database.blocks if block.count)
+        problems.extend(_located("database %s" % target.format_address(candidate.address), problem)
+                        for problem in database.problems)
     blocks.sort(key=lambda item: -item[0].count)
-    if len(candidates) > MAX_DATABASES:
-        problems.append(_problem("%d trace databases found, only the first %d walked"
-                                 % (len(candidates), MAX_DATABASES), None))
+    candidates = search.candidates
     return {
         "databases": len(candidates),
         "traces": sum(c.traces or 0 for c in candidates),
@@ -72,11 +62,11 @@ def summarize_rtltrace(target):
         "per_database": databases[:TOP],
         "top_traces": [{"database": database, "address": block.address, "count": block.count,
                         "frames": _frames(target, block.frames)} for block, database in blocks[:TOP]],
-        "problems": _bounded(problems),
+        "problems": problems,
     }
 
 
-register_analysis("rtltrace", summarize_rtltrace, requires="dbgext.rtltrace.validate",
+register_analysis("rtltrace", summarize_rtltrace, requires="dbgext.rtltrace",
                   description="RTL stack-trace databases: count, traces, hits, top traces")
 
 
@@ -94,19 +84,18 @@ def summarize_etwstacks(target):
     except (SymbolNotFound, BadInput) as error:
         return {"skipped": str(error)}
     except UnreadableMemory as error:
-        return {"loggers": 0, "problems": [_problem(str(error), error.address)]}
-    problems = []
+        return {"loggers": 0, "problems": [Problem("unreadable_memory", error.address, str(error))]}
+    problems = ProblemLog()
     caches = []
     for logger in loggers:
         label = logger.name or ("logger %s" % logger.logger_id)
         for kind, address, detail in logger.problems:
-            problems.append(_problem("%s: %s: %s" % (label, kind, detail), address))
+            problems.add(kind, address, "%s: %s" % (label, detail))
         if not logger.stack_cache:
             continue
         state = read_cache(target, logger.stack_cache, logger_context=logger.context, logger_id=logger.logger_id)
         found = list(state.problems) + list(validate(state, idle=True))
-        for problem in found:
-            problems.append(_problem("%s: %s: %s" % (label, problem.kind, problem.detail), problem.address))
+        problems.extend(_located(label, problem) for problem in found)
         caches.append({"logger": label, "cache": logger.stack_cache, "variant": state.variant,
                        "stacks": len(state.entries), "free_pieces": len(state.free_pieces),
                        "total_pieces": state.total_pieces if state.readable else 0, "problems": len(found)})
@@ -117,7 +106,7 @@ def summarize_etwstacks(target):
         "free_pieces": sum(c["free_pieces"] for c in caches),
         "suspicious": sum(1 for c in caches if c["problems"]),
         "per_cache": sorted(caches, key=lambda c: (-c["problems"], -c["stacks"]))[:TOP],
-        "problems": _bounded(problems),
+        "problems": problems,
     }
 
 
@@ -169,7 +158,9 @@ def summarize_stackuse(target):
         limit = stack.initial_stack - stack.stack_limit
     frames = [frame for frame in stack.frames if frame.uses is not None]
     biggest = sorted(frames, key=lambda frame: -frame.uses)[:TOP]
-    problems = [_problem(text, None) for text in list(stack.problems) + list(program.problems)]
+    # The thread walk still reports sentences; until it holds Problems they get one kind.
+    problems = ProblemLog(item if isinstance(item, Problem) else Problem("stack_walk", None, str(item), "warning")
+                          for item in list(stack.problems) + list(program.problems))
     return {
         "thread": stack.thread,
         "used": stack.used,
@@ -178,7 +169,7 @@ def summarize_stackuse(target):
         "frames": len(stack.frames),
         "biggest_frames": [{"function": _function_name(frame.function), "bytes": frame.uses,
                             "static_estimate": frame.frame_size} for frame in biggest],
-        "problems": _bounded(problems),
+        "problems": problems,
     }
 
 

@@ -1,64 +1,62 @@
 """The per-dump triage record and the analysis plug-in interface.
 
-One analysis pass per dump produces one compact :class:`DumpRecord`: identity,
-bug check, the faulting thread's stack signature, a small summary per analysis and
-every problem the analyses reported.  Only this record leaves the worker that read
-the dump (Fay's "early aggregation close to the data": the raw memory never travels).
+One analysis pass per dump produces one compact :class:`DumpRecord`: identity (the
+content hash), the bug check named and its arguments labelled, the faulting frame
+and bucket (:mod:`.signature`), a small summary per analysis and every problem
+found.  Only this record leaves the worker that read the dump (Fay's "early
+aggregation close to the data": the raw memory never travels).
 
 An analysis plugs in as a named adapter ``summarize(target) -> dict``.  The dict is
-the analysis' compact summary; its optional ``"problems"`` entry (a list of strings
-or ``{"message", "address"}`` dicts) is lifted into the record's problem list.  An
-adapter declares the package it needs; when that package is not installed the
-analysis is simply absent from records.
+the analysis' compact summary; its optional ``"problems"`` entry is an iterable of
+:class:`dbgext.problems.Problem` (a result's ``problems``), kept in the record under
+the analysis' name.  An adapter declares the package it needs; when that package is
+not installed the analysis is simply absent from records.
 """
 
 import datetime
 import hashlib
 import importlib
-import os
 import time
 from collections import OrderedDict
 
 from ..errors import BadInput, DbgextError
+from ..problems import Problem, ProblemLog
+from .bugchecks import describe_crash
+from .signature import CrashFrame, crash_signature
 
+SCHEMA_VERSION = 1
 STATUS_OK = "ok"
 STATUS_FAILED = "failed"
 
 # Modules imported (once per process) to register the built-in adapters.
 BUILTIN_PLUGIN_MODULES = ("dbgext.triage.analyses",)
 
+# Facts of target.info() shown in the record as they are (a small dump's unloaded
+# drivers and memory-manager state).
+DUMP_FACTS = ("dump_type", "unloaded_drivers", "memory_manager")
+
 # -- content hash ------------------------------------------------------------------
 
-HASH_SCHEME = "sha256-sampled-v1"
-HASH_CHUNK = 0x10000          # 64 KiB per sample
-HASH_SAMPLES = 16             # evenly spaced samples between head and tail
-HASH_FULL_LIMIT = 0x200000    # files up to 2 MiB are hashed whole
+HASH_SCHEME = "sha256"
+HASH_CHUNK = 1 << 20
 
 
 def content_hash(path):
-    """A bounded, fast content key for a dump file.
-
-    Files up to 2 MiB are hashed whole.  Larger files hash the size, the first and
-    last 64 KiB and 16 evenly spaced 64 KiB samples (about 1.1 MiB read whatever
-    the dump's size).  A dump's header (bug check, system time, context) and the
-    spread of samples make two different dumps collide only if they share size,
-    header and every sample — in practice never for real crash dumps, while hashing
-    a 64 GiB full dump whole would cost minutes per file.
+    """SHA-256 of the whole file, read in 1 MiB chunks (memory stays flat whatever
+    the dump's size; hashlib releases the GIL while it hashes).  A dump's identity
+    is its content: two files that differ anywhere have different keys.
 
     Raises BadInput when the file cannot be read."""
+    digest = hashlib.sha256()
     try:
-        size = os.path.getsize(path)
-        digest = hashlib.sha256()
-        digest.update(("%s:%d:" % (HASH_SCHEME, size)).encode("ascii"))
-        with open(path, "rb") as handle:
-            if size <= HASH_FULL_LIMIT:
-                digest.update(handle.read())
-            else:
-                step = (size - HASH_CHUNK) // (HASH_SAMPLES + 1)
-                offsets = [0] + [step * (i + 1) for i in range(HASH_SAMPLES)] + [size - HASH_CHUNK]
-                for offset in offsets:
-                    handle.seek(offset)
-                    digest.update(handle.read(HASH_CHUNK))
+        with open(path, "rb", buffering=0) as handle:
+            buffer = bytearray(HASH_CHUNK)
+            view = memoryview(buffer)
+            while True:
+                count = handle.readinto(buffer)
+                if not count:
+                    break
+                digest.update(view[:count])
     except OSError as error:
         raise BadInput("cannot read %s: %s" % (path, error.strerror or error))
     return digest.hexdigest()
@@ -142,12 +140,15 @@ def select_analyses(names=None):
 # -- the record ----------------------------------------------------------------------
 
 class DumpRecord(object):
-    """Everything triage keeps about one dump.  Plain data; ``as_dict`` is the form
-    that travels between processes and machines and goes into JSON."""
+    """Everything triage keeps about one dump.  ``as_dict`` is the form that travels
+    between processes and machines and goes into JSON (docs/json-schema/triage.md)."""
 
     FIELDS = ("path", "size", "hash", "kind", "arch", "build", "system_time",
-              "bugcheck_code", "bugcheck_parameters", "frames", "signature",
-              "analyses", "timings", "problems", "status", "reason", "seconds")
+              "bugcheck_code", "bugcheck_name", "bugcheck_parameters", "bugcheck_labels",
+              "faulting", "bucket", "bucket_basis", "frames", "dump", "analyses", "timings",
+              "problems", "status", "reason", "seconds")
+    # The JSON document: the fields, with the derived faulting function after the bucket.
+    DOCUMENT = FIELDS[:13] + ("signature",) + FIELDS[13:]
 
     __slots__ = FIELDS
 
@@ -159,19 +160,38 @@ class DumpRecord(object):
         self.arch = None
         self.build = None
         self.system_time = None          # ISO 8601 UTC string
-        self.bugcheck_code = None
+        self.bugcheck_code = None        # a minidump's exception code
+        self.bugcheck_name = None
         self.bugcheck_parameters = []
-        self.frames = []                 # top of the faulting stack, "module!function" (or hex)
-        self.signature = None            # the faulting module!function (the WER-like bucket key)
+        self.bugcheck_labels = []        # per parameter: its documented meaning or None
+        self.faulting = None             # CrashFrame
+        self.bucket = None               # "0xD1_mydrv!CopyLeaf"
+        self.bucket_basis = None         # signature.BASIS_*
+        self.frames = []                 # CrashFrames of the faulting thread, top first
+        self.dump = OrderedDict()        # DUMP_FACTS the target reports
         self.analyses = OrderedDict()    # analysis name -> compact summary dict
-        self.timings = OrderedDict()     # analysis name -> seconds it took
-        self.problems = []               # {"analysis", "message", "address"}
+        self.timings = OrderedDict()     # step name -> seconds it took
+        self.problems = OrderedDict()    # analysis name -> ProblemLog
         self.status = STATUS_OK
         self.reason = None
         self.seconds = 0.0
 
-    def add_problem(self, analysis, message, address=None):
-        self.problems.append({"analysis": analysis, "message": str(message), "address": address})
+    @property
+    def signature(self):
+        """The faulting function (``mydrv!CopyLeaf``), else ``module+0xoffset``."""
+        if self.faulting is None:
+            return None
+        return self.faulting.function or self.faulting.module_relative
+
+    def problems_of(self, analysis):
+        log = self.problems.get(analysis)
+        if log is None:
+            log = self.problems[analysis] = ProblemLog()
+        return log
+
+    def all_problems(self):
+        """(analysis, Problem) pairs in the record's order."""
+        return [(analysis, problem) for analysis, log in self.problems.items() for problem in log]
 
     def fail(self, reason):
         """Mark failed; the first reason is kept, later ones are appended."""
@@ -179,9 +199,16 @@ class DumpRecord(object):
         self.reason = reason if not self.reason else "%s; %s" % (self.reason, reason)
 
     def as_dict(self):
-        document = OrderedDict((name, getattr(self, name)) for name in self.FIELDS)
+        document = OrderedDict([("schema_version", SCHEMA_VERSION)])
+        for name in self.DOCUMENT:
+            document[name] = getattr(self, name)
+        document["faulting"] = self.faulting.as_dict() if self.faulting else None
+        document["frames"] = [frame.as_dict() for frame in self.frames]
+        document["dump"] = OrderedDict(self.dump)
         document["analyses"] = OrderedDict(self.analyses)
         document["timings"] = OrderedDict(self.timings)
+        document["problems"] = [OrderedDict([("analysis", analysis)] + list(problem.as_dict().items()))
+                                for analysis, problem in self.all_problems()]
         return document
 
     @classmethod
@@ -190,6 +217,11 @@ class DumpRecord(object):
         for name in cls.FIELDS:
             if name in document:
                 setattr(record, name, document[name])
+        record.faulting = CrashFrame.from_dict(document["faulting"]) if document.get("faulting") else None
+        record.frames = [CrashFrame.from_dict(frame) for frame in document.get("frames") or ()]
+        record.problems = OrderedDict()
+        for item in document.get("problems") or ():
+            record.problems_of(item["analysis"]).append(as_problem(item))
         return record
 
 
@@ -201,9 +233,6 @@ def failed_record(path, size, content_key, reason, seconds=0.0):
 
 
 # -- building a record from a target ---------------------------------------------------
-
-FILETIME_EPOCH = datetime.datetime(1970, 1, 1) - datetime.datetime(1601, 1, 1)
-
 
 def iso_time(value):
     """A dump time as ISO 8601 UTC: FILETIME (kernel dumps) or time_t (minidumps)."""
@@ -247,15 +276,42 @@ def fill_identity(record, target):
     record.build = build if isinstance(build, int) else None
     record.system_time = iso_time(info.get("system_time") or info.get("time_date_stamp"))
     record.bugcheck_code, record.bugcheck_parameters = bugcheck_of(info)
+    if record.bugcheck_code is not None:
+        record.bugcheck_name, arguments = describe_crash(record.bugcheck_code, record.bugcheck_parameters,
+                                                         user_mode=info.get("mode") == "user")
+        record.bugcheck_labels = [argument.label for argument in arguments]
+    for key in DUMP_FACTS:
+        if info.get(key) is not None:
+            record.dump[key] = info[key]
     return info
 
 
+def as_problem(item):
+    """A problem of target.info(): a Problem, or its as_dict() form."""
+    if isinstance(item, Problem):
+        return item
+    return Problem(item["kind"], item.get("address"), item.get("message", ""), item.get("severity", "error"),
+                   item.get("offset"))
+
+
+def summary_problems(name, problems):
+    """An adapter's problems as a ProblemLog; anything but Problem objects is the
+    adapter's bug, reported as such."""
+    problems = list(problems or ())
+    wrong = [item for item in problems if not isinstance(item, Problem)]
+    if wrong:
+        raise DbgextError("analysis %s reported problems that are not dbgext.problems.Problem objects (%s)"
+                          % (name, type(wrong[0]).__name__))
+    return ProblemLog(problems)
+
+
 def run_analysis(record, analysis, target):
-    """One adapter: its summary goes in the record, its problems in the problem
-    list; an exception fails the record with the analysis named in the reason."""
+    """One adapter: its summary goes in the record, its problems under its name; an
+    exception fails the record with the analysis named in the reason."""
     started = time.time()
     try:
-        summary = analysis.summarize(target)
+        summary = OrderedDict(analysis.summarize(target) or {})
+        problems = summary_problems(analysis.name, summary.pop("problems", None))
     except DbgextError as error:
         record.fail("%s: %s" % (analysis.name, error))
         return
@@ -264,31 +320,29 @@ def run_analysis(record, analysis, target):
         return
     finally:
         record.timings[analysis.name] = round(time.time() - started, 6)
-    summary = OrderedDict(summary or {})
-    for problem in summary.pop("problems", None) or ():
-        if isinstance(problem, dict):
-            record.add_problem(analysis.name, problem.get("message", ""), problem.get("address"))
-        else:
-            record.add_problem(analysis.name, problem)
+    if problems:
+        record.problems[analysis.name] = problems.finish()
     record.analyses[analysis.name] = summary
 
 
 def build_record(target, path=None, size=None, content_key=None, analyses=None):
-    """The full record for an open target: identity, bug check, stack signature,
-    then each selected analysis (``analyses``: Analysis objects; None = all available)."""
-    from .signature import faulting_signature
-
+    """The full record for an open target: identity, bug check, faulting frame and
+    bucket, then each selected analysis (``analyses``: Analysis objects; None = all
+    available)."""
     started = time.time()
     record = DumpRecord(path, size, content_key)
     info = fill_identity(record, target)
-    for message in info.get("problems") or ():
-        record.add_problem("dump", message)
-    stack = faulting_signature(target, info)
-    record.frames = stack.frames
-    record.signature = stack.signature
-    for message, address in stack.problems:
-        record.add_problem("signature", message, address)
+    record.problems_of("dump").extend(as_problem(item) for item in info.get("problems") or ())
+    signature = crash_signature(target, info, record.bugcheck_code, record.bugcheck_parameters)
+    record.frames = signature.frames
+    record.faulting = signature.faulting
+    record.bucket, record.bucket_basis = signature.bucket, signature.basis
+    if signature.problems:
+        record.problems_of("signature").extend(signature.problems)
+    record.timings["signature"] = round(time.time() - started, 6)
     for analysis in (select_analyses() if analyses is None else analyses):
         run_analysis(record, analysis, target)
+    for name in [name for name, log in record.problems.items() if not log]:
+        del record.problems[name]
     record.seconds = round(time.time() - started, 6)
     return record

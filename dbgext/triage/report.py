@@ -1,27 +1,49 @@
-"""The fleet view over a triage database, like Windows Error Reporting buckets.
+"""The fleet view over a triage database, like Windows Error Reporting buckets, and
+one dump's record as text, like ``!analyze -v``.
 
 :func:`build_report` is SQL over the store returning plain data (one dict, the
-``--json`` form); :func:`render_report` prints it as tables.
+``--json`` form); :func:`render_report` and :func:`render_record` only lay out what
+they are given.
 """
 
 import datetime
 
+from ..render.text import hexaddr
 from .record import STATUS_FAILED, STATUS_OK
+from .signature import BASIS_OFFSET, BASIS_SYMBOL
 
 # Analyses whose problems make a dump "suspicious" in the report.
 SUSPICIOUS_ANALYSES = ("rtltrace", "etwstacks")
 
 WHEN = "coalesce(system_time, recorded_at)"
 
+# A dump bucketed by module+offset joins the bucket another dump of the same image
+# build (name, timestamp, size) got by name at the same offset: buckets do not
+# depend on whether symbols happened to be there.
+RESOLVED_DUMPS = """
+WITH named AS (
+    SELECT image, module_timestamp, module_size, module_offset, bugcheck_code, min(bucket) AS bucket
+    FROM dumps WHERE bucket_basis = '{symbol}' AND module_timestamp IS NOT NULL
+    GROUP BY image, module_timestamp, module_size, module_offset, bugcheck_code)
+SELECT d.*, coalesce(n.bucket, d.bucket) AS bucket_key,
+       CASE WHEN n.bucket IS NOT NULL THEN 'symbol (same image build)' ELSE d.bucket_basis END AS key_basis
+FROM dumps d LEFT JOIN named n
+  ON d.bucket_basis = '{offset}' AND n.image = d.image AND n.module_timestamp = d.module_timestamp
+ AND n.module_size = d.module_size AND n.module_offset = d.module_offset
+ AND n.bugcheck_code IS NOT DISTINCT FROM d.bugcheck_code
+""".format(symbol=BASIS_SYMBOL, offset=BASIS_OFFSET)
+
 
 def _plain(value):
-    if isinstance(value, (datetime.datetime, datetime.date)):
-        return value.strftime("%Y-%m-%dT%H:%M:%SZ") if isinstance(value, datetime.datetime) else value.isoformat()
+    if isinstance(value, datetime.datetime):
+        return value.strftime("%Y-%m-%dT%H:%M:%SZ")
+    if isinstance(value, datetime.date):
+        return value.isoformat()
     return value
 
 
 def _plain_rows(rows):
-    return [{key: _plain(value) for key, value in row.items()} for row in rows]
+    return [dict((key, _plain(value)) for key, value in row.items()) for row in rows]
 
 
 def build_report(store, top=10, examples=3):
@@ -29,33 +51,44 @@ def build_report(store, top=10, examples=3):
         "SELECT count(*) AS dumps, count(*) FILTER (WHERE status = ?) AS ok, "
         "count(*) FILTER (WHERE status = ?) AS failed, min(system_time) AS first_seen, max(system_time) AS last_seen "
         "FROM dumps", [STATUS_OK, STATUS_FAILED])[0]
+    # An offset bucket is one image build's: the same offset in another build is other code.
     buckets = store.query(
-        "SELECT bugcheck_code, signature, count(*) AS dumps, min({when}) AS first_seen, max({when}) AS last_seen, "
+        "SELECT bucket_key AS bucket, any_value(key_basis) AS basis, any_value(bugcheck_code) AS bugcheck_code, "
+        "any_value(bugcheck_name) AS bugcheck_name, any_value(image) AS image, "
+        "any_value(module_timestamp) AS module_timestamp, count(*) AS dumps, "
+        "min({when}) AS first_seen, max({when}) AS last_seen, "
         "list_slice(list(path ORDER BY {when}), 1, ?) AS examples "
-        "FROM dumps WHERE kind IS NOT NULL GROUP BY bugcheck_code, signature "
-        "ORDER BY dumps DESC, first_seen, signature LIMIT ?".format(when=WHEN), [examples, top])
+        "FROM ({resolved}) WHERE kind IS NOT NULL "
+        "GROUP BY bucket_key, CASE WHEN key_basis = '{offset}' THEN module_timestamp END "
+        "ORDER BY dumps DESC, first_seen, bucket LIMIT ?".format(when=WHEN, resolved=RESOLVED_DUMPS,
+                                                               offset=BASIS_OFFSET), [examples, top])
     hogs = store.query(
         "SELECT function, max(frame_bytes) AS biggest_frame, count(DISTINCT hash) AS dumps FROM stack_hogs "
         "GROUP BY function ORDER BY biggest_frame DESC, dumps DESC, function LIMIT ?", [top])
     placeholders = ", ".join("?" for _ in SUSPICIOUS_ANALYSES)
     suspicious = store.query(
-        "SELECT d.path, p.analysis, count(*) AS problems, min(p.message) AS example "
-        "FROM problems p JOIN dumps d ON d.hash = p.hash WHERE p.analysis IN (%s) "
+        "SELECT d.path, p.analysis, count(*) AS problems, min(p.kind) AS kind, min(p.message) AS example "
+        "FROM problems p JOIN dumps d ON d.hash = p.hash WHERE p.analysis IN (%s) AND p.severity = 'error' "
         "GROUP BY d.path, p.analysis ORDER BY problems DESC, d.path LIMIT ?" % placeholders,
         list(SUSPICIOUS_ANALYSES) + [top])
+    problem_kinds = store.query(
+        "SELECT analysis, kind, severity, count(*) AS problems, count(DISTINCT hash) AS dumps FROM problems "
+        "GROUP BY analysis, kind, severity ORDER BY problems DESC, analysis, kind LIMIT ?", [top])
     failures = store.query(
         "SELECT path, reason FROM dumps WHERE status = ? ORDER BY recorded_at, path LIMIT ?", [STATUS_FAILED, top])
     return {
+        "schema_version": 1,
         "totals": _plain_rows([totals])[0],
         "buckets": _plain_rows(buckets),
         "stack_hogs": _plain_rows(hogs),
         "suspicious": _plain_rows(suspicious),
+        "problem_kinds": _plain_rows(problem_kinds),
         "failures": _plain_rows(failures),
     }
 
 
-def bucket_label(code, signature):
-    return "%s %s" % ("0x%X" % code if code is not None else "-", signature or "(no stack)")
+def _timestamp(value):
+    return "%08x" % value if value is not None else "-"
 
 
 def render_report(out, report):
@@ -63,44 +96,80 @@ def render_report(out, report):
     out.line("%d dumps: %d ok, %d failed (first %s, last %s)" % (
         totals["dumps"], totals["ok"], totals["failed"], totals["first_seen"] or "-", totals["last_seen"] or "-"))
     out.line()
-    out.table([[bucket_label(b["bugcheck_code"], b["signature"]), b["dumps"], b["first_seen"] or "-",
-                b["last_seen"] or "-", ", ".join(b["examples"] or [])] for b in report["buckets"]],
-              ["bucket (bug check, faulting function)", "dumps", "first seen", "last seen", "examples"],
+    out.table([[b["bucket"], b["bugcheck_name"] or "-", b["basis"], b["image"] or "-",
+                _timestamp(b["module_timestamp"]), b["dumps"], b["first_seen"] or "-", b["last_seen"] or "-",
+                ", ".join(b["examples"] or [])] for b in report["buckets"]],
+              ["bucket", "name", "by", "image", "timestamp", "dumps", "first seen", "last seen", "examples"],
               title="Crash buckets")
     out.line()
     out.table([[h["function"], h["biggest_frame"], h["dumps"]] for h in report["stack_hogs"]],
               ["function", "biggest frame (bytes)", "dumps"], title="Top stack hogs")
     out.line()
-    out.table([[s["path"], s["analysis"], s["problems"], s["example"]] for s in report["suspicious"]],
-              ["dump", "analysis", "problems", "example"], title="Suspicious trace databases / ETW caches")
+    out.table([[s["path"], s["analysis"], s["problems"], s["kind"], s["example"]] for s in report["suspicious"]],
+              ["dump", "analysis", "problems", "kind", "example"], title="Suspicious trace databases / ETW caches")
+    out.line()
+    out.table([[k["analysis"], k["kind"], k["severity"], k["problems"], k["dumps"]] for k in report["problem_kinds"]],
+              ["analysis", "kind", "severity", "problems", "dumps"], title="Problems by kind")
     out.line()
     out.table([[f["path"], f["reason"]] for f in report["failures"]], ["dump", "reason"], title="Failed dumps")
 
 
-def render_record(out, record):
-    """One dump's triage record as text (what ``!py commands\\triage.py`` prints)."""
-    out.line("dump       %s" % (record.path or "(current target)"))
+HOW_FOUND = {"bugcheck_argument": "named by the bug check's arguments",
+             "exception_record": "the exception record's address"}
+
+
+def render_record(out, record, pointer_size=8):
+    """One dump's triage record as text, laid out like ``!analyze -v``."""
+    def address(value):
+        return hexaddr(value, pointer_size)
+
+    out.line("DUMP:             %s" % (record.path or "(current target)"))
     if record.size is not None:
-        out.line("size       %d bytes, hash %s" % (record.size, record.hash))
-    out.line("kind       %s, %s, build %s, time %s" % (record.kind or "?", record.arch or "?",
-                                                     record.build if record.build is not None else "?",
-                                                     record.system_time or "?"))
-    label = "exception " if record.kind == "minidump" else "bug check "
-    if record.bugcheck_code is not None:
-        out.line("%s 0x%X (%s)" % (label, record.bugcheck_code,
-                                    ", ".join("0x%x" % p for p in record.bugcheck_parameters)))
+        out.line("SIZE:             0x%x bytes, sha256 %s" % (record.size, record.hash))
+    out.line("KIND:             %s, %s, build %s, time %s" % (
+        record.kind or "?", record.arch or "?", record.build if record.build is not None else "?",
+        record.system_time or "?"))
+    out.line()
+    if record.bugcheck_code is None:
+        out.line("(no bug check or exception in this target)")
     else:
-        out.line("%s none" % label)
-    out.line("signature  %s" % (record.signature or "(no crash context)"))
-    for index, frame in enumerate(record.frames):
-        out.line("  %02d %s" % (index, frame))
+        user_mode = record.kind == "minidump"
+        out.line("%s (%x)" % (record.bugcheck_name or "UNKNOWN_%s" % ("EXCEPTION" if user_mode else "BUGCHECK"),
+                              record.bugcheck_code))
+        out.line("Arguments:")
+        for index, value in enumerate(record.bugcheck_parameters):
+            label = record.bugcheck_labels[index] if index < len(record.bugcheck_labels) else None
+            out.line("Arg%d: %s%s" % (index + 1, address(value), ", " + label if label else ""))
+    out.line()
+    faulting = record.faulting
+    if faulting is not None:
+        out.line("FAULTING_IP:      %s (%s), %s" % (faulting.name, address(faulting.address),
+                                                   HOW_FOUND.get(faulting.how, "first frame past the bug check "
+                                                                 "(found by %s)" % faulting.how)))
+        out.line("MODULE_NAME:      %s" % (faulting.module or "-"))
+        out.line("IMAGE_NAME:       %s" % (faulting.image or "-"))
+        out.line("IMAGE_TIMESTAMP:  %s, size 0x%x" % (_timestamp(faulting.module_timestamp), faulting.module_size or 0))
+        out.line("SYMBOL_NAME:      %s" % (faulting.function or "(no symbols: %s)" % faulting.module_relative))
+    out.line("BUCKET_ID:        %s (by %s)" % (record.bucket or "-", record.bucket_basis or "-"))
+    for key, value in record.dump.items():
+        out.line("%-17s %s" % (key.upper() + ":", _short(value, 200)))
+    if record.frames:
+        out.line()
+        out.line("STACK_TEXT:")
+        for index, frame in enumerate(record.frames):
+            out.line("%02x %s %s  (%s)" % (index, address(frame.address), frame.name, frame.how))
+    out.line()
     for name, summary in record.analyses.items():
-        out.line("%-10s %s" % (name, ", ".join("%s=%s" % (key, _short(value)) for key, value in summary.items())))
+        out.line("%-17s %s" % (name.upper() + ":", ", ".join("%s=%s" % (key, _short(value))
+                                                             for key, value in summary.items())))
     reason = ": " + record.reason if record.reason else ""
-    out.line("status     %s%s (%.3f s)" % (record.status, reason, record.seconds))
-    if record.problems:
-        out.table([[p["analysis"], "0x%x" % p["address"] if p.get("address") is not None else "-", p["message"]]
-                   for p in record.problems], ["analysis", "address", "problem"], title="Problems")
+    out.line("STATUS:           %s%s (%.3f s)" % (record.status, reason, record.seconds))
+    problems = record.all_problems()
+    if problems:
+        out.table([[analysis, problem.kind, problem.severity,
+                    address(problem.address) if problem.address is not None else "-", problem.message]
+                   for analysis, problem in problems], ["analysis", "kind", "severity", "address", "problem"],
+                  title="Problems")
 
 
 def _short(value, limit=60):

@@ -1,18 +1,23 @@
 """Running triage over many dumps: locally on a process pool, or on a Dask cluster.
 
-The parent expands the paths, hashes each file (a bounded read, see
-:func:`content_hash`), skips hashes the database already holds, and hands out one
-*task* per dump.  A worker opens the dump, builds its :class:`DumpRecord` and sends
-back only that compact record.  The parent writes each record in its own
-transaction as it arrives.
+The parent expands the paths and skips files it has hashed before and that have not
+changed since (same path, size, modification and change time, and a recorded hash).
+Every other file becomes one *task*.  A worker hashes the whole file (SHA-256,
+streaming: a dump's identity is its content), tells the parent the hash, opens the
+dump, builds its :class:`DumpRecord` and sends back only that compact record.  The
+parent writes each record in its own transaction as it arrives; a record whose
+hash is already in the database (a copy of a recorded dump) is not written again.
 
 Faults are per dump: a corrupt or truncated file, an analysis exception, a worker
-process that dies (kdmp-parser can SIGBUS on a truncated file) or one that exceeds
-the per-dump timeout (the worker is killed and replaced) each produce a failed
-record with the reason, and the batch goes on.
+process that dies or one that exceeds the per-dump timeout (the worker is killed and
+replaced) each produce a failed record with the reason, and the batch goes on.  A
+file that cannot even be hashed is reported, not recorded, and is tried again by the
+next run.  Ctrl-C stops the batch: workers ignore SIGINT, the parent kills them and
+keeps every record already committed.
 
 ``python -m dbgext.triage.run`` analyses one task read as JSON from stdin and
-prints the record as JSON: the isolated form the Dask path runs per dump.
+prints the hash line, then the record, as JSON: the isolated form the Dask path
+runs per dump.
 """
 
 import fnmatch
@@ -20,6 +25,7 @@ import glob
 import json
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -28,6 +34,8 @@ from multiprocessing.connection import wait as wait_for
 from ..errors import BadInput, DbgextError
 from .record import (STATUS_FAILED, DumpRecord, build_record, content_hash, failed_record, load_plugins,
                      select_analyses)
+
+HASH_LINE = "hash "
 
 DUMP_EXTENSIONS = (".dmp", ".mdmp", ".hdmp", ".kdmp")
 DUMP_MAGICS = (b"PAGE", b"MDMP")
@@ -81,19 +89,34 @@ def expand_paths(paths):
 
 # -- one dump --------------------------------------------------------------------------
 
-def make_task(path, content_key, size, analyses=None, plugins=(), symbols=None):
+def file_stat(path):
+    """(size, mtime_ns, ctime_ns): what tells an unchanged file from a rewritten one."""
+    status = os.stat(path)
+    return status.st_size, status.st_mtime_ns, status.st_ctime_ns
+
+
+def make_task(path, stat, analyses=None, plugins=(), symbols=None):
     """A task is plain data so it pickles to a local worker and serialises to Dask."""
-    return {"path": path, "hash": content_key, "size": size, "analyses": analyses,
+    return {"path": path, "size": stat[0], "stat": list(stat), "analyses": analyses,
             "plugins": list(plugins or ()), "symbols": list(symbols) if symbols else None}
 
 
-def analyse_dump(task):
-    """Open the task's dump and return its record as a dict.  Never raises for a
-    bad dump: corrupt files and analysis failures become failed records."""
+def analyse_dump(task, on_hash=None):
+    """Hash the task's dump (calling ``on_hash(hash)``), open it and return its
+    record as a dict.  Never raises for a bad dump: corrupt files and analysis
+    failures become failed records; a file that cannot be read at all gives a
+    failed record without a hash."""
     import dbgext
 
     started = time.time()
-    path, size, content_key = task["path"], task["size"], task["hash"]
+    path, size = task["path"], task["size"]
+    try:
+        content_key = content_hash(path)
+    except BadInput as error:
+        return failed_record(path, size, None, str(error), time.time() - started).as_dict()
+    hashed = time.time()
+    if on_hash is not None:
+        on_hash(content_key)
     try:
         load_plugins(task.get("plugins"))
         analyses = select_analyses(task.get("analyses"))
@@ -109,16 +132,21 @@ def analyse_dump(task):
                              time.time() - started).as_dict()
     try:
         record = build_record(target, path, size, content_key, analyses)
+    except DbgextError as error:  # the dump changed or vanished under the reader
+        record = failed_record(path, size, content_key, str(error))
     except Exception as error:  # identity/signature code met something it did not expect
         record = failed_record(path, size, content_key, "%s: %s" % (type(error).__name__, error))
     finally:
         target.close()
+    record.timings["hash"] = round(hashed - started, 6)
     record.seconds = round(time.time() - started, 6)
     return record.as_dict()
 
 
 def _worker_loop(connection):
-    """A local pool worker: tasks in, records out, until it gets None."""
+    """A local pool worker: tasks in; the hash, then the record, out; until it gets
+    None.  Ctrl-C is the parent's to handle: a worker only ever gets killed."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     while True:
         try:
             task = connection.recv()
@@ -126,7 +154,7 @@ def _worker_loop(connection):
             return
         if task is None:
             return
-        connection.send(analyse_dump(task))
+        connection.send(("record", analyse_dump(task, on_hash=lambda value: connection.send(("hash", value)))))
 
 
 # -- local process pool ------------------------------------------------------------------
@@ -146,12 +174,13 @@ def _context():
 
 
 class _Slot(object):
-    __slots__ = ("process", "connection", "task", "deadline")
+    __slots__ = ("process", "connection", "task", "hash", "deadline")
 
     def __init__(self, process, connection):
         self.process = process
         self.connection = connection
         self.task = None
+        self.hash = None        # the task's content hash, once the worker has sent it
         self.deadline = None
 
 
@@ -179,7 +208,7 @@ class LocalPool(object):
         slot.connection.close()
 
     def run(self, tasks):
-        """Yield one record dict per task, in completion order."""
+        """Yield (task, record dict) per task, in completion order."""
         pending = list(reversed(tasks))
         self._slots = [self._start() for _ in range(min(self.workers, len(tasks)))]
         try:
@@ -190,11 +219,11 @@ class LocalPool(object):
                 wait_seconds = max(0.0, min(deadlines) - time.time()) if deadlines else None
                 ready = wait_for([slot.connection for slot in busy] + [slot.process.sentinel for slot in busy],
                                  wait_seconds)
-                finished = [record for record in (self._collect(slot, ready) for slot in busy) if record]
+                finished = [done for done in (self._collect(slot, ready) for slot in busy) if done]
                 # Hand out the next dumps before the caller spends time committing these.
                 self._dispatch(pending)
-                for record in finished:
-                    yield record
+                for done in finished:
+                    yield done
         finally:
             for slot in self._slots:
                 try:
@@ -209,6 +238,7 @@ class LocalPool(object):
         for slot in self._slots:
             if slot.task is None and pending:
                 slot.task = pending.pop()
+                slot.hash = None
                 slot.deadline = time.time() + self.timeout if self.timeout else None
                 try:
                     slot.connection.send(slot.task)
@@ -216,31 +246,39 @@ class LocalPool(object):
                     pass  # the worker is gone: its sentinel reports the dump as failed
 
     def _collect(self, slot, ready):
-        """The slot's record if it finished, died or timed out (replacing the worker
-        in the last two cases); None while it is still working."""
+        """(task, record) if the slot's task finished, died or timed out (replacing
+        the worker in the last two cases); None while it is still working."""
         task = slot.task
         if slot.connection in ready or slot.process.sentinel in ready:
             try:
-                if slot.connection.poll():
-                    record = slot.connection.recv()
+                while slot.connection.poll():
+                    kind, value = slot.connection.recv()
+                    if kind == "hash":
+                        slot.hash = value
+                        continue
                     slot.task = None
-                    return record
+                    return task, value
+                if slot.process.is_alive():
+                    return None
             except (EOFError, OSError):
                 pass
             slot.process.join(1)
             reason = "worker process died while analysing the dump (exit code %s)" % slot.process.exitcode
+            seconds = 0.0
         elif slot.deadline and time.time() >= slot.deadline:
             reason = "timed out after %g s (worker killed)" % self.timeout
+            seconds = self.timeout
         else:
             return None
+        content_key = slot.hash
         self._replace(slot)
-        return failed_record(task["path"], task["size"], task["hash"], reason,
-                             self.timeout if reason.startswith("timed out") else 0.0).as_dict()
+        return task, failed_record(task["path"], task["size"], content_key, reason, seconds).as_dict()
 
     def _replace(self, slot):
         self._retire(slot, kill=True)
         fresh = self._start()
-        slot.process, slot.connection, slot.task, slot.deadline = fresh.process, fresh.connection, None, None
+        slot.process, slot.connection, slot.task, slot.hash, slot.deadline = (
+            fresh.process, fresh.connection, None, None, None)
 
 
 # -- Dask --------------------------------------------------------------------------------
@@ -248,7 +286,9 @@ class LocalPool(object):
 def analyse_dump_isolated(task, timeout=DEFAULT_TIMEOUT):
     """Run one task in a child interpreter (``python -m dbgext.triage.run``), killing
     it after ``timeout`` seconds.  Dask cannot kill a running task, and a parser
-    crash must not take the Dask worker down, so each dump gets its own process."""
+    crash must not take the Dask worker down, so each dump gets its own process.
+    The child prints the hash line first, so a dump that hangs later still gets a
+    failed row under its content hash."""
     started = time.time()
     environment = dict(os.environ)
     inherited = [p for p in sys.path + environment.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -257,19 +297,29 @@ def analyse_dump_isolated(task, timeout=DEFAULT_TIMEOUT):
         finished = subprocess.run([sys.executable, "-m", "dbgext.triage.run"], input=json.dumps(task).encode(),
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environment,
                                   timeout=timeout if timeout and timeout > 0 else None)
-    except subprocess.TimeoutExpired:
-        return failed_record(task["path"], task["size"], task["hash"],
+    except subprocess.TimeoutExpired as expired:
+        content_key, _ = _child_output(expired.stdout)
+        return failed_record(task["path"], task["size"], content_key,
                              "timed out after %g s (worker killed)" % timeout, time.time() - started).as_dict()
-    if finished.returncode == 0:
-        try:
-            return json.loads(finished.stdout.decode("utf-8"))
-        except ValueError:
-            pass
+    content_key, document = _child_output(finished.stdout)
+    if finished.returncode == 0 and document is not None:
+        return document
     detail = finished.stderr.decode("utf-8", "replace").strip().splitlines()
-    return failed_record(task["path"], task["size"], task["hash"],
+    return failed_record(task["path"], task["size"], content_key,
                          "worker process died while analysing the dump (exit code %s)%s"
                          % (finished.returncode, ": " + detail[-1] if detail else ""),
                          time.time() - started).as_dict()
+
+
+def _child_output(data):
+    """(hash or None, record dict or None) from what the child printed."""
+    lines = (data or b"").decode("utf-8", "replace").split("\n", 1)
+    content_key = lines[0][len(HASH_LINE):].strip() if lines[0].startswith(HASH_LINE) else None
+    try:
+        document = json.loads(lines[1]) if len(lines) > 1 else None
+    except ValueError:
+        document = None
+    return content_key or None, document
 
 
 class DaskPool(object):
@@ -299,10 +349,10 @@ class DaskPool(object):
             for future in as_completed(list(futures)):
                 task = futures[future]
                 try:
-                    yield future.result()
+                    yield task, future.result()
                 except Exception as error:  # the Dask worker itself was lost
-                    yield failed_record(task["path"], task["size"], task["hash"],
-                                        "Dask task failed: %s: %s" % (type(error).__name__, error)).as_dict()
+                    yield task, failed_record(task["path"], task["size"], None, "Dask task failed: %s: %s"
+                                              % (type(error).__name__, error)).as_dict()
         finally:
             for future in futures:
                 future.cancel()
@@ -318,59 +368,71 @@ class BatchResult(object):
 
     def __init__(self):
         self.found = 0
-        self.skipped = 0        # already in the database
+        self.skipped = 0        # already in the database (unchanged files, copies of recorded dumps)
         self.analysed = 0       # records written this run
         self.failed = 0         # of those, failed ones
-        self.unreadable = []    # messages about paths that could not be hashed/found
+        self.unreadable = []    # messages about paths that could not be found, read or hashed
         self.seconds = 0.0
 
 
-def plan_tasks(paths, store, analyses=None, plugins=(), symbols=None, retry_failed=False):
-    """Expand and hash ``paths`` and return (tasks for dumps not yet recorded, BatchResult)."""
+def plan_tasks(paths, store, analyses=None, plugins=(), symbols=None, retry_failed=False, exclude=()):
+    """Expand ``paths`` and return (tasks for files not known to be recorded,
+    BatchResult).  A file is known when its path, size, modification and change
+    times are those it had when it was hashed whole, and that hash is recorded.
+    ``exclude``: paths that are never dumps to triage (the database itself)."""
     result = BatchResult()
     files, result.unreadable = expand_paths(paths)
+    excluded = set(os.path.realpath(path) for path in exclude)
+    files = [path for path in files if os.path.realpath(path) not in excluded]
     result.found = len(files)
-    known = store.status_by_hash()
-    planned = set()
+    status_by_hash = store.status_by_hash()
+    known_files = store.known_files()
     tasks = []
     for path in files:
         try:
-            content_key = content_hash(path)
-            size = os.path.getsize(path)
-        except (BadInput, OSError) as error:
-            result.unreadable.append(str(error))
+            stat = file_stat(path)
+        except OSError as error:
+            result.unreadable.append("cannot read %s: %s" % (path, error.strerror or error))
             continue
-        status = known.get(content_key)
-        if content_key in planned or (status is not None and not (retry_failed and status == STATUS_FAILED)):
+        known = known_files.get(path)
+        status = status_by_hash.get(known[3]) if known is not None and tuple(known[:3]) == stat else None
+        if status is not None and not (retry_failed and status == STATUS_FAILED):
             result.skipped += 1
             continue
-        planned.add(content_key)
-        tasks.append(make_task(path, content_key, size, analyses, plugins, symbols))
+        tasks.append(make_task(path, stat, analyses, plugins, symbols))
     return tasks, result
 
 
 def run_batch(paths, store, workers=None, timeout=DEFAULT_TIMEOUT, analyses=None, plugins=(), symbols=None,
-              dask_address=None, retry_failed=False, progress=None):
-    """Triage every new dump under ``paths`` into ``store``; returns a BatchResult."""
+              dask_address=None, retry_failed=False, progress=None, exclude=()):
+    """Triage every new dump under ``paths`` into ``store``; returns a BatchResult.
+
+    KeyboardInterrupt and StorageError end the batch (workers killed); every record
+    committed before stays in the store."""
     started = time.time()
     load_plugins(plugins)
     select_analyses(analyses)  # unknown analysis names fail here, before any work
-    tasks, result = plan_tasks(paths, store, analyses, plugins, symbols, retry_failed)
+    tasks, result = plan_tasks(paths, store, analyses, plugins, symbols, retry_failed, exclude)
     pool = None
     if tasks:
         pool = DaskPool(dask_address, timeout) if dask_address else LocalPool(workers, timeout)
     if progress is not None:
         progress.start(len(tasks))
-    if pool is not None:
-        for document in pool.run(tasks):
-            store.add(document, replace_failed=retry_failed)
-            result.analysed += 1
+    try:
+        for task, document in (pool.run(tasks) if pool is not None else ()):
             failed = document.get("status") == STATUS_FAILED
-            result.failed += failed
+            if document.get("hash") is None:
+                result.unreadable.append("%s: %s" % (task["path"], document.get("reason")))
+            elif store.add(document, replace_failed=retry_failed, stat=tuple(task["stat"])):
+                result.analysed += 1
+                result.failed += failed
+            else:
+                result.skipped += 1
             if progress is not None:
                 progress.advance(failed)
-    if progress is not None:
-        progress.finish()
+    finally:
+        if progress is not None:
+            progress.finish()
     result.seconds = time.time() - started
     return result
 
@@ -378,7 +440,12 @@ def run_batch(paths, store, workers=None, timeout=DEFAULT_TIMEOUT, analyses=None
 def _main():
     """One task from stdin -> its record as JSON on stdout (see analyse_dump_isolated)."""
     task = json.loads(sys.stdin.read())
-    document = analyse_dump(task)
+
+    def print_hash(value):
+        sys.stdout.write(HASH_LINE + value + "\n")
+        sys.stdout.flush()
+
+    document = analyse_dump(task, on_hash=print_hash)
     sys.stdout.write(json.dumps(DumpRecord.from_dict(document).as_dict(), default=str))
     sys.stdout.flush()
 

@@ -1,154 +1,190 @@
-"""The faulting thread's stack signature: top frames as ``module!function``.
+"""The faulting frame and the bucket of a crash, found the way ``!analyze`` finds them.
 
-Triage has no unwind data for every module of every dump, so it does what
-WinDbg's ``kv`` falls back to and what ``!analyze`` bucketing needs: frame 0 is the
-context's instruction pointer, then the stack is scanned upward from the stack
-pointer for values that are return addresses — they point into a loaded module
-*and* the bytes before them are a ``call`` instruction.  The signature (the bucket
-key, like WER's faulting function) is the first frame that is not bug-check or
-exception-dispatch plumbing.
+The faulting thread's frames come from the one unwinder (:func:`dbgext.stacks.analyze`:
+unwind data, frame chains, and a scan only as the last resort, each frame saying how it
+was found).  The *faulting frame* is then, in this order:
+
+1. the instruction a bug check names in its arguments (Arg4 of 0xD1, Arg2 of 0x7E…,
+   see :data:`~dbgext.triage.bugchecks.FAULTING_ADDRESS_ARGUMENT`), or a user-mode
+   dump's exception address — !analyze's FAULTING_IP;
+2. else the first frame of the stack that is not bug-check or exception-dispatch
+   plumbing (:data:`PLUMBING`).
+
+The bucket key is ``<code>_<module>!<function>`` when the module's symbols name the
+function, else ``<code>_<module>+0x<offset>``.  Both forms are recorded with the
+module's image name, timestamp and size, so the report can put a dump analysed
+without symbols into the bucket another dump of the same image build got by name
+(the bucket does not depend on whether symbols happened to be there).
 """
 
-import struct
-
 from ..errors import DbgextError
+from ..problems import ProblemLog
+from .bugchecks import FAULTING_ADDRESS_ARGUMENT
 
-MAX_FRAMES = 8
-STACK_SCAN_SLOTS = 1024   # 8 KiB (x64) of stack above the stack pointer, read in one bulk read
+MAX_FRAMES = 16
+HEADER_BYTES = 0x1000
+
+BASIS_SYMBOL = "symbol"      # module!function from the module's symbols
+BASIS_OFFSET = "offset"      # module+offset of an image identified by timestamp and size
+BASIS_UNKNOWN = "unknown"    # an address in no loaded module
+BASIS_NONE = "none"          # no crash context and no faulting address: the code alone
 
 # Frames that say *how* the system stopped, not *where* it went wrong.
 PLUMBING = frozenset(name.lower() for name in (
-    "nt!KeBugCheckEx", "nt!KeBugCheck", "nt!KeBugCheck2", "nt!KiBugCheckDispatch",
-    "nt!KiPageFault", "nt!KiGeneralProtectionFault", "nt!KiDoubleFaultAbort",
-    "nt!KiExceptionDispatch", "nt!KiBreakpointTrap", "nt!KiDivideErrorFault",
-    "nt!KiInvalidOpcodeFault", "nt!KiSystemServiceHandler", "nt!RtlRaiseStatus",
-    "nt!ExRaiseStatus", "nt!KiRaiseException", "nt!KiDispatchException",
+    "nt!KeBugCheckEx", "nt!KeBugCheck", "nt!KeBugCheck2", "nt!KiBugCheckDispatch", "nt!KiBugCheckDebugBreak",
+    "nt!KiPageFault", "nt!KiGeneralProtectionFault", "nt!KiDoubleFaultAbort", "nt!KiInvalidOpcodeFault",
+    "nt!KiDivideErrorFault", "nt!KiBreakpointTrap", "nt!KiDebugTrapOrFault", "nt!KiRaiseSecurityCheckFailure",
+    "nt!KiFastFailDispatch", "nt!KiExceptionDispatch", "nt!KiDispatchException", "nt!KiRaiseException",
+    "nt!KiSystemServiceHandler", "nt!KiSystemServiceExit", "nt!RtlRaiseStatus", "nt!ExRaiseStatus",
+    "nt!RtlDispatchException", "nt!RtlpExecuteHandlerForException", "nt!RtlpExecuteHandlerForUnwind",
+    "nt!RtlUnwindEx", "nt!KiCheckForKernelApcDelivery",
     "ntdll!KiUserExceptionDispatcher", "ntdll!RtlRaiseException", "ntdll!RtlDispatchException",
-    "ntdll!RtlReportException", "kernelbase!RaiseException", "kernelbase!UnhandledExceptionFilter",
-    "ntdll!NtWaitForSingleObject", "ntdll!NtWaitForMultipleObjects", "kernelbase!WaitForSingleObjectEx",
-    "ntdll!ZwWaitForSingleObject",
+    "ntdll!RtlReportException", "ntdll!RtlpExecuteHandlerForException", "ntdll!RtlUserThreadStart",
+    "kernelbase!RaiseException", "kernelbase!UnhandledExceptionFilter", "kernelbase!RaiseFailFastException",
+    "ntdll!NtWaitForSingleObject", "ntdll!NtWaitForMultipleObjects", "ntdll!ZwWaitForSingleObject",
+    "kernelbase!WaitForSingleObjectEx", "kernelbase!WaitForMultipleObjectsEx",
 ))
 
-PC_NAMES = ("rip", "eip", "pc")
-SP_NAMES = ("rsp", "esp", "sp")
+
+class CrashFrame(object):
+    """One code address of the crash, placed in its module.
+
+    ``how``: how the frame was found (``context``, ``unwind``, ``frame_chain``,
+    ``scan``, or ``bugcheck_argument``/``exception_record`` for a faulting address
+    taken from the crash itself)."""
+
+    __slots__ = ("address", "how", "name", "module", "image", "module_offset", "function", "function_offset",
+                 "module_timestamp", "module_size")
+
+    def __init__(self, address, how, name=None, module=None, image=None, module_offset=None, function=None,
+                 function_offset=None, module_timestamp=None, module_size=None):
+        self.address = address
+        self.how = how
+        self.name = name
+        self.module = module
+        self.image = image
+        self.module_offset = module_offset
+        self.function = function
+        self.function_offset = function_offset
+        self.module_timestamp = module_timestamp
+        self.module_size = module_size
+
+    def as_dict(self):
+        return dict((name, getattr(self, name)) for name in self.__slots__)
+
+    @classmethod
+    def from_dict(cls, document):
+        return cls(**dict((name, document.get(name)) for name in cls.__slots__))
+
+    @property
+    def module_relative(self):
+        """``module+0x1234`` (or the bare address outside every module)."""
+        if self.module is None:
+            return "0x%x" % self.address
+        return "%s+0x%x" % (self.module, self.module_offset)
 
 
-class StackSignature(object):
-    """``frames``: names of the top frames; ``addresses``: their code addresses;
-    ``signature``: the faulting function; ``problems``: (message, address) pairs."""
+class CrashSignature(object):
+    """The faulting thread's frames, the faulting frame and the bucket it gives."""
 
-    __slots__ = ("frames", "addresses", "signature", "problems")
+    __slots__ = ("frames", "faulting", "bucket", "basis", "problems")
 
     def __init__(self):
         self.frames = []
-        self.addresses = []
-        self.signature = None
-        self.problems = []
+        self.faulting = None
+        self.bucket = None
+        self.basis = BASIS_NONE
+        self.problems = ProblemLog()
 
 
-def context_registers(info):
-    """The crash context from target.info(): ``context`` or ``registers`` (any key
-    case); None when there is none or it is all zero (a dump written without one)."""
-    for key in ("context", "registers"):
-        registers = info.get(key)
-        if isinstance(registers, dict) and registers:
-            registers = {str(name).lower(): value for name, value in registers.items()}
-            if _first(registers, PC_NAMES) or _first(registers, SP_NAMES):
-                return registers
-    return None
+def module_identity(target, module):
+    """(TimeDateStamp, SizeOfImage) from the module's PE header in target memory;
+    the loader's size and no timestamp when the header is not in the dump."""
+    from ..pe import PEImage
 
-
-def _first(registers, names):
-    for name in names:
-        value = registers.get(name)
-        if isinstance(value, int):
-            return value
-    return None
-
-
-def follows_call(before):
-    """True when ``before`` (the bytes just ahead of a candidate return address)
-    ends with an x86/x64 ``call`` encoding."""
-    n = len(before)
-    if n >= 5 and before[n - 5] == 0xE8:                                    # call rel32
-        return True
-    if n >= 2 and before[n - 2] == 0xFF and (before[n - 1] & 0xF8) == 0xD0:  # call reg
-        return True
-    if n >= 3 and before[n - 3] == 0xFF and (before[n - 2] & 0xF8) == 0x50:  # call [reg+disp8]
-        return True
-    if n >= 6 and before[n - 6] == 0xFF and before[n - 5] in (0x15, 0x90, 0x91, 0x92, 0x93, 0x95, 0x96, 0x97):
-        return True                                                        # call [rip+disp32] / [reg+disp32]
-    if n >= 3 and before[n - 3] == 0xFF and before[n - 2] == 0x14 and before[n - 1] == 0x24:
-        return True                                                        # call [rsp]
-    return False
-
-
-def is_return_address(target, value, code_cache):
-    """``value`` points into a module and follows a call instruction."""
-    known = code_cache.get(value)
-    if known is not None:
-        return known
-    result = False
-    if value >= 8 and target.module_at(value) is not None:
-        read = target.try_read(value - 7, 7)
-        result = read.complete and follows_call(read.data)
-    code_cache[value] = result
-    return result
-
-
-def name_of(target, address):
+    header = target.try_read(module.base, HEADER_BYTES)
+    if not header.readable(module.base, 0x200):
+        return None, module.size
     try:
-        name = target.symbols.function_of(address)
+        image = PEImage.from_bytes(bytes(header.data), module.image)
     except DbgextError:
-        name = None
-    return name or ("0x%x" % address)
+        return None, module.size
+    return image.timestamp, image.size_of_image or module.size
 
 
-def stack_walk(target, registers, max_frames=MAX_FRAMES, scan_slots=STACK_SCAN_SLOTS):
-    """Code addresses of the top ``max_frames`` frames and problems met, from the
-    context's pc and a bounded scan of the stack above its sp."""
-    problems = []
-    pc = _first(registers, PC_NAMES)
-    sp = _first(registers, SP_NAMES)
-    addresses = []
-    if pc:
-        addresses.append(pc)
-    if not sp:
-        problems.append(("the crash context has no stack pointer", None))
-        return addresses, problems
-    read = target.try_read(sp, scan_slots * target.pointer_size)
-    if read.holes and read.holes[0][0] == sp:
-        problems.append(("stack at 0x%x is unreadable" % sp, sp))
-        return addresses, problems
-    readable_end = read.holes[0][0] if read.holes else sp + len(read.data)
-    slots = (readable_end - sp) // target.pointer_size
-    values = struct.unpack_from("<%d%s" % (slots, "Q" if target.pointer_size == 8 else "I"), read.data)
-    modules = target.modules()
-    if not modules:
-        return addresses, problems
-    # Most stack slots are data: a range test spares them the module lookup.
-    lowest, highest = modules[0].base, max(module.end for module in modules)
-    code_cache = {}
-    for value in values:
-        if len(addresses) >= max_frames:
-            break
-        if lowest <= value < highest and is_return_address(target, value, code_cache):
-            addresses.append(value)
-    return addresses, problems
+def place(target, address, how, identities):
+    """A :class:`CrashFrame` for ``address``: its module, function and names.
+    ``identities`` caches module_identity per module base."""
+    frame = CrashFrame(address, how, name=target.symbolize(address))
+    module = target.module_at(address)
+    if module is None:
+        return frame
+    frame.module = module.name
+    frame.image = module.image
+    frame.module_offset = address - module.base
+    if module.base not in identities:
+        identities[module.base] = module_identity(target, module)
+    frame.module_timestamp, frame.module_size = identities[module.base]
+    function = target.symbols.function_of(address)
+    if function and "!" in function:
+        start = target.symbol_address(function)
+        frame.function = function
+        frame.function_offset = address - start if start is not None else None
+    return frame
 
 
-def faulting_signature(target, info=None):
-    """The :class:`StackSignature` of the crash context, empty when the dump has none."""
-    result = StackSignature()
-    registers = context_registers(info if info is not None else (target.info() or {}))
-    if not registers:
-        return result
-    result.addresses, result.problems = stack_walk(target, registers)
-    result.frames = [name_of(target, address) for address in result.addresses]
-    for frame in result.frames:
-        if frame.lower() not in PLUMBING:
-            result.signature = frame
-            break
+def faulting_address(info, code, parameters):
+    """(address, how) of the faulting instruction the crash itself names, or None."""
+    if info.get("mode") == "user":
+        exception = info.get("exception")
+        address = exception.get("address") if isinstance(exception, dict) else None
+        return (address, "exception_record") if address else None
+    index = FAULTING_ADDRESS_ARGUMENT.get(code)
+    if index is not None and index < len(parameters) and parameters[index]:
+        return parameters[index], "bugcheck_argument"
+    return None
+
+
+def bucket_key(code, frame):
+    """(key, basis) of a crash: ``0xD1_mydrv!CopyLeaf``, ``0xD1_mydrv+0x1234``..."""
+    prefix = "0x%X" % code if code is not None else "NO_BUGCHECK"
+    if frame is None:
+        return prefix, BASIS_NONE
+    if frame.function:
+        return "%s_%s" % (prefix, frame.function), BASIS_SYMBOL
+    if frame.module is not None:
+        return "%s_%s" % (prefix, frame.module_relative), BASIS_OFFSET
+    return "%s_UNKNOWN_MODULE" % prefix, BASIS_UNKNOWN
+
+
+def crash_signature(target, info, code, parameters):
+    """The :class:`CrashSignature` of the crash described by ``info`` (target.info())."""
+    result = CrashSignature()
+    identities = {}
+    addresses, problems = unwind_faulting_thread(target)
+    result.problems.extend(problems)
+    result.frames = [place(target, address, how, identities) for address, how in addresses]
+    named = faulting_address(info, code, parameters)
+    if named is not None:
+        result.faulting = place(target, named[0], named[1], identities)
     else:
-        result.signature = result.frames[0] if result.frames else None
+        result.faulting = next((frame for frame in result.frames
+                                if (frame.function or frame.name or "").lower() not in PLUMBING), None)
+        if result.faulting is None and result.frames:
+            result.faulting = result.frames[0]
+    result.bucket, result.basis = bucket_key(code, result.faulting)
     return result
+
+
+def unwind_faulting_thread(target):
+    """([(code address, how found)], problems) of the crashing thread's stack, top
+    first, from the one unwinder; no frames when the target holds no context."""
+    from ..stacks import analyze
+
+    try:
+        stack = analyze(target, max_frames=MAX_FRAMES)
+    except DbgextError as error:
+        problems = ProblemLog()
+        problems.add("no_stack", None, "the faulting thread's stack cannot be walked: %s" % error, "warning")
+        return [], problems
+    return [(frame.ip, frame.found_by) for frame in stack.frames], stack.problems
