@@ -345,27 +345,16 @@ def patched(path, offset, fmt, *values):
     return path
 
 
-def test_an_entry_size_below_the_structure_is_bad_input(full):
+@pytest.mark.parametrize("stream_type, field, fmt, value, message", [
+    (17, 4, "<I", 16, "ThreadInfoList"),                             # SizeOfEntry below the structure
+    (16, 8, "<Q", 0xFFFFFFFFFFFF, "too few for"),                    # a count the stream cannot hold
+    (14, 12 + 20, "<I", 0x7FFFFFF0, "a string at file offset 0x7ffffff0"),   # a name outside the file
+], ids=["entry-size", "count", "name-rva"])
+def test_a_corrupt_list_stream_is_bad_input_naming_what_is_wrong(full, stream_type, field, fmt, value, message):
     _, path = full
-    _, rva = stream_location(path, 17)
-    patched(path, rva + 4, "<I", 16)
-    with pytest.raises(BadInput, match="ThreadInfoList"):
-        MinidumpBackend(path)
-
-
-def test_a_count_beyond_the_stream_is_bad_input_not_memory(full):
-    _, path = full
-    _, rva = stream_location(path, 16)
-    patched(path, rva + 8, "<Q", 0xFFFFFFFFFFFF)
-    with pytest.raises(BadInput, match="too few for"):
-        MinidumpBackend(path)
-
-
-def test_a_name_outside_the_file_is_bad_input_naming_it(full):
-    _, path = full
-    _, rva = stream_location(path, 14)
-    patched(path, rva + 12 + 20, "<I", 0x7FFFFFF0)
-    with pytest.raises(BadInput, match="a string at file offset 0x7ffffff0"):
+    _, rva = stream_location(path, stream_type)
+    patched(path, rva + field, fmt, value)
+    with pytest.raises(BadInput, match=message):
         MinidumpBackend(path)
 
 

@@ -12,17 +12,24 @@ then a u16, or 0xFF, 0x0000 then a u32), the high nibble the bit length of the
 offset, whose top bit is implied.
 
 Speed: one lookup per symbol in a 2^15-entry table (symbol << 4 | code length),
-a bit buffer refilled 16 bits at a time, literals appended and matches copied
-as slices.  ``scripts/bench_xpress.py`` measures it.
+a bit buffer refilled seven words at a time from byte-swapped copies of the
+input, literals appended and matches copied as slices.
+``scripts/bench_xpress.py`` measures it.
 """
+
+import sys
+from array import array
 
 from ..errors import BadInput
 
 BLOCK_SIZE = 0x10000
 TABLE_SIZE = 256
-SYMBOLS = 512
 TABLE_BITS = 15
 MIN_MATCH = 3
+LITERAL_ENTRIES = 256 << 4           # table entries below this are literals
+REFILL_BYTES = 14                    # 7 words per refill (measured: fewer refills beat smaller ints)
+REFILL_BITS = 8 * REFILL_BYTES
+MASKS = [(1 << n) - 1 for n in range(REFILL_BITS + 16)]
 
 
 class XpressError(BadInput):
@@ -52,6 +59,21 @@ def decoding_table(lengths_table, where="compressed data"):
     return table
 
 
+def _word_views(data):
+    """Two copies of ``data`` with every 16-bit word byte-swapped, one for words at
+    even offsets and one for odd, so that ``int.from_bytes(view[p:p + n], "big")``
+    is the bit stream from offset p in one call; padded with zeros so that a read
+    ahead past the end is harmless (the end is checked where the decoder stands)."""
+    views = []
+    for parity in (0, 1):
+        body = data[parity:]
+        words = array("H", body[:len(body) & ~1])
+        if sys.byteorder == "little":
+            words.byteswap()
+        views.append(bytes(parity) + words.tobytes() + body[len(body) & ~1:] + bytes(2 * REFILL_BYTES))
+    return views
+
+
 def decompress(data, size, where="compressed data"):
     """The ``size`` bytes that ``data`` (bytes-like, LZ77+Huffman) decodes to.
 
@@ -60,39 +82,53 @@ def decompress(data, size, where="compressed data"):
     complete, a match reaching before the start or past ``size``."""
     data = bytes(data)
     end = len(data)
+    views = _word_views(data)
+    masks = MASKS
     out = bytearray()
     append = out.append
     position = 0
     produced = 0
-    while produced < size:
-        if position + TABLE_SIZE + 4 > end:
-            raise XpressError("%s: the compressed data ends at byte 0x%x with %d of %d bytes decoded"
-                              % (where, end, produced, size))
-        table = decoding_table(data[position:position + TABLE_SIZE], where)
-        position += TABLE_SIZE
-        # ``bits`` holds ``available`` unread bits in its low end; the spec's
-        # 32-bit NextBits with ExtraBitCount = available - 16.
-        bits = (data[position] | data[position + 1] << 8) << 16 | data[position + 2] | data[position + 3] << 8
-        position += 4
-        available = 32
-        block_end = min(produced + BLOCK_SIZE, size)
-        try:
+    try:
+        while produced < size:
+            if position + TABLE_SIZE + 4 > end:
+                raise IndexError
+            table = decoding_table(data[position:position + TABLE_SIZE], where)
+            position += TABLE_SIZE
+            # ``bits`` holds ``available`` unread bits in its low end.  It is filled
+            # REFILL_BYTES at a time, ahead of the spec's decoder, which reads one
+            # word whenever it holds fewer than 16 bits; the long-length bytes are
+            # where that decoder stands, so before reading them the words read
+            # ahead are given back.
+            view = views[position & 1]
+            bits = int.from_bytes(view[position:position + REFILL_BYTES], "big")
+            position += REFILL_BYTES
+            available = REFILL_BITS
+            block_end = min(produced + BLOCK_SIZE, size)
             while produced < block_end:
+                if available < 16:
+                    bits = (bits & masks[available]) << REFILL_BITS | int.from_bytes(
+                        view[position:position + REFILL_BYTES], "big")
+                    position += REFILL_BYTES
+                    available += REFILL_BITS
                 entry = table[(bits >> (available - 15)) & 0x7FFF]
                 available -= entry & 15
-                if available < 16:
-                    bits = (bits & 0xFFFF) << 16 | data[position] | data[position + 1] << 8
-                    position += 2
-                    available += 16
-                symbol = entry >> 4
-                if symbol < 256:
-                    append(symbol)
+                if entry < LITERAL_ENTRIES:
+                    append(entry >> 4)
                     produced += 1
                     continue
-                symbol -= 256
+                symbol = (entry >> 4) - 256
                 length = symbol & 15
                 offset_bits = symbol >> 4
                 if length == 15:
+                    if available < 16:
+                        bits = (bits & masks[available]) << REFILL_BITS | int.from_bytes(
+                            view[position:position + REFILL_BYTES], "big")
+                        position += REFILL_BYTES
+                        available += REFILL_BITS
+                    ahead = (available - 16) >> 4      # the spec's decoder holds 16..31 bits here
+                    position -= 2 * ahead
+                    available -= 16 * ahead
+                    bits >>= 16 * ahead
                     length = data[position]
                     position += 1
                     if length == 255:
@@ -107,14 +143,16 @@ def decompress(data, size, where="compressed data"):
                             raise XpressError("%s: corrupt match length %d at byte 0x%x" % (where, length, position))
                         length -= 15
                     length += 15
+                    view = views[position & 1]
                 length += MIN_MATCH
                 if offset_bits:
+                    if available < offset_bits:
+                        bits = (bits & masks[available]) << REFILL_BITS | int.from_bytes(
+                            view[position:position + REFILL_BYTES], "big")
+                        position += REFILL_BYTES
+                        available += REFILL_BITS
                     available -= offset_bits
-                    offset = ((bits >> available) & ((1 << offset_bits) - 1)) | 1 << offset_bits
-                    if available < 16:
-                        bits = (bits & 0xFFFF) << 16 | data[position] | data[position + 1] << 8
-                        position += 2
-                        available += 16
+                    offset = ((bits >> available) & masks[offset_bits]) | 1 << offset_bits
                 else:
                     offset = 1
                 start = produced - offset
@@ -127,10 +165,13 @@ def decompress(data, size, where="compressed data"):
                 if offset >= length:
                     out += out[start:start + length]
                 else:
-                    pattern = out[start:produced]
-                    out += (pattern * (length // offset + 1))[:length]
+                    out += (out[start:produced] * (length // offset + 1))[:length]
                 produced += length
-        except IndexError:
-            raise XpressError("%s: the compressed data ends at byte 0x%x with %d of %d bytes decoded"
-                              % (where, end, produced, size))
+            # Back to where the spec's decoder stands (it may be a word further on).
+            position -= 2 * ((available - 16) >> 4)
+            if position > end:
+                raise IndexError
+    except IndexError:
+        raise XpressError("%s: the compressed data ends at byte 0x%x with %d of %d bytes decoded"
+                          % (where, end, produced, size))
     return bytes(out)

@@ -1,0 +1,148 @@
+"""Benchmark of compressed .etl reading (figures printed, nothing asserted).
+
+Builds a ~20 MB trace of 64 KiB buffers (StackWalk walks, key references and
+definitions with realistic kernel/user frames, plus classic events with text-like
+payloads), stores every buffer but the header compressed with the tests'
+LZ77+Huffman compressor (tests/xpress_support.py; cached under the temp
+directory, it takes a while in pure Python), then measures in one run:
+
+1. ``dbgext.etl.xpress.decompress`` over every compressed buffer: MB/s of output;
+2. reading every event of the compressed trace with ``EtlReader`` side by side
+   with the anchor, the same buffers stored uncompressed (same events, same work
+   but the decompression).
+
+    python scripts/bench_xpress.py [--megabytes N] [--repeat N]
+"""
+
+import argparse
+import os
+import random
+import struct
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+
+from dbgext.etl import EtlReader, EtlWriter  # noqa: E402
+from dbgext.etl import format as fmt  # noqa: E402
+from dbgext.etl.xpress import decompress  # noqa: E402
+from xpress_support import compress_etl  # noqa: E402
+
+BUFFER_SIZE = 0x10000
+NT_BASE = 0xFFFFF80000000000
+USER_BASE = 0x00007FF700000000
+
+
+def build_trace(megabytes, seed=1):
+    """An uncompressed trace of about ``megabytes`` MB."""
+    rng = random.Random(seed)
+    writer = EtlWriter(buffer_size=BUFFER_SIZE)
+    kernel_functions = [NT_BASE + rng.randrange(0x1000, 0x800000, 2) for _ in range(3000)]
+    user_functions = [USER_BASE + rng.randrange(0x1000, 0x4000000, 2) for _ in range(3000)]
+    hot = [[rng.choice(kernel_functions) for _ in range(rng.randint(4, 40))] for _ in range(400)]
+    words = [b"Microsoft-Windows-Kernel-Process", b"svchost.exe", b"C:\\Windows\\System32\\", b"ntdll.dll",
+             b"explorer.exe", b"0x80070005", b"ImageLoad", b"ThreadStart"]
+    target = megabytes * 1000 * 1000
+    timestamp = 0x01DB000000000000
+    key = 0xFFFFC08000000000
+    while len(writer._buffers) * BUFFER_SIZE < target:
+        timestamp += rng.randint(100, 5000)
+        kind = rng.random()
+        if kind < 0.5:
+            frames = list(rng.choice(hot)) + [rng.choice(user_functions) for _ in range(rng.randint(0, 12))]
+            writer.add_stack_walk(frames, process_id=rng.choice((4, 1234, 5678)), thread_id=rng.randint(8, 9000),
+                                  timestamp=timestamp)
+        elif kind < 0.75:
+            key += 0x40 * rng.randint(1, 4)
+            writer.add_stack_definition(key, rng.choice(hot))
+            writer.add_stack_key(key, process_id=4, thread_id=rng.randint(8, 9000), timestamp=timestamp)
+        else:
+            text = b" ".join(rng.choice(words) for _ in range(rng.randint(3, 20)))
+            writer.add_classic_event("3d6fa8d0-fe05-11d0-9dda-00c04fd7ba7c", rng.randint(1, 4),
+                                     struct.pack("<QI", timestamp, rng.randint(0, 1 << 30)) + text,
+                                     process_id=1234, thread_id=rng.randint(8, 9000), timestamp=timestamp)
+    return writer.to_bytes()
+
+
+def cached_traces(megabytes):
+    directory = os.path.join(tempfile.gettempdir(), "dbgext_bench_xpress")
+    if not os.path.isdir(directory):
+        os.makedirs(directory)
+    plain_path = os.path.join(directory, "plain-%d.etl" % megabytes)
+    packed_path = os.path.join(directory, "packed-%d.etl" % megabytes)
+    if not (os.path.exists(plain_path) and os.path.exists(packed_path)):
+        started = time.perf_counter()
+        plain = build_trace(megabytes)
+        buffers = len(plain) // BUFFER_SIZE
+        # The anchor keeps the compressed trace's header buffer (LogFileMode says compressed).
+        stored_plain = compress_etl(plain, skip=range(buffers))
+        packed = compress_etl(plain)
+        with open(plain_path, "wb") as handle:
+            handle.write(stored_plain)
+        with open(packed_path, "wb") as handle:
+            handle.write(packed)
+        print("built and compressed the trace in %.1f s (cached in %s)" % (time.perf_counter() - started, directory))
+    return plain_path, packed_path
+
+
+def compressed_buffers(path):
+    """(payload, decompressed size) of every compressed buffer."""
+    reader = EtlReader(path)
+    found = []
+    for buffer in reader.buffers():
+        if buffer.compressed:
+            found.append((buffer.data[fmt.BUFFER_HEADER_SIZE:], buffer.saved_offset - fmt.BUFFER_HEADER_SIZE))
+    return found
+
+
+def read_all(path):
+    reader = EtlReader(path)
+    events = 0
+    payload = 0
+    for event in reader.events():
+        events += 1
+        payload += len(event.payload)
+    return events, payload, reader.summary
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--megabytes", type=int, default=20)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args(argv)
+    plain_path, packed_path = cached_traces(args.megabytes)
+    plain_size, packed_size = os.path.getsize(plain_path), os.path.getsize(packed_path)
+    print("trace: %.1f MB uncompressed, %.1f MB compressed (%.1fx), %d-byte buffers"
+          % (plain_size / 1e6, packed_size / 1e6, float(plain_size) / packed_size, BUFFER_SIZE))
+
+    buffers = compressed_buffers(packed_path)
+    output = sum(size for _, size in buffers)
+    best = None
+    for _ in range(args.repeat):
+        started = time.perf_counter()
+        for payload, size in buffers:
+            decompress(payload, size)
+        elapsed = time.perf_counter() - started
+        best = elapsed if best is None else min(best, elapsed)
+    print("decompress: %d buffers, %.1f MB out in %.2f s = %.1f MB/s of output (%.1f MB/s of input), best of %d"
+          % (len(buffers), output / 1e6, best, output / 1e6 / best, sum(len(p) for p, _ in buffers) / 1e6 / best,
+             args.repeat))
+
+    timings = {}
+    for name, path in (("uncompressed (anchor)", plain_path), ("compressed", packed_path)):
+        started = time.perf_counter()
+        events, payload, summary = read_all(path)
+        timings[name] = time.perf_counter() - started
+        print("read all events, %-21s: %d events, %.1f MB of payload in %.2f s = %.1f MB/s of trace data; "
+              "%d buffers, %d decompressed, %d undecodable"
+              % (name, events, payload / 1e6, timings[name], plain_size / 1e6 / timings[name], summary.buffers,
+                 summary.compressed, summary.undecodable))
+    print("compressed reading costs %.1fx the uncompressed anchor"
+          % (timings["compressed"] / timings["uncompressed (anchor)"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
