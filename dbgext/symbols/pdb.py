@@ -728,15 +728,6 @@ class TypeTable(object):
             index = field_list.field_list  # LF_INDEX continuation
         return fields, values
 
-    def size_of(self, index, depth=0):
-        """Size in bytes of a type (following modifiers and forward references)."""
-        record = self.resolve(self.get(index))
-        if record.kind in ("modifier",) and depth < MAX_TYPE_DEPTH:
-            return self.size_of(record.element, depth + 1)
-        if record.kind == "bitfield" and depth < MAX_TYPE_DEPTH:
-            return self.size_of(record.element, depth + 1)
-        return record.size
-
     def strip(self, index, depth=0):
         """The type under modifiers, forward references resolved."""
         record = self.resolve(self.get(index))

@@ -81,7 +81,12 @@ def pdb_member_view(types, name, offset, type_index):
 
 
 def _array_format(types, record):
+    """``"8I"`` for ``[4] [2] Uint4B``: nested arrays read as one run of their scalars."""
     element = types.strip(record.element)
+    for _ in range(MAX_TYPE_DEPTH):
+        if element.kind != "array":
+            break
+        element = types.strip(element.element)
     if element.fmt is None or not element.size:
         return None
     return "%d%s" % (record.size // element.size, element.fmt)
