@@ -1,19 +1,31 @@
-"""Benchmark: dbgext's Intel PT decoders next to libipt's on the same traces.
+"""Benchmark: dbgext's Intel PT decoders next to libipt's, side by side in one run.
 
-    python scripts/bench_ipt.py [--insns N] [--packet-mb M] [--repeat R]
+    python scripts/bench_ipt.py [--mb 8.5] [--repeat 1] [--only mixed,tnt,tip]
 
-Builds a synthetic code image (hundreds of small functions: loops, if/else, direct
-and indirect calls), traces a random walk through it with the fixture tracer, then
-times, best of R runs:
+Three traces of about 8.5 MB each, written by the fixture tracer over a synthetic
+code image (hundreds of small functions: loops, if/else, direct, indirect and
+compressed-return calls, syscalls, interrupts):
 
-* packet decoding: dbgext ``packet_stats`` (what ``ipt packets --stats`` runs) and
-  the full packet listing, against libipt's packet decoder;
-* flow: dbgext's block-level flow decoder (cold and warm block cache) against
-  libipt's instruction and block decoders.
+* mixed: TNT, TIPs of indirect calls and some returns, interrupts, MTC timing;
+* TNT-heavy: conditional branches and compressed returns, few TIPs;
+* TIP-heavy: every return uncompressed and an interrupt every ~20 instructions.
 
-libipt runs in a small C harness compiled here with cc (-lipt) so its figures are
-not ctypes call overhead; without a compiler it falls back to ctypes and says so.
-Prints MB/s, instructions/s and the ratios.
+A trace is one traced stretch repeated: each stretch ends with FUP + TIP.PGD, so
+the copies concatenate into one valid trace.
+
+The same work on both sides, no instruction cap, nothing printed per packet or
+instruction:
+
+* packets: libipt's packet decoder over the whole buffer, counting packets, against
+  ``dbgext.ipt.packets.packet_stats`` (what ``ipt packets --stats`` runs);
+* flow: libipt's instruction decoder (``pt_insn_next`` to the end, counting) against
+  dbgext's flow decoder over a cold block cache, counting through a sink.
+
+libipt runs in a small C harness compiled here (cc -lipt), timed inside the
+harness, so its figures carry no ctypes call overhead (through ctypes every
+``pt_insn_next`` costs a Python call, which makes libipt look 5-10x slower than it
+is).  Without a compiler it falls back to ctypes and says so.  dbgext runs in this
+process; its start-up is not timed.  Best of --repeat runs.
 """
 
 import argparse
@@ -28,10 +40,17 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 from dbgext.ipt import fixtures  # noqa: E402
-from dbgext.ipt.flow import BlockCache, CodeImage, FlowDecoder  # noqa: E402
-from dbgext.ipt.packets import decode_packets, packet_stats  # noqa: E402
+from dbgext.ipt.flow import CodeImage, FlowDecoder  # noqa: E402
+from dbgext.ipt.packets import packet_stats  # noqa: E402
 
 BASE = 0xFFFFF80012341000
+
+TRACES = [
+    ("mixed", {"interrupt_every": 400, "uncompressed_ret_every": 50, "timing": True}),
+    ("tnt", {}),
+    ("tip", {"uncompressed_ret_every": 1, "interrupt_every": 20}),
+]
+STRETCH_INSNS = 400000
 
 HARNESS = r"""
 #include <intel-pt.h>
@@ -80,29 +99,26 @@ static uint8_t *load(const char *path, size_t *size)
 
 int main(int argc, char **argv)
 {
-    size_t packet_size, flow_size;
-    uint8_t *packets, *flow;
+    size_t trace_size;
+    uint8_t *trace;
     struct pt_config config;
     struct pt_packet_decoder *packet_decoder;
     struct pt_insn_decoder *insn_decoder;
-    struct pt_block_decoder *block_decoder;
     struct pt_packet packet;
     struct pt_insn insn;
-    struct pt_block block;
     struct pt_event event;
-    long packet_count = 0, insn_count = 0, block_insns = 0;
-    double start, packet_time, insn_time, block_time;
+    long packet_count = 0, insn_count = 0;
+    double start, packet_time, insn_time;
     int status;
 
-    if (argc != 5) { fprintf(stderr, "usage: harness PACKETS FLOW IMAGE BASE\n"); return 2; }
-    packets = load(argv[1], &packet_size);
-    flow = load(argv[2], &flow_size);
-    image = load(argv[3], &image_size);
-    image_base = strtoull(argv[4], NULL, 0);
+    if (argc != 4) { fprintf(stderr, "usage: harness TRACE IMAGE BASE\n"); return 2; }
+    trace = load(argv[1], &trace_size);
+    image = load(argv[2], &image_size);
+    image_base = strtoull(argv[3], NULL, 0);
 
     pt_config_init(&config);
-    config.begin = packets;
-    config.end = packets + packet_size;
+    config.begin = trace;
+    config.end = trace + trace_size;
     start = now();
     packet_decoder = pt_pkt_alloc_decoder(&config);
     status = pt_pkt_sync_forward(packet_decoder);
@@ -116,8 +132,6 @@ int main(int argc, char **argv)
     packet_time = now() - start;
     pt_pkt_free_decoder(packet_decoder);
 
-    config.begin = flow;
-    config.end = flow + flow_size;
     start = now();
     insn_decoder = pt_insn_alloc_decoder(&config);
     pt_image_set_callback(pt_insn_get_image(insn_decoder), read_memory, NULL);
@@ -137,37 +151,13 @@ int main(int argc, char **argv)
             continue;
         }
         insn_count++;
-        if (status & pts_eos)
+        if ((status & pts_eos) && !(status & pts_event_pending))
             break;
     }
     insn_time = now() - start;
     pt_insn_free_decoder(insn_decoder);
 
-    start = now();
-    block_decoder = pt_blk_alloc_decoder(&config);
-    pt_image_set_callback(pt_blk_get_image(block_decoder), read_memory, NULL);
-    status = pt_blk_sync_forward(block_decoder);
-    while (status >= 0) {
-        while (status & pts_event_pending) {
-            status = pt_blk_event(block_decoder, &event, sizeof(event));
-            if (status < 0)
-                break;
-        }
-        if (status < 0)
-            break;
-        status = pt_blk_next(block_decoder, &block, sizeof(block));
-        if (status < 0) {
-            if (status != -pte_eos)
-                status = pt_blk_sync_forward(block_decoder);
-            continue;
-        }
-        block_insns += block.ninsn;
-    }
-    block_time = now() - start;
-    pt_blk_free_decoder(block_decoder);
-
-    printf("%ld %.9f %ld %.9f %ld %.9f\n", packet_count, packet_time, insn_count, insn_time, block_insns,
-           block_time);
+    printf("%ld %.9f %ld %.9f\n", packet_count, packet_time, insn_count, insn_time);
     return 0;
 }
 """
@@ -192,114 +182,98 @@ def build_harness(folder):
     try:
         subprocess.run(["cc", "-O2", "-o", binary, source, "-lipt"], check=True, capture_output=True)
     except (OSError, subprocess.CalledProcessError) as error:
-        print("note: cannot build the libipt C harness (%s); using ctypes" % (
+        print("note: cannot build the libipt C harness (%s); timing libipt through ctypes" % (
             getattr(error, "stderr", b"") or error))
         return None
     return binary
 
 
-def libipt_figures(folder, packet_data, trace, program, repeat):
-    """{packets, packet_seconds, insns, insn_seconds, block_insns, block_seconds} or None."""
-    paths = {}
-    for name, data in (("packets.bin", packet_data), ("flow.bin", trace), ("image.bin", program.code)):
-        paths[name] = os.path.join(folder, name)
-        with open(paths[name], "wb") as handle:
-            handle.write(data)
-    binary = build_harness(folder)
+def libipt_figures(binary, folder, trace, program, repeat):
+    """{packets, packet_seconds, insns, insn_seconds, how}, or None without libipt."""
     if binary is not None:
+        paths = []
+        for name, data in (("trace.bin", trace), ("image.bin", program.code)):
+            paths.append(os.path.join(folder, name))
+            with open(paths[-1], "wb") as handle:
+                handle.write(data)
         best = None
         for _ in range(repeat):
-            output = subprocess.run([binary, paths["packets.bin"], paths["flow.bin"], paths["image.bin"],
-                                     "0x%x" % program.base], check=True, capture_output=True).stdout.split()
-            figures = dict(zip(("packets", "packet_seconds", "insns", "insn_seconds", "block_insns",
-                                "block_seconds"), [float(value) for value in output]))
+            output = subprocess.run([binary] + paths + ["0x%x" % program.base], check=True,
+                                    capture_output=True).stdout.split()
+            figures = dict(zip(("packets", "packet_seconds", "insns", "insn_seconds"),
+                               [float(value) for value in output]))
             if best is None:
                 best = figures
-            else:
-                for key in ("packet_seconds", "insn_seconds", "block_seconds"):
-                    best[key] = min(best[key], figures[key])
+            for key in ("packet_seconds", "insn_seconds"):
+                best[key] = min(best[key], figures[key])
         best["how"] = "C harness"
         return best
-    try:
-        import ipt_support
-    except ImportError:
-        return None
+    import ipt_support
     if ipt_support.LIB is None:
         return None
-    packet_seconds, packets = best_of(repeat, lambda: ipt_support.packet_decode_count(packet_data))
+    packet_seconds, packets = best_of(repeat, lambda: ipt_support.packet_decode_count(trace))
     insn_seconds, flow = best_of(repeat, lambda: ipt_support.instruction_flow(trace, {program.base: program.code}))
-    block_seconds, block_insns = best_of(repeat, lambda: ipt_support.block_flow_count(
-        trace, {program.base: program.code}))
     return {"packets": packets, "packet_seconds": packet_seconds, "insns": len(flow[0]),
-            "insn_seconds": insn_seconds, "block_insns": block_insns, "block_seconds": block_seconds,
-            "how": "ctypes (per-call overhead included)"}
+            "insn_seconds": insn_seconds, "how": "ctypes (per-call overhead included)"}
+
+
+def dbgext_figures(trace, program, repeat):
+    code = CodeImage(images=[(program.base, program.code)])
+    packet_seconds, stats = best_of(repeat, lambda: packet_stats(trace))
+
+    def flow():
+        # a new decoder each run: a cold block cache, as a fresh command has
+        return FlowDecoder(code).decode(trace, max_insns=0, sink=lambda chunk: None)
+
+    flow_seconds, result = best_of(repeat, flow)
+    return {"packets": stats.packets, "packet_seconds": packet_seconds, "insns": result.instruction_count,
+            "insn_seconds": flow_seconds, "problems": len(result.problems)}
+
+
+def build_trace(options, megabytes, program):
+    stretch, expected = fixtures.trace_program(program, STRETCH_INSNS, seed=3, stretch=True, **options)
+    copies = max(1, int(round(megabytes * 1e6 / len(stretch))))
+    return stretch * copies, len(expected) * copies
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--insns", type=int, default=1000000, help="instructions in the flow trace")
-    parser.add_argument("--packet-mb", type=float, default=4.0, help="size of the packet benchmark buffer")
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--functions", type=int, default=300)
+    parser.add_argument("--mb", type=float, default=8.5, help="size of each trace in MB")
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--only", default=",".join(name for name, _ in TRACES))
     options = parser.parse_args()
-
-    program = fixtures.random_program(BASE, functions=options.functions, seed=2)
-    start = time.perf_counter()
-    trace, expected = fixtures.trace_program(program, options.insns, seed=3)
-    timed_trace, _ = fixtures.trace_program(program, options.insns // 4, seed=4, timing=True, interrupt_every=400,
-                                            uncompressed_ret_every=50)
-    print("code image: %d functions, %d bytes; flow trace: %d instructions in %d bytes (built in %.1f s)"
-          % (options.functions, len(program.code), len(expected), len(trace), time.perf_counter() - start))
-    copies = max(1, int(options.packet_mb * 1e6 / len(trace)))
-    packet_data = trace * copies
-    timed_copies = max(1, int(options.packet_mb * 1e6 / len(timed_trace)))
-    timed_data = timed_trace * timed_copies
-
-    stats_seconds, stats = best_of(options.repeat, lambda: packet_stats(packet_data))
-    timed_seconds, timed_stats = best_of(options.repeat, lambda: packet_stats(timed_data))
-    listing_seconds, listing = best_of(1, lambda: decode_packets(packet_data))
-    code = CodeImage(images=[(program.base, program.code)])
-    cold_seconds, cold = best_of(options.repeat, lambda: FlowDecoder(code).decode(trace))  # new cache each run
-    cache = BlockCache(code)
-    FlowDecoder(code, cache=cache).decode(trace)
-    warm_seconds, warm = best_of(options.repeat, lambda: FlowDecoder(code, cache=cache).decode(trace))
-    assert cold.instructions == expected and not cold.errors, "dbgext flow disagrees with the tracer"
-    timed_flow_seconds, timed_flow = best_of(options.repeat, lambda: FlowDecoder(code, cache=cache).decode(timed_trace))
-
+    program = fixtures.random_program(BASE, functions=300, seed=2, syscalls=True)
+    wanted = options.only.split(",")
+    rows = []
     with tempfile.TemporaryDirectory() as folder:
-        libipt = libipt_figures(folder, packet_data, trace, program, options.repeat)
-
-    megabytes = len(packet_data) / 1e6
-    print("")
-    print("packets (%.1f MB, %d packets, %.2f bytes/packet):" % (megabytes, stats.packets,
-                                                                 len(packet_data) / stats.packets))
-    print("  dbgext packet_stats      %8.1f MB/s" % (megabytes / stats_seconds))
-    print("  dbgext packet listing    %8.1f MB/s" % (megabytes / listing_seconds))
-    print("  dbgext stats, MTC+FUP mix%8.1f MB/s (%.1f MB, %d packets)" % (
-        len(timed_data) / 1e6 / timed_seconds, len(timed_data) / 1e6, timed_stats.packets))
-    if libipt:
-        libipt_mbs = megabytes / libipt["packet_seconds"]
-        print("  libipt packet decoder    %8.1f MB/s  [%s; %d packets]" % (libipt_mbs, libipt["how"],
-                                                                           libipt["packets"]))
-        print("  ratio libipt / dbgext    %8.1fx" % (libipt_mbs / (megabytes / stats_seconds)))
-    print("")
-    print("flow (%d instructions, %d blocks):" % (len(expected), cold.blocks_built))
-    cold_rate = len(cold.instructions) / cold_seconds
-    warm_rate = len(warm.instructions) / warm_seconds
-    print("  dbgext flow, cold cache  %8.2f M insns/s" % (cold_rate / 1e6))
-    print("  dbgext flow, warm cache  %8.2f M insns/s" % (warm_rate / 1e6))
-    print("  dbgext flow, MTC+FUP mix %8.2f M insns/s (%d instructions, %d bytes)" % (
-        len(timed_flow.instructions) / timed_flow_seconds / 1e6, len(timed_flow.instructions), len(timed_trace)))
-    if libipt:
-        insn_rate = libipt["insns"] / libipt["insn_seconds"]
-        block_rate = libipt["block_insns"] / libipt["block_seconds"]
-        print("  libipt insn decoder      %8.2f M insns/s  [%d instructions]" % (insn_rate / 1e6, libipt["insns"]))
-        print("  libipt block decoder     %8.2f M insns/s" % (block_rate / 1e6))
-        print("  ratio libipt insn / dbgext cold  %6.1fx" % (insn_rate / cold_rate))
-        print("  ratio libipt block / dbgext cold %6.1fx" % (block_rate / cold_rate))
-    else:
-        print("  (libipt not installed: apt-get install libipt2 libipt-dev)")
-    print("")
+        binary = build_harness(folder)
+        for name, trace_options in TRACES:
+            if name not in wanted:
+                continue
+            trace, expected_insns = build_trace(trace_options, options.mb, program)
+            ours = dbgext_figures(trace, program, options.repeat)
+            theirs = libipt_figures(binary, folder, trace, program, options.repeat)
+            rows.append((name, trace, expected_insns, ours, theirs))
+    print("%-6s %7s %10s %9s %9s %6s | %11s %9s %9s %6s  %s" % (
+        "trace", "MB", "packets", "libipt", "dbgext", "ratio", "insns", "libipt", "dbgext", "ratio", "libipt via"))
+    print("%-6s %7s %10s %9s %9s %6s | %11s %9s %9s %6s" % ("", "", "", "MB/s", "MB/s", "", "", "M/s", "M/s", ""))
+    for name, trace, expected_insns, ours, theirs in rows:
+        megabytes = len(trace) / 1e6
+        our_mbs = megabytes / ours["packet_seconds"]
+        our_ips = ours["insns"] / ours["insn_seconds"] / 1e6
+        if theirs is None:
+            print("%-6s %7.2f %10d %9s %9.1f %6s | %11d %9s %9.2f %6s  (libipt not installed)" % (
+                name, megabytes, ours["packets"], "-", our_mbs, "-", ours["insns"], "-", our_ips, "-"))
+            continue
+        their_mbs = megabytes / theirs["packet_seconds"]
+        their_ips = theirs["insns"] / theirs["insn_seconds"] / 1e6
+        print("%-6s %7.2f %10d %9.1f %9.1f %5.1fx | %11d %9.2f %9.2f %5.1fx  %s" % (
+            name, megabytes, theirs["packets"], their_mbs, our_mbs, their_mbs / our_mbs, ours["insns"],
+            their_ips, our_ips, their_ips / our_ips, theirs["how"]))
+        if theirs["packets"] != ours["packets"] or theirs["insns"] != ours["insns"] or ours["insns"] != expected_insns:
+            print("  warning: counts differ: packets libipt %d dbgext %d; instructions libipt %d dbgext %d "
+                  "tracer %d; dbgext problems %d" % (theirs["packets"], ours["packets"], theirs["insns"],
+                                                     ours["insns"], expected_insns, ours["problems"]))
     print("machine load average: %s" % " ".join("%.2f" % value for value in os.getloadavg()))
 
 

@@ -54,7 +54,7 @@ def matches(name, seed):
     program, trace, cpu = case(name, seed)
     ips, errors = libipt.instruction_flow(trace, {program.base: program.code}, cpu)
     result = ours(program, trace, cpu)
-    return result.instructions == ips and bool(result.errors) == bool(errors)
+    return result.instructions == ips and bool(result.problems.errors) == bool(errors)
 
 
 @pytest.mark.parametrize("seed", range(CASES))
@@ -63,7 +63,7 @@ def test_flow_matches_libipt(name, seed):
     program, trace, cpu = case(name, seed)
     ips, errors = libipt.instruction_flow(trace, {program.base: program.code}, cpu)
     result = ours(program, trace, cpu)
-    assert errors == [] and result.errors == []
+    assert errors == [] and result.problems == []
     assert result.instructions == ips
 
 
@@ -104,7 +104,7 @@ def test_the_erratum_workaround_needs_the_cpu():
     program, trace, cpu = case("erratum_apl11", 1)
     ips, errors = libipt.instruction_flow(trace, {program.base: program.code})
     result = ours(program, trace)
-    assert errors and result.errors and "--cpu" in result.errors[0][1]
+    assert errors and "--cpu" in result.problems[0].message
     assert result.instructions == ips
 
 

@@ -4,7 +4,7 @@ import pytest
 
 import ipt_support as libipt
 from dbgext.ipt import fixtures as F
-from dbgext.ipt.flow import CodeImage, decode_flow
+from dbgext.ipt.flow import CodeImage, FlowDecoder, decode_flow
 from dbgext.ipt.packets import PSB
 from dbgext.testing.scenario import Scenario
 
@@ -40,7 +40,7 @@ TRACE_SHAPES = [
 def test_sample_program_follows_the_traced_path(shape):
     trace, expected = F.trace_program(SAMPLE, 400, seed=11, **shape)
     result = ours(trace)
-    assert result.errors == [] and result.warnings == []
+    assert result.problems == []
     assert result.instructions == expected
 
 
@@ -51,7 +51,7 @@ def test_random_programs_match_libipt_line_for_line(shape, seed):
     trace, expected = F.trace_program(RANDOM, 3000, seed=seed, **shape)
     ips, errors = theirs(trace, RANDOM)
     result = ours(trace, RANDOM)
-    assert errors == [] and result.errors == []
+    assert errors == [] and result.problems == []
     assert result.instructions == ips == expected
 
 
@@ -75,8 +75,9 @@ def test_compressed_ret_with_not_taken_bit_is_an_error_and_a_warning():
     writer.tnt(True)    # jbe ValidateRequest_small taken
     writer.tnt(False)   # the RET: a not-taken bit
     result = ours(writer.bytes())
-    assert len(result.errors) == 1 and "not-taken" in result.errors[0][1]
-    assert any("compressed RET" in warning for warning in result.warnings)
+    assert [(problem.kind, problem.address) for problem in result.problems] == [
+        ("ipt_flow_error", SAMPLE.labels["ValidateRequest_small"] + 1)]
+    assert "not-taken bit: the reconstruction went wrong" in result.problems[0].message
 
 
 @needs_libipt
@@ -85,7 +86,7 @@ def test_compressed_ret_with_empty_return_stack_matches_libipt():
     writer.tnt(True)
     trace = writer.bytes()
     result = ours(trace)
-    assert "empty return stack" in result.errors[0][1]
+    assert "empty return stack" in result.problems[0].message
     assert result.instructions == theirs(trace)[0] == []
 
 
@@ -99,7 +100,7 @@ def test_interrupt_fup_tip_lands_in_the_handler_and_returns():
     writer.tnt(False)
     trace = writer.bytes()
     result = ours(trace)
-    assert result.errors == []
+    assert result.problems == []
     assert result.instructions[:4] == [SAMPLE.entry, SAMPLE.entry + 4, SAMPLE.entry + 9, validate]
     assert result.instructions[4:7] == [SAMPLE.interrupt_handler, SAMPLE.interrupt_handler + 1,
                                         SAMPLE.interrupt_handler + 2]
@@ -117,7 +118,7 @@ def test_overflow_drops_straight_line_code_and_resumes_at_fup():
     trace = writer.bytes()
     result = ours(trace)
     ips, errors = theirs(trace)
-    assert result.errors == [] and errors == []
+    assert result.problems == [] and errors == []
     validate_small = SAMPLE.labels["ValidateRequest_small"]
     assert validate_small not in result.instructions  # straight-line code before the OVF is dropped
     assert result.instructions == ips
@@ -141,7 +142,7 @@ def test_tracing_enabled_by_tip_pge_and_disabled_by_tip_pgd():
     writer.pgd(0xFFFFF80099990000)      # off at the indirect call: its target is outside the filter
     trace = writer.bytes()
     result = ours(trace)
-    assert result.errors == []
+    assert result.problems == []
     assert result.instructions == theirs(trace)[0]
 
 
@@ -151,7 +152,7 @@ def test_tnt_bits_with_no_branch_to_consume_them_are_an_error():
     writer.tnt(True)      # one for a RET that has no call, the next never used
     writer.tip(SAMPLE.entry)
     result = ours(writer.bytes())
-    assert result.errors and "empty return stack" in result.errors[0][1]
+    assert result.problems and "empty return stack" in result.problems[0].message
     assert result.instructions == SAMPLE_COMPLETE_REQUEST_BODY
 
 
@@ -164,8 +165,9 @@ def test_tip_where_a_tnt_bit_is_needed_reports_offset():
     writer.tip(SAMPLE.entry)
     trace = writer.bytes()
     result = ours(trace)
-    assert result.errors == [(27, "expected a TNT bit for the conditional branch at 0x%x, found tip"
-                              % (SAMPLE.labels["ValidateRequest_small"] - 13))]
+    branch = SAMPLE.labels["ValidateRequest_small"] - 13
+    assert [(p.kind, p.offset, p.address, p.message) for p in result.problems] == [
+        ("ipt_flow_error", 27, branch, "expected a TNT bit for the conditional branch at 0x%x, found tip" % branch)]
     # like libipt: what was walked before the branch stays, the branch itself does not
     assert result.instructions == theirs(trace)[0]
 
@@ -176,14 +178,23 @@ def test_decoding_resumes_at_the_next_psb_after_an_error():
     good, expected = F.trace_program(SAMPLE, 100, seed=3)
     before_error = ours(bad.bytes()).instructions
     result = ours(bad.bytes() + good)
-    assert len(result.errors) == 1
+    assert len(result.problems) == 1
     assert result.instructions == before_error + expected
 
 
-def test_max_insns_caps_the_output():
+def test_max_insns_caps_the_listing_not_the_decode():
     trace, expected = F.trace_program(RANDOM, 2000, seed=9)
     result = ours(trace, RANDOM, max_insns=100)
     assert result.instructions == expected[:100] and result.truncated
+    assert result.instruction_count == len(expected)
+
+
+def test_a_sink_gets_every_instruction_in_chunks():
+    trace, expected = F.trace_program(RANDOM, 3000, seed=9)
+    chunks = []
+    result = FlowDecoder(image(RANDOM)).decode(trace, max_insns=0, sink=chunks.append)
+    assert result.instructions == [] and result.instruction_count == len(expected)
+    assert [ip for chunk in chunks for ip in chunk] == expected
 
 
 def test_unreadable_code_page_is_reported_with_its_address_and_keeps_what_decoded():
@@ -194,7 +205,8 @@ def test_unreadable_code_page_is_reported_with_its_address_and_keeps_what_decode
     trace, _ = F.trace_program(SAMPLE, 100, seed=3)
     result = decode_flow(trace, CodeImage(scenario.target()))
     assert result.instructions == []
-    assert result.errors and "0x%x is unreadable" % SAMPLE.entry in result.errors[0][1]
+    assert [(p.kind, p.address, p.severity) for p in result.problems] == [("ipt_gap", SAMPLE.entry, "warning")]
+    assert "0x%x is unreadable" % SAMPLE.entry in result.problems[0].message
 
 
 def test_code_in_memory_beats_the_file_for_import_optimized_calls():
@@ -217,7 +229,7 @@ def test_code_in_memory_beats_the_file_for_import_optimized_calls():
     writer.tnt(False)  # jnz
     trace = writer.bytes()
     from_memory = decode_flow(trace, CodeImage(images=[(base, bytes(memory_code))]))
-    assert from_memory.errors == []
+    assert from_memory.problems == []
     assert from_memory.instructions == [base, base + 7, target_function, base + 12]
     from_file = decode_flow(trace, CodeImage(images=[(base, bytes(file_code))]))
     # the file's call [__imp_X] waits for a TIP (the TNT could precede a deferred one) that never comes
@@ -227,7 +239,9 @@ def test_code_in_memory_beats_the_file_for_import_optimized_calls():
 def test_path_into_kebugcheckex_warns():
     trace, expected = F.trace_program(SAMPLE, 100, seed=3)
     result = decode_flow(trace, image(SAMPLE), suspicious={SAMPLE.labels["Checksum"]: "nt!KeBugCheckEx"})
-    assert any("nt!KeBugCheckEx" in warning for warning in result.warnings)
+    assert [(p.kind, p.address, p.severity) for p in result.problems] == [
+        ("ipt_suspicious_path", SAMPLE.labels["Checksum"], "warning")]
+    assert "nt!KeBugCheckEx" in result.problems[0].message
 
 
 def test_random_bytes_never_hang_or_crash():
@@ -253,7 +267,7 @@ def test_mode_exec_selects_the_instruction_set(mode_64):
     trace = writer.bytes()
     result = decode_flow(trace, CodeImage(images=[(base, code)]))
     ips, errors = libipt.instruction_flow(trace, {base: code})
-    assert result.errors == [] and errors == []
+    assert result.problems == [] and errors == []
     assert result.instructions == ips
     assert (base + 1 in result.instructions) != mode_64
 
@@ -267,9 +281,9 @@ def test_unreadable_second_code_page_keeps_the_path_up_to_it():
     trace, expected = F.trace_program(RANDOM, 3000, seed=6)
     first_missing = next(index for index, ip in enumerate(expected) if hole <= ip < hole + 0x1000)
     result = decode_flow(trace, CodeImage(scenario.target()))
-    assert result.errors and "is unreadable" in result.errors[0][1]
-    address = int(result.errors[0][1].split("code at ")[1].split()[0], 16)
-    assert hole <= address < hole + 0x1000
+    gap = result.problems[0]
+    assert gap.kind == "ipt_gap" and "is unreadable" in gap.message
+    assert hole <= gap.address < hole + 0x1000
     assert result.instructions[:first_missing] == expected[:first_missing]
 
 
@@ -278,8 +292,8 @@ def test_corrupt_packet_in_the_middle_costs_only_its_psb_segment():
     second, second_expected = F.trace_program(SAMPLE, 150, seed=2)
     corrupt = first[:-3] + b"\xad" + first[-2:]  # a TIP with reserved IPBytes near the end
     result = ours(corrupt + second)
-    assert [message for _, message in result.errors] == ["tip with reserved IPBytes 5"]
-    assert result.errors[0][0] == len(first) - 3
+    assert [(p.kind, p.offset, p.message) for p in result.problems] == [
+        ("ipt_packet_error", len(first) - 3, "tip with reserved IPBytes 5")]
     assert result.instructions[-len(second_expected):] == second_expected
     assert result.instructions[:50] == first_expected[:50]
 
@@ -301,7 +315,7 @@ def test_prefixed_branches_are_branches():
     writer.tnt(True)    # repz ret, compressed
     trace = writer.bytes()
     result = decode_flow(trace, CodeImage(images=[(base, code)]))
-    assert result.errors == []
+    assert result.problems == []
     assert result.instructions == [base, base + 0x10, base + 0x12, base + 0x14, base + 0x15]
     assert result.instructions == libipt.instruction_flow(trace, {base: code})[0]
     jump = b"\x3e\xff\xe0"           # notrack jmp rax
@@ -309,4 +323,4 @@ def test_prefixed_branches_are_branches():
     writer.psb_plus(base)
     writer.tip(base)
     result = decode_flow(writer.bytes(), CodeImage(images=[(base, jump)]))
-    assert result.errors == [] and result.instructions == [base]
+    assert result.problems == [] and result.instructions == [base]

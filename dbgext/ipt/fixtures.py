@@ -435,6 +435,11 @@ class _Tracer(object):
             if options["timing"] and self.random.randrange(16) == 0:
                 writer.raw(b"\x59" + bytes([self.random.getrandbits(8)]))
             ip = self.step(ip, by_address[ip])
+        if options["stretch"] and not self.ended:
+            # FUP + TIP.PGD: tracing stops before ``ip``
+            writer.fup(ip)
+            writer.pgd(None)
+            self.commit()
         return writer.bytes(), self.executed[:self.committed]
 
     def step(self, ip, instruction):
@@ -505,7 +510,7 @@ class _Tracer(object):
 TRACE_DEFAULTS = {"taken_probability": 0.5, "interrupt_every": 0, "psb_every": 4096, "uncompressed_ret_every": 0,
                   "timing": False, "use_tnt64": False, "disable_every": 0, "end_disabled": False,
                   "overflow_every": 0, "overflow_pgd": False, "deferred_tip_every": 0, "tsx_every": 0,
-                  "kernel_traced": True}
+                  "kernel_traced": True, "stretch": False}
 
 
 def trace_program(program, max_insns, seed=0, **options):
@@ -520,7 +525,9 @@ def trace_program(program, max_insns, seed=0, **options):
     (OVF + FUP after some untraced code; with ``overflow_pgd`` OVF + TIP.PGD + TIP.PGE,
     erratum APL11); ``deferred_tip_every`` (TNT before the TIP
     of an indirect branch); ``tsx_every`` (MODE.TSX begin/commit/abort);
-    ``kernel_traced`` (False: a syscall disables tracing, sysret's return enables it).
+    ``kernel_traced`` (False: a syscall disables tracing, sysret's return enables it);
+    ``stretch`` (one stretch of tracing: TIP.PGE at the entry, FUP + TIP.PGD at the
+    end, so copies of the trace concatenate into a valid trace).
 
     The expected list ends at the last instruction that consumed trace data, the
     decoders' stopping convention."""
@@ -529,7 +536,11 @@ def trace_program(program, max_insns, seed=0, **options):
         raise TypeError("unknown trace options: %s" % ", ".join(sorted(unknown)))
     settings = dict(TRACE_DEFAULTS, **options)
     writer = PacketWriter(settings["use_tnt64"])
-    writer.psb_plus(program.entry)
+    if settings["stretch"]:
+        writer.psb_plus(None)
+        writer.pge(program.entry)
+    else:
+        writer.psb_plus(program.entry)
     return _Tracer(program, random.Random(seed), writer, settings).run(max_insns)
 
 

@@ -23,6 +23,7 @@ line:
 import capstone
 
 from ..errors import BadInput, UnreadableMemory
+from ..problems import ProblemLog
 from . import packets as P
 
 MODE_16, MODE_32, MODE_64 = 16, 32, 64
@@ -47,6 +48,8 @@ _COND_EXTRA = {"loop", "loope", "loopne", "jrcxz", "jecxz", "jcxz"}
 ERRATA_OVF_PGD = frozenset(("apl11", "skd010"))
 
 MAX_BLOCK_BYTES = 0x1000
+# Committed instructions are handed on in chunks of at least this many.
+FLUSH_SIZE = 1 << 16
 # Blocks walked without consuming any trace before we call it a runaway path.
 MAX_BLOCKS_WITHOUT_TRACE = 100000
 
@@ -256,16 +259,23 @@ def flow_items(data, start=0, end=None):
 
 
 class FlowResult(object):
-    """Executed instruction addresses, errors as (offset, message), sanity warnings."""
+    """What one decode found.
 
-    __slots__ = ("instructions", "errors", "warnings", "truncated", "blocks_built", "events")
+    ``instructions``: the executed instruction addresses, the first ``max_insns``
+    of them when the caller capped the listing (``truncated`` then says so);
+    ``instruction_count``: all of them, always decoded to the end of the trace;
+    ``events``: (instruction index, kind, trace offset, IP) of enabled, disabled,
+    sync, overflow, resumed, interrupt, gap and resync, in order; ``problems``: a
+    ProblemLog (trace offsets are offsets in the decoded data)."""
+
+    __slots__ = ("instructions", "instruction_count", "truncated", "problems", "events", "blocks_built")
 
     def __init__(self):
         self.instructions = []
-        self.events = []
-        self.errors = []
-        self.warnings = []
+        self.instruction_count = 0
         self.truncated = False
+        self.problems = ProblemLog()
+        self.events = []
         self.blocks_built = 0
 
 
@@ -284,10 +294,24 @@ class FlowDecoder(object):
         self.suspicious = dict(suspicious or {})
         self.errata = frozenset(errata)
 
-    def decode(self, data, start=0, end=None, max_insns=None):
+    def decode(self, data, start=0, end=None, max_insns=None, sink=None):
+        """Decode ``data[start:end]`` to the end.  Committed instructions go, in chunks,
+        to ``sink(chunk)`` when given; the first ``max_insns`` (all when None) are also
+        kept in ``result.instructions``."""
         result = FlowResult()
-        run = _Walk(self, result, flow_items(data, start, end), max_insns)
-        run.run()
+        listing = result.instructions
+        limit = max_insns
+
+        def keep(chunk):
+            room = len(chunk) if limit is None else limit - len(listing)
+            if room > 0:
+                listing.extend(chunk[:room] if room < len(chunk) else chunk)
+            if room < len(chunk):
+                result.truncated = True
+            if sink is not None:
+                sink(chunk)
+
+        _Walk(self, result, flow_items(data, start, end), keep).run()
         result.blocks_built = self.cache.blocks_built
         return result
 
@@ -295,14 +319,16 @@ class FlowDecoder(object):
 class _Walk(object):
     """The state of one decode: trace position, IP, mode, TNT bits, return stack."""
 
-    def __init__(self, decoder, result, items, max_insns):
+    def __init__(self, decoder, result, items, sink):
         self.cache = decoder.cache
         self.suspicious = decoder.suspicious
         self.errata = decoder.errata
         self.result = result
-        self.out = result.instructions
+        self.problems = result.problems
+        self.out = []            # instructions walked and not yet handed to the sink
+        self.flushed = 0         # instructions handed to the sink before out[0]
+        self.sink = sink
         self.items = items
-        self.max_insns = max_insns if max_insns is not None else -1
         self.mode = MODE_64
         self.retstack = []
         self.bits = ""
@@ -324,7 +350,7 @@ class _Walk(object):
         for item in self.items:
             self.last_offset = item[1]
             if item[0] == F_ERROR:
-                self.result.errors.append((item[1], item[2]))
+                self.problems.add("ipt_packet_error", None, item[2], offset=item[1])
                 self.reset()
                 if self.walking:
                     raise _Resync()
@@ -350,7 +376,7 @@ class _Walk(object):
             if kind == F_MODE and value is not None:
                 self.mode = value
             elif kind == F_ERROR:
-                self.result.errors.append((offset, value))
+                self.problems.add("ipt_packet_error", None, value, offset=offset)
                 raise _Resync()
             elif kind not in (F_FUP,):
                 self.lookahead = (kind, offset, value)
@@ -359,7 +385,21 @@ class _Walk(object):
 
     def event(self, kind, offset, ip):
         """Record an event before the next instruction: (instruction index, kind, trace offset, IP)."""
-        self.result.events.append((len(self.out), kind, offset, ip))
+        self.result.events.append((self.flushed + len(self.out), kind, offset, ip))
+
+    def flush(self):
+        """Hand the committed instructions to the sink (in chunks of FLUSH_SIZE or more,
+        and at the end), so a decode of any size holds one chunk at a time."""
+        count = self.committed
+        if count == 0:
+            return
+        out = self.out
+        chunk = out[:count]
+        del out[:count]
+        self.flushed += count
+        self.committed = 0
+        self.resumed_at = self.resumed_at - count if self.resumed_at >= count else -1
+        self.sink(chunk)
 
     def reset(self):
         self.bits = ""
@@ -379,7 +419,7 @@ class _Walk(object):
     def error(self, offset, message, failed_at=None):
         """Report and abandon this PSB segment.  Like libipt, the instructions walked so far
         stay and the instruction that could not proceed (``failed_at``) is left out."""
-        self.result.errors.append((offset, message))
+        self.problems.add("ipt_flow_error", failed_at, message, offset=offset)
         if failed_at is not None and self.out and self.out[-1] == failed_at:
             self.out.pop()
         raise _Resync()
@@ -402,18 +442,16 @@ class _Walk(object):
             try:
                 ip = self.await_enable()
                 if ip is None:
-                    return
+                    break
                 self.walking = True
                 self.walk(ip)
             except _Resync:
                 self.walking = False
                 self.skip_to_psb()
             self.walking = False
-            if 0 <= self.max_insns <= len(self.out):
-                break
-        if 0 <= self.max_insns < len(self.out):
-            del self.out[self.max_insns:]
-            self.result.truncated = True
+        self.committed = len(self.out)
+        self.flush()
+        self.result.instruction_count = self.flushed
 
     def await_enable(self):
         """Consume items while tracing is off; return the IP where it resumes (or None at the end)."""
@@ -471,6 +509,8 @@ class _Walk(object):
 
     def refill(self):
         """Make TNT bits available, or leave the next non-TNT item in lookahead."""
+        if self.committed >= FLUSH_SIZE:
+            self.flush()
         while self.bit_index >= len(self.bits):
             item = self.peek()
             if item is None or item[0] != F_TNT:
@@ -493,6 +533,8 @@ class _Walk(object):
     def take_ip(self, address, wanted):
         """Consume the TIP an indirect transfer at ``address`` needs: returns the new IP
         or None when tracing stops there (TIP.PGD or the end of the trace)."""
+        if self.committed >= FLUSH_SIZE:
+            self.flush()
         item = self.peek_past_modes()
         if item is not None and item[0] == F_TNT and self.bit_index >= len(self.bits):
             # A deferred TIP: the TNT bits of the branches after this one come first.
@@ -530,7 +572,6 @@ class _Walk(object):
         blocks = cache.blocks(mode)
         retstack = self.retstack
         suspicious = self.suspicious
-        max_insns = self.max_insns
         extend = out.extend
         bits, bi = self.bits, self.bit_index
         nbits = len(bits)
@@ -551,9 +592,8 @@ class _Walk(object):
                 block = cache.build(ip, mode)
                 if ip in suspicious and ip not in self.warned:
                     self.warned.add(ip)
-                    self.result.warnings.append("the path enters %s at 0x%x (trace offset %d): a real trace "
-                                                "rarely runs it; check the reconstruction"
-                                                % (suspicious[ip], ip, self.last_offset))
+                    self.problems.add("ipt_suspicious_path", ip, "the path enters %s: a real trace rarely runs "
+                                      "it; check the reconstruction" % suspicious[ip], "warning", self.last_offset)
             if async_ip is not None and block.start <= async_ip <= block.end:
                 extend([a for a in block.insns if a < async_ip])
                 save()
@@ -609,11 +649,8 @@ class _Walk(object):
                     bi += 1
                     if bit != "T":
                         save()
-                        self.result.warnings.append("compressed RET at 0x%x took a not-taken bit (trace offset %d): "
-                                                    "the reconstruction has gone wrong before it"
-                                                    % (block.end, self.last_offset))
-                        self.error(self.last_offset, "compressed RET at 0x%x with a not-taken bit" % block.end,
-                                   block.end)
+                        self.error(self.last_offset, "compressed RET at 0x%x with a not-taken bit: the "
+                                   "reconstruction went wrong before it" % block.end, block.end)
                     if not retstack:
                         save()
                         self.error(self.last_offset, "compressed RET at 0x%x with an empty return stack" % block.end,
@@ -665,9 +702,6 @@ class _Walk(object):
                 save()
                 self.error(self.last_offset, "%d blocks without trace data from 0x%x: the path loops"
                            % (idle_blocks, ip))
-            if 0 <= max_insns <= len(out):
-                save()
-                return
 
     def skip_gap(self, block):
         """No code at ``block.end`` (unreadable or undecodable): report a gap and skip
@@ -699,7 +733,8 @@ class _Walk(object):
                     resume = None  # still outside the code we have
         finally:
             self.walking = True
-        self.result.errors.append((start, "%s: trace skipped to offset %d" % (block.problem, self.last_offset)))
+        self.problems.add("ipt_gap", block.end, "%s: trace skipped to offset %d" % (block.problem, self.last_offset),
+                          "warning", start)
         self.event("gap", start, block.end)
         if resume is None:
             return None
