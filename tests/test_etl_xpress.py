@@ -8,6 +8,8 @@ import random
 import struct
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dbgext.cli import main
 from dbgext.errors import BadInput
@@ -103,18 +105,21 @@ def test_output_longer_than_expected_is_an_error():
         decompress(spec_example_long_match(), 100, "buffer 2")
 
 
-def test_fuzzed_input_raises_only_xpress_errors():
-    rng = random.Random(11)
-    good = compress(b"".join(bytes([rng.randrange(6)]) * rng.randint(1, 40) for _ in range(3000)))
-    for _ in range(300):
-        data = bytearray(good)
-        for _ in range(rng.randint(1, 8)):
-            data[rng.randrange(len(data))] = rng.getrandbits(8)
-        cut = rng.randrange(len(data) + 1)
-        try:
-            decompress(bytes(data[:cut]), 50000, "buffer 0")
-        except XpressError as error:
-            assert "buffer 0" in str(error)
+FUZZ_SEED = compress(b"".join(bytes([random.Random(11).randrange(6)]) * (1 + index % 40) for index in range(3000))
+                     + b"abc" * 200)
+
+
+@settings(max_examples=int(os.environ.get("DBGEXT_FUZZ_EXAMPLES", "12")) * 10, deadline=None, database=None)
+@given(flips=st.lists(st.tuples(st.integers(0, len(FUZZ_SEED) - 1), st.integers(0, 255)), max_size=8),
+       cut=st.integers(0, len(FUZZ_SEED)), size=st.integers(0, 0x30000))
+def test_mutated_input_raises_only_xpress_errors_naming_the_buffer(flips, cut, size):
+    data = bytearray(FUZZ_SEED)
+    for position, value in flips:
+        data[position] = value
+    try:
+        decompress(bytes(data[:cut]), size, "buffer 0")
+    except XpressError as error:
+        assert str(error).startswith("buffer 0: ")
 
 
 # -- compressed .etl files ---------------------------------------------------------------------
