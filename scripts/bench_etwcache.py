@@ -16,7 +16,7 @@ import tempfile
 import time
 
 from dbgext.cli import main
-from dbgext.etwcache import fixtures, layouts, simulate
+from dbgext.etwcache import fixtures, layouts, replay
 from dbgext.stackhash import stack_trace_hash_frames
 from dbgext.testing.scenario import Scenario
 
@@ -73,7 +73,7 @@ def bench_simulate(quick):
         depth = rng.choice([4, 8, 12, 20, 30, 45, 64, 100, 180])
         distinct.append([NT_BASE + rng.randrange(0x1000, 0x100000, 4) for _ in range(depth)])
     started = time.perf_counter()
-    stream = simulate.StackStream(source="benchmark")
+    stream = replay.StackStream(source="benchmark")
     # A skewed mix like real traces: most walks repeat a hot set, the rest spread wide.
     for _ in range(events):
         if rng.random() < 0.6:
@@ -86,7 +86,7 @@ def bench_simulate(quick):
           % (len(stream), len(stream.stacks), loaded))
     for bucket_count, cache_size in ((257, 0x300000), (4093, 0x1000000), (4093, 0x3200000)):
         started = time.perf_counter()
-        result = simulate.simulate(stream, bucket_count, cache_size // layouts.PIECE_SIZE)
+        result = replay.simulate(stream, bucket_count, cache_size // layouts.PIECE_SIZE)
         elapsed = time.perf_counter() - started
         print("simulate: %4d buckets, CacheSize 0x%07x: %.2f s = %d stacks/s (target >= 200000); "
               "hit rate %.1f%%, %d evictions, %d starved"

@@ -8,6 +8,9 @@ import pytest
 from dbgext.etl import EtlWriter
 from dbgext.etwcache import fixtures, layouts
 
+from dbgext.errors import EXIT_PROBLEMS
+from dbgext.render.text import hexaddr
+
 from etwcache_support import kernel_scenario, random_stacks, run, run_json, scenario_with_cache
 
 STACKS = random_stacks(600, distinct=80, seed=11)
@@ -22,7 +25,8 @@ def cached():
 def test_json_contract_for_every_logger_with_a_cache(cached):
     scenario, context, builder = cached
     code, document = run_json(["etwstacks"], scenario.target())
-    assert code == 0
+    assert code == 0 and document["schema_version"] == 1
+    assert document["layout_sources"] == {"logger_context": "isf nt", "silo_state": "isf nt"}
     [logger] = document["loggers"]
     assert (logger["logger_id"], logger["name"], logger["context"]) == (3, "Test Logger", context)
     cache = logger["cache"]
@@ -34,7 +38,8 @@ def test_json_contract_for_every_logger_with_a_cache(cached):
     assert cache["used_pieces"] + cache["free_pieces"] == 300
     assert sum(cache["occupancy"]) == 257 and cache["stacks"] == len(cache["entries"])
     entry = cache["entries"][0]
-    assert set(entry) == {"key", "bucket", "position", "refcount", "hash", "frame_count", "frames"}
+    assert set(entry) == {"key", "bucket", "position", "refcount", "hash", "frame_count", "pieces", "frames"}
+    assert entry["pieces"][0] == entry["key"]
     assert entry["frames"] == list(builder.stack_frames(entry["key"]))
     assert cache["problems"] == []
 
@@ -91,16 +96,16 @@ def test_text_summary_shows_configuration_histograms_and_advice(cached):
 def test_buckets_lists_mru_order_with_a_limit(cached):
     scenario, _context, _builder = cached
     code, text = run(["etwstacks", "--buckets", "--limit", "2"], scenario.target())
-    assert code == 0 and "position 0 = most recently used" in text and "--limit 2" in text
+    assert code == 0 and "position 0 = most recently used" in text and "--limit 0n2" in text
 
 
 def test_key_lookup_symbolizes_the_stack(cached):
     scenario, _context, builder = cached
     key = next(k for i in range(257) for k in builder.bucket_entries(i))
     code, text = run(["etwstacks", "--key", "%x" % key], scenario.target())
-    assert code == 0 and ("StackKey 0x%x" % key) in text and "nt!" in text
+    assert code == 0 and ("StackKey %s" % hexaddr(key)) in text and "nt!" in text
     code, document = run_json(["etwstacks", "--key", "0x%x" % key], scenario.target())
-    assert document["found"] and document["entry"]["key"] == key
+    assert document["schema_version"] == 1 and document["found"] and document["entry"]["key"] == key
     assert document["entry"]["symbols"][0].startswith("nt")
 
 
@@ -122,7 +127,7 @@ def test_damaged_cache_reports_problems_not_tracebacks(cached):
     scenario.pack(key, "<Q", key)          # entry loops onto itself
     scenario.pack(builder.address + 0x10, "<Q", 7)  # depth 7
     code, document = run_json(["etwstacks", "--validate"], scenario.target())
-    assert code == 0
+    assert code == EXIT_PROBLEMS
     found = {p["kind"] for p in document["loggers"][0]["cache"]["problems"]}
     assert {"cycle", "free_depth"} <= found
 
@@ -131,7 +136,7 @@ def test_unreadable_cache_pointer_is_a_clear_problem():
     scenario = kernel_scenario()
     fixtures.add_logger_context(scenario, 4, "Broken", stack_cache=0xFFFFC0DEAD000000)
     code, text = run(["etwstacks"], scenario.target())
-    assert code == 0 and "cannot be read" in text and "0xffffc0dead000000" in text
+    assert code == 0 and "cannot be read" in text and "ffffc0de`ad000000" in text
 
 
 def test_bad_addresses_and_limits_are_refused(cached):
@@ -144,7 +149,7 @@ def test_simulate_from_a_json_stack_file(tmp_path):
     path = tmp_path / "stacks.json"
     path.write_text(json.dumps({"stacks": [{"frames": ["fffff800`00001000", 2], "count": 3},
                                            [0xFFFFF80000002000]]}))
-    code, document = run_json(["etwstacks", "--simulate", "--stacks", str(path), "--bucket-count", "7,257",
+    code, document = run_json(["etwstacks", "--simulate", "--stacks", str(path), "--bucket-count", "7,0n257",
                                "--cache-size", "0x1000", "--no-clamp"])
     assert code == 0
     assert document["events"] == 7 and document["distinct_stacks"] == 3  # kernel/user split
@@ -172,8 +177,9 @@ def test_simulate_from_an_etl_file(tmp_path):
     writer.add_stack_key(0xFFFFC08000009999)  # never defined
     path = str(tmp_path / "trace.etl")
     writer.write(path)
-    code, document = run_json(["etwstacks", "--simulate", "--etl", path, "--bucket-count", "257",
-                               "--cache-size", "3M"])
+    code, document = run_json(["etwstacks", "--simulate", "--etl", path, "--bucket-count", "0n257",
+                               "--cache-size", "300000"])
+    assert document["points"][0]["bucket_count"] == 257 and document["points"][0]["cache_size"] >= 0x2ff000
     assert code == 0
     assert document["events"] == 8 and document["distinct_stacks"] == 2
     assert document["points"][0]["hits"] == 6
@@ -219,7 +225,8 @@ def test_inside_windbg_buckets_link_to_the_frames(cached):
     scenario, _context, builder = cached
     text, _fake = run_windbg_script("etwstacks", ["--buckets", "--limit", "3"], scenario)
     assert "Traceback" not in text and 'logger 3 "Test Logger"' in text
-    assert '<link cmd="dps 0x' in text
+    key = next(k for i in range(257) for k in builder.bucket_entries(i))
+    assert '<link cmd="dps %s L0x' % hexaddr(key + 0x28) in text
     text, _fake = run_windbg_script("etwstacks", ["--cache", "0xffffc0dead000000"], scenario)
     assert "cannot be read" in text and "Traceback" not in text
 

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from dbgext.etwcache import simulate
+from dbgext.etwcache import replay
 from dbgext.etwcache.streams import load_rtltrace_stream
 from dbgext.rtltrace.fixtures import TraceDatabaseBuilder
 
@@ -37,7 +37,7 @@ def test_rtltrace_traces_are_expanded_by_hit_count_round_robin():
 def test_simulate_from_rtltrace_in_the_command():
     scenario, database, _hot, _cold = database_scenario()
     code, document = run_json(["etwstacks", "--simulate", "--rtltrace", "%x" % database,
-                               "--bucket-count", "257", "--cache-size", "3M"], scenario.target())
+                               "--bucket-count", "0n257", "--cache-size", "300000"], scenario.target())
     assert code == 0 and document["events"] == 4 and document["points"][0]["hits"] == 2
 
 
@@ -65,14 +65,14 @@ def test_kernel_dump_file_reads_the_same_cache_as_memory(dump_path):
     [logger] = document["loggers"]
     cache = logger["cache"]
     assert cache["address"] == builder.address and cache["problems"] == []
-    stream = simulate.StackStream()
+    stream = replay.StackStream()
     for frames in stacks:
         stream.add(frames)
-    result = simulate.simulate(stream, 257, 400)
+    result = replay.simulate(stream, 257, 400)
     from_dump = {}
     for entry in sorted(cache["entries"], key=lambda e: (e["bucket"], e["position"])):
         from_dump.setdefault(entry["bucket"], []).append(tuple(entry["frames"]))
-    assert from_dump == simulate.final_state(result, stream)
+    assert from_dump == replay.final_state(result, stream)
 
 
 def test_kernel_dump_without_symbols_needs_a_profile_or_an_address(dump_path, tmp_path):

@@ -5,7 +5,10 @@ import struct
 
 import pytest
 
-from dbgext.etwcache import layouts, validate, walk
+from dbgext.errors import WrongSignature
+from dbgext.etwcache import analyze, layouts, validate, walk
+from dbgext.problems import ProblemLog
+from dbgext.render.text import hexaddr
 from dbgext.etwcache.fixtures import PIECE_STRIDE, StackCacheBuilder
 from dbgext.stackhash import stack_trace_hash_frames
 
@@ -30,7 +33,8 @@ def test_a_healthy_cache_reads_back_whole_and_validates_clean(variant):
     assert state.bucket_count == 257
     assert state.total_pieces == len(builder.pieces)
     assert len(state.free_pieces) == state.free_depth == len(builder.free)
-    assert state.problems == [] and validate.validate(state) == []
+    validate.validate(state)
+    assert state.problems == []
     for entry in state.entries:
         assert entry.refcount == 1
         assert list(entry.frames) == list(builder.stack_frames(entry.key))
@@ -53,12 +57,21 @@ def test_unreadable_cache_pointer_is_one_problem():
     assert [(p.kind, p.address) for p in state.problems] == [("unreadable", 0xFFFFC0DEAD000000)]
 
 
-def test_memory_that_is_no_cache_has_no_variant():
+def test_memory_that_no_variant_fits_is_refused_naming_what_is_there():
     scenario = kernel_scenario()
     junk = scenario.alloc(0x1000)
     scenario.write(junk, b"\xAB" * 0x1000)
-    state = walk.read_cache(scenario.target(), junk)
-    assert state.variant is None and kinds(state.problems) == ["variant"]
+    with pytest.raises(WrongSignature, match="no ETW stack cache at %s: found memory that fits no cache header "
+                       "variant" % hexaddr(junk)):
+        walk.read_cache(scenario.target(), junk)
+
+
+def test_force_walks_memory_that_no_variant_fits_and_says_so():
+    scenario = kernel_scenario()
+    junk = scenario.alloc(0x1000)
+    scenario.write(junk, b"\xAB" * 0x1000)
+    state = walk.read_cache(scenario.target(), junk, force=True)
+    assert state.variant == "B" and "variant" in kinds(state.problems)
 
 
 def test_bucket_count_zero_is_reported_and_nothing_is_walked():
@@ -116,7 +129,8 @@ def test_slist_depth_that_disagrees_with_its_chain_is_flagged():
     low = struct.unpack("<Q", scenario.read(builder.address + 0x10, 8))[0]
     scenario.pack(builder.address + 0x10, "<Q", (low & ~0xFFFF) | ((low + 5) & 0xFFFF))
     state = walk.read_cache(scenario.target(), builder.address)
-    assert kinds(validate.validate(state)) == ["free_depth"]
+    validate.validate(state)
+    assert kinds(state.problems) == ["free_depth"]
 
 
 def test_free_list_loop_and_piece_both_free_and_used():
@@ -129,7 +143,8 @@ def test_free_list_loop_and_piece_both_free_and_used():
     used = next(k for i in range(3) for k in builder.bucket_entries(i))
     scenario.pack(builder.free[0], "<Q", used)  # bottom free piece -> a cached piece
     state = walk.read_cache(scenario.target(), builder.address)
-    assert "free_and_used" in kinds(validate.validate(state))
+    validate.validate(state)
+    assert "free_and_used" in kinds(state.problems)
 
 
 def test_validator_finds_overfull_buckets_wrong_buckets_hashes_and_refcounts():
@@ -148,10 +163,10 @@ def test_validator_finds_overfull_buckets_wrong_buckets_hashes_and_refcounts():
     scenario.pack(head0, "<QQ", head0, head0)
     scenario.pack(entries[0] + 0x18, "<i", 2)
     scenario.pack(entries[1] + 0x1C, "<I", 0x12345678)
-    state = walk.read_cache(scenario.target(), builder.address, variant="B")
-    found = kinds(validate.validate(state))
-    assert {"bucket_overfull", "wrong_bucket", "hash_mismatch", "refcount"} <= set(found)
-    assert "refcount" not in kinds(validate.validate(state, idle=False))
+    idle = analyze(scenario.target(), cache=builder.address, variant="B")
+    assert {"bucket_overfull", "wrong_bucket", "hash_mismatch", "refcount"} <= set(kinds(idle.problems))
+    busy = analyze(scenario.target(), cache=builder.address, variant="B", busy=True)
+    assert "refcount" not in kinds(busy.problems)
 
 
 def test_pieces_are_16_byte_aligned_slist_entries():
@@ -180,7 +195,7 @@ def test_thousands_of_damaged_entries_are_summarised_past_200_of_a_kind():
     builder.finish()
     for key in [k for i in range(300) for k in builder.bucket_entries(i)]:
         scenario.pack(key + 0x20, "<I", 0xFFFFFFFF)
-    state = walk.read_cache(scenario.target(), builder.address)
-    frame_count_problems = [p for p in state.problems if p.kind == "frame_count"]
-    assert len(frame_count_problems) == walk.CacheState.MAX_PER_KIND
-    assert any(p.kind == "problems_truncated" and "frame_count" in p.detail for p in state.problems)
+    problems = analyze(scenario.target(), cache=builder.address).problems
+    frame_count_problems = [p for p in problems if p.kind == "frame_count"]
+    assert len(frame_count_problems) == ProblemLog.MAX_PER_KIND
+    assert any(p.kind == "problems_truncated" and "frame_count" in p.message for p in problems)

@@ -1,148 +1,78 @@
 """``etwstacks``: dump ETW stack cache state, resolve StackKeys, simulate and tune."""
 
-from ..address import parse_hex
 from ..command import Command
-from ..errors import BadInput
-from ..problems import Problem
-from . import discover, layouts, render, simulate, streams
-from .validate import validate
-from .walk import read_cache
+from ..errors import EXIT_ERROR, EXIT_PROBLEMS, BadInput
+from . import layouts, render
+from .analysis import DEFAULT_BUCKET_COUNTS, DEFAULT_CACHE_SIZES, analyze, simulate
+from .streams import load_etl_stream, load_rtltrace_stream, load_stack_file
 
-DEFAULT_BUCKET_COUNTS = (256, 257, 1021, 2039, 4093)
-DEFAULT_CACHE_SIZES = (0x300000, 0x800000, 0x1000000)
-
-
-def parse_size(text):
-    """``0x300000``, ``3145728``, ``3M``, ``512K``."""
-    value = text.strip().upper().rstrip("B")
-    scale = 1
-    if value.endswith("K"):
-        scale, value = 1024, value[:-1]
-    elif value.endswith("M"):
-        scale, value = 1024 * 1024, value[:-1]
-    try:
-        number = float(int(value, 0)) if value.startswith("0X") else float(value)
-    except ValueError:
-        raise BadInput("%r is not a size" % text)
-    return int(number * scale)
-
-
-def parse_list(text, parse):
-    values = [parse(part) for part in text.split(",") if part.strip()]
-    if not values or any(v <= 0 for v in values):
-        raise BadInput("%r: expected a comma-separated list of positive numbers" % text)
-    return values
+DEFAULT_BUCKET_LIMIT = 64
 
 
 def add_arguments(parser):
-    where = parser.add_argument_group("which cache")
+    where = parser.add_argument_group("which cache (addresses in WinDbg's syntax: fffff800`00001000, nt!X+10, @rcx)")
     where.add_argument("--logger-context", metavar="ADDR", help="a _WMI_LOGGER_CONTEXT address (skip discovery)")
     where.add_argument("--cache", metavar="ADDR", help="a stack cache address (skip discovery)")
     where.add_argument("--variant", choices=sorted(layouts.CACHE_VARIANTS),
                        help="cache header layout (default: detected from memory)")
-    show = parser.add_argument_group("what to show")
+    where.add_argument("--force", action="store_true", help="walk memory that no cache header variant fits")
+    show = parser.add_argument_group("what to show (counts are hex by default, 0n for decimal)")
     show.add_argument("--buckets", action="store_true", help="each bucket's entries in MRU order")
-    show.add_argument("--limit", type=int, default=64, metavar="N", help="buckets shown by --buckets (64)")
+    show.add_argument("--limit", metavar="N", help="buckets shown by --buckets (default 0n%d)" % DEFAULT_BUCKET_LIMIT)
     show.add_argument("--key", metavar="ADDR", help="the stack cached under this StackKey, symbolized")
     show.add_argument("--entries", action="store_true", help="every cached stack, symbolized")
-    show.add_argument("--validate", action="store_true", help="full consistency check")
+    show.add_argument("--validate", action="store_true", help="full consistency check (exit code 4 when it "
+                      "finds problems)")
     show.add_argument("--busy", action="store_true",
                       help="the logger was logging when captured: do not flag RefCount 2")
     sim = parser.add_argument_group("simulate (no target needed for --stacks/--etl)")
     sim.add_argument("--simulate", action="store_true", help="replay a stack stream through the algorithm")
-    sim.add_argument("--stacks", metavar="FILE", help="JSON or text file of stacks")
+    sim.add_argument("--stacks", metavar="FILE", help="JSON or text file of stacks (or an .etl file)")
     sim.add_argument("--etl", metavar="FILE", help=".etl file: its StackWalk events")
     sim.add_argument("--rtltrace", metavar="ADDR", help="RTL_TRACE_DATABASE in the target: traces by hit count")
     sim.add_argument("--bucket-count", metavar="N[,N...]", help="bucket counts to try (default %s)"
-                     % ",".join(str(n) for n in DEFAULT_BUCKET_COUNTS))
-    sim.add_argument("--cache-size", metavar="SIZE[,SIZE...]", help="cache sizes to try, e.g. 3M,0x800000 "
-                     "(default %s)" % ",".join("0x%x" % n for n in DEFAULT_CACHE_SIZES))
+                     % ",".join("0n%d" % n for n in DEFAULT_BUCKET_COUNTS))
+    sim.add_argument("--cache-size", metavar="SIZE[,SIZE...]", help="cache sizes in bytes to try (default %s)"
+                     % ",".join("0x%x" % n for n in DEFAULT_CACHE_SIZES))
     sim.add_argument("--no-clamp", action="store_true",
-                     help="do not clamp to Windows' ranges (256..4096 buckets, 3..50 MB)")
+                     help="do not clamp to Windows' ranges (0n256..0n4096 buckets, 3..50 MB)")
+
+
+def _counts(ctx, text):
+    return [ctx.count(part) for part in text.split(",") if part.strip()]
 
 
 def run(ctx, args):
     if args.simulate:
         return run_simulation(ctx, args)
-    if args.limit <= 0:
+    limit = ctx.count(args.limit) if args.limit is not None else DEFAULT_BUCKET_LIMIT
+    if limit <= 0:
         raise BadInput("--limit must be positive")
-    target = ctx.target
-    if target.arch != "x64":
-        raise BadInput("ETW stack cache layouts are known for x64 kernels only (target is %s)" % target.arch)
-    targets = caches_to_read(target, args)
-    if not targets:
+    result = analyze(ctx.target,
+                     cache=ctx.address(args.cache) if args.cache else None,
+                     logger_context=ctx.address(args.logger_context) if args.logger_context else None,
+                     variant=args.variant, validate=args.validate, busy=args.busy,
+                     key=ctx.address(args.key) if args.key else None, force=args.force)
+    if result.key is not None:
         if args.json:
-            ctx.out.json({"loggers": []})
+            ctx.out.json(result.key.as_dict())
         else:
-            ctx.out.line("no logger has stack caching enabled")
-        return 0
-    results = []
-    for logger, cache in targets:
-        state = read_cache(target, cache, variant=args.variant,
-                           logger_context=logger.context if logger else None,
-                           logger_id=logger.logger_id if logger else None)
-        problems = [Problem(*problem) for problem in (logger.problems if logger else [])]
-        problems.extend(state.problems)
-        if args.validate:
-            problems.extend(validate(state, idle=not args.busy))
-        results.append((logger, state, problems))
-    if args.key:
-        return show_key(ctx, target, results, parse_hex(args.key))
+            render.key_lookup(ctx.out, ctx.target, result.key)
+        return 0 if result.key.found else EXIT_ERROR
     if args.json:
-        ctx.out.json({"loggers": [render.logger_document(logger, state, problems)
-                                  for logger, state, problems in results]})
-        return 0
-    for logger, state, problems in results:
-        render.summary(ctx.out, target, logger, state, problems, args.validate)
-        if args.buckets and state.readable:
-            render.buckets(ctx.out, target, state, args.limit)
+        ctx.out.json(result.as_dict())
+    elif not result.caches:
+        ctx.out.line("no logger has stack caching enabled")
+    for report in ([] if args.json else result.caches):
+        render.summary(ctx.out, ctx.target, report, args.validate)
+        if args.buckets and report.state.readable:
+            render.buckets(ctx.out, ctx.target, report, limit)
             ctx.out.line()
         if args.entries:
-            for entry in state.entries:
-                render.stack(ctx.out, target, entry)
+            for entry in report.state.entries:
+                render.stack(ctx.out, ctx.target, entry)
                 ctx.out.line()
-    return 0
-
-
-def caches_to_read(target, args):
-    """[(LoggerInfo or None, cache address)] from the options or from discovery."""
-    logger = None
-    if args.logger_context:
-        offsets = discover.field_offsets(target)
-        logger = discover.read_logger(target, parse_hex(args.logger_context), offsets)
-        for kind, address, detail in logger.problems:
-            if kind == "unreadable" and not args.cache:
-                raise BadInput("logger context 0x%x: %s" % (address, detail))
-    if args.cache:
-        return [(logger, parse_hex(args.cache))]
-    if logger is not None:
-        return [(logger, logger.stack_cache)] if logger.stack_cache else []
-    loggers, _offsets = discover.discover_loggers(target)
-    return [(info, info.stack_cache) for info in loggers if info.stack_cache]
-
-
-def show_key(ctx, target, results, key):
-    for logger, state, _problems in results:
-        entry = state.find(key)
-        if entry is None:
-            continue
-        if ctx.args.json:
-            document = entry.as_dict()
-            document["symbols"] = [target.symbolize(frame) for frame in entry.frames]
-            ctx.out.json({"key": key, "found": True, "logger_id": logger.logger_id if logger else None,
-                          "cache": state.address, "entry": document})
-        else:
-            ctx.out.line(render.logger_label(logger))
-            render.stack(ctx.out, target, entry)
-        return 0
-    free = any(key in set(state.free_pieces) for _, state, _ in results)
-    why = "it is on the free list (evicted; look for its Delete Definition event)" if free else \
-        "it is not the first piece of any cached stack"
-    if ctx.args.json:
-        ctx.out.json({"key": key, "found": False, "entry": None, "detail": why})
-    else:
-        ctx.out.line("StackKey 0x%x is not cached: %s" % (key, why))
-    return 1
+    return EXIT_PROBLEMS if args.validate and result.problems.errors else 0
 
 
 def load_stream(ctx, args):
@@ -150,27 +80,21 @@ def load_stream(ctx, args):
     if len(sources) != 1:
         raise BadInput("--simulate needs exactly one of --stacks FILE, --etl FILE, --rtltrace ADDR")
     if args.stacks:
-        return streams.load_stack_file(args.stacks)
+        return load_stack_file(args.stacks)
     if args.etl:
-        return streams.load_etl_stream(args.etl)
-    return streams.load_rtltrace_stream(ctx.target, parse_hex(args.rtltrace))
+        return load_etl_stream(args.etl)
+    return load_rtltrace_stream(ctx.target, ctx.address(args.rtltrace))
 
 
 def run_simulation(ctx, args):
-    stream = load_stream(ctx, args)
-    if not len(stream):
-        raise BadInput("the stack stream is empty (%s)" % "; ".join(stream.notes or [stream.source]))
-    bucket_counts = parse_list(args.bucket_count, lambda t: int(t, 0)) if args.bucket_count \
-        else list(DEFAULT_BUCKET_COUNTS)
-    cache_sizes = parse_list(args.cache_size, parse_size) if args.cache_size else list(DEFAULT_CACHE_SIZES)
-    if any(size < layouts.PIECE_SIZE for size in cache_sizes):
-        raise BadInput("a cache size below one piece (0x%x bytes) holds nothing" % layouts.PIECE_SIZE)
-    results, notes = simulate.sweep(stream, bucket_counts, cache_sizes, clamp=not args.no_clamp)
-    recommendation = simulate.recommend(results)
+    report = simulate(load_stream(ctx, args),
+                      _counts(ctx, args.bucket_count) if args.bucket_count else DEFAULT_BUCKET_COUNTS,
+                      _counts(ctx, args.cache_size) if args.cache_size else DEFAULT_CACHE_SIZES,
+                      clamp=not args.no_clamp)
     if args.json:
-        ctx.out.json(render.simulation_document(stream, results, recommendation, notes))
+        ctx.out.json(report.as_dict())
     else:
-        render.simulation(ctx.out, stream, results, recommendation, notes)
+        render.simulation(ctx.out, report)
     return 0
 
 

@@ -2,15 +2,22 @@
 _ETW_SILODRIVERSTATE.EtwpLoggerContext (array of MaxLoggers pointers, unused slots
 hold a small non-pointer) -> _WMI_LOGGER_CONTEXT {LoggerId, LoggerName, StackCache}.
 
-Field offsets come from the target's type information when it has it, else from
-the per-build profile in ``layouts``.
+Layouts come from :func:`dbgext.layouts.lookup_layout`: the target's type
+information when it has it, else the built-in layouts for its build.
 """
 
-from ..errors import BadInput, DbgextError, SymbolNotFound, UnreadableMemory
+from ..errors import BadInput, DbgextError, LayoutNotFound, SymbolNotFound, UnreadableMemory
+from ..layouts import lookup_layout
+from ..problems import ProblemLog
 from . import layouts
+
+ASK_FOR_ADDRESSES = "give --logger-context ADDR or --cache ADDR"
 
 
 class LoggerInfo(object):
+    """One logger context: its id, name and stack cache pointer, and what could
+    not be read of it."""
+
     __slots__ = ("logger_id", "name", "context", "stack_cache", "problems")
 
     def __init__(self, context, logger_id=None, name=None, stack_cache=0):
@@ -18,70 +25,69 @@ class LoggerInfo(object):
         self.logger_id = logger_id
         self.name = name
         self.stack_cache = stack_cache
-        self.problems = []
+        self.problems = ProblemLog()
+
+    @property
+    def label(self):
+        return self.name or "logger %s" % self.logger_id
+
+    def as_dict(self):
+        return {"logger_id": self.logger_id, "name": self.name, "context": self.context,
+                "stack_cache": self.stack_cache}
 
 
-class Offsets(object):
-    """Where the fields live, and where that knowledge came from."""
+class LoggerLayouts(object):
+    """The logger context and silo state layouts, each saying where it came from."""
 
-    def __init__(self, logger, silo, source):
+    def __init__(self, logger, silo):
         self.logger = logger
         self.silo = silo
-        self.source = source
+
+    @property
+    def sources(self):
+        return {"logger_context": self.logger.source, "silo_state": self.silo.source}
 
 
-def field_offsets(target):
-    """Offsets from type information, else from the build profile; BadInput if neither."""
-    logger = {}
-    for field in ("LoggerId", "LoggerName", "StackCache"):
-        logger[field] = target.field_offset(layouts.LOGGER_TYPE, field)
-    silo = {}
-    for field in ("MaxLoggers", "EtwpLoggerContext"):
-        silo[field] = target.field_offset(layouts.SILO_TYPE, field)
-    if None not in logger.values() and None not in silo.values():
-        return Offsets(logger, silo, "type information")
-    build = (target.info() or {}).get("build")
-    profile = layouts.profile_for_build(build)
-    if profile is None:
-        raise BadInput("no type information for _WMI_LOGGER_CONTEXT and no offsets profile for build %s; "
-                       "give --logger-context ADDR or --cache ADDR" % build)
-    for field, offset in profile["logger"].items():
-        if logger.get(field) is None:
-            logger[field] = offset
-    for field, offset in profile["silo"].items():
-        if silo.get(field) is None:
-            silo[field] = offset
-    return Offsets(logger, silo, "build %s profile (%s)" % (build, profile["name"]))
-
-
-def read_logger(target, context, offsets):
-    """A LoggerInfo for the logger context at ``context`` (problems noted, never raises
-    for bad memory)."""
-    info = LoggerInfo(context)
+def logger_layouts(target):
+    """The layouts of _WMI_LOGGER_CONTEXT and _ETW_SILODRIVERSTATE; BadInput (naming
+    what to give instead) when neither type information nor a built-in layout
+    for this build has them."""
     try:
-        info.logger_id = target.u32(context + offsets.logger["LoggerId"])
-        info.stack_cache = target.pointer(context + offsets.logger["StackCache"])
+        return LoggerLayouts(
+            lookup_layout(target, layouts.LOGGER_TYPE, layouts.BUILTIN, fields=layouts.LOGGER_FIELDS),
+            lookup_layout(target, layouts.SILO_TYPE, layouts.BUILTIN, fields=layouts.SILO_FIELDS))
+    except LayoutNotFound as error:
+        raise BadInput("%s; %s" % (error, ASK_FOR_ADDRESSES))
+
+
+def read_logger(target, context, found):
+    """A LoggerInfo for the logger context at ``context`` (``found``: LoggerLayouts);
+    bad memory becomes its problems, never an exception."""
+    info = LoggerInfo(context)
+    logger = found.logger
+    try:
+        info.logger_id = target.u32(context + logger.offset("LoggerId"))
+        info.stack_cache = target.pointer(context + logger.offset("StackCache"))
     except UnreadableMemory as error:
-        info.problems.append(("unreadable", error.address, "logger context is unreadable"))
+        info.problems.add("unreadable", error.address, "logger context %s is unreadable"
+                          % target.format_address(context))
         return info
     try:
-        info.name = target.unicode_string(context + offsets.logger["LoggerName"], max_chars=256)
+        info.name = target.unicode_string(context + logger.offset("LoggerName"), max_chars=256)
     except DbgextError as error:
-        info.problems.append(("logger_name", context + offsets.logger["LoggerName"], str(error)))
+        info.problems.add("logger_name", context + logger.offset("LoggerName"), str(error))
     return info
 
 
-def discover_loggers(target):
-    """(loggers, offsets): every logger in the host silo's logger array."""
-    offsets = field_offsets(target)
+def discover_loggers(target, found):
+    """Every logger in the host silo's logger array (``found``: LoggerLayouts)."""
     cell = target.symbol_address(layouts.HOST_SILO_SYMBOL)
     if cell is None:
-        raise SymbolNotFound("%s is not known (no symbols?); give --logger-context ADDR or --cache ADDR"
-                             % layouts.HOST_SILO_SYMBOL)
+        raise SymbolNotFound("%s is not known (no symbols?); %s" % (layouts.HOST_SILO_SYMBOL, ASK_FOR_ADDRESSES))
     try:
         silo = target.pointer(cell)
-        max_loggers = target.u32(silo + offsets.silo["MaxLoggers"])
-        array = target.pointer(silo + offsets.silo["EtwpLoggerContext"])
+        max_loggers = target.u32(silo + found.silo.offset("MaxLoggers"))
+        array = target.pointer(silo + found.silo.offset("EtwpLoggerContext"))
     except UnreadableMemory as error:
         raise UnreadableMemory(error.address, detail="reading the ETW silo state")
     if not 0 < max_loggers <= layouts.MAX_LOGGERS:
@@ -90,8 +96,4 @@ def discover_loggers(target):
         slots = target.pointers(array, max_loggers)
     except UnreadableMemory as error:
         raise UnreadableMemory(error.address, detail="reading the logger context array")
-    loggers = []
-    for slot in slots:
-        if slot >= layouts.KERNEL_SPACE_START:
-            loggers.append(read_logger(target, slot, offsets))
-    return loggers, offsets
+    return [read_logger(target, slot, found) for slot in slots if slot >= layouts.KERNEL_SPACE_START]

@@ -63,7 +63,7 @@ class StackCacheBuilder(object):
         self.lookups = self.hits = self.evictions = self.starvation_fallbacks = 0
 
     def bucket_head(self, index):
-        return self.address + self.layout["Buckets"] + index * layouts.BUCKET_SIZE
+        return self.address + self.layout.offset("Buckets") + index * layouts.BUCKET_SIZE
 
     # -- LIST_ENTRY primitives ------------------------------------------------------
 
@@ -175,14 +175,14 @@ class StackCacheBuilder(object):
         scenario = self.scenario
         layout = self.layout
         header = bytearray(layouts.HEADER_SIZE + self.bucket_count * layouts.BUCKET_SIZE)
-        if layout["owner_kind"] == "logger_id":
-            struct.pack_into("<I", header, layout["owner"], self.logger_id)
+        if layout.has("LoggerId"):
+            struct.pack_into("<I", header, layout.offset("LoggerId"), self.logger_id)
         else:
-            struct.pack_into("<Q", header, layout["owner"], self.logger_context)
-        struct.pack_into("<I", header, layout["BucketCount"], self.bucket_count)
+            struct.pack_into("<Q", header, layout.offset("LoggerContext"), self.logger_context)
+        struct.pack_into("<I", header, layout.offset("BucketCount"), self.bucket_count)
         top = self.free[-1] if self.free else 0
         depth = len(self.free) & layouts.SLIST_DEPTH_MASK
-        struct.pack_into("<QQ", header, layout["FreeList"],
+        struct.pack_into("<QQ", header, layout.offset("FreeList"),
                          depth | ((self.slist_sequence & 0xFFFFFFFFFFFF) << 16), top)
         for index in range(self.bucket_count):
             head = self.bucket_head(index)
@@ -206,7 +206,7 @@ class StackCacheBuilder(object):
             struct.pack_into("<QQQiII", region, offset, flink, blink, piece.next, piece.refcount,
                              piece.hash, piece.frame_count)
             if piece.frames:
-                struct.pack_into("<%dQ" % len(piece.frames), region, offset + layouts.PIECE["Frames"],
+                struct.pack_into("<%dQ" % len(piece.frames), region, offset + layouts.FRAMES_OFFSET,
                                  *piece.frames)
         scenario.write(self.pieces_base, region)
         return self.address
@@ -223,8 +223,13 @@ def _ensure_nt(scenario):
 
 
 def _profile(scenario):
-    profile = layouts.profile_for_build(scenario.build)
-    return profile or layouts.LOGGER_PROFILES[max(layouts.LOGGER_PROFILES)]
+    """{"logger": {field: offset}, "silo": {field: offset}} of the built-in layouts for
+    the scenario's build (the newest ones when the build has none)."""
+    offsets = {}
+    for key, type_name in (("logger", "_WMI_LOGGER_CONTEXT"), ("silo", "_ETW_SILODRIVERSTATE")):
+        row = layouts.BUILTIN.find(type_name, "x64", scenario.build) or layouts.BUILTIN.table[type_name][-1]
+        offsets[key] = dict((field, offset) for field, (offset, _) in row["fields"].items())
+    return offsets
 
 
 def _extend_type(scenario, type_name, size, fields):

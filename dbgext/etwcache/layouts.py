@@ -3,9 +3,13 @@
 ``_ETW_STACK_CACHE`` is opaque in the public symbols, so its layout is carried here
 as data: two variants seen across Windows 10/11 builds (see
 shared/reference/etw-stack-cache.md).  The logger context and silo state offsets
-come from type information when the target has it; ``LOGGER_PROFILES`` is the
-fallback keyed by build number.
+come from type information when the target has it; ``BUILTIN`` is the
+fallback keyed by build number.  All of them are :class:`dbgext.layouts.Layout`
+data, the logger context and silo state looked up through
+:func:`dbgext.layouts.lookup_layout`.
 """
+
+from ..layouts import BuiltinLayouts, Layout
 
 PIECE_SIZE = 0x128
 FRAMES_PER_PIECE = 32
@@ -22,23 +26,28 @@ MAX_PIECES = MAX_CACHE_SIZE // PIECE_SIZE
 # A stack walk never captures more frames than this; a larger FrameCount is corrupt.
 MAX_PLAUSIBLE_FRAMES = 1024
 
-# One piece of a cached stack (or a free piece on the SLIST).
-PIECE = {
-    "Links": 0x00,        # LIST_ENTRY in the bucket (first piece) / SLIST next (free piece)
-    "Next": 0x10,         # next piece of the same stack
-    "RefCount": 0x18,     # LONG
-    "Hash": 0x1C,         # ULONG, first piece
-    "FrameCount": 0x20,   # ULONG: total frames (first piece), frames in this piece (later ones)
-    "Frames": 0x28,       # ULONG64[32]
-}
+# One piece of a cached stack (or a free piece on the SLIST); the kernel has no
+# public type for it.
+PIECE = Layout("stack cache piece", PIECE_SIZE, {
+    "Links": (0x00, "2Q"),      # LIST_ENTRY in the bucket (first piece) / SLIST next (free piece)
+    "Next": (0x10, "Q"),        # next piece of the same stack
+    "RefCount": (0x18, "i"),    # LONG
+    "Hash": (0x1C, "I"),        # ULONG, first piece
+    "FrameCount": (0x20, "I"),  # ULONG: total frames (first piece), frames in this piece (later ones)
+    "Frames": (0x28, "32Q"),
+}, "built-in")
+FRAMES_OFFSET = PIECE.offset("Frames")
 
-# The cache header.  ``owner`` is how the header names its logger: a ULONG logger id
-# (variant A) or a pointer to the owning _WMI_LOGGER_CONTEXT (variant B).
+# The cache header, _ETW_STACK_CACHE (opaque in the public symbols, so always built
+# in).  The owner is a ULONG logger id (variant A) or a pointer to the owning
+# _WMI_LOGGER_CONTEXT (variant B); Buckets is an array of BucketCount buckets.
 CACHE_VARIANTS = {
-    "A": {"owner": 0x00, "owner_kind": "logger_id", "BucketCount": 0x04,
-          "FreeList": 0x10, "Buckets": 0x20, "seen_in": "older builds"},
-    "B": {"owner": 0x00, "owner_kind": "logger_context", "BucketCount": 0x08,
-          "FreeList": 0x10, "Buckets": 0x20, "seen_in": "newer builds"},
+    "A": Layout("_ETW_STACK_CACHE", 0x20, {"LoggerId": (0x00, "I"), "BucketCount": (0x04, "I"),
+                                           "FreeList": (0x10, "2Q"), "Buckets": (0x20, None)},
+                "built-in variant A (older builds)"),
+    "B": Layout("_ETW_STACK_CACHE", 0x20, {"LoggerContext": (0x00, "Q"), "BucketCount": (0x08, "I"),
+                                           "FreeList": (0x10, "2Q"), "Buckets": (0x20, None)},
+                "built-in variant B (newer builds)"),
 }
 HEADER_SIZE = 0x20
 
@@ -47,19 +56,24 @@ HEADER_SIZE = 0x20
 SLIST_DEPTH_MASK = 0xFFFF
 SLIST_NEXT_MASK = ~0xF & 0xFFFFFFFFFFFFFFFF
 
-# Offsets of _WMI_LOGGER_CONTEXT and _ETW_SILODRIVERSTATE fields (x64) from public
-# type dumps, for targets without type information.  Keyed by the first build of a
-# range; a profile applies up to (not including) the next key, and LAST_PROFILED_BUILD
-# bounds the last one.
-LOGGER_PROFILES = {
-    17134: {"name": "Windows 10 1803-1909",
-            "logger": {"LoggerId": 0x0, "LoggerName": 0x88, "StackCache": 0x348},
-            "silo": {"MaxLoggers": 0x10, "EtwpLoggerContext": 0x1B0}},
-    19041: {"name": "Windows 10 2004-22H2 / 11",
-            "logger": {"LoggerId": 0x0, "LoggerName": 0x98, "StackCache": 0x3E0},
-            "silo": {"MaxLoggers": 0x10, "EtwpLoggerContext": 0x1C8}},
-}
-LAST_PROFILED_BUILD = 22631
+# _WMI_LOGGER_CONTEXT and _ETW_SILODRIVERSTATE (x64) per build, from public type
+# dumps, for targets without type information.
+LOGGER_FIELDS = ("LoggerId", "LoggerName", "StackCache")
+SILO_FIELDS = ("MaxLoggers", "EtwpLoggerContext")
+BUILTIN = BuiltinLayouts({
+    "_WMI_LOGGER_CONTEXT": [
+        {"arch": "x64", "builds": (17134, 19040), "size": None,  # Windows 10 1803-1909
+         "fields": {"LoggerId": (0x0, "I"), "LoggerName": (0x88, None), "StackCache": (0x348, "Q")}},
+        {"arch": "x64", "builds": (19041, 22631), "size": None,  # Windows 10 2004-22H2 / 11
+         "fields": {"LoggerId": (0x0, "I"), "LoggerName": (0x98, None), "StackCache": (0x3E0, "Q")}},
+    ],
+    "_ETW_SILODRIVERSTATE": [
+        {"arch": "x64", "builds": (17134, 19040), "size": None,
+         "fields": {"MaxLoggers": (0x10, "I"), "EtwpLoggerContext": (0x1B0, "Q")}},
+        {"arch": "x64", "builds": (19041, 22631), "size": None,
+         "fields": {"MaxLoggers": (0x10, "I"), "EtwpLoggerContext": (0x1C8, "Q")}},
+    ],
+})
 
 LOGGER_TYPE = "nt!_WMI_LOGGER_CONTEXT"
 SILO_TYPE = "nt!_ETW_SILODRIVERSTATE"
@@ -68,17 +82,6 @@ HOST_SILO_SYMBOL = "nt!EtwpHostSiloState"
 # Unused logger slots hold a small non-pointer value (1); there are at most 64 loggers.
 MAX_LOGGERS = 64
 KERNEL_SPACE_START = 0xFFFF800000000000
-
-
-def profile_for_build(build):
-    """The LOGGER_PROFILES entry covering ``build``, or None."""
-    if not isinstance(build, int) or build > LAST_PROFILED_BUILD:
-        return None
-    chosen = None
-    for first in sorted(LOGGER_PROFILES):
-        if build >= first:
-            chosen = LOGGER_PROFILES[first]
-    return chosen
 
 
 def pieces_for(frame_count):

@@ -5,9 +5,10 @@ import io
 import json
 
 from ..errors import BadInput
+from ..render.text import hexaddr
 from ..etl.format import SIGNATURE_SIZE as ETL_SIGNATURE_SIZE, looks_like_etl
 from .layouts import KERNEL_SPACE_START
-from .simulate import StackStream
+from .replay import StackStream
 
 # Bound on events produced by expanding hit counts (RTL trace databases).
 MAX_EXPANDED_EVENTS = 5000000
@@ -124,13 +125,13 @@ def load_rtltrace_stream(target, address):
     as its hit count, interleaved round-robin (every pass references each trace that
     still has hits left, in bucket-walk order) — a steady mix of the recorded stacks."""
     try:
-        from ..rtltrace.walk import walk_database
+        from ..rtltrace import analyze
     except ImportError:
         raise BadInput("the rtltrace package is not installed; use --stacks or --etl")
-    database = walk_database(target, address)
-    stream = StackStream(source="RTL trace database 0x%x (hit counts, round-robin)" % address)
+    database = analyze(target, address)
+    stream = StackStream(source="RTL trace database %s (hit counts, round-robin)" % hexaddr(address))
     for problem in database.problems[:20]:
-        stream.notes.append("rtltrace: %s at 0x%x: %s" % (problem.kind, problem.address or 0, problem.detail))
+        stream.notes.append("rtltrace: %s" % problem)
     blocks = [(block.frames, max(block.count, 1)) for block in database.blocks if block.frames]
     total = sum(count for _, count in blocks)
     if total > MAX_EXPANDED_EVENTS:
