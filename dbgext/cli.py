@@ -137,9 +137,10 @@ def _fill_defaults(args, command):
             setattr(args, name, value)
 
 
-def open_target(args, windbg):
+def open_target(args, windbg, err=None):
+    """``err``: where symbol warnings and download progress go (the diagnostics Output)."""
     if getattr(args, "dump", None):
-        return open_dump(args.dump, symbols=args.symbols, no_download=args.no_download)
+        return open_dump(args.dump, symbols=args.symbols, no_download=args.no_download, diagnostics=err)
     if windbg:
         from .target.pykd_backend import open_pykd_target
         return open_pykd_target()
@@ -182,7 +183,7 @@ def main(argv=None, windbg=False, stream=None, target=None, error_stream=None):
     if target is not None:
         ctx = Context(args, out=out, err=err, windbg=windbg, target_factory=lambda a: target)
     else:
-        ctx = Context(args, out=out, err=err, windbg=windbg, target_factory=lambda a: open_target(a, windbg))
+        ctx = Context(args, out=out, err=err, windbg=windbg, target_factory=lambda a: open_target(a, windbg, err))
     try:
         return args._command.run(ctx, args) or EXIT_OK
     except DbgextError as error:

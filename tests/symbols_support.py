@@ -61,3 +61,32 @@ def llvm_pdbutil(*args):
     if shutil.which("llvm-pdbutil") is None:
         pytest.skip("the cross-check needs llvm-pdbutil (Debian package llvm)")
     return subprocess.run(["llvm-pdbutil"] + list(args), check=True, capture_output=True, text=True).stdout
+
+
+DRIVER_BASE = 0xFFFFF80001000000
+DLL_BASE_X86 = 0x10000000
+
+
+def kernel_dump_with_driver(built, path, name="kernel_shapes"):
+    """An x64 kernel dump (written by dbgext's writer) with ``built``'s DLL loaded
+    as ``<name>.sys`` and an nt module; the DLL's PDB is not beside it."""
+    from dbgext.testing.scenario import Scenario
+    scenario = Scenario("x64", "kernel")
+    data = mapped_image(built.dll)
+    scenario.add_module("nt", 0xFFFFF80000000000, 0x10000, image="ntoskrnl.exe")
+    scenario.add_module(name, DRIVER_BASE, len(data), image=name + ".sys", content=data)
+    scenario.build_loaded_module_list()
+    scenario.registers = {"rip": DRIVER_BASE + 0x1000, "rsp": 0}
+    scenario.write_kernel_dump(path)
+    return scenario
+
+
+def minidump_with_dll(built, path, name="kernel_shapes"):
+    """A user-mode minidump (x86 or x64 after ``built``) with the DLL loaded."""
+    from dbgext.testing.scenario import Scenario
+    scenario = Scenario(built.arch, "user")
+    data = mapped_image(built.dll)
+    base = DLL_BASE_X86 if built.arch == "x86" else 0x7FF800000000
+    scenario.add_module(name, base, len(data), image=name + ".dll", content=data)
+    scenario.write_minidump(path)
+    return scenario, base

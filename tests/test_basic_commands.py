@@ -140,7 +140,8 @@ def test_lm_lists_start_end_name_and_image(world):
     code, text = run(target, "lm")
     assert code == 0
     assert "fffff800`00000000  fffff800`00020000  nt" in text and "ntoskrnl.exe" in text
-    assert lines(text)[0].split() == ["start", "end", "module", "name", "image"]
+    assert lines(text)[0].split() == ["start", "end", "module", "name", "image", "symbols"]
+    assert "(isf symbols)" in lines(text)[2]
     code, text = run(target, "lm", "m", "my*")
     assert "mydrv.sys" in text and "ntoskrnl" not in text
 
@@ -209,7 +210,8 @@ def test_json_output_of_dps_and_lm(world):
     assert document["entries"][1]["symbol"] is None
     document = json.loads(run(target, "lm", "--json")[1])
     assert document["modules"][0] == {"name": "nt", "start": NT_BASE, "end": NT_BASE + 0x20000,
-                                      "size": 0x20000, "image": "ntoskrnl.exe"}
+                                      "size": 0x20000, "image": "ntoskrnl.exe", "symbols": "isf symbols",
+                                      "symbol_file": None}
 
 
 # -- offline over a real dump file ---------------------------------------------------------------

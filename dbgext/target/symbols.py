@@ -396,9 +396,12 @@ def write_isf_file(module_symbols, directory):
     return path
 
 
-def open_symbol_table(option_paths, beside=(), no_download=False, environ=None):
+def open_symbol_table(option_paths, beside=(), no_download=False, environ=None, diagnostics=None):
     """The SymbolTable of a run over a dump: ISF files and PDBs along the symbol
-    path (``--symbols`` values, else ``beside`` then ``_NT_SYMBOL_PATH``)."""
+    path (``--symbols`` values, else ``beside`` then ``_NT_SYMBOL_PATH``).
+    ``diagnostics``: an Output for warnings and download progress (default: stderr)."""
     from ..symbols.path import SymbolLocator, symbol_path_elements
-    locator = SymbolLocator(symbol_path_elements(option_paths, beside, environ), no_download)
-    return load_isf_directory(locator.isf_paths, SymbolTable(locator=locator))
+    report = (lambda problem: diagnostics.line("warning: %s" % problem.message)) if diagnostics else None
+    locator = SymbolLocator(symbol_path_elements(option_paths, beside, environ), no_download,
+                            progress=diagnostics.stream if diagnostics else None)
+    return load_isf_directory(locator.isf_paths, SymbolTable(locator=locator, report=report))
