@@ -17,12 +17,13 @@ def symbol_paths_beside(path):
     return [c for c in candidates if os.path.isdir(c)]
 
 
-def open_dump(path, symbols=None, cache_pages=8192, no_download=False):
+def open_dump(path, symbols=None, cache_pages=8192, no_download=False, diagnostics=None):
     """Open a dump file, choosing the backend from the file's signature.
 
     ``symbols``: symbol path elements (ISF files, PDBs, directories, ``srv*CACHE*URL``;
     see :mod:`dbgext.symbols.path`); None means "beside the dump, then _NT_SYMBOL_PATH".
-    ``no_download``: never fetch from a symbol server."""
+    ``no_download``: never fetch from a symbol server; ``diagnostics``: the Output
+    symbol warnings and download progress go to (default: stderr)."""
     try:
         with open(path, "rb") as handle:
             magic = handle.read(8)
@@ -36,7 +37,7 @@ def open_dump(path, symbols=None, cache_pages=8192, no_download=False):
         backend = MinidumpBackend(path)
     else:
         raise BadInput("%s is not a Windows dump (signature %r)" % (path, magic[:8]))
-    table = open_symbol_table(symbols, symbol_paths_beside(path), no_download)
+    table = open_symbol_table(symbols, symbol_paths_beside(path), no_download, diagnostics=diagnostics)
     table.bind(backend.modules())
     target = Target(backend, cache_pages=cache_pages, symbols=table)
     table.attach(target)
