@@ -39,6 +39,22 @@ SWITCH_FRAME_RETURN = 0x38
 SWITCH_FRAME_SIZE = 0x40
 
 
+def selected_thread(target):
+    """The target's selected thread; for a backend that does not list threads yet
+    (the live pykd session), a thread made of the context registers its info()
+    reports, as WinDbg's current register context."""
+    thread = target.thread
+    if thread is not None:
+        return thread
+    info = target.info() or {}
+    registers = info.get("registers") or {}
+    if not any(isinstance(value, int) and value for value in registers.values()):
+        return None
+    current = info.get("current_thread") if info.get("mode") == "kernel" else None
+    return Thread(0, dict((str(name).lower(), value) for name, value in registers.items()),
+                  kernel_thread=current or None, name="current thread")
+
+
 def kernel_thread_layout(target):
     try:
         return lookup_layout(target, KTHREAD_TYPE, BUILTIN, fields=KTHREAD_STACK_FIELDS)

@@ -11,7 +11,7 @@ from ..errors import UnreadableMemory
 from .images import Images
 from .result import Frame, StackResult
 from .scan import ReturnAddresses, scan_for_return
-from .threads import stack_bounds, trap_frame_of, waiting_kernel_thread
+from .threads import selected_thread, stack_bounds, trap_frame_of, waiting_kernel_thread
 from .x64 import EPILOGUE_WINDOW, UnwindError, unwind_function, unwind_leaf
 from .x86 import unwind_frame_chain
 
@@ -67,14 +67,14 @@ class Unwinder(object):
     def _choose(self, thread, result):
         target = self.target
         if thread is None:
-            chosen = target.thread
+            chosen = selected_thread(target)
             if chosen is None:
                 result.problems.add("no_context", None, "the target holds no register context: no thread to walk")
                 return None
             result.thread_source = chosen.name or "current thread"
             return chosen
         if isinstance(thread, int):
-            current = target.thread
+            current = selected_thread(target)
             if current is not None and current.kernel_thread == thread:
                 result.thread_source = current.name or "current thread"
                 return current

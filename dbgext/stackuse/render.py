@@ -80,25 +80,7 @@ def render_chain(out, result, as_json=False):
 
 
 def thread_document(stack):
-    return {
-        "thread": stack.thread,
-        "thread_source": stack.thread_source,
-        "initial_stack": stack.initial_stack,
-        "stack_limit": stack.stack_limit,
-        "kernel_stack": stack.kernel_stack,
-        "sp": stack.rsp,
-        "used": stack.used,
-        "remaining": stack.remaining,
-        "threshold": stack.threshold,
-        "frames": [{
-            "index": frame.index, "child_sp": frame.child_sp, "instruction": frame.instruction,
-            "function": frame.function, "uses": frame.uses, "frame_size": frame.frame_size,
-            "estimate": None if frame.frame_size is None else frame.frame_size + stack.pointer_size,
-            "how": frame.how,
-            "over_threshold": frame in stack.hogs(),
-        } for frame in stack.frames],
-        "problems": list(stack.problems),
-    }
+    return stack.as_dict()
 
 
 def render_thread(out, stack, target, as_json=False):
@@ -120,7 +102,7 @@ def render_thread(out, stack, target, as_json=False):
         estimate = None if frame.frame_size is None else frame.frame_size + stack.pointer_size
         rows.append(["%02x" % frame.index, "" if frame.uses is None else str(frame.uses),
                      "?" if estimate is None else str(estimate), fmt(frame.child_sp), frame.function,
-                     ("over threshold " if frame in hogs else "") + ("" if frame.how == "unwound" else frame.how)])
+                     ("over threshold " if frame in hogs else "") + ("" if frame.how == "unwind" else frame.how)])
         links[(index, 3)] = "dps 0x%x" % frame.child_sp
     out.table(rows, ["#", "memory", "static", "child-SP", "call site", "note"], links=links)
     if stack.threshold is not None:

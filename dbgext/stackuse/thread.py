@@ -2,35 +2,35 @@
 (distance between consecutive child-SPs) next to the static estimate, the thread's
 bounds from ``_KTHREAD`` and what is left.
 
-The walk unwinds with the stack analysis itself: for the function containing RIP
-it knows the SP depth at that very instruction, so the return address is at
-RSP + depth.  Where no function is known (code not in any module, unreadable
-code) it scans the stack upward for the next value that is a return address (it
-points just after a call instruction in a loaded module), as one would with
-``dps``, and marks the frame as found by scanning.
+The frames are the unwinder's (:mod:`dbgext.stacks`: unwind data, frame chains,
+a scan only as the last resort, each frame saying which); this module adds the
+static frame-size estimates of the stack analysis and the thread's budget.
 """
 
+from .. import stacks
 from ..errors import BadInput, UnreadableMemory
-from .callgraph import depths_in
-from .layouts import (KPRCB_CURRENT_THREAD, KPRCB_TYPE, KTHREAD_STACK_FIELDS, KTHREAD_TYPE,
-                      PROCESSOR_BLOCK_SYMBOL, SWITCH_FRAME_RETURN_OFFSET)
+from ..problems import ProblemLog
+from ..stacks.threads import selected_thread, stack_bounds
+from ..target.base import Thread
 
-MAX_FRAMES = 256
-MAX_SCAN_SLOTS = 2048
-MAX_STACK_SPAN = 1024 * 1024
+SCHEMA_VERSION = 1
+
+KPRCB_TYPE = "nt!_KPRCB"
+KPRCB_CURRENT_THREAD = "CurrentThread"
+PROCESSOR_BLOCK_SYMBOL = "nt!KiProcessorBlock"
 
 
 class StackFrame(object):
     __slots__ = ("index", "child_sp", "instruction", "function", "frame_size", "uses", "how")
 
-    def __init__(self, index, child_sp, instruction, function, frame_size, how):
+    def __init__(self, index, child_sp, instruction, function, frame_size, uses, how):
         self.index = index
         self.child_sp = child_sp
         self.instruction = instruction   # RIP (frame 0) or the return address into it
         self.function = function         # "module!name+0x.." text
         self.frame_size = frame_size     # static estimate: frame size, or None
-        self.uses = None                 # actual bytes: next child-SP minus this one
-        self.how = how                   # "unwound" | "scanned" | "context"
+        self.uses = uses                 # actual bytes: next child-SP minus this one
+        self.how = how                   # dbgext.stacks.FOUND_BY: context | unwind | frame_chain | scan
 
 
 class ThreadStack(object):
@@ -42,7 +42,7 @@ class ThreadStack(object):
         self.kernel_stack = None
         self.rsp = None
         self.frames = []
-        self.problems = []
+        self.problems = ProblemLog()
         self.threshold = None
         self.pointer_size = 8
 
@@ -63,146 +63,108 @@ class ThreadStack(object):
             return []
         return [frame for frame in self.frames if frame.uses is not None and frame.uses >= self.threshold]
 
+    def as_dict(self):
+        """The ``stackuse thread --json`` document."""
+        hogs = self.hogs()
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "thread": self.thread,
+            "thread_source": self.thread_source,
+            "initial_stack": self.initial_stack,
+            "stack_limit": self.stack_limit,
+            "kernel_stack": self.kernel_stack,
+            "sp": self.rsp,
+            "used": self.used,
+            "remaining": self.remaining,
+            "threshold": self.threshold,
+            "frames": [{
+                "index": frame.index, "child_sp": frame.child_sp, "instruction": frame.instruction,
+                "function": frame.function, "uses": frame.uses, "frame_size": frame.frame_size,
+                "estimate": None if frame.frame_size is None else frame.frame_size + self.pointer_size,
+                "how": frame.how,
+                "over_threshold": frame in hogs,
+            } for frame in self.frames],
+            "problems": self.problems.as_list(),
+        }
 
-def _register(registers, name):
-    for key, value in (registers or {}).items():
-        if key.lower() == name:
-            return value
-    return None
 
-
-def current_thread(target, problems):
+def current_kernel_thread(target, problems):
     """nt!KiProcessorBlock[processor] -> _KPRCB.CurrentThread, via type information."""
     block = target.symbol_address(PROCESSOR_BLOCK_SYMBOL)
     offset = target.field_offset(KPRCB_TYPE, KPRCB_CURRENT_THREAD)
     if block is None or offset is None:
-        problems.append("no %s / %s.%s in the symbols: the current thread's KTHREAD is unknown"
-                        % (PROCESSOR_BLOCK_SYMBOL, KPRCB_TYPE, KPRCB_CURRENT_THREAD))
+        problems.add("layout_missing", None, "no %s / %s.%s in the symbols: the current thread's KTHREAD is "
+                     "unknown" % (PROCESSOR_BLOCK_SYMBOL, KPRCB_TYPE, KPRCB_CURRENT_THREAD), "warning")
         return None
     processor = target.info().get("processor") or 0
     try:
         prcb = target.pointer(block + processor * target.pointer_size)
         return target.pointer(prcb + offset)
     except UnreadableMemory as error:
-        problems.append("cannot read the current thread: %s" % error)
+        problems.add("thread_unreadable", error.address, "cannot read the current thread's KTHREAD")
         return None
 
 
 def walk_thread(target, program, graph, thread=None, threshold=None):
     """The :class:`ThreadStack` of ``thread`` (a KTHREAD address), or of the
-    current thread (the dump's context registers) when ``thread`` is None."""
+    current thread (the target's context registers) when ``thread`` is None.
+    Raises BadInput when not even one frame can be found (no context, an
+    unreadable KTHREAD or switch frame)."""
     result = ThreadStack()
     result.pointer_size = target.pointer_size
     result.threshold = threshold
-    registers = target.info().get("registers") or {}
-    sp_name, ip_name = ("rsp", "rip") if target.arch == "x64" else ("esp", "eip")
-    if thread is None:
-        result.thread = current_thread(target, result.problems)
-        result.thread_source = "current thread (context registers; KTHREAD from %s)" % PROCESSOR_BLOCK_SYMBOL
+    if thread is None or thread == current_kernel_thread(target, ProblemLog()):
+        walked = _current(target, result)
     else:
+        walked = stacks.analyze(target, thread=thread)
         result.thread = thread
         result.thread_source = "given"
+    if not walked.frames:
+        raise BadInput("; ".join(problem.message for problem in walked.problems) or "no frames")
+    result.problems.extend(walked.problems)
+    result.initial_stack, result.stack_limit = walked.stack_base, walked.stack_limit
     if result.thread is not None:
-        _read_bounds(target, result)
-    current = thread is None or (result.thread is not None and result.thread == current_thread(target, []))
-    if current:
-        rsp, rip = _register(registers, sp_name), _register(registers, ip_name)
-        if rsp is None or rip is None:
-            raise BadInput("the target has no context registers (%s/%s) for the current thread" % (ip_name, sp_name))
-        frames_from = (rip, rsp, "context")
-    else:
-        if result.kernel_stack is None:
-            raise BadInput("the stack of thread 0x%x is unknown (no KernelStack)" % thread)
-        slot = result.kernel_stack + SWITCH_FRAME_RETURN_OFFSET[target.arch]
-        try:
-            rip = target.pointer(slot)
-        except UnreadableMemory as error:
-            raise BadInput("cannot read the switch frame of thread 0x%x: %s" % (thread, error))
-        frames_from = (rip, slot + target.pointer_size, "switch frame")
-        rsp = result.kernel_stack
-    result.rsp = rsp
-    _unwind(target, program, graph, result, *frames_from)
+        # Already read (and any problem reported) by the walk; only KernelStack is new here.
+        result.kernel_stack = stack_bounds(target, result.thread, ProblemLog()).get("KernelStack")
+    if result.thread_source == "given":
+        result.rsp = result.kernel_stack
+    elif walked.frames:
+        result.rsp = walked.frames[0].child_sp
+    result.frames = [_with_estimate(program, graph, walked, frame) for frame in walked.frames]
     return result
 
 
-def _read_bounds(target, result):
-    values = {}
-    for field in KTHREAD_STACK_FIELDS:
-        offset = target.field_offset(KTHREAD_TYPE, field)
-        if offset is None:
-            result.problems.append("no type information for %s.%s" % (KTHREAD_TYPE, field))
-            continue
-        try:
-            values[field] = target.pointer(result.thread + offset)
-        except UnreadableMemory as error:
-            result.problems.append("%s.%s unreadable: %s" % (KTHREAD_TYPE, field, error))
-    result.initial_stack = values.get("InitialStack")
-    result.stack_limit = values.get("StackLimit")
-    result.kernel_stack = values.get("KernelStack")
-
-
-def _unwind(target, program, graph, result, rip, rsp, first_how):
-    pointer = target.pointer_size
-    top = result.initial_stack if result.initial_stack else rsp + MAX_STACK_SPAN
-    seen = set()
-    how = first_how
-    depth_cache = {}
-    while len(result.frames) < MAX_FRAMES:
-        if (rip, rsp) in seen:
-            result.problems.append("the walk loops at child-SP 0x%x" % rsp)
-            break
-        seen.add((rip, rsp))
-        function = _function_at(program, rip)
-        if function is not None:
-            graph.analyse(function)
-        frame = StackFrame(len(result.frames), rsp, rip, target.symbolize(rip),
-                           function.frame_size if function is not None else None, how)
-        if function is not None:
-            frame.function = _describe(target, function, rip)
-        result.frames.append(frame)
-        depth = None
-        if function is not None:
-            depths = depth_cache.get(function.va)
-            if depths is None:
-                depths = depth_cache[function.va] = _frame_depths(program, function)
-            depth = depths.get(rip)
-        if depth is not None:
-            slot = rsp + depth
-            how = "unwound"
-        else:
-            slot = _scan_for_return(target, program, rsp, top)
-            how = "scanned"
-            if slot is None:
-                result.problems.append("no return address found above child-SP 0x%x (%s): walk ended"
-                                       % (rsp, frame.function))
-                break
-        try:
-            return_address = target.pointer(slot)
-        except UnreadableMemory as error:
-            result.problems.append("stack unreadable at 0x%x: %s" % (slot, error))
-            break
-        next_sp = slot + pointer
-        frame.uses = next_sp - rsp
-        if return_address == 0 or next_sp >= top or target.module_at(return_address) is None:
-            break
-        rip, rsp = return_address, next_sp
+def _current(target, result):
+    context = selected_thread(target)
+    if context is None or context.kernel_thread is not None:
+        result.thread = context.kernel_thread if context is not None else None
+        walked = stacks.analyze(target)
     else:
-        result.problems.append("more than %d frames: walk stopped" % MAX_FRAMES)
+        kernel_thread = current_kernel_thread(target, result.problems)
+        result.thread = kernel_thread
+        walked = stacks.analyze(target, thread=_with_kernel_thread(context, kernel_thread))
+    result.thread_source = "current thread (context registers; KTHREAD from %s)" % PROCESSOR_BLOCK_SYMBOL
+    return walked
 
 
-def _frame_depths(program, function):
-    """{address: SP depth} for unwinding from ``address`` in ``function``.
+def _with_kernel_thread(context, kernel_thread):
+    return Thread(context.id, context.registers, kernel_thread=kernel_thread, teb=context.teb,
+                  stack_base=context.stack_base, stack_limit=context.stack_limit, name=context.name)
 
-    A return address is unwound with the depth *at its call*: the callee has not
-    returned yet, so arguments it will pop itself (x86 stdcall) are still there."""
-    depths = depths_in(program, function)
-    decoder = function.module.decoder
-    for site in function.call_sites:
-        if site.kind in ("call", "indirect"):
-            insn = decoder.at(site.address)
-            if insn is not None:
-                depths[site.address + insn[1]] = site.depth
-    return depths
+
+def _with_estimate(program, graph, walked, frame):
+    function = _function_at(program, frame.ip)
+    if function is not None:
+        graph.analyse(function)
+    frames = walked.frames
+    if frame.index + 1 < len(frames):
+        uses = frames[frame.index + 1].child_sp - frame.child_sp
+    elif frame.return_slot is not None:
+        uses = frame.return_slot + walked.pointer_size - frame.child_sp
+    else:
+        uses = None
+    return StackFrame(frame.index, frame.child_sp, frame.ip, frame.function,
+                      function.frame_size if function is not None else None, uses, frame.found_by)
 
 
 def _function_at(program, address):
@@ -214,34 +176,3 @@ def _function_at(program, address):
         function = module.functions.get(function.fragment_of, function)
     return function
 
-
-def _describe(target, function, address):
-    offset = address - function.va
-    base = "%s!%s" % (function.module.name, function.name) if function.name else target.symbolize(function.va)
-    return base if offset == 0 else "%s+0x%x" % (base, offset)
-
-
-def _scan_for_return(target, program, rsp, top):
-    """The first stack slot at or above ``rsp`` holding an address just after a call
-    instruction in a loaded module's code."""
-    pointer = target.pointer_size
-    span = min(MAX_SCAN_SLOTS * pointer, max(0, top - rsp))
-    read = target.try_read(rsp, span)
-    for offset in range(0, span - pointer + 1, pointer):
-        if not read.readable(rsp + offset, pointer):
-            continue
-        value = int.from_bytes(read.data[offset:offset + pointer], "little")
-        if value and _follows_call(target, program, value):
-            return rsp + offset
-    return None
-
-
-def _follows_call(target, program, address):
-    module = program.module_for(address)
-    if module is None or not module.image.is_code(address - module.image.image_base):
-        return False
-    for length in (5, 6, 2, 3, 7):
-        insn = module.decoder.at(address - length)
-        if insn is not None and insn[1] == length and insn[2] == "call":
-            return True
-    return False
