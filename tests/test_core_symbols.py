@@ -39,3 +39,50 @@ def test_a_broken_symbol_file_is_bad_input(tmp_path, content):
     path.write_text(content)
     with pytest.raises(BadInput):
         load_isf_file(str(path))
+
+
+# -- ISF files are input like any other: wrong-typed fields ---------------------------------
+
+@pytest.mark.parametrize("document, field", [
+    ({"metadata": [1]}, "metadata: a list, not an object"),
+    ({"metadata": {"dbgext": {"module": 7}}}, "metadata.dbgext.module: an integer, not a string"),
+    ({"symbols": {"KeBugCheckEx": {"address": 1.5}}}, "symbols.KeBugCheckEx.address: a float, not an integer"),
+    ({"symbols": {"KeBugCheckEx": {"address": [16]}}}, "symbols.KeBugCheckEx.address: a list, not an integer"),
+    ({"symbols": {"KeBugCheckEx": {"address": None}}}, "symbols.KeBugCheckEx.address: null, not an integer"),
+    ({"symbols": {"KeBugCheckEx": {"address": True}}}, "symbols.KeBugCheckEx.address: a boolean, not an integer"),
+    ({"symbols": {"KeBugCheckEx": 16}}, "symbols.KeBugCheckEx: an integer, not an object"),
+    ({"symbols": []}, "symbols: a list, not an object"),
+    ({"user_types": {"_KTHREAD": {"size": "big", "fields": {}}}}, "user_types._KTHREAD.size: a string, not an integer"),
+    ({"user_types": {"_KTHREAD": {"size": 8, "fields": {"StackLimit": {"offset": -8}}}}},
+     "user_types._KTHREAD.fields.StackLimit.offset: a negative integer"),
+    ({"user_types": {"_KTHREAD": {"size": 8, "fields": {"StackLimit": {"offset": 8, "type": "ptr"}}}}},
+     "user_types._KTHREAD.fields.StackLimit.type: a string, not an object"),
+    ({"base_types": {"long": {"size": None}}}, "base_types.long.size: null, not an integer"),
+])
+def test_a_wrong_typed_isf_field_is_named_with_the_file(tmp_path, document, field):
+    path = tmp_path / "nt.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(BadInput) as caught:
+        load_isf_file(str(path))
+    assert str(caught.value) == "bad ISF symbol file %s: %s" % (path, field)
+
+
+def test_a_bad_isf_file_is_reported_once_and_the_run_goes_on_without_it(tmp_path):
+    from dbgext.cli import main
+    import io
+    s = Scenario()
+    s.add_module("nt", 0xFFFFF80000000000, 0x10000, image="ntoskrnl.exe")
+    s.add_module("mydrv", 0xFFFFF80000100000, 0x1000, image="mydrv.sys")
+    s.add_symbol("mydrv", "DriverEntry", 0x10)
+    s.build_loaded_module_list()
+    dump = str(tmp_path / "k.dmp")
+    s.write_kernel_dump(dump)
+    symbols = tmp_path / "sym"
+    s.write_symbols(str(symbols))
+    (symbols / "nt.json").write_text(json.dumps({"metadata": {"dbgext": {"module": ["nt"]}}}))
+    out, err = io.StringIO(), io.StringIO()
+    code = main(["dps", "mydrv!DriverEntry", "L1", "--dump", dump, "--symbols", str(symbols)], stream=out,
+                error_stream=err)
+    assert code == 0 and len(out.getvalue().splitlines()) == 1
+    assert err.getvalue().splitlines() == ["warning: bad ISF symbol file %s: metadata.dbgext.module: a list, "
+                                           "not a string" % (symbols / "nt.json")]
