@@ -36,13 +36,38 @@ def test_a_run_of_pages_is_one_load_bytes_when_all_are_valid(session):
     assert pykd.fake_calls["loadBytes"] == 1
 
 
-def test_a_run_with_an_invalid_page_falls_back_to_page_by_page(session):
+def test_a_short_run_with_an_invalid_page_is_read_page_by_page(session):
     pykd, target, at = session
     pykd.fake_calls.clear()
     partial = target.try_read(at.page, 2 * PAGE_SIZE)
     assert partial.holes == [(at.hole, at.hole + PAGE_SIZE)]
     assert partial.data[:4] == b"\x00\x01\x02\x03"
     assert pykd.fake_calls["loadBytes"] == 3  # the run, then each page alone
+
+
+def run_with_holes(pages, holes):
+    """A fake pykd over ``pages`` mapped pages with the pages at ``holes`` unmapped."""
+    scenario = Scenario("x64", "kernel")
+    base = scenario.alloc_pages(pages * PAGE_SIZE)
+    for index in holes:
+        scenario.unmap(base + index * PAGE_SIZE, PAGE_SIZE)
+    pykd = make_fake_pykd(scenario)
+    return pykd, open_pykd_target(pykd, cache_pages=0), base
+
+
+def test_a_long_run_with_one_hole_is_split_until_the_hole_is_found():
+    pykd, target, base = run_with_holes(256, [200])
+    partial = target.try_read(base, 256 * PAGE_SIZE)
+    assert partial.holes == [(base + 200 * PAGE_SIZE, base + 201 * PAGE_SIZE)]
+    assert pykd.fake_calls["loadBytes"] <= 20  # not 257: one per page
+    assert not {"isValid", "isVaRegionValid"} & set(pykd.fake_calls)  # no validity queries of our own
+
+
+def test_every_other_page_missing_costs_little_more_than_page_by_page():
+    pykd, target, base = run_with_holes(256, range(1, 256, 2))
+    partial = target.try_read(base, 256 * PAGE_SIZE)
+    assert len(partial.holes) == 128
+    assert pykd.fake_calls["loadBytes"] <= 1.25 * 256 + 64
 
 
 def test_unreadable_memory_is_an_unreadable_memory_error_naming_the_address(session):
