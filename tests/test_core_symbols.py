@@ -86,3 +86,16 @@ def test_a_bad_isf_file_is_reported_once_and_the_run_goes_on_without_it(tmp_path
     assert code == 0 and len(out.getvalue().splitlines()) == 1
     assert err.getvalue().splitlines() == ["warning: bad ISF symbol file %s: metadata.dbgext.module: a list, "
                                            "not a string" % (symbols / "nt.json")]
+
+
+def test_isf_member_types_of_any_shape_display_without_failing(tmp_path):
+    path = tmp_path / "nt.json"
+    strange = [{"kind": "array", "count": "x", "subtype": [1]}, {"kind": "pointer", "subtype": 5},
+               {"kind": "bitfield", "bit_position": None, "type": "int"}, {"kind": ["struct"]},
+               {"kind": "base", "name": {"n": 1}}, {"kind": "struct", "name": 3}]
+    fields = dict(("f%d" % index, {"offset": index, "type": spec}) for index, spec in enumerate(strange))
+    path.write_text(json.dumps({"user_types": {"T": {"size": 8, "fields": fields}}}))
+    table = load_isf_file(str(path))
+    view = table.type_view("T")
+    assert [member.name for member in view.members] == sorted(fields)
+    assert table.layout("T")[0] == 8 and table.field_offset("T", "f5") == 5

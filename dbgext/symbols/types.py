@@ -134,31 +134,46 @@ def isf_type_view(name, entry, base_types, pointer_size):
     return TypeView(name, entry["size"], entry.get("kind", "struct"), members)
 
 
-def _isf_member(name, offset, spec, base_types, pointer_size):
+def _isf_member(name, offset, spec, base_types, pointer_size, depth=0):
+    """A member from an ISF type description; the description is unchecked JSON,
+    so anything of the wrong type reads as unknown rather than failing."""
+    spec = spec if isinstance(spec, dict) and depth < MAX_TYPE_DEPTH else {}
     kind = spec.get("kind")
     if kind == "pointer":
-        return MemberView(name, offset, "Ptr%d %s" % (pointer_size * 8, _isf_text(spec.get("subtype") or {})),
+        return MemberView(name, offset, "Ptr%d %s" % (pointer_size * 8, _isf_text(_dict(spec.get("subtype")))),
                           "P", pointer_size, is_pointer=True)
     if kind in ("struct", "union", "class"):
-        return MemberView(name, offset, spec.get("name", "?"), nested=spec.get("name"))
+        nested = spec.get("name") if isinstance(spec.get("name"), str) else None
+        return MemberView(name, offset, _isf_text(spec), nested=nested)
     if kind == "bitfield":
-        base = _isf_member(name, offset, spec.get("type") or {}, base_types, pointer_size)
-        return MemberView(name, offset, "Pos %d, %d Bit%s" % (spec.get("bit_position", 0), spec.get("bit_length", 0),
-                                                              "" if spec.get("bit_length") == 1 else "s"),
-                          None, base.size, (spec.get("bit_position", 0), spec.get("bit_length", 0)))
+        base = _isf_member(name, offset, spec.get("type"), base_types, pointer_size, depth + 1)
+        position, length = _count(spec.get("bit_position")), _count(spec.get("bit_length"))
+        return MemberView(name, offset, "Pos %d, %d Bit%s" % (position, length, "" if length == 1 else "s"),
+                          None, base.size, (position, length))
     if kind == "array":
-        element = _isf_member(name, offset, spec.get("subtype") or {}, base_types, pointer_size)
-        count = spec.get("count", 0)
+        element = _isf_member(name, offset, spec.get("subtype"), base_types, pointer_size, depth + 1)
+        count = _count(spec.get("count"))
         fmt = "%d%s" % (count, element.fmt) if element.fmt and len(element.fmt) == 1 else None
         return MemberView(name, offset, "[%d] %s" % (count, element.text), fmt,
                           element.size * count if element.size else None)
-    base = base_types.get(spec.get("name")) if kind == "base" else None
+    base = base_types.get(spec.get("name")) if kind == "base" and isinstance(spec.get("name"), str) else None
     if base is not None:
         key = (base.get("size"), bool(base.get("signed")))
-        return MemberView(name, offset, ISF_WINDBG_NAMES.get(key, spec.get("name")), ISF_BASE_FORMATS.get(key),
+        return MemberView(name, offset, ISF_WINDBG_NAMES.get(key, spec["name"]), ISF_BASE_FORMATS.get(key),
                           base.get("size"))
     return MemberView(name, offset, _isf_text(spec))
 
 
+def _dict(value):
+    return value if isinstance(value, dict) else {}
+
+
+def _count(value):
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 32 else 0
+
+
 def _isf_text(spec):
-    return spec.get("name") or spec.get("kind") or "?"
+    for key in ("name", "kind"):
+        if isinstance(spec.get(key), str) and spec[key]:
+            return spec[key]
+    return "?"
