@@ -114,10 +114,10 @@ class Stopped(object):
         offset = address - STACK_LIMIT
         return self.stack[offset:offset + size]
 
-    def scenario(self, bounds=True):
-        """A kernel-mode scenario holding the image, the stack and the context
-        (as a thread with its stack bounds when ``bounds``)."""
-        scenario = Scenario("x64", "kernel")
+    def scenario(self, bounds=True, mode="kernel"):
+        """A scenario (kernel or user ``mode``) holding the image, the stack and
+        the context (as a thread with its stack bounds when ``bounds``)."""
+        scenario = Scenario("x64", mode)
         scenario.add_module(MODULE, IMAGE_BASE, len(self.data), image="chain.dll", content=self.data)
         for name, rva in self.image.exports_by_name.items():
             scenario.add_symbol(MODULE, name, rva)
