@@ -78,6 +78,19 @@ def run_windbg_script(name, args, target_or_scenario, **fake_options):
     return output.text, fake
 
 
+# DbgEng round trips behind each pykd memory call (pykd-api.md section 9): a block
+# read is GetValidRegionVirtual + ReadVirtual, a scalar read one ReadVirtual plus two
+# GetActualProcessorType (addr64), a validity query one call.
+ENGINE_CALLS_PER_MEMORY_CALL = {"loadBytes": 2, "loadWords": 2, "loadDWords": 2, "loadQWords": 2, "loadPtrs": 2,
+                                "ptrByte": 3, "ptrWord": 3, "ptrDWord": 3, "ptrQWord": 3, "ptrPtr": 3,
+                                "ptrMWord": 3, "isValid": 1, "isVaRegionValid": 1}
+
+
+def memory_engine_calls(fake):
+    """The engine round trips the memory calls counted by ``fake`` stand for."""
+    return sum(fake.fake_calls[name] * cost for name, cost in ENGINE_CALLS_PER_MEMORY_CALL.items())
+
+
 # -- a small kernel scenario shared by the pykd and basic-command tests --------------
 
 NT_BASE = 0xFFFFF80000000000

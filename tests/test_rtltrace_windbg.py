@@ -2,10 +2,15 @@
 
 import json
 
-from pykd_support import COMMANDS_DIR, run_windbg_script
+import pytest
+
+from dbgext.target.base import PAGE_SIZE
+
+from pykd_support import COMMANDS_DIR, memory_engine_calls, run_windbg_script
 from rtltrace_support import DATABASE_TYPE_FIELDS, database
 
 SCRIPT = COMMANDS_DIR + "/rtltrace.py"
+CONSTANT = 32  # the header, symbol and layout look-ups: not per page
 
 
 def test_trace_list_links_to_dps_and_to_the_bucket_view():
@@ -50,3 +55,20 @@ def test_the_debuggers_type_information_chooses_the_layout():
     document = json.loads(text)
     assert document["layout_reason"].startswith("type information for ntdll!_RTL_TRACE_DATABASE")
     assert document["problems"] == []
+
+
+@pytest.mark.parametrize("layout", ["user-x64", "kernel-x64", "user-x86"])
+def test_a_walk_costs_at_most_3_engine_calls_per_page_of_the_database(layout):
+    scenario, builder = database(layout, distinct=3000, adds=6000)
+    text, fake = run_windbg_script("rtltrace", ["%x" % builder.address, "--validate"], scenario)
+    assert "Problems: none" in text
+    granularity = 0x10000 if layout.startswith("user") else 0x1000
+    pages = sum(-(-len(region.data) // PAGE_SIZE) for region in builder.regions)
+    assert pages >= len(builder.segments) * granularity // PAGE_SIZE
+    assert memory_engine_calls(fake) <= 3 * pages + CONSTANT
+
+
+def test_a_user_database_is_read_in_runs_of_pages():
+    scenario, builder = database("user-x64", distinct=3000, adds=6000)
+    _, fake = run_windbg_script("rtltrace", ["%x" % builder.address], scenario)
+    assert fake.fake_calls["loadBytes"] <= len(builder.regions) + CONSTANT  # one run per 64 KiB segment
