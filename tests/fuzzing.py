@@ -260,6 +260,8 @@ def _kernel_dump_seed(bitmap):
         scenario, _ = build_sample_scenario()
         path = os.path.join(directory, "seed.dmp")
         scenario.write_kernel_dump(path, bitmap=bitmap)
+        # The mutated dump is written as input.dmp: its symbols sit beside it.
+        scenario.write_symbols(os.path.join(directory, "input.dmp.symbols"))
         return _read(path)
     return build
 
