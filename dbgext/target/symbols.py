@@ -323,14 +323,19 @@ class SymbolTable(object):
     # -- types ---------------------------------------------------------------------------
 
     def type_owner(self, type_name):
-        """(ModuleSymbols, bare type name) of the module that has the type, or (None, name)."""
+        """(ModuleSymbols, bare type name) of the module that has the type, or (None, name).
+
+        A bare name is looked up in the kernel's symbols, the ISF files and the
+        modules already looked at — never by fetching every module's PDB."""
         if "!" in type_name:
             module_name, bare = type_name.split("!", 1)
             table = self.module_symbols(module_name)
             return (table, bare) if table is not None and table.type_view(bare) is not None else (None, bare)
-        tables = list(self._per_module.values())
-        tables.extend(table for table in (self._table(module) for module in self._modules)
-                      if table is not None and table not in tables)
+        kernel = self.module_symbols(KERNEL_MODULE) if self._module_by_name(KERNEL_MODULE) else None
+        tables = [kernel] if kernel is not None else []
+        for table in list(self._per_module.values()) + list(self._located.values()):
+            if table is not None and table not in tables:
+                tables.append(table)
         for table in tables:
             if table.type_view(type_name) is not None:
                 return table, type_name
