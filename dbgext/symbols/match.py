@@ -172,10 +172,17 @@ def locate_module_symbols(target, module, locator, table):
     return ExportSymbols(target, module, headers.pointer_size) if rva and size else None
 
 
-def pe_file_symbols(image, locator, report):
-    """PDB symbols for a PE read from disk (``stackuse --pe``), or None."""
+def pe_file_symbols(image, option_paths, no_download=False, diagnostics=None):
+    """Symbols for a PE read from disk (``stackuse --pe FILE --symbols PATH``): the
+    ISF file named for it, else its PDB matched by the file's CodeView record;
+    None when the symbol path has neither.  ``option_paths``: ``--symbols`` values
+    (None: ``_NT_SYMBOL_PATH``)."""
+    from ..target.symbols import open_symbol_table
+    table = open_symbol_table(option_paths, (), no_download, diagnostics=diagnostics)
+    stem = image.name.rsplit(".", 1)[0]
+    isf = table.module_symbols(stem) or table.module_symbols(image.name)
+    if isf is not None:
+        return isf
     codeview = image.codeview
-    if codeview is None or locator is None:
-        return None
-    pdb = locator.find_pdb(codeview, report)
-    return PdbModuleSymbols(image.name.rsplit(".", 1)[0], pdb, report) if pdb is not None else None
+    pdb = table.locator.find_pdb(codeview, table.report) if codeview is not None else None
+    return PdbModuleSymbols(stem, pdb, table.report) if pdb is not None else None

@@ -162,7 +162,7 @@ class SymbolTable(object):
             self.add(module_symbols)
         self._located = {}     # lower-case module name -> ModuleSymbols or None, found on demand
         self._dump_globals = None
-        self._locator = locator
+        self.locator = locator
         self._target = None
         self._modules = []
         self._bases = []
@@ -190,7 +190,7 @@ class SymbolTable(object):
 
     @property
     def empty(self):
-        return not self._per_module and self._locator is None
+        return not self._per_module and self.locator is None
 
     # -- which source a module has ------------------------------------------------------
 
@@ -216,7 +216,7 @@ class SymbolTable(object):
         if self._target is None:
             return None
         from ..symbols.match import locate_module_symbols
-        return locate_module_symbols(self._target, module, self._locator, self)
+        return locate_module_symbols(self._target, module, self.locator, self)
 
     def status(self, module_name):
         """``pdb symbols``, ``isf symbols``, ``export symbols`` or ``no symbols``."""
