@@ -13,12 +13,13 @@ import os
 
 from ..errors import BadInput
 from ..pe import PEImage
+from .x64 import EPILOGUE_WINDOW
 
 
 class ModuleCode(object):
     """A module's image (or None) and its RUNTIME_FUNCTIONs sorted by begin RVA."""
 
-    __slots__ = ("module", "image", "entries", "begins", "info_cache", "corrupt")
+    __slots__ = ("module", "image", "entries", "begins", "info_cache", "corrupt", "_windows")
 
     def __init__(self, module, image, entries, corrupt=False):
         self.module = module
@@ -29,6 +30,7 @@ class ModuleCode(object):
         # Entries were dropped: a function without one may have lost it rather
         # than be a leaf, so the walker scans there instead of popping [rsp].
         self.corrupt = corrupt
+        self._windows = {}    # rva -> the code there an epilogue check reads
 
     @property
     def has_unwind_data(self):
@@ -44,6 +46,14 @@ class ModuleCode(object):
     def code(self, rva, size):
         """The code bytes at ``rva`` (up to ``size``; fewer where unreadable)."""
         return self.image.read_partial(rva, size) if self.image is not None else b""
+
+    def code_window(self, rva):
+        """The code at ``rva`` an epilogue check needs, remembered: walks meet the
+        same return addresses again and again."""
+        window = self._windows.get(rva)
+        if window is None:
+            window = self._windows[rva] = self.code(rva, EPILOGUE_WINDOW)
+        return window
 
 
 class Images(object):

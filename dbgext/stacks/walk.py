@@ -12,11 +12,12 @@ from .images import Images
 from .result import Frame, StackResult
 from .scan import ReturnAddresses, scan_for_return
 from .threads import selected_thread, stack_bounds, trap_frame_of, waiting_kernel_thread
-from .x64 import EPILOGUE_WINDOW, UnwindError, unwind_function, unwind_leaf
+from .x64 import UnwindError, unwind_function, unwind_leaf
 from .x86 import unwind_frame_chain
 
 MAX_FRAMES = 256
 ARGUMENT_SLOTS = 4    # kv's "Args to Child"
+ARGUMENTS_READ_LIMIT = 0x10000  # frames spanning more (a machine frame onto another stack) are read one by one
 STACK_SPAN_GUESS = 1 << 20  # how far above the context's SP a scan may look when the bounds are unknown
 
 NAMES = {"x64": ("rip", "rsp"), "x86": ("eip", "esp")}
@@ -52,6 +53,7 @@ class Unwinder(object):
         if chosen is not None:
             self._describe_thread(chosen, result)
             self._walk(chosen.registers, result, max(1, max_frames))
+            self._fill_arguments(result.frames)
         result.problems.finish()
         return result
 
@@ -129,7 +131,6 @@ class Unwinder(object):
             frame.machine_frame = machine_frame
             if machine_frame is not None and self.kernel:
                 frame.trap_frame = trap_frame_of(self.target, machine_frame)
-            frame.arguments = self._arguments(slot)
             new_ip, new_sp = caller[self.ip_name], caller[self.sp_name]
             if new_ip == 0:
                 return  # the thread's first frame: nothing called it
@@ -184,8 +185,8 @@ class Unwinder(object):
             step = unwind_leaf(registers, read)
             return step.registers, "unwind", step.return_slot, None
         try:
-            step = unwind_function(code.image, module.base, entry, registers, read,
-                                   code.code(rva, EPILOGUE_WINDOW), code.info_cache)
+            step = unwind_function(code.image, module.base, entry, registers, read, code.code_window(rva),
+                                   code.info_cache)
         except UnwindError as error:
             problems.add(error.kind, error.address, "%s: %s" % (frame.function, error))
             return None
@@ -203,9 +204,20 @@ class Unwinder(object):
         caller[self.ip_name], caller[self.sp_name] = value, slot + self.pointer_size
         return caller, "scan", slot, None
 
-    def _arguments(self, slot):
-        """The stack slots just above the return address (kv's Args to Child)."""
-        read = self.target.try_read(slot + self.pointer_size, ARGUMENT_SLOTS * self.pointer_size)
+    def _fill_arguments(self, frames):
+        """Each frame's stack slots just above its return address (kv's Args to
+        Child), from one read of the stack the frames span where it is compact."""
         size = self.pointer_size
-        return [int.from_bytes(read.data[index:index + size], "little") if read.readable(read.address + index, size)
-                else None for index in range(0, len(read.data), size)]
+        slots = [frame.return_slot for frame in frames if frame.return_slot is not None]
+        if not slots:
+            return
+        low, high = min(slots) + size, max(slots) + size * (ARGUMENT_SLOTS + 1)
+        whole = self.target.try_read(low, high - low) if high - low <= ARGUMENTS_READ_LIMIT else None
+        for frame in frames:
+            if frame.return_slot is None:
+                continue
+            start = frame.return_slot + size
+            read = whole or self.target.try_read(start, ARGUMENT_SLOTS * size)
+            frame.arguments = [int.from_bytes(read.data[at - read.address:at - read.address + size], "little")
+                               if read.readable(at, size) else None
+                               for at in range(start, start + ARGUMENT_SLOTS * size, size)]

@@ -27,6 +27,9 @@ from .unwind_data import (MAX_CHAIN_LENGTH, REGISTERS, UNW_FLAG_CHAININFO, UWOP_
 # Machine frame (what the processor pushes): RIP, CS, EFLAGS, RSP, SS.
 MACHINE_FRAME_RSP = 24
 EPILOGUE_WINDOW = 32  # bytes of code read at RIP to recognise an epilogue
+# What an epilogue's first remaining instruction can start with: REX.W (add/lea
+# rsp), a pop (0x58-0x5F, 0x41 for r8-r15), ret, rep ret, or a jmp.
+EPILOGUE_FIRST_BYTES = frozenset([0x41, 0xC3, 0xC2, 0xF3, 0xE9, 0xEB, 0xFF] + list(range(0x48, 0x50)) + list(range(0x58, 0x60)))
 
 
 class UnwindError(Exception):
@@ -163,7 +166,7 @@ def _emulate_epilogue(code, rip, function_begin, function_end, info, registers, 
     """When the bytes at RIP are the rest of an epilogue — optionally ``add rsp,
     imm`` or ``lea rsp, [frame register + disp]``, then ``pop``s, then ``ret`` or a
     ``jmp`` out of the function — emulate them and return the caller's step; else None."""
-    if not code:
+    if not code or code[0] not in EPILOGUE_FIRST_BYTES:
         return None
     at = 0
     rsp = registers["rsp"]
