@@ -458,7 +458,7 @@ class PEImage(object):
         return self._cached("coff", self._parse_coff_functions)
 
     def _parse_coff_functions(self):
-        """Function symbols of the COFF symbol table (files only: it is not mapped).
+        """Code symbols of the COFF symbol table (files only: it is not mapped).
         x86 C decorations (``_name``, ``_name@12``, ``@name@8``) are removed."""
         functions = {}
         offset, count = self._symbol_table
@@ -473,7 +473,10 @@ class PEImage(object):
             short_name, value, section_number, symbol_type, storage, aux = struct.unpack_from(
                 "<8sIhHBB", raw, at)
             index += 1 + aux
-            if symbol_type != COFF_FUNCTION_TYPE or storage not in (COFF_EXTERNAL, COFF_STATIC) \
+            # Functions, and external labels of assembly code (``___chkstk_ms``
+            # carries no function type); section symbols have aux records.
+            if not (symbol_type == COFF_FUNCTION_TYPE and storage in (COFF_EXTERNAL, COFF_STATIC)
+                    or symbol_type == 0 and storage == COFF_EXTERNAL and aux == 0) \
                     or not 0 < section_number <= len(self.sections):
                 continue
             if short_name[:4] == b"\0\0\0\0":

@@ -9,7 +9,8 @@ import pytest
 from dbgext.cli import main
 from dbgext.stackuse.fixtures import build_pe, sample_driver_functions
 
-CONTRACT_KEYS = {"module", "rva", "name", "frame_size", "dynamic", "source", "found_by", "disagreement"}
+CONTRACT_KEYS = {"module", "rva", "name", "frame_size", "dynamic", "realignment_padding", "source", "found_by",
+                 "disagreement"}
 
 
 @pytest.fixture
@@ -36,7 +37,8 @@ def test_functions_jsonl_is_one_contract_object_per_function(driver_file):
     by_name = {record["name"]: record for record in records}
     assert by_name["DriverEntry"] == {"module": "sampledrv.sys", "rva": built.rvas["DriverEntry"],
                                       "name": "DriverEntry", "frame_size": 0x28, "dynamic": False,
-                                      "source": "both", "found_by": "pdata", "disagreement": None}
+                                      "realignment_padding": 0, "source": "both", "found_by": "pdata",
+                                      "disagreement": None}
     assert by_name["Dispatch"]["frame_size"] == 0x228
     # CopyLeaf is not exported and has no .pdata entry: found through the call to it.
     leaf = [r for r in records if r["rva"] == built.rvas["CopyLeaf"]][0]

@@ -72,6 +72,7 @@ def function_record(function, bound=None):
         "name": function.name,
         "frame_size": function.frame_size,
         "dynamic": bool(function.dynamic),
+        "realignment_padding": function.padding,
         "source": function.source,
         "found_by": function.origin,
         "disagreement": function.disagreement,

@@ -14,14 +14,15 @@ dynamic frames, unresolved imports and undecodable code are reported as making a
 bound a lower bound, unknown or unbounded — never dropped.
 """
 
-from ..errors import BadInput, UnreadableMemory
-from .functions import ModuleFunctions
+import bisect
+
 from ..disasm import BITS, direct_target, memory_slot, parse_int
+from ..errors import BadInput, UnreadableMemory
 from ..pe import PEImage
 from ..problems import ProblemLog
-from .prologue import (ACCUMULATOR, FP, PUSH_SIZE, SEH_EPILOG_NAMES, SEH_PROLOG_FRAME_OVERHEAD, SP,
-                       SP_MNEMONICS, STOPS, SpState, apply_sp_effect, helper_call_effect,
-                       is_named, pushed_immediate_before)
+from .functions import MAX_JUMP_TABLE, ModuleFunctions
+from .prologue import (ACCUMULATOR, FP, KEEPS_ACCUMULATOR, PUSH_SIZE, SEH_PROLOG_FRAME_OVERHEAD, SP,
+                       SP_MNEMONICS, STOPS, SpState, apply_sp_effect, helper_call_effect, pushed_immediate_before)
 
 MAX_INSTRUCTIONS_PER_FUNCTION = 40000
 MAX_FUNCTIONS = 400000
@@ -132,9 +133,18 @@ class CallGraph(object):
         """Follow every function of ``module``, including the ones found on the way."""
         self._complete.add(module)
         done = set()
+        pointers_added = False
         while True:
             todo = [f for va, f in sorted(module.functions.items()) if va not in done]
             if not todo:
+                # Code pointers are taken once every body is known: one that points
+                # inside a body is a label (a jump or exception target), not a function.
+                if not pointers_added:
+                    pointers_added = True
+                    if module.add_code_pointers():
+                        continue
+                if module.arch == "x86":
+                    self._fill_gaps(module)
                 break
             for function in todo:
                 done.add(function.va)
@@ -143,7 +153,39 @@ class CallGraph(object):
                 module.problems.add("too_many_functions", None, "more than %d functions: discovery stopped"
                                     % MAX_FUNCTIONS)
                 break
-        self._refine_stdcall(module)
+        self._refine_x86(module)
+
+    def _fill_gaps(self, module):
+        """x86 code nothing reaches (no symbol, call or pointer: functions kept
+        without references, or named only in a PDB) still runs when something
+        reaches it indirectly: from each code section's start and after every
+        followed body, padding skipped, code that no body covered starts a
+        function of its own ("gap")."""
+        base = module.image.image_base
+        starts = sorted(module.functions)
+        for low, high in module.image.code_ranges:
+            low, high = base + low, base + high
+            first = bisect.bisect_left(starts, low)
+            # [(where uncovered code may begin, where the next known function starts)]
+            cursors = [(low, starts[first] if first < len(starts) and starts[first] < high else high)]
+            for index in range(first, len(starts)):
+                if starts[index] >= high:
+                    break
+                following = starts[index + 1] if index + 1 < len(starts) and starts[index + 1] < high else high
+                cursors.append((module.functions[starts[index]].body_end, following))
+            for cursor, limit in cursors:
+                self._fill_gap(module, cursor, limit)
+
+    def _fill_gap(self, module, cursor, limit):
+        while cursor is not None and cursor < limit and self.program.function_count() < MAX_FUNCTIONS:
+            start = module.skip_padding(cursor, limit)
+            if start is None:
+                return
+            found = module.add(start, "gap")
+            if found is None or found.analysed_body:
+                return
+            self.analyse(found)
+            cursor = found.body_end if found.body_end and found.body_end > start else None
 
     def analyse(self, function):
         if function.analysed_body:
@@ -156,16 +198,18 @@ class CallGraph(object):
         _follow_body(self.program, function)
         return function
 
-    def _refine_stdcall(self, module):
-        """x86: re-follow callers of functions that pop their arguments (`ret N`),
-        now that every callee's pop count is known."""
+    def _refine_x86(self, module):
+        """x86: what a call does to the caller's ESP depends on the callee — how
+        many bytes it pops (`ret N`), whether it moves ESP itself (``__chkstk``) —
+        and which pushes before a call are its arguments depends on that.  Once
+        every callee has been followed, scan and follow every function again."""
         if module.arch != "x86":
             return
-        popping = {va for va, f in module.functions.items() if f.ret_pop}
-        if not popping:
-            return
         for function in list(module.functions.values()):
-            if any(site.target in popping for site in function.call_sites):
+            function.prologue_size = None
+            function.dynamic = None
+            module.compute_frame(function)
+            if function.fragment_of is None:
                 _follow_body(self.program, function)
 
     # -- worst case -------------------------------------------------------------------
@@ -357,15 +401,17 @@ def _follow_body(program, function, record=None):
     code_ranges = [(image.image_base + section.rva, image.image_base + section.rva + section.size)
                    for section in image.sections if section.executable]
     code_start, code_end = 0, 0
-    # x86 has no .pdata: functions only reached through pointers (a driver's
-    # dispatch routines stored into its DRIVER_OBJECT) are found from the
-    # code addresses the code pushes or stores.
-    address_taken = arch == "x86"
+    # Without base relocations (a module whose .reloc was discarded), functions
+    # only reached through pointers are found from the code addresses the code
+    # pushes or stores.
+    address_taken = arch == "x86" and not image.relocations
     visited = set()
     # Registers loaded from an IAT slot (`mov rax, [__imp_X]; call rax`).
     import_loads = {}
     worklist = [(function.va, SpState())]
     steps = 0
+    body_end = function.va
+    table_size = None
     while worklist:
         address, state = worklist.pop()
         while address not in visited:
@@ -391,6 +437,8 @@ def _follow_body(program, function, record=None):
                 function.body_problem = decoder.problem(address)
                 break
             visited.add(address)
+            if address >= body_end:
+                body_end = address + insn[1]
             if record is not None:
                 record[address] = state.depth
             steps += 1
@@ -407,10 +455,19 @@ def _follow_body(program, function, record=None):
                     popped = parse_int(op_str) if op_str else 0
                     if popped:
                         function.ret_pop = popped
+                    if state.lost:
+                        # Returns with SP where a computation put it: a stack
+                        # allocator (__chkstk) that moves its caller's SP.
+                        function.moves_sp = True
                     break
                 if first == "j" or mnemonic.startswith("loop"):
                     target = direct_target(op_str)
                     if mnemonic == "jmp":
+                        if target is None and arch == "x86" and "*4 + 0x" in op_str:
+                            cases = module.jump_table(function, op_str, table_size)
+                            if cases:
+                                worklist.extend((case, state.copy()) for case in cases)
+                                break
                         _jump(program, function, fragments, insn, state, target, worklist, arch)
                         break
                     if target is not None:
@@ -422,6 +479,11 @@ def _follow_body(program, function, record=None):
                     continue
                 if mnemonic in STOPS:
                     break
+            if (mnemonic == "cmp" or mnemonic == "and") and arch == "x86":
+                # `cmp eax, 7; ja default` / `and eax, 7` before `jmp [eax*4 + table]`:
+                # the table has imm + 1 entries.
+                bound = parse_int(op_str.rpartition(", ")[2])
+                table_size = bound + 1 if bound is not None and 0 <= bound < MAX_JUMP_TABLE else None
             if mnemonic == "mov" and slot_marker in op_str:
                 _note_import_load(module, arch, op_str, next_address, import_loads)
             if address_taken and (mnemonic == "push" or mnemonic == "mov") and "0x" in op_str:
@@ -430,7 +492,8 @@ def _follow_body(program, function, record=None):
             # [rsp + 8] read memory and leave SP alone).
             if mnemonic in sp_mnemonics or op_str.startswith(tracked) or (
                     mnemonic == "mov" and op_str.endswith(sp_source)) or (
-                    mnemonic == "lea" and sp_memory in op_str):
+                    mnemonic == "lea" and sp_memory in op_str) or (
+                    state.copies and op_str.partition(",")[0] in state.copies):
                 step = apply_sp_effect(arch, mnemonic, op_str, state)
                 if state.depth > function.max_depth:
                     function.max_depth = state.depth
@@ -441,9 +504,10 @@ def _follow_body(program, function, record=None):
                     elif step.unknown and function.sp_lost is None:
                         function.sp_lost = "0x%x (%s)" % (address, step.unknown)
                         break
-            elif mnemonic != "mov" and state.accumulator is not None:
+            elif state.accumulator is not None and mnemonic not in KEEPS_ACCUMULATOR:
                 state.accumulator = None
             address = next_address
+    function.body_end = body_end
     if function.body_problem and record is None:
         module.problems.add("function_not_followed", function.va, "%s: %s"
                             % (function.display_name, function.body_problem), "warning")
@@ -529,7 +593,8 @@ def _call(program, function, decoder, insn, state, arch, pointer, import_loads):
     module = function.module
     address, size, _, op_str = insn
     target = direct_target(op_str)
-    effect = helper_call_effect(arch, decoder, insn, state, target, module.name_of)
+    helper = module.callee_kind(target) if target is not None else None
+    effect = helper_call_effect(arch, decoder, insn, state, helper)
     if effect is not None:
         kind, moved = effect
         if kind != "probe" or moved:
@@ -537,6 +602,9 @@ def _call(program, function, decoder, insn, state, arch, pointer, import_loads):
             state.accumulator = None
         if kind == "probe":
             state.depth += moved
+        elif kind == "dynamic":
+            if function.dynamic is None:
+                function.dynamic = "call at 0x%x allocates a variable size on the stack" % address
         else:
             locals_size = pushed_immediate_before(decoder, function.va, address, 2)
             if locals_size is None:
@@ -550,7 +618,7 @@ def _call(program, function, decoder, insn, state, arch, pointer, import_loads):
     if target is not None:
         callee = program.function_at(target)
         function.call_sites.append(CallSite(address, state.depth, target, "call"))
-        if arch == "x86" and is_named(module.name_of(target), SEH_EPILOG_NAMES):
+        if helper == "seh-epilog":
             frame = state.copies.pop(FP[arch], None)
             if frame is None:
                 function.sp_lost = "0x%x (SEH epilogue without a frame pointer)" % address

@@ -9,8 +9,31 @@ scan otherwise; when both exist they are compared and any disagreement is kept.
 
 import bisect
 
-from .prologue import Decoder, scan_prologue
+from ..disasm import parse_int
+from .prologue import SEH_EPILOG_NAMES, SEH_PROLOG_NAMES, STACK_PROBE_NAMES, Decoder, is_named, scan_prologue
 from .unwind import frame_from_unwind
+
+MAX_JUMP_TABLE = 4096
+HELPER_NAMES = (("probe", STACK_PROBE_NAMES), ("seh", SEH_PROLOG_NAMES), ("seh-epilog", SEH_EPILOG_NAMES))
+
+
+PADDING_MNEMONICS = frozenset(["int3", "nop", "xchg"])
+
+
+def _is_padding(insn):
+    """Fill between functions: int3, (multi-byte) nops, zero bytes (``add [eax],
+    al``) and the do-nothing ``lea esi, [esi + eiz]`` / ``mov edi, edi``-free
+    forms gcc pads with."""
+    mnemonic, op_str = insn[2], insn[3]
+    if mnemonic in PADDING_MNEMONICS:
+        return mnemonic != "xchg" or op_str == "ax, ax"
+    if mnemonic == "add" and op_str == "byte ptr [eax], al":
+        return True
+    if mnemonic == "lea":
+        register, _, source = op_str.partition(", ")
+        inner = source[source.find("[") + 1:source.rfind("]")]
+        return inner in (register, register + " + eiz", register + " + eiz*1", register + " + 0")
+    return False
 
 
 class FunctionInfo(object):
@@ -18,14 +41,16 @@ class FunctionInfo(object):
 
     __slots__ = ("module", "va", "rva", "name", "origin", "end", "fragment_of", "unwind_size",
                  "prologue_size", "dynamic", "problem", "analysed_body",
-                 "body_problem", "ret_pop", "max_depth", "call_sites", "sp_lost")
+                 "body_problem", "ret_pop", "max_depth", "call_sites", "sp_lost", "body_end", "moves_sp", "padding")
 
     def __init__(self, module, va, rva, origin, name=None, end=None):
         self.module = module
         self.va = va
         self.rva = rva
         self.name = name
-        # "pdata", "export", "symbol", "entry", "call", "import", "address-taken", "request"
+        # which source found it: "pdata", "export", "symbol" (ISF/PDB), "coff", "entry",
+        # "seh-handler", "cfg-target", "relocation", "call", "import", "address-taken",
+        # "request"
         self.origin = origin
         self.end = end              # VA after the last byte (from .pdata) or None
         self.fragment_of = None     # VA of the primary function for a chained fragment
@@ -39,6 +64,11 @@ class FunctionInfo(object):
         self.max_depth = 0          # deepest SP (below the return address) in the body
         self.call_sites = []        # callgraph.CallSite
         self.sp_lost = None         # instruction after which SP could not be tracked
+        self.body_end = None        # VA after the last instruction followed
+        self.moves_sp = False       # returns with SP elsewhere than it found it (__chkstk)
+        # Realignment (`and esp, -16`) may add up to this many bytes on top of the
+        # frame; compilers leave them out of the frame size, worst-case depths count them.
+        self.padding = 0
 
     @property
     def source(self):
@@ -87,6 +117,8 @@ class ModuleFunctions(object):
         self.problems = image.problems  # one log per image: its directories are parsed lazily
         self.names = {}               # va -> name (exports and symbols)
         self._unwind_cache = {}
+        self._relocations = None
+        self._jump_table_sites = set()  # RVAs of relocated pointers that are jump-table entries
         self._starts = None
         self._fragments = None
         self._seed(symbols or {})
@@ -94,24 +126,29 @@ class ModuleFunctions(object):
     # -- discovery --------------------------------------------------------------------
 
     def _seed(self, symbols):
+        """Functions named or pointed at by the image and the given symbols, each
+        recorded with the source that found it (``origin``)."""
         image = self.image
         base = image.image_base
-        for rva, name in image.exports.items():
-            self.names[base + rva] = name
-        for name, rva in symbols.items():
-            if image.is_code(rva):
-                self.names.setdefault(base + rva, name)
+        named = [("export", image.exports),
+                 ("symbol", dict((rva, name) for name, rva in symbols.items())),
+                 ("coff", image.coff_functions)]
+        for _, table in named:
+            for rva, name in table.items():
+                if image.is_code(rva):
+                    self.names.setdefault(base + rva, name)
         for slot_rva, name in image.imports.items():
             self.names.setdefault(base + slot_rva, name)
         if image.arch == "x64":
             self._seed_pdata()
-        for rva, name in image.exports.items():
-            self.add(base + rva, "export")
-        for name, rva in symbols.items():
-            if image.is_code(rva):
-                self.add(base + rva, "symbol")
-        if image.entry_point and image.is_code(image.entry_point):
+        for origin, table in named:
+            for rva in table:
+                self.add(base + rva, origin)
+        if image.entry_point:
             self.add(base + image.entry_point, "entry")
+        for origin, rvas in (("seh-handler", image.seh_handlers), ("cfg-target", image.guard_functions)):
+            for rva in rvas:
+                self.add(base + rva, origin)
 
     def _seed_pdata(self):
         image = self.image
@@ -155,8 +192,96 @@ class ModuleFunctions(object):
         self._starts = None
         return function
 
+    def jump_table(self, function, op_str, size=None):
+        """Targets of an x86 ``jmp [reg*4 + table]`` in ``function``: ``size``
+        entries when the code bounds the index, else the run of relocated pointers
+        from ``table`` into the function (up to the next known function)."""
+        image = self.image
+        starts = self.starts()
+        following = bisect.bisect_right(starts, function.va)
+        limit = starts[following] if following < len(starts) else image.image_base + image.size_of_image
+        table = parse_int(op_str.rsplit("+ ", 1)[1].rstrip("]"))
+        if table is None:
+            return []
+        sites = self._relocation_sites()
+        rva = table - image.image_base
+        targets = []
+        while rva in sites and len(targets) < (size or MAX_JUMP_TABLE):
+            value = image.pointer(rva)
+            if value is None or not function.va <= value < limit:
+                break
+            targets.append(value)
+            self._jump_table_sites.add(rva)
+            rva += self.pointer_size
+        return targets
+
+    def _relocation_sites(self):
+        if self._relocations is None:
+            self._relocations = frozenset(self.image.relocations)
+        return self._relocations
+
+    def add_code_pointers(self):
+        """Add the functions that only pointers reach (callbacks, dispatch routines,
+        vtables): relocated pointers into code that are neither jump-table entries
+        nor inside a followed body.  Returns how many were added."""
+        image = self.image
+        base = image.image_base
+        starts = list(self.starts())
+        added = 0
+        for rva in image.relocations:
+            if rva in self._jump_table_sites:
+                continue
+            value = image.pointer(rva)
+            if value is None or value in self.functions or not image.is_code(value - base):
+                continue
+            index = bisect.bisect_right(starts, value) - 1
+            if index >= 0:
+                containing = self.functions[starts[index]]
+                if containing.body_end is not None and value < containing.body_end:
+                    continue
+            if self.add(value, "relocation") is not None:
+                added += 1
+        return added
+
+    def skip_padding(self, va, limit):
+        """The first address in [va, limit) that is neither alignment padding (int3,
+        nops, zero fill, ``lea esi, [esi]``-style fillers) nor a relocated pointer
+        (a table in the code), or None."""
+        sites = self._relocation_sites()
+        base = self.image.image_base
+        while va < limit:
+            if va - base in sites:
+                va += self.pointer_size
+                continue
+            insn = self.decoder.at(va)
+            if insn is None:
+                return None
+            if not _is_padding(insn):
+                return va
+            va += insn[1]
+        return None
+
     def name_of(self, va):
         return self.names.get(va)
+
+    def callee_kind(self, va):
+        """What a call to ``va`` does to the caller's stack (see
+        :func:`prologue.helper_call_effect`): "probe", "seh", "seh-epilog", "call"
+        for an ordinary function already followed, None when nothing is known."""
+        name = self.names.get(va)
+        if name is not None:
+            for kind, fragments in HELPER_NAMES:
+                if is_named(name, fragments):
+                    return kind
+        function = self.functions.get(va)
+        if function is None or function.body_end is None:
+            return None
+        return "probe" if function.moves_sp else "call"
+
+    def pops_of(self, va):
+        """Bytes the function at ``va`` pops on return (``ret N``), once followed."""
+        function = self.functions.get(va)
+        return function.ret_pop if function is not None else None
 
     def contains(self, va):
         return 0 <= va - self.image.image_base < self.image.size_of_image
@@ -206,9 +331,10 @@ class ModuleFunctions(object):
             return
         # A fragment's code runs inside its parent's frame: scanning it finds 0 by
         # design, so fragments take the chain's size only.
-        result = scan_prologue(self.decoder, function.va, self.name_of)
+        result = scan_prologue(self.decoder, function.va, self)
         if result.dynamic:
             function.dynamic = result.dynamic
+        function.padding = result.padding
         if result.frame_size is not None:
             function.prologue_size = result.frame_size
         elif function.unwind_size is None and function.problem is None:

@@ -32,6 +32,16 @@ CALLEE_SAVED = {
     "x86": frozenset(["ebx", "ebp", "esi", "edi"]),
 }
 PUSH_SIZE = {"x64": 8, "x86": 4}
+# x86 registers no calling convention preserves: a push of one nobody wrote yet
+# reserves a stack slot — for EAX always (no Windows convention passes arguments
+# in it), for ECX/EDX (fastcall/thiscall arguments) unless the next call takes it
+# as an argument.
+SCRATCH = frozenset(["eax", "ecx", "edx"])
+MAX_ARGUMENT_LOOKAHEAD = 24
+# Instructions that never write the accumulator implicitly (an explicit `mov eax,
+# ...` is handled as a destination): the stack-probe size survives them.
+KEEPS_ACCUMULATOR = frozenset(["mov", "lea", "push", "test", "cmp", "movzx", "movsx", "nop"])
+PROBE_LOOKAHEAD = 4
 # Mnemonics that end a path through a function (besides ret/jmp).
 STOPS = frozenset(["int3", "ud2", "hlt", "iretq", "iretd", "sysret", "sysexit"])
 # Mnemonics that move SP without naming it as an operand.
@@ -87,15 +97,21 @@ class SpState(object):
     ``lea r11, [rsp+X]`` that an epilogue restores RSP from) as the depth they
     mark, and the accumulator when it holds a constant (a stack-probe size)."""
 
-    __slots__ = ("depth", "copies", "accumulator")
+    __slots__ = ("depth", "copies", "accumulator", "padding", "lost")
 
-    def __init__(self, depth=0, copies=None, accumulator=None):
+    def __init__(self, depth=0, copies=None, accumulator=None, padding=0, lost=False):
         self.depth = depth
+        # SP was set from a value that is not a copy of it (``mov esp, ecx``,
+        # ``sub esp, eax``): ``depth`` is not where SP is until a copy restores it.
+        self.lost = lost
         self.copies = copies if copies is not None else {}
         self.accumulator = accumulator
+        # Bytes counted in ``depth`` for realignment (``and esp, -16``) at their
+        # maximum: compilers leave them out of the frame size.
+        self.padding = padding
 
     def copy(self):
-        return SpState(self.depth, dict(self.copies), self.accumulator)
+        return SpState(self.depth, dict(self.copies), self.accumulator, self.padding, self.lost)
 
 
 class StepResult(object):
@@ -119,6 +135,8 @@ def apply_sp_effect(arch, mnemonic, op_str, state):
     if mnemonic == "pop":
         state.depth -= push
         state.copies.pop(op_str, None)
+        if op_str in ACCUMULATOR[arch]:
+            state.accumulator = None
         return None
     if mnemonic in ("pushfq", "pushfd", "pushf"):
         state.depth += push
@@ -137,11 +155,11 @@ def apply_sp_effect(arch, mnemonic, op_str, state):
         if frame is None:
             return StepResult(unknown="leave without a known frame pointer")
         state.depth = frame - push
+        state.lost = False
         return None
     accumulator = state.accumulator
-    if mnemonic != "mov":
-        # Only moves keep the stack-probe size: `mul`, `cmpxchg`, `cpuid`... write
-        # the accumulator implicitly.
+    if mnemonic not in KEEPS_ACCUMULATOR:
+        # `mul`, `cmpxchg`, `cpuid`... write the accumulator implicitly.
         state.accumulator = None
     operands = split_operands(op_str)
     if not operands:
@@ -149,7 +167,15 @@ def apply_sp_effect(arch, mnemonic, op_str, state):
     destination = operands[0]
     source = operands[1] if len(operands) > 1 else ""
     if destination != sp:
-        if "[" in destination or mnemonic in ("cmp", "test"):
+        if "[" in destination:
+            if mnemonic == "mov" and source == sp:
+                # SP saved in a stack slot (clang's stacksave around a call):
+                # remembered by the slot's place below the return address.
+                offset = memory_displacement(destination, sp)
+                if offset is not None:
+                    state.copies["slot %d" % (state.depth - offset)] = state.depth
+            return None
+        if mnemonic in ("cmp", "test"):
             return None
         if destination in ACCUMULATOR[arch]:
             # Track `mov eax, N` for the stack-probe helpers; anything else forgets it.
@@ -166,7 +192,7 @@ def apply_sp_effect(arch, mnemonic, op_str, state):
         if value is None and source in ACCUMULATOR[arch] and accumulator is not None:
             value = accumulator
         if value is None:
-            return StepResult(dynamic="%s %s" % (mnemonic, op_str))
+            return _sp_lost(state, "%s %s" % (mnemonic, op_str))
         state.depth += value if mnemonic == "sub" else -value
         return None
     if mnemonic == "lea":
@@ -178,18 +204,40 @@ def apply_sp_effect(arch, mnemonic, op_str, state):
             offset = memory_displacement(source, register)
             if offset is not None:
                 state.depth = depth - offset
+                state.lost = False
                 return None
-        return StepResult(dynamic="%s %s" % (mnemonic, op_str))
+        return _sp_lost(state, "%s %s" % (mnemonic, op_str))
     if mnemonic == "mov":
-        if source in state.copies:
-            state.depth = state.copies[source]
+        offset = memory_displacement(source, sp)
+        key = source if offset is None else "slot %d" % (state.depth - offset)
+        if key in state.copies:
+            state.depth = state.copies[key]
+            state.lost = False
             return None
-        return StepResult(dynamic="%s %s" % (mnemonic, op_str))
-    if mnemonic in ("and",):
-        return StepResult(dynamic="stack realignment: %s %s" % (mnemonic, op_str))
-    if mnemonic in ("cmp", "test", "xchg") or mnemonic.startswith("mov"):
+        return _sp_lost(state, "%s %s" % (mnemonic, op_str))
+    if mnemonic == "and":
+        mask = parse_int(source)
+        alignment = -mask if mask is not None and mask < 0 else (
+            (1 << (8 * push)) - mask if mask is not None and mask > 0 else 0)
+        if alignment <= 0 or alignment & (alignment - 1):
+            return _sp_lost(state, "stack realignment: %s %s" % (mnemonic, op_str))
+        # SP rounds down to a multiple of ``alignment``: at most alignment - push
+        # bytes deeper (SP is push-aligned already).
+        extra = max(alignment - push, 0)
+        state.depth += extra
+        state.padding += extra
+        return None
+    if mnemonic == "xchg":
+        return _sp_lost(state, "%s %s" % (mnemonic, op_str))
+    if mnemonic in ("cmp", "test") or mnemonic.startswith("mov"):
         return None
     return StepResult(unknown="%s %s" % (mnemonic, op_str))
+
+
+def _sp_lost(state, text):
+    """SP was written with a value that is not a known copy of it."""
+    state.lost = True
+    return StepResult(dynamic=text)
 
 
 def is_named(name, fragments):
@@ -199,38 +247,70 @@ def is_named(name, fragments):
     return any(fragment.lower() in lowered for fragment in fragments)
 
 
-def helper_call_effect(arch, decoder, insn, state, target, name_of):
-    """Stack effect of calling a prologue helper, or None for an ordinary call.
+class NoCallees(object):
+    """What the prologue scan asks about callees when nothing is known of them."""
 
-    Returns ("probe", moved bytes) for a stack probe (``__chkstk``: moves SP by the
-    accumulator unless a ``sub sp, ax`` follows), or ("seh", bytes) for the x86
-    ``__SEH_prolog4`` helper, which builds the frame itself."""
-    name = name_of(target) if target is not None else None
+    def callee_kind(self, va):
+        return None
+
+    def pops_of(self, va):
+        return None
+
+
+def helper_call_effect(arch, decoder, insn, state, helper):
+    """Stack effect of a call, or None for an ordinary call.  ``helper`` is what is
+    known of the callee (``callee_kind``): None (nothing), "call" (an ordinary
+    function), "probe" (named ``__chkstk``/``_alloca_probe``, or found to move the
+    caller's SP), "seh" (``__SEH_prolog4``).
+
+    Returns ("probe", moved bytes) for a stack probe with a constant size in the
+    accumulator: ``mov eax, N; call P; sub esp, eax`` (the probe only touches the
+    pages: MinGW's ``___chkstk_ms``, x64's ``__chkstk``), or on x86 a helper that
+    moves ESP by N itself (MSVC's ``__chkstk``; an unknown callee given N of a page
+    or more); ("dynamic", None) for such a helper given a variable size (alloca);
+    ("seh", None) for the x86 SEH prologue helper, which builds the frame itself."""
     probe_size = state.accumulator
-    if probe_size is not None and probe_size >= STACK_PROBE_MINIMUM and (
-            name is None or is_named(name, STACK_PROBE_NAMES)):
-        following = decoder.at(insn[0] + insn[1])
-        if following is not None and following[2] == "sub" and following[3].startswith(SP[arch] + ", ") \
-                and following[3].split(", ")[1] in ACCUMULATOR[arch]:
-            return ("probe", 0)
-        # x64's __chkstk never moves RSP; x86's __chkstk/_alloca_probe does.
-        if arch == "x86":
-            return ("probe", probe_size)
-    if arch == "x86" and is_named(name, SEH_PROLOG_NAMES):
+    if probe_size is not None and _allocates_accumulator_next(decoder, insn[0] + insn[1], arch):
+        return ("probe", 0)
+    if arch != "x86":
+        return None
+    if helper == "probe":
+        return ("probe", probe_size) if probe_size is not None else ("dynamic", None)
+    if helper is None and probe_size is not None and probe_size >= STACK_PROBE_MINIMUM:
+        return ("probe", probe_size)
+    if helper == "seh":
         return ("seh", None)
     return None
 
 
+def _allocates_accumulator_next(decoder, address, arch):
+    """True when ``sub sp, ax`` follows within a few instructions that write
+    neither SP nor the accumulator (gcc schedules moves in between)."""
+    sp, accumulators = SP[arch], ACCUMULATOR[arch]
+    for _ in range(PROBE_LOOKAHEAD):
+        insn = decoder.at(address)
+        if insn is None:
+            return False
+        destination = insn[3].split(",", 1)[0]
+        if insn[2] == "sub" and destination == sp:
+            return insn[3].split(", ")[1] in accumulators
+        if destination == sp or destination in accumulators or insn[2] not in KEEPS_ACCUMULATOR:
+            return False
+        address += insn[1]
+    return False
+
+
 class PrologueResult(object):
-    __slots__ = ("frame_size", "dynamic", "problem")
+    __slots__ = ("frame_size", "dynamic", "problem", "padding")
 
     def __init__(self):
         self.frame_size = None
         self.dynamic = None
         self.problem = None
+        self.padding = 0  # realignment padding the frame may add (not in frame_size)
 
 
-def scan_prologue(decoder, entry, name_of=lambda va: None):
+def scan_prologue(decoder, entry, callees=NoCallees()):
     """Estimate the frame size from the code at ``entry`` (VA).
 
     Walks the entry path, counting pushes and allocations and skipping moves.  The
@@ -249,7 +329,8 @@ def scan_prologue(decoder, entry, name_of=lambda va: None):
         if start in seen_paths:
             continue
         seen_paths.add(start)
-        frame, dynamic, problem, branches = _scan_path(decoder, start, arch, name_of)
+        frame, dynamic, problem, branches, padding = _scan_path(decoder, start, arch, callees)
+        result.padding = max(result.padding, padding)
         if dynamic:
             result.dynamic = dynamic
         if frame is not None and (best is None or frame > best):
@@ -264,8 +345,9 @@ def scan_prologue(decoder, entry, name_of=lambda va: None):
     return result
 
 
-def _scan_path(decoder, start, arch, name_of):
+def _scan_path(decoder, start, arch, callees):
     state = SpState()
+    body_started = False
     written = set()
     deepest = 0
     branches = []
@@ -275,13 +357,16 @@ def _scan_path(decoder, start, arch, name_of):
     for _ in range(MAX_PROLOGUE_INSTRUCTIONS):
         insn = decoder.at(address)
         if insn is None:
-            return (deepest if deepest else None), dynamic, decoder.problem(address), branches
+            return (deepest if deepest else None), dynamic, decoder.problem(address), branches, state.padding
         _, size, mnemonic, op_str = insn
         next_address = address + size
         if mnemonic == "call":
             target = direct_target(op_str)
-            effect = helper_call_effect(arch, decoder, insn, state, target, name_of)
+            effect = helper_call_effect(arch, decoder, insn, state, callees.callee_kind(target))
             if effect is None:
+                break
+            if effect[0] == "dynamic":
+                dynamic = "call at 0x%x allocates a variable size on the stack" % address
                 break
             kind, moved = effect
             if kind != "probe" or moved:
@@ -296,7 +381,7 @@ def _scan_path(decoder, start, arch, name_of):
                     break
                 state.copies[FP[arch]] = state.depth - 8 + 4
                 state.depth = state.depth - 8 + SEH_PROLOG_FRAME_OVERHEAD + locals_size
-            deepest = max(deepest, state.depth)
+            deepest = max(deepest, state.depth - state.padding)
             address = next_address
             continue
         if mnemonic.startswith("ret") or mnemonic == "jmp" or mnemonic in STOPS:
@@ -307,13 +392,23 @@ def _scan_path(decoder, start, arch, name_of):
                 branches.append(target)
             address = next_address
             continue
-        if arch == "x86" and mnemonic == "push" and state.depth > 0:
-            # After the frame starts, only saves of untouched callee-saved registers
-            # belong to the prologue; anything else is an outgoing argument — except
-            # the two pushes that feed the SEH prologue helper.
-            if not (op_str in saves and op_str not in written) and not _feeds_seh_prolog(
-                    decoder, next_address, name_of):
+        if arch == "x86" and mnemonic == "push" and state.depth > 0 and not (
+                op_str in saves and op_str not in written):
+            # After the frame starts, a push belongs to the prologue when it saves an
+            # untouched callee-saved register, feeds the SEH prologue helper, or
+            # reserves a local (`push ecx` of a scratch register: MSVC's and clang's
+            # 4-byte allocation) — unless it is an outgoing argument of a call that
+            # follows.
+            if not _feeds_seh_prolog(decoder, next_address, callees) and not (
+                    op_str in SCRATCH and op_str not in written
+                    and not _is_argument_push(decoder, next_address, callees, op_str == "eax")):
                 break
+        if arch == "x86" and body_started and (mnemonic == "push" or (
+                mnemonic == "sub" and op_str.startswith("esp, "))):
+            # Once the body stores into its frame, space taken from the stack is a
+            # call's argument area (clang: `sub esp, 24; mov [esp], eax; call f;
+            # add esp, 24`), not part of the frame.
+            break
         step = apply_sp_effect(arch, mnemonic, op_str, state)
         if step is not None:
             if step.dynamic:
@@ -324,15 +419,58 @@ def _scan_path(decoder, start, arch, name_of):
             # `mov edi, edi` (the hotpatch pad) writes nothing new.
             if operands and "[" not in operands[0] and not (len(operands) == 2 and operands[0] == operands[1]):
                 written.add(operands[0])
-        deepest = max(deepest, state.depth)
+            elif operands and ("[esp" in operands[0] or "[ebp" in operands[0]):
+                body_started = True
+        deepest = max(deepest, state.depth - state.padding)
         address = next_address
         if arch == "x64" and mnemonic == "sub" and op_str.startswith("rsp"):
             # The x64 ABI makes the fixed allocation the prologue's last SP change.
             break
-    return deepest, dynamic, None, branches
+    return deepest, dynamic, None, branches, state.padding
 
 
-def _feeds_seh_prolog(decoder, address, name_of):
+def _is_argument_push(decoder, address, callees, explicit_only=False):
+    """True when a push just before ``address`` is an outgoing argument of the next
+    call: the bytes that call's arguments take (the ``add esp, N`` or pops right
+    after it, or what the callee pops with ``ret N``) exceed the bytes pushed
+    between here and the call.  ``explicit_only``: only an ``add esp, N`` counts
+    (a pop after the call may be the epilogue freeing a ``push eax`` local)."""
+    pushed_after = 0
+    for _ in range(MAX_ARGUMENT_LOOKAHEAD):
+        insn = decoder.at(address)
+        if insn is None:
+            return False
+        mnemonic = insn[2]
+        address += insn[1]
+        if mnemonic == "call":
+            if explicit_only:
+                arguments = _argument_bytes_after(decoder, address, None, pops=False)
+                return arguments is not None and pushed_after < arguments
+            arguments = _argument_bytes_after(decoder, address, callees.pops_of(direct_target(insn[3]) or 0))
+            return arguments is None or pushed_after < arguments
+        if mnemonic == "push":
+            pushed_after += 4
+        elif mnemonic in SP_MNEMONICS or insn[3].startswith("esp") or mnemonic[0] == "j" \
+                or mnemonic.startswith("ret"):
+            return False
+    return False
+
+
+def _argument_bytes_after(decoder, address, callee_pops, pops=True):
+    """Bytes of arguments a call removes: ``add esp, N`` (or, with ``pops``, a pop
+    of a scratch register) right after it, plus what the callee pops itself; None
+    when neither says anything."""
+    following = decoder.at(address)
+    cleaned = 0
+    if following is not None and following[2] == "add" and following[3].startswith("esp, "):
+        cleaned = parse_int(following[3][5:]) or 0
+    elif pops and following is not None and following[2] == "pop" and following[3] in SCRATCH:
+        cleaned = 4
+    total = cleaned + (callee_pops or 0)
+    return total or None
+
+
+def _feeds_seh_prolog(decoder, address, callees):
     """True when a push at ``address - size`` is followed (within one push) by a call
     to the SEH prologue helper."""
     for _ in range(2):
@@ -340,7 +478,7 @@ def _feeds_seh_prolog(decoder, address, name_of):
         if insn is None:
             return False
         if insn[2] == "call":
-            return is_named(name_of(direct_target(insn[3]) or 0), SEH_PROLOG_NAMES)
+            return callees.callee_kind(direct_target(insn[3]) or 0) == "seh"
         if insn[2] != "push":
             return False
         address += insn[1]
