@@ -28,6 +28,7 @@ import os
 import struct
 
 from ..errors import BadInput
+from ..pe import CodeView
 
 MSF_MAGIC = b"Microsoft C/C++ MSF 7.00\r\n\x1aDS\0\0\0"
 NIL_STREAM = 0xFFFFFFFF
@@ -266,14 +267,13 @@ class PdbFile(object):
         self.guid = bytes(info[12:28])
 
     @property
-    def guid_text(self):
-        d1, d2, d3 = struct.unpack_from("<IHH", self.guid)
-        tail = self.guid[8:].hex().upper()
-        return "%08X-%04X-%04X-%s-%s" % (d1, d2, d3, tail[:4], tail[4:])
+    def codeview(self):
+        """This PDB's identity in the shape of an image's RSDS record."""
+        return CodeView(self.guid, self.age, os.path.basename(self.path))
 
     @property
-    def symbol_server_key(self):
-        return self.guid_text.replace("-", "") + "%X" % self.age
+    def guid_text(self):
+        return self.codeview.guid_text
 
     def matches(self, guid, age):
         """True when this PDB belongs to an image whose RSDS record says (guid, age).
