@@ -12,12 +12,9 @@ from ..errors import BadInput, UnreadableMemory
 from ..problems import ProblemLog
 from ..stacks.threads import selected_thread, stack_bounds
 from ..target.base import Thread
+from .layouts import KPRCB_CURRENT_THREAD, KPRCB_TYPE, PROCESSOR_BLOCK_SYMBOL
 
 SCHEMA_VERSION = 1
-
-KPRCB_TYPE = "nt!_KPRCB"
-KPRCB_CURRENT_THREAD = "CurrentThread"
-PROCESSOR_BLOCK_SYMBOL = "nt!KiProcessorBlock"
 
 
 class StackFrame(object):
