@@ -137,3 +137,13 @@ def test_simple_and_unknown_type_indices_do_not_raise(pdb):
     assert pdb_type_text(pdb.types, 0x0603 if pdb.machine == 0x8664 else 0x0403).endswith("Void")
     assert pdb.types.get(0xFFFFFF).kind == "unknown"
     assert pdb.types.find("NoSuchType") is None
+
+
+def test_an_omap_moves_addresses_as_the_optimizer_moved_the_code(pdb):
+    """Segment RVAs are pre-optimization addresses; the OMAP maps them to the
+    image's (a zero target: code the optimizer removed)."""
+    pdb._sections = ([0x1000, 0x5000], ([0x1000, 0x1100, 0x1200], [0x3000, 0, 0x2000]))
+    assert pdb.rva(1, 0x10) == 0x3010
+    assert pdb.rva(1, 0x150) is None
+    assert pdb.rva(2, 0x4) == 0x2000 + 0x5004 - 0x1200
+    assert pdb.rva(3, 0) is None and pdb.rva(0, 0) is None

@@ -207,3 +207,29 @@ def test_a_pe_on_disk_gets_its_pdb_symbols_for_stackuse(x64, tmp_path):
     symbols = pe_file_symbols(PEImage.from_file(x64.dll), [str(tmp_path)])
     assert symbols.status == "pdb symbols" and symbols.symbols["CopyLeaf"] == rva(x64, "CopyLeaf")
     assert pe_file_symbols(PEImage.from_file(x64.dll), [str(tmp_path / "empty")]) is None
+
+
+def test_a_codeview_record_missing_from_the_dump_comes_from_the_image_in_the_store(x64, tmp_path):
+    from dbgext.pe import DIRECTORY_DEBUG
+    from dbgext.testing.scenario import Scenario
+    from symbols_support import mapped_image
+    scenario = Scenario("x64", "kernel")
+    data = mapped_image(x64.dll)
+    scenario.add_module("kernel_shapes", DRIVER_BASE, len(data), image="kernel_shapes.sys", content=data)
+    scenario.build_loaded_module_list()
+    debug_rva = x64.image.directory(DIRECTORY_DEBUG)[0]
+    scenario.excluded_pages.add((DRIVER_BASE + debug_rva) & ~0xFFF)   # the debug directory is not in the dump
+    dump = str(tmp_path / "memory.dmp")
+    scenario.write_kernel_dump(dump)
+    store = tmp_path / "store"
+    key = "%08X%x" % (x64.image.timestamp, x64.image.size_of_image)
+    (store / "kernel_shapes.sys" / key).mkdir(parents=True)
+    shutil.copy(x64.dll, str(store / "kernel_shapes.sys" / key / "kernel_shapes.sys"))
+    shutil.copy(x64.pdb, str(store))
+    without_image = open_dump(dump, symbols=[str(tmp_path / "nothing")])
+    assert without_image.symbols.status("kernel_shapes") != "pdb symbols"
+    without_image.close()
+    target = open_dump(dump, symbols=["%s;srv*%s" % (store, store)])
+    assert target.symbols.status("kernel_shapes") == "pdb symbols"
+    assert target.symbolize(DRIVER_BASE + rva(x64, "CopyLeaf")) == "kernel_shapes!CopyLeaf"
+    target.close()

@@ -163,13 +163,27 @@ def locate_module_symbols(target, module, locator, table):
     if headers is None:
         return None
     if locator is not None:
-        codeview = codeview_in_memory(target, module, headers)
+        codeview = codeview_in_memory(target, module, headers) or _codeview_from_image_file(
+            locator, module, headers, table.report)
         if codeview is not None:
             pdb = locator.find_pdb(codeview, table.report)
             if pdb is not None:
                 return PdbModuleSymbols(module.name, pdb, table.report)
     rva, size = headers.directory(DIRECTORY_EXPORT)
     return ExportSymbols(target, module, headers.pointer_size) if rva and size else None
+
+
+def _codeview_from_image_file(locator, module, headers, report):
+    """The RSDS record from the module's image file in the symbol store, when the
+    dump lost the pages holding it (paged out, a small dump)."""
+    path = locator.find_image(module.image, headers.timestamp, headers.size_of_image, report)
+    if path is None:
+        return None
+    try:
+        return PEImage.from_file(path).codeview
+    except BadInput as error:
+        report("bad_image_file", str(error))
+        return None
 
 
 def pe_file_symbols(image, option_paths, no_download=False, diagnostics=None):
