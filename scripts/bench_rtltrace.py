@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from dbgext.cli import main  # noqa: E402
 from dbgext.rtltrace.fixtures import DEBUG_HEAP_BUCKETS, build_database  # noqa: E402
-from dbgext.rtltrace.validate import analyze  # noqa: E402
+from dbgext.rtltrace import analyze  # noqa: E402
 from dbgext.target import open_dump  # noqa: E402
 from dbgext.testing.scenario import Scenario  # noqa: E402
 

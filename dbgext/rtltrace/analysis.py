@@ -1,20 +1,13 @@
 """The public entry points: ``analyze`` one database (walk, validate, select the
 traces a view shows) and ``find`` databases in memory."""
 
-import heapq
-
 from ..errors import BadInput, UnreadableMemory, WrongSignature
 from .find import find_databases
 from .layouts import BLOCK_MAGIC, DATABASE_MAGIC, MAX_FRAMES, choose_layouts, describe_magic
-from .result import DatabaseSearch, Selection
+from .result import SORTS, DatabaseSearch, Selection
 from .validate import validate_database
 from .walk import read_block, walk_database
 
-SORT_KEYS = {
-    "count": lambda block: (-block.count, block.address),
-    "depth": lambda block: (-block.size, block.address),
-    "address": lambda block: block.address,
-}
 TOP_TRACES = 10
 MAX_WALKED = 16   # databases analyze() walks when it has to find them itself
 
@@ -37,15 +30,15 @@ def analyze(target, address=None, layout=None, force=False, trace=None, bucket=N
     target must be able to list) and analyze the first MAX_WALKED (a DatabaseSearch)."""
     if address is None:
         return find(target, walk=True)
-    if sort not in SORT_KEYS:
-        raise BadInput("unknown sort %r (known: %s)" % (sort, ", ".join(sorted(SORT_KEYS))))
+    if sort not in SORTS:
+        raise BadInput("unknown sort %r (known: %s)" % (sort, ", ".join(sorted(SORTS))))
     address, followed = _database_address(target, address)
     db = walk_database(target, address, choose_layouts(target, address, layout), force)
     if followed:
         db.note(followed)
     validate_database(target, db)
     db.selection = _select(target, db, trace, bucket, module, sort, limit, force)
-    db.top_traces = heapq.nsmallest(max(0, top), db.blocks, key=SORT_KEYS["count"])
+    db.top = top
     return db
 
 
@@ -98,8 +91,7 @@ def _select(target, db, trace, bucket, module, sort, limit, force):
                 module, ", ".join(m.name for m in target.modules()) or "none"))
         blocks = [block for block in blocks if any(found.contains(frame) for frame in block.frames or ())]
         kind = "module"
-    blocks = sorted(blocks, key=SORT_KEYS[sort])
-    return Selection(kind, blocks if limit is None else blocks[:max(0, limit)], module=found, sort=sort)
+    return Selection(kind, blocks, module=found, sort=sort, limit=limit)
 
 
 def _trace_block(target, db, address, force):

@@ -4,7 +4,8 @@ import sys
 
 from ..command import Command
 from ..errors import EXIT_PROBLEMS, BadInput
-from .analysis import SORT_KEYS, TOP_TRACES, analyze, find
+from .analysis import TOP_TRACES, analyze, find
+from .result import SORTS
 from .layouts import LAYOUT_NAMES
 from .render import Links, render, render_candidates
 
@@ -25,7 +26,7 @@ def add_arguments(parser):
     view.add_argument("--validate", action="store_true", help="check every invariant and list problems "
                       "(exit code 4 when there are any)")
     view.add_argument("--find", action="store_true", help="scan readable memory for databases")
-    parser.add_argument("--sort", choices=sorted(SORT_KEYS), default="count", help="trace order (default count)")
+    parser.add_argument("--sort", choices=sorted(SORTS), default="count", help="trace order (default count)")
     parser.add_argument("--limit", metavar="N", help="at most N traces (the summary's top traces: default "
                         "0n%d)" % TOP_TRACES)
     parser.add_argument("--range", metavar=("START", "END"), nargs=2, help="--find only in [START, END)")
