@@ -76,8 +76,8 @@ def test_k_refuses_an_unknown_thread_in_one_line(tmp_path):
 def test_k_takes_unwind_data_from_an_image_path_when_the_dump_lacks_the_module(tmp_path):
     stopped = run("clang-O2", "entry", 5, stop_at="leaf")
     scenario = stopped.scenario(mode="user")
-    pdata = stopped.image.directory(3)[0]
-    scenario.unmap(stopped.address("leaf") - stopped.image.exports_by_name["leaf"] + pdata, 1)
+    base = stopped.address("leaf") - stopped.image.exports_by_name["leaf"]
+    scenario.unmap(base + stopped.image.directory(3)[0], 1)
     path = str(tmp_path / "no-pdata.mdmp")
     scenario.write_minidump(path)
     code, text, _ = k("--dump", path, "--json")
@@ -113,3 +113,16 @@ def test_k_walks_a_waiting_kernel_thread_from_its_switch_frame(tmp_path):
     assert document["thread"]["kernel_thread"] == info["thread"]
     assert document["frames"][0]["function"].startswith("sampledrv!BuildRequest+")
     assert document["thread"]["stack_base"] == info["initial_stack"]
+
+
+def test_k_finds_the_image_in_the_symbol_path_when_the_dump_lacks_its_unwind_data(tmp_path):
+    stopped = run("clang-O2", "entry", 5, stop_at="leaf")
+    scenario = stopped.scenario(mode="user")
+    base = stopped.address("leaf") - stopped.image.exports_by_name["leaf"]
+    scenario.unmap(base + stopped.image.directory(3)[0], 1)
+    path = str(tmp_path / "no-pdata.mdmp")
+    scenario.write_minidump(path)
+    code, text, _ = k("--dump", path, "--json", "--symbols", os.path.dirname(build("clang-O2")))
+    document = json.loads(text)
+    assert [(frame["ip"], frame["child_sp"]) for frame in document["frames"]] == stopped.expected_frames()
+    assert document["found_by"]["scan"] == 0

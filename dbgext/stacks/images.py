@@ -1,6 +1,7 @@
 """Where the unwinder gets a module's unwind data and code: the image in target
 memory, or — when the dump lacks it (small dumps, minidumps) — a PE file found by
-an *image loader* (the symbol store's images, ``k --image-path``).
+an *image loader*: the one given (``k --image-path``), then the symbol path's
+image store (``name.sys/<TimeDateStamp><SizeOfImage>/name.sys``).
 
 Each module is loaded once per walker.  Its ``.pdata`` becomes a sorted table for
 binary search; entries that cannot be right (end before begin, outside the image,
@@ -64,7 +65,7 @@ class Images(object):
     def __init__(self, target, problems, image_loader=None):
         self.target = target
         self.problems = problems
-        self.image_loader = image_loader
+        self.loaders = [loader for loader in (image_loader, images_from_symbol_store(target)) if loader]
         self.modules = target.modules()          # sorted by base
         self._bases = [module.base for module in self.modules]
         self._loaded = {}
@@ -84,9 +85,11 @@ class Images(object):
     def _load(self, module):
         image = self._from_target(module)
         entries, corrupt = self._entries(image) if image is not None else ([], False)
-        if not entries and self.image_loader is not None:
+        for loader in self.loaders:
+            if entries:
+                break
             try:
-                loaded = self.image_loader(module)
+                loaded = loader(module)
             except BadInput as error:
                 self.problems.add("image_file_unreadable", module.base, str(error), "warning")
                 loaded = None
@@ -122,6 +125,24 @@ class Images(object):
                               "%s: %d of %d .pdata entries are impossible (outside the image, empty or "
                               "overlapping) and were ignored" % (image.name, bad, bad + len(entries)))
         return entries, bool(bad)
+
+
+def images_from_symbol_store(target):
+    """An image loader asking the target's symbol path for the module's image by
+    the TimeDateStamp and SizeOfImage in its headers, or None without a symbol path."""
+    symbols = target.symbols
+    locator = getattr(symbols, "locator", None)
+    if locator is None:
+        return None
+    from ..symbols.match import image_headers
+
+    def load(module):
+        headers = image_headers(target, module)
+        if headers is None:
+            return None
+        path = locator.find_image(module.image, headers.timestamp, headers.size_of_image, symbols.report)
+        return PEImage.from_file(path, module.name) if path else None
+    return load
 
 
 def images_from_directories(directories):
