@@ -5,6 +5,7 @@ the JSON document of it (docs/json-schema/rtltrace.md)."""
 from operator import attrgetter
 
 from ..problems import ProblemLog
+from ..render.text import hexaddr
 from .layouts import DATABASE_MAGIC
 
 SCHEMA_VERSION = 1
@@ -130,6 +131,10 @@ class TraceDatabase(object):
 
     def field(self, name, default=0):
         return self.header.get(name, default)
+
+    def hexaddr(self, address):
+        """``address`` as WinDbg shows it on this database's architecture (for messages)."""
+        return hexaddr(address, self.layout.pointer_size)
 
     @property
     def top_traces(self):

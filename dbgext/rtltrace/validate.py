@@ -120,10 +120,11 @@ def _check_segments(db):
                        % (segment.magic, SEGMENT_MAGIC))
         if segment.database != db.address:
             db.problems.add("segment_database_mismatch", segment.address,
-                       "segment's Database is 0x%x, not this database" % segment.database)
+                       "segment's Database is %s, not this database" % db.hexaddr(segment.database))
         if segment.free < segment.start:
             db.problems.add("segment_free_before_start", segment.address,
-                       "SegmentFree 0x%x is below SegmentStart 0x%x" % (segment.free, segment.start))
+                       "SegmentFree %s is below SegmentStart %s"
+                            % (db.hexaddr(segment.free), db.hexaddr(segment.start)))
         if segment.end - segment.start != segment.total_size:
             db.problems.add("segment_size_mismatch", segment.address,
                        "SegmentEnd - SegmentStart = 0x%x but TotalSize = 0x%x"
@@ -131,11 +132,12 @@ def _check_segments(db):
         if segment.free > segment.end:
             if segment is first and segment.free == segment.payload_start:
                 db.note("the bucket array (%d buckets) runs past the first segment's SegmentEnd, so its "
-                        "SegmentFree 0x%x > SegmentEnd 0x%x: Windows lays big bucket arrays out this way"
-                        % (db.field("NoOfBuckets"), segment.free, segment.end))
+                        "SegmentFree %s > SegmentEnd %s: Windows lays big bucket arrays out this way"
+                        % (db.field("NoOfBuckets"), db.hexaddr(segment.free), db.hexaddr(segment.end)))
             else:
                 db.problems.add("segment_free_past_end", segment.address,
-                           "SegmentFree 0x%x is past SegmentEnd 0x%x" % (segment.free, segment.end))
+                           "SegmentFree %s is past SegmentEnd %s"
+                                % (db.hexaddr(segment.free), db.hexaddr(segment.end)))
     if not db.segment_list_complete:
         return
     if db.segments and db.segments[-1] is not first:

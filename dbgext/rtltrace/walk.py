@@ -99,8 +99,8 @@ def read_header(target, db, force=False):
     partial = target.try_read(db.address, layout.database.size)
     if partial.holes:
         db.problems.add("unreadable", partial.holes[0][0],
-                   "database header (0x%x bytes at 0x%x) is not fully readable"
-                   % (layout.database.size, db.address))
+                        "database header (0x%x bytes at %s) is not fully readable"
+                        % (layout.database.size, db.hexaddr(db.address)))
         db.complete = False
         return False
     db.header = layout.database.unpack(partial.data)
@@ -119,8 +119,8 @@ def walk_segments(target, db, max_segments=MAX_SEGMENTS):
     address = db.field("SegmentList")
     while address:
         if address in seen:
-            db.problems.add("segment_cycle", address, "segment list returns to 0x%x after %d segments"
-                       % (address, len(db.segments)))
+            db.problems.add("segment_cycle", address, "segment list returns to %s after %d segments"
+                            % (db.hexaddr(address), len(db.segments)))
             db.complete = False
             db.segment_list_complete = False
             return
@@ -133,8 +133,8 @@ def walk_segments(target, db, max_segments=MAX_SEGMENTS):
         try:
             data = target.read(address, layout.segment.span)
         except UnreadableMemory as error:
-            db.problems.add("unreadable", error.address, "segment header at 0x%x (segment %d of the list)"
-                       % (address, len(db.segments)))
+            db.problems.add("unreadable", error.address, "segment header at %s (segment %d of the list)"
+                            % (db.hexaddr(address), len(db.segments)))
             db.complete = False
             db.segment_list_complete = False
             return
@@ -238,11 +238,11 @@ def walk_chains(db, heads, memory, max_blocks=MAX_BLOCKS):
         while address:
             if address in owner:
                 if owner[address] == bucket:
-                    db.problems.add("bucket_cycle", address, "bucket %d: chain loops back to 0x%x after %d blocks"
-                               % (bucket, address, length))
+                    db.problems.add("bucket_cycle", address, "bucket %d: chain loops back to %s after %d blocks"
+                                    % (bucket, db.hexaddr(address), length))
                 else:
-                    db.problems.add("bucket_cross_link", address, "bucket %d: chain joins bucket %d's chain at 0x%x"
-                               % (bucket, owner[address], address))
+                    db.problems.add("bucket_cross_link", address, "bucket %d: chain joins bucket %d's chain at %s"
+                                    % (bucket, owner[address], db.hexaddr(address)))
                 db.complete = False
                 break
             if len(blocks) >= max_blocks:
@@ -258,8 +258,8 @@ def walk_chains(db, heads, memory, max_blocks=MAX_BLOCKS):
                 else:
                     fields = unpack_header(target.read(address, header_span))
             except UnreadableMemory as error:
-                db.problems.add("unreadable", error.address, "bucket %d: block 0x%x (linked from 0x%x) is unreadable"
-                           % (bucket, address, came_from))
+                db.problems.add("unreadable", error.address, "bucket %d: block %s (linked from %s) is unreadable"
+                                % (bucket, db.hexaddr(address), db.hexaddr(came_from)))
                 db.complete = False
                 break
             owner[address] = bucket
@@ -289,8 +289,8 @@ def walk_chains(db, heads, memory, max_blocks=MAX_BLOCKS):
                 else:
                     partial = target.try_read(frames_address, frames_end - frames_address)
                     if partial.holes:
-                        db.problems.add("unreadable", partial.holes[0][0], "bucket %d: frames of block 0x%x are "
-                                   "unreadable" % (bucket, address))
+                        db.problems.add("unreadable", partial.holes[0][0], "bucket %d: frames of block %s are "
+                                        "unreadable" % (bucket, db.hexaddr(address)))
                     else:
                         block.frames = frame_structs[size].unpack(partial.data)
                         block.hash = stack_trace_hash(partial.data)
