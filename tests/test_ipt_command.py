@@ -46,10 +46,27 @@ def files(tmp_path_factory):
             "expected": expected, "dump": dump, "info": info, "scenario": scenario}
 
 
+def only_buffer(document):
+    assert len(document["buffers"]) == 1
+    return document["buffers"][0]
+
+
+def listed_ips(document):
+    return [row["ip"] for row in only_buffer(document)["instructions"]]
+
+
+def test_every_document_starts_with_its_schema_version(files):
+    for argv in (["packets"], ["packets", "--stats"], ["flow", "--image", files["image"]],
+                 ["flow", "--image", files["image"], "--stats"]):
+        document = run_json("ipt", *(argv + ["--trace", files["trace"]]))
+        assert list(document)[:2] == ["schema_version", "action"] and document["schema_version"] == 1
+        assert document["problems"] == []
+
+
 def test_packets_json_contract(files):
     document = run_json("ipt", "packets", "--trace", files["trace"])
-    assert set(document) >= {"packets", "errors"}
-    packets = document["packets"]
+    buffer = only_buffer(document)
+    packets = buffer["packets"]
     assert packets[0] == {"offset": 0, "type": "psb"}
     assert all(packet["type"] in PACKET_TYPES for packet in packets)
     tip = next(packet for packet in packets if packet["type"] == "tip")
@@ -58,58 +75,185 @@ def test_packets_json_contract(files):
     assert re.match("^[TN]{1,6}$", tnt["bits"])
     mtc = next(packet for packet in packets if packet["type"] == "mtc")
     assert set(mtc) == {"offset", "type", "ctc"}
-    assert document["errors"] == []
+    assert buffer["listing"] == {"listed": len(packets), "truncated": False}
+    assert buffer["stats"]["packets"] == len(packets)
+
+
+def test_packet_listing_cap_is_hex_and_totals_still_count_everything(files):
+    everything = only_buffer(run_json("ipt", "packets", "--trace", files["trace"]))
+    capped = only_buffer(run_json("ipt", "packets", "--trace", files["trace"], "--max-packets", "10"))
+    assert len(capped["packets"]) == 0x10 and capped["listing"]["truncated"]
+    assert capped["stats"] == everything["stats"]
+    code, text = run("ipt", "packets", "--trace", files["trace"], "--max-packets", "0n5")
+    assert code == 0 and "(listed 5 of %d packets" % everything["stats"]["packets"] in text
 
 
 def test_packets_stats(files):
-    document = run_json("ipt", "packets", "--trace", files["trace"], "--stats")
-    stats = document["stats"]
+    buffer = only_buffer(run_json("ipt", "packets", "--trace", files["trace"], "--stats"))
+    stats = buffer["stats"]
+    assert "packets" not in buffer
     assert stats["bytes"] == len(files["trace"].read_bytes()) and stats["errors"] == 0
     assert stats["packets"] == sum(stats["types"].values())
     code, text = run("ipt", "packets", "--trace", files["trace"], "--stats")
     assert code == 0 and "tnt8" in text and "errors: 0" in text
 
 
-def test_packets_position_reports_stored_offsets(files, tmp_path):
+def test_packets_position_is_hex_and_reports_stored_offsets(files, tmp_path):
     trace = files["trace"].read_bytes()
     ring = trace[100:] + trace[:100]  # oldest data (offset 0 of the trace) now sits at 100 - len
     position = len(trace) - 100
     (tmp_path / "ring.bin").write_bytes(ring)
-    document = run_json("ipt", "packets", "--trace", tmp_path / "ring.bin", "--position", position)
-    assert document["packets"][0] == {"offset": position, "type": "psb"}
-    straight = run_json("ipt", "packets", "--trace", files["trace"])["packets"]
-    assert [p["type"] for p in document["packets"]] == [p["type"] for p in straight]
+    document = run_json("ipt", "packets", "--trace", tmp_path / "ring.bin", "--position", "%x" % position)
+    assert only_buffer(document)["packets"][0] == {"offset": position, "type": "psb"}
+    straight = only_buffer(run_json("ipt", "packets", "--trace", files["trace"]))["packets"]
+    assert [p["type"] for p in only_buffer(document)["packets"]] == [p["type"] for p in straight]
 
 
 def test_flow_with_an_image_file_json_contract(files):
     document = run_json("ipt", "flow", "--trace", files["trace"], "--image", files["image"])
-    assert document["instructions"] == files["expected"]
-    assert document["errors"] == [] and document["warnings"] == []
-    capped = run_json("ipt", "flow", "--trace", files["trace"], "--image", files["image"], "--max-insns", 10)
-    assert capped["instructions"] == files["expected"][:10]
+    buffer = only_buffer(document)
+    assert listed_ips(document) == files["expected"]
+    assert buffer["instruction_count"] == len(files["expected"])
+    assert buffer["listing"] == {"listed": len(files["expected"]), "limit": 1000000, "truncated": False}
+    assert buffer["instructions"][0] == {"index": 0, "ip": BASE, "symbol": "code+0x0", "text": "sub rsp, 0x28"}
+    assert document["problems"] == []
 
 
-def test_flow_stats(files):
-    document = run_json("ipt", "flow", "--trace", files["trace"], "--image", files["image"], "--stats")
-    assert document["stats"]["instructions"] == len(files["expected"]) and document["stats"]["errors"] == 0
+def test_the_instruction_cap_applies_to_the_listing_only(files):
+    capped = run_json("ipt", "flow", "--trace", files["trace"], "--image", files["image"], "--max-insns", "0n10")
+    assert listed_ips(capped) == files["expected"][:10]
+    buffer = only_buffer(capped)
+    assert buffer["listing"] == {"listed": 10, "limit": 10, "truncated": True}
+    assert buffer["instruction_count"] == len(files["expected"])
+    for view in ("path", "functions"):
+        document = run_json("ipt", "flow", "--trace", files["trace"], "--image", files["image"], "--max-insns", "1",
+                            "--view", view)
+        rows = only_buffer(document)[view]
+        rows = rows["entries"] if view == "path" else rows
+        assert sum(row["instructions"] for row in rows) == len(files["expected"])
+    code, text = run("ipt", "flow", "--trace", files["trace"], "--image", files["image"], "--max-insns", "0n10")
+    assert "(listed 10 of %d instructions: --max-insns N lists more" % len(files["expected"]) in text
+
+
+def test_flow_stats_decode_everything(files):
+    document = run_json("ipt", "flow", "--trace", files["trace"], "--image", files["image"], "--stats",
+                        "--max-insns", "1")
+    buffer = only_buffer(document)
+    assert buffer["instruction_count"] == len(files["expected"]) and document["problems"] == []
+    assert "instructions" not in buffer and document["view"] is None
+    code, text = run("ipt", "flow", "--trace", files["trace"], "--image", files["image"], "--stats")
+    assert "instructions: %d" % len(files["expected"]) in text
 
 
 def test_flow_code_from_the_dump_with_views(files):
     info = files["info"]
     base = ["ipt", "flow", "--dump", files["dump"], "--address", "%x" % info["trace_address"],
-            "--size", info["trace_size"]]
+            "--size", "%x" % info["trace_size"]]
     document = run_json(*base)
-    assert len(document["instructions"]) == info["instructions"] and document["errors"] == []
-    path = run_json(*(base + ["--view", "path"]))["path"]
-    assert path[0] == {"function": "iptdemo!Dispatch", "first": info["entry"], "instructions": 3}
-    tree = run_json(*(base + ["--view", "calltree"]))["calltree"]
+    assert only_buffer(document)["instruction_count"] == info["instructions"] and document["problems"] == []
+    path = only_buffer(run_json(*(base + ["--view", "path"])))["path"]
+    assert path["entries"][0] == {"function": "iptdemo!Dispatch", "first": info["entry"], "index": 0,
+                                  "instructions": 3}
+    tree = only_buffer(run_json(*(base + ["--view", "calltree"])))["calltree"]
     assert tree["function"] == "iptdemo!Dispatch"
-    assert {child["function"] for child in tree["children"]} == {"iptdemo!ValidateRequest",
+    assert {child["function"] for child in tree["children"]} >= {"iptdemo!ValidateRequest",
                                                                  "iptdemo!CompleteRequest"}
-    functions = run_json(*(base + ["--view", "functions"]))["functions"]
+    functions = only_buffer(run_json(*(base + ["--view", "functions"])))["functions"]
     assert sum(row["instructions"] for row in functions) == info["instructions"]
     code, text = run(*(base + ["--view", "path"]))
     assert code == 0 and "iptdemo!ValidateRequest" in text and "fffff800`12341000" in text
+
+
+def test_size_and_address_take_windbg_numbers(files):
+    info = files["info"]
+    hex_size = run_json("ipt", "packets", "--dump", files["dump"], "--address", "%x" % info["trace_address"],
+                        "--size", "%x" % info["trace_size"], "--stats")
+    decimal_size = run_json("ipt", "packets", "--dump", files["dump"], "--address",
+                            "0x%x" % info["trace_address"], "--size", "0n%d" % info["trace_size"], "--stats")
+    assert hex_size == decimal_size
+    assert only_buffer(hex_size)["source"]["size"] == info["trace_size"]
+    by_symbol = run_json("ipt", "flow", "--dump", files["dump"], "--address", "%x" % info["trace_address"],
+                         "--size", "%x" % info["trace_size"], "--stats", "--image",
+                         "%s@iptdemo+1000" % (files["folder"] / "code.bin"))
+    assert only_buffer(by_symbol)["instruction_count"] == info["instructions"]
+
+
+def test_interrupts_get_their_own_node_in_the_call_tree(files, tmp_path):
+    """FUP + TIP into the handler and iretq back: the handler's instructions are
+    charged to a node of its own (via "interrupt"), not to the interrupted function."""
+    writer = F.PacketWriter()
+    writer.psb_plus(PROGRAM.entry)
+    validate = PROGRAM.labels["ValidateRequest"]
+    writer.fup(validate + 1)                 # interrupted after push rbx
+    writer.tip(PROGRAM.interrupt_handler)
+    writer.tip(validate + 1)                 # iretq
+    writer.tnt(True)                         # jbe taken
+    writer.tnt(True)                         # ret
+    (tmp_path / "irq.bin").write_bytes(writer.bytes())
+    document = run_json("ipt", "flow", "--trace", tmp_path / "irq.bin", "--image", files["image"], "--view",
+                        "calltree")
+    tree = only_buffer(document)["calltree"]
+    validate_node = tree["children"][0]
+    assert validate_node["via"] == "call" and validate_node["instructions"] == 6
+    handler = validate_node["children"][0]
+    assert (handler["via"], handler["instructions"], handler["calls"]) == ("interrupt", 3, 1)
+    assert [event["kind"] for event in validate_node["events"]] == ["interrupt"]
+
+
+def test_events_appear_in_every_view(files, tmp_path):
+    writer = F.PacketWriter()
+    writer.psb_plus(PROGRAM.entry)
+    writer.tnt(True)                          # jbe taken: no Checksum
+    writer.tnt(True)                          # ret
+    writer.tnt(False)                         # jz not taken: the indirect call follows
+    writer.pgd(PROGRAM.labels["CompleteRequest"])  # off at the indirect call
+    writer.pge(PROGRAM.labels["Dispatch_skip"])
+    writer.tnt(False)
+    writer.ovf()
+    writer.fup(PROGRAM.entry)
+    (tmp_path / "events.bin").write_bytes(writer.bytes())
+    for view in ("instructions", "path", "calltree", "functions"):
+        code, text = run("ipt", "flow", "--trace", tmp_path / "events.bin", "--image", files["image"], "--view", view)
+        assert code == 0
+        for words in ("[synchronized at fffff800`12341000", "[tracing disabled at fffff800`1234105f",
+                      "[tracing enabled at fffff800`12341022", "[overflow: packets lost",
+                      "[resumed after the overflow at fffff800`12341000"):
+            assert words in text, (view, words)
+    kinds = [event["kind"] for event in only_buffer(run_json(
+        "ipt", "flow", "--trace", tmp_path / "events.bin", "--image", files["image"]))["events"]]
+    assert kinds == ["sync", "disabled", "enabled", "overflow", "resumed"]
+
+
+def test_unreadable_code_is_a_gap_event_and_a_warning(files, tmp_path):
+    """The indirect call goes outside the image; the ret's TIP brings the trace back."""
+    writer = F.PacketWriter()
+    writer.psb_plus(PROGRAM.entry)
+    writer.tnt(True)                              # jbe taken: no Checksum
+    writer.tnt(True)                              # ret
+    writer.tnt(False)                             # jz not taken: the indirect call follows
+    writer.tip(0xFFFFF80099990000)                # into code we do not have
+    writer.tnt(True)                              # its branches, lost
+    writer.tip(PROGRAM.labels["Dispatch_skip"])   # its uncompressed return
+    writer.tnt(False)                             # jnz not taken
+    (tmp_path / "gap.bin").write_bytes(writer.bytes())
+    document = run_json("ipt", "flow", "--trace", tmp_path / "gap.bin", "--image", files["image"])
+    buffer = only_buffer(document)
+    assert [(event["kind"], event["ip"]) for event in buffer["events"]] == [
+        ("sync", PROGRAM.entry), ("gap", 0xFFFFF80099990000), ("resync", PROGRAM.labels["Dispatch_skip"])]
+    # call rax (reported: the code it calls is the gap), then dec ecx and jnz after the return
+    assert listed_ips(document)[-3:] == [PROGRAM.labels["Dispatch_skip"] + offset for offset in (-2, 0, 2)]
+    [gap] = document["problems"]
+    assert (gap["kind"], gap["severity"], gap["address"]) == ("ipt_gap", "warning", 0xFFFFF80099990000)
+    code, text = run("ipt", "flow", "--trace", tmp_path / "gap.bin", "--image", files["image"], "--view", "path")
+    assert "[gap: no code at fffff800`99990000" in text and "[resynchronized at fffff800`12341022" in text
+
+
+def test_cpu_selects_libipt_errata(files):
+    document = run_json("ipt", "flow", "--trace", files["trace"], "--image", files["image"], "--cpu", "6/0x5c/9",
+                        "--stats")
+    assert document["cpu"] == [6, 0x5C, 9] and document["errata"] == ["apl11", "apl12"]
+    code, text = run("ipt", "flow", "--trace", files["trace"], "--image", files["image"], "--cpu", "skylake")
+    assert code == 1 and "--cpu takes FAMILY/MODEL" in text and "Traceback" not in text
 
 
 def test_event_in_the_dump(files):
@@ -117,9 +261,27 @@ def test_event_in_the_dump(files):
     document = run_json("ipt", "event", "--dump", files["dump"], "--address", "%x" % info["event_address"])
     assert document["event"]["TraceSize"] == info["trace_size"]
     assert document["event"]["IptOptionFields"]["TraceCodeModeText"] == "kernel"
-    assert document["flow"]["instructions"] == info["instructions"]
+    assert document["flow"]["instruction_count"] == info["instructions"]
+    assert document["flow"]["path"]["entries"][0]["function"] == "iptdemo!Dispatch"
     code, text = run("ipt", "event", "--dump", files["dump"], "--address", "%x" % info["event_address"])
     assert code == 0 and "TraceCodeMode    1 (kernel)" in text and "iptdemo!CompleteRequest" in text
+
+
+def test_an_event_address_that_holds_no_event_is_refused_in_one_line(files):
+    module = files["info"]["module"]
+    code, text = run("ipt", "event", "--dump", files["dump"], "--address", "iptdemo+1000")
+    assert code == 1 and len(text.strip().splitlines()) == 1
+    assert "no IntelProcessorTrace event header at fffff800`12341000: found" in text and "--force" in text
+
+
+def test_a_picture_is_not_an_event(tmp_path):
+    picture = tmp_path / "pic.png"
+    picture.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4)
+    code, text = run("ipt", "event", "--trace", picture)
+    assert code == 1 and len(text.strip().splitlines()) == 1
+    assert "is not an IntelProcessorTrace event: found a PNG image (TraceMode" in text and "--force" in text
+    code, text = run("ipt", "event", "--trace", picture, "--force")
+    assert code == 0 and "IntelProcessorTrace event" in text
 
 
 def test_event_file_with_position(files, tmp_path):
@@ -127,9 +289,9 @@ def test_event_file_with_position(files, tmp_path):
     ring = trace[50:] + trace[:50]
     payload = sources.encode_event_header(1, 4, 8, 0x1000001, len(ring), 0) + ring
     (tmp_path / "event.bin").write_bytes(payload)
-    document = run_json("ipt", "event", "--trace", tmp_path / "event.bin", "--position", len(trace) - 50)
+    document = run_json("ipt", "event", "--trace", tmp_path / "event.bin", "--position", "%x" % (len(trace) - 50))
     assert document["source"]["position"] == len(trace) - 50
-    assert document["errors"] == [] and document["packets"]["packets"] > 0
+    assert document["problems"] == [] and document["packets"]["packets"] > 0 and document["flow"] is None
 
 
 def test_scan_the_dump(files):
@@ -151,13 +313,14 @@ def test_scan_an_etl_file(files, tmp_path):
     document = run_json("ipt", "scan", "--etl", path)
     assert [(e["process"], e["thread"], e["trace_size"], e["errors"]) for e in document["events"]] == \
         [(4, 8, len(trace), 0), (4, 8, len(trace), 0)]
-    assert any("needs 32 bytes" in note for note in document["notes"])
+    assert [(p["kind"], p["severity"]) for p in document["problems"]] == [("ipt_event_unreadable", "warning")]
+    assert "needs 32 bytes" in document["problems"][0]["message"]
     # the seed's workflow: the event from the .etl, the code from a dump of the same machine
     index = document["events"][0]["index"]
-    event = run_json("ipt", "event", "--etl", path, "--index", index, "--dump", files["dump"])
-    assert event["event"]["TraceSize"] == len(trace) and event["errors"] == []
-    assert event["flow"]["instructions"] == len(files["expected"]) and event["flow"]["errors"] == []
-    code, text = run("ipt", "event", "--etl", path, "--index", 99)
+    event = run_json("ipt", "event", "--etl", path, "--index", "%x" % index, "--dump", files["dump"])
+    assert event["event"]["TraceSize"] == len(trace) and event["problems"] == []
+    assert event["flow"]["instruction_count"] == len(files["expected"])
+    code, text = run("ipt", "event", "--etl", path, "--index", "0n99")
     assert code == 1 and "no IntelProcessorTrace event with index 99" in text
 
 
@@ -167,12 +330,15 @@ def test_windbg_event_and_flow_over_the_live_target(files):
     text, _ = run_windbg_script("ipt", ["event", "--address", "%x" % info["event_address"]], files["scenario"])
     assert "IntelProcessorTrace event" in text and "iptdemo!Dispatch" in text
     text, _ = run_windbg_script("ipt", ["flow", "--address", "%x" % info["trace_address"], "--size",
-                                        info["trace_size"], "--view", "path"], files["scenario"])
+                                        "%x" % info["trace_size"], "--view", "path"], files["scenario"])
     assert '<link cmd="u fffff800`12341000">' in text and "iptdemo!ValidateRequest" in text
+    text, _ = run_windbg_script("ipt", ["flow", "--address", "%x" % info["trace_address"], "--size",
+                                        "%x" % info["trace_size"]], files["scenario"])
+    assert '<link cmd="u fffff800`12341000 L1">' in text and "sub rsp, 0x28" in text
     text, _ = run_windbg_script("ipt", ["scan"], files["scenario"])
     assert "give a range to scan" in text  # a live session cannot list its memory
     text, _ = run_windbg_script("ipt", ["scan", "--start", "%x" % (info["event_address"] - 0x1000),
-                                        "--length", "0x3000"], files["scenario"])
+                                        "--length", "3000"], files["scenario"])
     assert "ipt.py event --address" in text  # a DML link to decode the event
 
 
@@ -183,26 +349,29 @@ def test_windbg_event_and_flow_over_the_live_target(files):
     (["ipt", "flow", "--trace", "TRACE", "--image", "nobase"], "FILE@BASE"),
     (["ipt", "packets", "--trace", "/nonexistent/trace.bin"], "cannot read"),
     (["ipt", "packets", "--trace", "TRACE", "--position", "999999"], "outside"),
-    (["ipt", "event", "--trace", "TRACE", "--address", "zz"], "not an address"),
+    (["ipt", "packets", "--trace", "TRACE", "--size", "12zz"], "'12zz'"),
+    (["ipt", "event", "--dump", "DUMP", "--address", "zz"], "zz"),
 ])
 def test_bad_arguments_are_one_line_errors(files, argv, message):
-    argv = [str(files["trace"]) if arg == "TRACE" else arg for arg in argv]
+    argv = [{"TRACE": str(files["trace"]), "DUMP": str(files["dump"])}.get(arg, arg) for arg in argv]
     code, text = run(*argv)
     assert code == 1 and message in text and "Traceback" not in text
+    assert len(text.strip().splitlines()) == 1
 
 
 def test_unreadable_trace_address_in_the_dump(files):
-    code, text = run("ipt", "packets", "--dump", files["dump"], "--address", "ffff900000000000", "--size", 64)
+    code, text = run("ipt", "packets", "--dump", files["dump"], "--address", "ffff900000000000", "--size", "40")
     assert code == 1 and "unreadable" in text
 
 
-def test_random_bytes_give_errors_not_a_crash(tmp_path):
+def test_random_bytes_give_problems_not_a_crash(tmp_path):
     import random
     generator = random.Random(3)
     data = bytes(generator.getrandbits(8) for _ in range(5000))
     (tmp_path / "noise.bin").write_bytes(data[:2000] + PSB + data[2000:])
     document = run_json("ipt", "packets", "--trace", tmp_path / "noise.bin")
-    assert document["errors"] and all("offset" in error for error in document["errors"])
+    assert document["problems"] and {problem["kind"] for problem in document["problems"]} == {"ipt_packet_error"}
+    assert all(isinstance(problem["offset"], int) for problem in document["problems"])
     code, text = run("ipt", "flow", "--trace", tmp_path / "noise.bin", "--image", "%s@0x%x" % (
         tmp_path / "noise.bin", BASE))
     assert code == 0
@@ -223,9 +392,12 @@ def test_flow_over_a_pe_file_maps_its_sections_and_names_exports(tmp_path):
     trace, expected = F.trace_program(program, 200, seed=5)
     (tmp_path / "t.bin").write_bytes(trace)
     image = "%s@0x%x" % (pe, image_base)
-    document = run_json("ipt", "flow", "--trace", tmp_path / "t.bin", "--image", image, "--view", "functions")
-    assert document["instructions"] == expected and document["errors"] == []
-    assert {row["function"] for row in document["functions"]} >= {"iptpe!Dispatch", "iptpe!ValidateRequest"}
+    document = run_json("ipt", "flow", "--trace", tmp_path / "t.bin", "--image", image)
+    assert listed_ips(document) == expected and document["problems"] == []
+    assert only_buffer(document)["instructions"][0]["symbol"] == "iptpe!Dispatch"
+    functions = run_json("ipt", "flow", "--trace", tmp_path / "t.bin", "--image", image, "--view", "functions")
+    assert {row["function"] for row in only_buffer(functions)["functions"]} >= {"iptpe!Dispatch",
+                                                                                 "iptpe!ValidateRequest"}
 
 
 def test_a_path_into_kebugcheckex_is_flagged(files, tmp_path):
@@ -234,4 +406,38 @@ def test_a_path_into_kebugcheckex_is_flagged(files, tmp_path):
     writer.tnt(True)
     (tmp_path / "bugcheck.bin").write_bytes(writer.bytes())
     document = run_json("ipt", "flow", "--trace", tmp_path / "bugcheck.bin", "--dump", files["dump"])
-    assert any("nt!KeBugCheckEx" in warning for warning in document["warnings"])
+    warning = document["problems"][0]
+    assert (warning["kind"], warning["severity"], warning["address"]) == (
+        "ipt_suspicious_path", "warning", 0xFFFFF80000001000)
+    assert "nt!KeBugCheckEx" in warning["message"]
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_long_decodes_show_progress_on_a_terminal_only(files, tmp_path):
+    program = F.random_program(BASE, functions=40, seed=1)
+    trace, expected = F.trace_program(program, 300000, seed=2)
+    (tmp_path / "big.bin").write_bytes(trace)
+    (tmp_path / "code.bin").write_bytes(program.code)
+    argv = ["ipt", "flow", "--trace", str(tmp_path / "big.bin"), "--image", "%s@%x" % (tmp_path / "code.bin", BASE),
+            "--stats"]
+    terminal, results = Terminal(), io.StringIO()
+    assert main(argv, stream=results, error_stream=terminal) == 0
+    assert "\rdecoding: " in terminal.getvalue() and "instructions: %d" % len(expected) in results.getvalue()
+    plain = io.StringIO()
+    assert main(argv, stream=io.StringIO(), error_stream=plain) == 0
+    assert plain.getvalue() == ""
+
+
+def test_scripts_use_the_public_api(files):
+    import dbgext.ipt
+    result = dbgext.ipt.analyze(None, "flow", trace=str(files["trace"]), images=[(str(files["folder"] / "code.bin"),
+                                                                                   BASE)], view="functions")
+    assert isinstance(result, dbgext.ipt.FlowAnalysis) and result.problems == []
+    assert result.buffers[0].instruction_count == len(files["expected"])
+    document = result.as_dict()
+    assert document["schema_version"] == dbgext.ipt.SCHEMA_VERSION == 1
+    assert json.loads(json.dumps(document)) == document

@@ -109,7 +109,7 @@ def test_wrapped_rings_decode_from_the_oldest_psb_at_every_wrap_position_class(l
         got = decode_packets(buffer.data)
         assert [(buffer.original_offset(p.offset), p.type, p.fields) for p in got.packets] == \
             [(p.offset % size, p.type, p.fields) for p in expected.packets], name
-        assert got.errors == [], name
+        assert got.problems == [], name
         flow = decode_flow(buffer.data, CODE)
         assert flow.instructions == decode_flow(linear_trace, CODE, start=start).instructions, name
 

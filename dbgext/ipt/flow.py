@@ -20,9 +20,11 @@ line:
   resumes at the next PSB.
 """
 
-import capstone
+import os
 
+from ..disasm import Disassembler, base_mnemonic
 from ..errors import BadInput, UnreadableMemory
+from ..pe import PEImage
 from ..problems import ProblemLog
 from . import packets as P
 
@@ -36,12 +38,14 @@ B_JUMP = 1       # direct jmp (and call $+5): nothing from the trace
 B_CALL = 2       # direct call: push the return address
 B_RET = 3        # near ret: compressed (TNT bit) or TIP
 B_INDIRECT_CALL = 4
-B_INDIRECT = 5   # indirect jmp, far transfers, syscall/sysret/iret/int: a TIP
-B_STOP = 6       # undecodable or unreadable code at block.end
+B_INDIRECT = 5   # indirect jmp, far jmp: a TIP
+B_FAR_CALL = 6   # syscall, sysenter, int n, far call, vmcall: a TIP
+B_FAR_RET = 7    # iret, sysret, sysexit, far ret, vmlaunch/vmresume: a TIP
+B_STOP = 8       # undecodable or unreadable code at block.end
 
-_FAR = {"iret", "iretd", "iretq", "retf", "retfq", "ljmp", "lcall", "syscall", "sysret", "sysretq",
-        "sysenter", "sysexit", "sysexitq", "int", "int1", "int3", "into", "vmlaunch", "vmresume",
-        "vmcall", "vmmcall"}
+_FAR_CALLS = {"syscall", "sysenter", "int", "int1", "int3", "into", "lcall", "vmcall", "vmmcall"}
+_FAR_RETURNS = {"iret", "iretd", "iretq", "retf", "retfq", "sysret", "sysretq", "sysexit", "sysexitq",
+                "vmlaunch", "vmresume"}
 _COND_EXTRA = {"loop", "loope", "loopne", "jrcxz", "jecxz", "jcxz"}
 
 # Errata whose workaround ignores a TIP.PGD right after an OVF (see errata.py).
@@ -68,17 +72,24 @@ class Block(object):
 
 
 class CodeImage(object):
-    """Code bytes by address: a Target (live or dump) or file images placed at bases."""
+    """Code bytes by address: a Target (live or dump) and/or images placed at bases.
+
+    ``images``: [(base, bytes already in memory layout, or a dbgext.pe.PEImage)]."""
 
     def __init__(self, target=None, images=()):
         self.target = target
-        self.images = sorted(images)  # [(base, bytes)]
+        self.images = []  # (base, size, read(offset, size))
+        for base, image in sorted(images, key=lambda entry: entry[0]):
+            if isinstance(image, PEImage):
+                self.images.append((base, image.size_of_image, image.read_partial))
+            else:
+                self.images.append((base, len(image), _slicer(image)))
 
     def read_upto(self, address, size):
         """Up to ``size`` bytes at ``address``, stopping at the first unreadable byte."""
-        for base, data in self.images:
-            if base <= address < base + len(data):
-                return data[address - base:address - base + size]
+        for base, length, read in self.images:
+            if base <= address < base + length:
+                return read(address - base, min(size, base + length - address))
         if self.target is None:
             return b""
         try:
@@ -92,11 +103,14 @@ class CodeImage(object):
                 return b""
 
 
-def read_code_file(path):
-    """(bytes as mapped in memory, {rva: exported name}) of a code image file.
+def _slicer(data):
+    return lambda offset, size: data[offset:offset + size]
 
-    A PE file (MZ) is laid out section by section as the loader maps it (pefile);
-    anything else is taken as raw bytes already in memory layout."""
+
+def read_code_file(path):
+    """(code image, {rva: exported name}) of a code image file: a PE file (MZ) as
+    the loader maps it (dbgext.pe), anything else as raw bytes already in memory
+    layout."""
     try:
         with open(path, "rb") as handle:
             data = handle.read()
@@ -104,19 +118,8 @@ def read_code_file(path):
         raise BadInput("cannot read %s: %s" % (path, error.strerror or error))
     if not data.startswith(b"MZ"):
         return data, {}
-    import pefile
-    try:
-        pe = pefile.PE(data=data, fast_load=True)
-        pe.parse_data_directories(directories=[pefile.DIRECTORY_ENTRY["IMAGE_DIRECTORY_ENTRY_EXPORT"]])
-        mapped = pe.get_memory_mapped_image()
-    except pefile.PEFormatError as error:
-        raise BadInput("%s is not a usable PE image: %s" % (path, error))
-    exports = {}
-    directory = getattr(pe, "DIRECTORY_ENTRY_EXPORT", None)
-    for symbol in (directory.symbols if directory else []):
-        if symbol.name and symbol.address:
-            exports[symbol.address] = symbol.name.decode("ascii", "replace")
-    return mapped, exports
+    image = PEImage.from_bytes(data, os.path.basename(path))
+    return image, dict(image.exports)
 
 
 class BlockCache(object):
@@ -127,6 +130,9 @@ class BlockCache(object):
         self.by_mode = {}
         self._disassemblers = {}
         self.blocks_built = 0
+        self.ends = {}  # address of each block's last instruction -> block kind (for the views)
+        self._modes = {}
+        self._modes_at = -1
 
     def blocks(self, mode):
         table = self.by_mode.get(mode)
@@ -135,18 +141,31 @@ class BlockCache(object):
         return table
 
     def _disassembler(self, mode):
-        cs = self._disassemblers.get(mode)
-        if cs is None:
-            cs = capstone.Cs(capstone.CS_ARCH_X86, {MODE_16: capstone.CS_MODE_16, MODE_32: capstone.CS_MODE_32,
-                                                    MODE_64: capstone.CS_MODE_64}[mode])
-            self._disassemblers[mode] = cs
-        return cs
+        disassembler = self._disassemblers.get(mode)
+        if disassembler is None:
+            disassembler = self._disassemblers[mode] = Disassembler(mode)
+        return disassembler
 
     def build(self, address, mode):
         block = self._decode(address, mode)
         self.blocks(mode)[address] = block
         self.blocks_built += 1
+        if block.insns and block.kind != B_STOP:
+            self.ends[block.insns[-1]] = block.kind
         return block
+
+    def disassemble(self, address):
+        """``mnemonic operands`` of the instruction at ``address`` in the mode the
+        decode walked it in (64-bit when it was not walked)."""
+        if self._modes_at != self.blocks_built:
+            self._modes = {insn: mode for mode, table in self.by_mode.items() for block in table.values()
+                           for insn in block.insns}
+            self._modes_at = self.blocks_built
+        mode = self._modes.get(address, MODE_64)
+        insn = self._disassembler(mode).one(self.code.read_upto(address, 15), address)
+        if insn is None:
+            return "(undecodable)"
+        return ("%s %s" % (insn[2], insn[3])).strip()
 
     def _decode(self, start, mode):
         cs = self._disassembler(mode)
@@ -159,7 +178,7 @@ class BlockCache(object):
                 return Block(start, tuple(insns), B_STOP, None, cursor, cursor,
                              "code at 0x%x is unreadable" % cursor)
             decoded_to = cursor
-            for address, size, mnemonic, operands in cs.disasm_lite(chunk, cursor):
+            for address, size, mnemonic, operands in cs.decode(chunk, cursor):
                 insns.append(address)
                 decoded_to = address + size
                 kind = _classify(mnemonic, operands)
@@ -185,7 +204,7 @@ class BlockCache(object):
 def _classify(mnemonic, operands):
     """Block kind of a branch instruction, None for everything else."""
     if " " in mnemonic:  # prefixed: "repz ret", "bnd call", "notrack jmp"
-        mnemonic = mnemonic.rsplit(" ", 1)[1]
+        mnemonic = base_mnemonic(mnemonic)
     first = mnemonic[0]
     if first == "j":
         if mnemonic == "jmp":
@@ -197,8 +216,12 @@ def _classify(mnemonic, operands):
         return B_RET
     if mnemonic in _COND_EXTRA:
         return B_COND
-    if mnemonic in _FAR:
+    if mnemonic in _FAR_CALLS:
+        return B_FAR_CALL
+    if mnemonic == "ljmp":
         return B_INDIRECT
+    if mnemonic in _FAR_RETURNS:
+        return B_FAR_RET
     return None
 
 
@@ -294,11 +317,13 @@ class FlowDecoder(object):
         self.suspicious = dict(suspicious or {})
         self.errata = frozenset(errata)
 
-    def decode(self, data, start=0, end=None, max_insns=None, sink=None):
+    def decode(self, data, start=0, end=None, max_insns=None, sink=None, progress=None, result=None):
         """Decode ``data[start:end]`` to the end.  Committed instructions go, in chunks,
         to ``sink(chunk)`` when given; the first ``max_insns`` (all when None) are also
-        kept in ``result.instructions``."""
-        result = FlowResult()
+        kept in ``result.instructions``.  ``progress(trace offset, instructions)`` is
+        called after each chunk.  ``result``: a FlowResult to fill (a view reading its
+        events as they come holds it before the decode starts)."""
+        result = result if result is not None else FlowResult()
         listing = result.instructions
         limit = max_insns
 
@@ -311,7 +336,7 @@ class FlowDecoder(object):
             if sink is not None:
                 sink(chunk)
 
-        _Walk(self, result, flow_items(data, start, end), keep).run()
+        _Walk(self, result, flow_items(data, start, end), keep, progress).run()
         result.blocks_built = self.cache.blocks_built
         return result
 
@@ -319,7 +344,7 @@ class FlowDecoder(object):
 class _Walk(object):
     """The state of one decode: trace position, IP, mode, TNT bits, return stack."""
 
-    def __init__(self, decoder, result, items, sink):
+    def __init__(self, decoder, result, items, sink, progress=None):
         self.cache = decoder.cache
         self.suspicious = decoder.suspicious
         self.errata = decoder.errata
@@ -328,6 +353,7 @@ class _Walk(object):
         self.out = []            # instructions walked and not yet handed to the sink
         self.flushed = 0         # instructions handed to the sink before out[0]
         self.sink = sink
+        self.progress = progress
         self.items = items
         self.mode = MODE_64
         self.retstack = []
@@ -400,6 +426,8 @@ class _Walk(object):
         self.committed = 0
         self.resumed_at = self.resumed_at - count if self.resumed_at >= count else -1
         self.sink(chunk)
+        if self.progress is not None:
+            self.progress(self.last_offset, self.flushed)
 
     def reset(self):
         self.bits = ""
@@ -669,7 +697,7 @@ class _Walk(object):
                     save()
                     async_ip, disable_target = self.pending_event()
                 idle_blocks = 0
-            elif kind == B_INDIRECT or kind == B_INDIRECT_CALL:
+            elif kind != B_STOP:  # indirect and far transfers
                 extend(block.insns)
                 save()
                 # TNT bits still cached stay for the branches after this one, as in libipt.

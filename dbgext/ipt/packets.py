@@ -15,6 +15,8 @@ import re
 import struct
 from collections import Counter
 
+from ..problems import ProblemLog
+
 PSB = b"\x02\x82" * 8
 
 # Token kinds yielded by tokens().
@@ -370,13 +372,13 @@ class Packet(object):
 
 
 class PacketDecode(object):
-    """Result of decode_packets: packets in order, errors as (offset, message)."""
+    """Result of decode_packets: packets in order, and the packets that did not decode."""
 
-    __slots__ = ("packets", "errors", "truncated")
+    __slots__ = ("packets", "problems", "truncated")
 
     def __init__(self):
         self.packets = []
-        self.errors = []
+        self.problems = ProblemLog()
         self.truncated = False  # stopped at max_packets
 
 
@@ -422,7 +424,7 @@ def decode_packets(data, start=0, end=None, max_packets=None):
                 size = _OTHER_SIZES[name]
             append(Packet(offset, name, size, fields))
         elif kind == K_ERROR:
-            result.errors.append((offset, value))
+            result.problems.add("ipt_packet_error", None, value, offset=offset)
         else:
             append(Packet(offset, _simple_name(kind), _FIXED_SIZES[kind], {}))
         if 0 <= limit < len(packets):
@@ -438,14 +440,14 @@ PACKET_TYPES = ("pad", "tnt8", "tnt64", "tip", "tip.pge", "tip.pgd", "fup", "psb
 
 
 class PacketStats(object):
-    """Totals of a decode: packets per type, bytes covered, errors."""
+    """Totals of a decode: packets per type, bytes covered, the packets that did not decode."""
 
-    __slots__ = ("counts", "bytes", "errors")
+    __slots__ = ("counts", "bytes", "problems")
 
     def __init__(self, size):
         self.counts = dict.fromkeys(PACKET_TYPES, 0)
         self.bytes = size
-        self.errors = []
+        self.problems = ProblemLog()
 
     @property
     def packets(self):
@@ -454,7 +456,7 @@ class PacketStats(object):
     def as_dict(self):
         return {"bytes": self.bytes, "packets": self.packets,
                 "types": {name: count for name, count in self.counts.items() if count},
-                "errors": len(self.errors)}
+                "errors": self.problems.count()}
 
 
 def _key_type(key):
@@ -516,7 +518,7 @@ def packet_stats(data, start=0, end=None):
         elif kind == K_MODE or kind == K_OTHER:
             counts[value[0]] += 1
         elif kind == K_ERROR:
-            stats.errors.append((offset, value))
+            stats.problems.add("ipt_packet_error", None, value, offset=offset)
         else:
             counts[_simple_name(kind)] += 1
     return stats

@@ -1,16 +1,39 @@
-"""Text rendering of the ipt views (tables through Output, DML links inside WinDbg)."""
+"""Text rendering of ipt results (tables through Output, DML links inside WinDbg).
 
-MAX_TEXT_ROWS = 100000
+Renderers format what the result holds; they compute nothing.  Events (enabled,
+disabled, overflow, gap, resync...) appear in every flow view: between the rows
+of the instruction and path listings, under their node in the call tree, and as a
+list after the function counts and the totals."""
+
+from ..render.text import hexaddr
+
+EVENT_WORDS = {"enabled": "tracing enabled at", "disabled": "tracing disabled", "sync": "synchronized at",
+               "overflow": "overflow: packets lost", "resumed": "resumed after the overflow at",
+               "interrupt": "asynchronous transfer (interrupt) from", "gap": "gap: no code at",
+               "resync": "resynchronized at"}
+
+
+def _address(value):
+    return hexaddr(value) if value is not None else "-"
+
+
+def event_text(event):
+    words = EVENT_WORDS.get(event["kind"], event["kind"])
+    if event["kind"] == "disabled":
+        where = " at %s" % hexaddr(event["ip"]) if event["ip"] is not None else ""
+        return "[%s%s, trace offset 0x%x]" % (words, where, event["offset"])
+    if event["ip"] is None:
+        return "[%s, trace offset 0x%x]" % (words, event["offset"])
+    return "[%s %s, trace offset 0x%x]" % (words, hexaddr(event["ip"]), event["offset"])
 
 
 def _details(row):
-    skip = ("offset", "type")
     parts = []
     for key, value in row.items():
-        if key in skip:
+        if key in ("offset", "type"):
             continue
-        if key == "ip":
-            parts.append("ip=%s" % ("suppressed" if value is None else "0x%x" % value))
+        if key == "ip" and row["type"] in ("tip", "tip.pge", "tip.pgd", "fup"):
+            parts.append("ip=%s" % ("suppressed" if value is None else hexaddr(value)))
         elif isinstance(value, int) and key in ("cr3", "base", "payload", "tsc", "hints", "ext"):
             parts.append("%s=0x%x" % (key, value))
         else:
@@ -21,59 +44,88 @@ def _details(row):
 def source_lines(out, buffer):
     text = "trace: %s, %d bytes" % (buffer.origin, len(buffer.data))
     if buffer.address is not None:
-        text += " at 0x%x" % buffer.address
+        text += " at %s" % hexaddr(buffer.address)
     if buffer.ring_start:
-        text += ", ring unrolled from position %d" % buffer.ring_start
+        text += ", ring unrolled from position 0x%x" % buffer.ring_start
     out.line(text)
     for note in buffer.notes:
         out.line("note: %s" % note)
 
 
-def errors(out, rows, title="errors"):
-    if rows:
-        out.line("%s (%d):" % (title, len(rows)))
-        for row in rows[:MAX_TEXT_ROWS]:
-            out.line("  offset %d: %s" % (row["offset"], row["message"]))
+def problems(out, log, title="problems"):
+    if log:
+        out.line("%s (%d):" % (title, log.count()))
+        for problem in log:
+            out.line("  %s" % problem)
 
 
-def packets(out, buffer, rows, error_rows, truncated):
-    source_lines(out, buffer)
-    table = [("%d" % row["offset"], row["type"], _details(row)) for row in rows[:MAX_TEXT_ROWS]]
-    out.table(table, headers=("offset", "packet", "payload"))
-    if truncated or len(rows) > MAX_TEXT_ROWS:
-        out.line("(listing cut; use --max-packets or --json)")
-    errors(out, error_rows)
+def _counts(out, title, counts):
+    out.line("%s:" % title)
+    for name, count in counts.items():
+        out.line("  %-10s %d" % (name, count))
 
 
-def stats(out, document):
-    for key, value in document.items():
-        if isinstance(value, dict):
-            out.line("%s:" % key)
-            for name, count in value.items():
-                out.line("  %-10s %d" % (name, count))
-        else:
-            out.line("%s: %s" % (key, value))
+def packets(out, result, windbg=False):
+    for buffer in result.buffers:
+        source_lines(out, buffer.source)
+        if buffer.packets is not None:
+            rows = [("0x%x" % buffer.source.original_offset(packet.offset), packet.type,
+                     _details(dict(packet.as_dict(), type=packet.type))) for packet in buffer.packets]
+            out.table(rows, headers=("offset", "packet", "payload"))
+            if buffer.listing_truncated:
+                out.line("(listed %d of %d packets: --max-packets N lists more; --stats counts them all)"
+                         % (len(buffer.packets), buffer.stats.packets))
+        totals = buffer.stats.as_dict()
+        out.line("bytes: %d" % totals["bytes"])
+        out.line("packets: %d" % totals["packets"])
+        _counts(out, "types", totals["types"])
+        out.line("errors: %d" % totals["errors"])
+    problems(out, result.problems)
 
 
-def instructions(out, rows, format_address, windbg_links=True):
+def _merged(rows, events, row_index):
+    """Rows and event lines in instruction order: [(event or None, row or None)]."""
+    merged = []
+    pending = list(events)
+    for row in rows:
+        while pending and pending[0]["index"] <= row_index(row):
+            merged.append((pending.pop(0), None))
+        merged.append((None, row))
+    return merged + [(event, None) for event in pending]
+
+
+def _instructions(out, buffer, windbg):
     table = []
     links = {}
-    for index, row in enumerate(rows[:MAX_TEXT_ROWS]):
-        address = format_address(row["ip"])
-        table.append((address, row["symbol"]))
-        if windbg_links:
-            links[(index, 0)] = "u %s L1" % address
-    out.table(table, headers=("address", "symbol"), links=links)
+    for event, row in _merged(buffer.rows, buffer.events, lambda row: row["index"]):
+        if event is not None:
+            table.append(("", "", event_text(event)))
+            continue
+        address = hexaddr(row["ip"])
+        if windbg:
+            links[(len(table), 0)] = "u %s L1" % address
+        table.append((address, row["symbol"], row["text"]))
+    out.table(table, headers=("address", "symbol", "instruction"), links=links)
+    listing = buffer.as_dict()["listing"]
+    if listing["truncated"]:
+        out.line("(listed %d of %d instructions: --max-insns N lists more; --stats and the other views cover "
+                 "them all)" % (listing["listed"], buffer.instruction_count))
 
 
-def path(out, entries, format_address):
+def _path(out, data, events, windbg):
     table = []
     links = {}
-    for index, entry in enumerate(entries[:MAX_TEXT_ROWS]):
-        address = format_address(entry["first"])
+    for event, entry in _merged(data["entries"], events, lambda entry: entry["index"]):
+        if event is not None:
+            table.append(("", event_text(event), ""))
+            continue
+        address = hexaddr(entry["first"])
+        if windbg:
+            links[(len(table), 0)] = "u %s" % address
         table.append((address, entry["function"], "%d" % entry["instructions"]))
-        links[(index, 0)] = "u %s" % address
     out.table(table, headers=("entered at", "function", "instructions"), links=links)
+    if data["truncated"]:
+        out.line("(listed %d of %d path entries)" % (len(data["entries"]), data["total_entries"]))
 
 
 def call_tree(out, root):
@@ -83,10 +135,11 @@ def call_tree(out, root):
     lines = []
 
     def visit(node, depth):
-        if len(lines) >= MAX_TEXT_ROWS:
-            return
-        lines.append("%s%s  calls=%d insns=%d" % ("  " * depth, node["function"], node["calls"],
-                                                 node["instructions"]))
+        via = "" if node["via"] in ("root", "call") else " [%s]" % node["via"]
+        lines.append("%s%s%s  calls=%d insns=%d" % ("  " * depth, node["function"], via, node["calls"],
+                                                   node["instructions"]))
+        for event in node["events"]:
+            lines.append("%s  %s" % ("  " * depth, event_text(event)))
         for child in node["children"]:
             visit(child, depth + 1)
 
@@ -95,9 +148,41 @@ def call_tree(out, root):
     out.lines(lines)
 
 
-def function_counts(out, rows):
-    out.table([(row["function"], "%d" % row["instructions"]) for row in rows[:MAX_TEXT_ROWS]],
-              headers=("function", "instructions"))
+def _event_list(out, events):
+    if events:
+        out.line("events (%d):" % len(events))
+        for event in events:
+            out.line("  before instruction %d: %s" % (event["index"], event_text(event)))
+
+
+def flow_buffer(out, buffer, windbg, view):
+    source_lines(out, buffer.source)
+    if buffer.stats:
+        out.line("instructions: %d" % buffer.instruction_count)
+        out.line("blocks: %d" % buffer.decode.blocks_built)
+        _event_list(out, buffer.events)
+        return
+    if view == "instructions":
+        _instructions(out, buffer, windbg)
+    elif view == "path":
+        _path(out, buffer.view_data, buffer.events, windbg)
+    elif view == "calltree":
+        call_tree(out, buffer.view_data)
+        _event_list(out, buffer.events)
+    else:
+        out.table([(row["function"], "%d" % row["instructions"]) for row in buffer.view_data],
+                  headers=("function", "instructions"))
+        _event_list(out, buffer.events)
+    out.line("%d instructions" % buffer.instruction_count)
+
+
+def flow(out, result, windbg=False):
+    if result.errata:
+        out.line("errata workarounds for CPU %s: %s" % ("/".join(str(part) for part in result.cpu),
+                                                       ", ".join(sorted(result.errata))))
+    for buffer in result.buffers:
+        flow_buffer(out, buffer, windbg, result.view)
+    problems(out, result.problems)
 
 
 def event_header(out, header):
@@ -114,3 +199,34 @@ def event_header(out, header):
     out.line("    TraceSessionMode %d (%s)" % (option["TraceSessionMode"], option["TraceSessionModeText"]))
     out.line("    TraceChild       %d" % option["TraceChild"])
     out.line("    TraceCodeMode    %d (%s)" % (option["TraceCodeMode"], option["TraceCodeModeText"]))
+
+
+def event(out, result, windbg=False):
+    event_header(out, result.header)
+    source_lines(out, result.source)
+    _counts(out, "packets", result.stats.as_dict()["types"])
+    if result.flow is not None:
+        out.line("path (%d instructions):" % result.flow.instruction_count)
+        _path(out, result.flow.view_data, result.flow.events, windbg)
+    problems(out, result.problems)
+
+
+def scan(out, result, windbg=False):
+    if result.source != "memory":
+        table = [("%d" % row["index"], "%d" % row["process"], "%d" % row["thread"], "%d" % row["trace_size"],
+                  "%d" % row["trace_position"], "%d" % row["packets"], "%d" % row["errors"]) for row in result.events]
+        out.table(table, headers=("event", "process", "thread", "trace size", "position", "packets", "errors"))
+    else:
+        table = []
+        links = {}
+        for index, row in enumerate(result.events):
+            address = hexaddr(row["address"])
+            table.append((address, "%d" % row["process"], "%d" % row["thread"], "%d" % row["trace_size"],
+                          "%d" % row["trace_position"], "yes" if row["psb_at_start"] else "no"))
+            links[(index, 0)] = "!py ipt.py event --address %s" % address
+        out.table(table, headers=("event", "process", "thread", "trace size", "position", "PSB first"),
+                  links=links if windbg else None)
+    problems(out, result.problems, "notes")
+
+
+RENDERERS = {"packets": packets, "flow": flow, "event": event, "scan": scan}

@@ -16,6 +16,7 @@ import re
 import struct
 
 from ..errors import BadInput, UnreadableMemory
+from ..render.text import hexaddr
 from .packets import PSB
 
 IPT_PROVIDER_GUID = "ff1fd2fd-6008-42bb-9e75-00a20051f3be"
@@ -129,7 +130,7 @@ def from_target(target, address, size, position=None):
         raise UnreadableMemory(address, size)
     buffer = unwrap(read.data, position, "memory", address)
     for start, end in read.holes:
-        buffer.notes.append("bytes 0x%x..0x%x are unreadable (decoded as PAD/zero)" % (start, end))
+        buffer.notes.append("bytes %s..%s are unreadable (decoded as PAD/zero)" % (hexaddr(start), hexaddr(end)))
     return buffer
 
 
@@ -189,7 +190,7 @@ def event_from_target(target, address, position=None):
     header = parse_event_header(target.read(address, EVENT_HEADER.size))
     size = header["TraceSize"]
     if size > MAX_TRACE_SIZE:
-        raise BadInput("IPT event at 0x%x: TraceSize %d is implausible" % (address, size))
+        raise BadInput("IPT event at %s: TraceSize %d is implausible" % (hexaddr(address), size))
     read = target.try_read(address + EVENT_HEADER.size, size)
     trace = read.data
     if read.holes:
@@ -197,7 +198,7 @@ def event_from_target(target, address, position=None):
         trace = trace[:read.holes[0][0] - read.address]
     buffer = event_buffer(header, trace, "event", address + EVENT_HEADER.size, position)
     if read.holes:
-        buffer.notes.append("trace bytes from 0x%x are unreadable" % read.holes[0][0])
+        buffer.notes.append("trace bytes from %s are unreadable" % hexaddr(read.holes[0][0]))
     return buffer
 
 
@@ -249,6 +250,15 @@ def process_trace_buffers(data, pointer_size=8, origin="process trace"):
         raise BadInput("IPT_TRACE_DATA holds no thread trace (%s)" % ("; ".join(problems) or "empty"))
     buffers[-1].notes.extend(problems)
     return buffers
+
+
+def process_trace_from_target(target, address):
+    """ipt.sys's IPT_TRACE_DATA at ``address`` in the target: one TraceBuffer per thread."""
+    total = target.unpack("<HHI", address)[2]
+    if total > MAX_TRACE_SIZE:
+        raise BadInput("IPT_TRACE_DATA at %s: TraceSize %d is implausible" % (hexaddr(address), total))
+    data = target.try_read(address, TRACE_DATA_HEADER.size + total).data
+    return process_trace_buffers(data, target.pointer_size, "process trace at %s" % hexaddr(address))
 
 
 # -- finding IPT events in memory ------------------------------------------------------
@@ -319,6 +329,6 @@ def scan_target(target, start=0, end=None, max_events=1000, max_bytes=1 << 30):
             scanned += span
             cursor += span
             if scanned >= max_bytes:
-                notes.append("stopped after scanning %d bytes (at 0x%x)" % (scanned, cursor))
+                notes.append("stopped after scanning %d bytes (at %s)" % (scanned, hexaddr(cursor)))
                 return events, notes
     return events, notes

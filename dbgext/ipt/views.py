@@ -1,10 +1,16 @@
-"""Layer 4: views of a decode as plain data (rendering is in render.py).
+"""Layer 4: views of a flow decode, built while the decode runs, as plain data
+(rendering is in render.py).
 
-* packet listing;
-* instruction listing with ``module!symbol+off``;
-* condensed path: one entry per stretch of instructions in one function;
-* call tree with call counts;
-* per-function instruction counts.
+Each view is fed the committed instructions chunk by chunk (``feed``), so a trace
+of any size is viewed without holding its instructions; ``finish`` returns the
+view's data.  Events (enabled, disabled, sync, overflow, interrupt, gap, resync...)
+come from the decode's event list, by instruction index.
+
+* :class:`FunctionPath`: one entry per stretch of instructions in one function;
+* :class:`CallTree`: who called whom, with call and instruction counts; an
+  asynchronous transfer (interrupt, exception) opens a node of its own under the
+  interrupted function, closed by the handler's iret;
+* :class:`FunctionCounts`: instructions per function.
 
 ``namer`` turns an address into text; :class:`Namer` caches the target's symbolizer
 and derives the function (``module!symbol``) from it.
@@ -13,10 +19,14 @@ and derives the function (``module!symbol``) from it.
 import bisect
 from collections import Counter, OrderedDict
 
-from .flow import B_CALL, B_INDIRECT_CALL, B_RET
+from .flow import B_CALL, B_FAR_CALL, B_FAR_RET, B_INDIRECT_CALL, B_RET
 
+MAX_ROWS = 100000
 MAX_TREE_DEPTH = 64
 MAX_TREE_NODES = 10000
+MAX_NODE_EVENTS = 100
+# Events after which the call stack the trace built up is no longer known.
+STACK_LOST = frozenset(("sync", "overflow", "resumed", "gap", "resync", "enabled"))
 
 
 class Namer(object):
@@ -62,94 +72,164 @@ class Namer(object):
         return function
 
 
-def packet_rows(decode, buffer):
-    """Packets as dicts with offsets in the stored buffer (ring positions mapped back)."""
-    rows = []
-    for packet in decode.packets:
-        row = packet.as_dict()
-        row["offset"] = buffer.original_offset(packet.offset)
-        rows.append(row)
-    return rows
+def event_row(event):
+    index, kind, offset, ip = event
+    return {"index": index, "kind": kind, "offset": offset, "ip": ip}
 
 
-def error_rows(errors, buffer):
-    return [{"offset": buffer.original_offset(offset), "message": message} for offset, message in errors]
+class FunctionPath(object):
+    """Consecutive instructions in one function folded into one entry
+    {"function", "first", "index", "instructions"}; at most ``limit`` entries
+    are kept (``truncated`` says so), the counts go on."""
+
+    def __init__(self, namer, limit=MAX_ROWS):
+        self.namer = namer
+        self.limit = limit
+        self.entries = []
+        self.total_entries = 0
+        self.index = 0
+        self._current = None
+        self._function = None
+
+    def feed(self, chunk):
+        function_of = self.namer.function
+        current, current_function = self._current, self._function
+        entries = self.entries
+        index = self.index
+        for ip in chunk:
+            function = function_of(ip)
+            if function != current_function:
+                current_function = function
+                current = {"function": function, "first": ip, "index": index, "instructions": 0}
+                self.total_entries += 1
+                if len(entries) < self.limit:
+                    entries.append(current)
+            current["instructions"] += 1
+            index += 1
+        self.index = index
+        self._current, self._function = current, current_function
+
+    def finish(self):
+        return {"entries": self.entries, "total_entries": self.total_entries,
+                "truncated": self.total_entries > len(self.entries)}
 
 
-def instruction_rows(instructions, namer):
-    return [{"ip": ip, "symbol": namer.name(ip)} for ip in instructions]
+class CallTree(object):
+    """Who called whom.  ``ends``: {address of a block's last instruction: block kind}
+    (BlockCache.ends); ``events``: the decode's event list (read as it grows).
 
+    The root is the function the trace starts in.  Depth and node count are
+    bounded: past them, instructions are counted in the deepest node allowed."""
 
-def function_path(instructions, namer):
-    """Consecutive instructions in one function folded into one entry."""
-    path = []
-    current = None
-    for ip in instructions:
-        function = namer.function(ip)
-        if current is None or current["function"] != function:
-            current = {"function": function, "first": ip, "instructions": 0}
-            path.append(current)
-        current["instructions"] += 1
-    return path
+    def __init__(self, namer, ends, events):
+        self.namer = namer
+        self.ends = ends
+        self.events = events
+        self.next_event = 0
+        self.index = 0
+        self.root = None
+        self.stack = []
+        self.nodes = 0
+        self.pending = None  # what the last instruction started: "call" or "interrupt"
 
+    def _enter(self, ip, how):
+        parent = self.stack[-1]
+        name = self.namer.function(ip)
+        key = (name, how)
+        child = parent["_children"].get(key)
+        if child is None:
+            if self.nodes >= MAX_TREE_NODES or len(self.stack) >= MAX_TREE_DEPTH:
+                child = parent  # keep counting in the parent rather than grow without bound
+            else:
+                child = parent["_children"][key] = _node(name, how)
+                self.nodes += 1
+        if child is not parent:
+            child["calls"] += 1
+        self.stack.append(child)
 
-def branch_kinds(cache):
-    """Address of each block-ending call/ret -> its kind, from the flow's block cache."""
-    kinds = {}
-    for table in cache.by_mode.values():
-        for block in table.values():
-            if block.kind in (B_CALL, B_INDIRECT_CALL, B_RET) and block.insns:
-                kinds[block.insns[-1]] = block.kind
-    return kinds
+    def _apply_events(self, index):
+        events = self.events
+        while self.next_event < len(events) and events[self.next_event][0] <= index:
+            event = events[self.next_event]
+            self.next_event += 1
+            kind = event[1]
+            if self.stack and len(self.stack[-1]["events"]) < MAX_NODE_EVENTS:
+                self.stack[-1]["events"].append(event_row(event))
+            if kind == "interrupt":
+                self.pending = "interrupt"
+            elif kind in STACK_LOST and self.root is not None:
+                del self.stack[1:]
+                self.pending = "resume"
 
-
-def call_tree(instructions, kinds, namer):
-    """Who called whom, with call and instruction counts.
-
-    Returns the root node {"function", "calls", "instructions", "children": [...]};
-    the root is the function the trace starts in.  Depth and node count are bounded."""
-    if not instructions:
-        return None
-    root = _node(namer.function(instructions[0]))
-    root["calls"] = 1
-    stack = [root]
-    nodes = 1
-    call_pending = False
-    for ip in instructions:
-        if call_pending:
-            call_pending = False
-            parent = stack[-1]
-            name = namer.function(ip)
-            child = parent["_children"].get(name)
-            if child is None:
-                if nodes >= MAX_TREE_NODES or len(stack) >= MAX_TREE_DEPTH:
-                    child = parent  # keep counting in the parent rather than grow without bound
+    def feed(self, chunk):
+        ends = self.ends
+        index = self.index
+        for ip in chunk:
+            self._apply_events(index)
+            if self.root is None:
+                self.root = _node(self.namer.function(ip), "root")
+                self.root["calls"] = 1
+                self.stack = [self.root]
+                self.nodes = 1
+                self.pending = None
+            elif self.pending is not None:
+                how, self.pending = self.pending, None
+                if how == "resume":
+                    if self.namer.function(ip) != self.root["function"]:
+                        self._enter(ip, "resume")
                 else:
-                    child = parent["_children"][name] = _node(name)
-                    nodes += 1
-            if child is not parent:
-                child["calls"] += 1
-            stack.append(child)
-        stack[-1]["instructions"] += 1
-        kind = kinds.get(ip)
-        if kind == B_CALL or kind == B_INDIRECT_CALL:
-            call_pending = True
-        elif kind == B_RET and len(stack) > 1:
-            stack.pop()
-    return _finish(root)
+                    self._enter(ip, how)
+            self.stack[-1]["instructions"] += 1
+            kind = ends.get(ip)
+            if kind is not None:
+                if kind == B_CALL or kind == B_INDIRECT_CALL or kind == B_FAR_CALL:
+                    self.pending = "call"
+                elif (kind == B_RET or kind == B_FAR_RET) and len(self.stack) > 1:
+                    self.stack.pop()
+            index += 1
+        self.index = index
+
+    def finish(self):
+        self._apply_events(self.index)
+        return _finish(self.root) if self.root is not None else None
 
 
-def _node(name):
-    return {"function": name, "calls": 0, "instructions": 0, "_children": OrderedDict()}
+def _node(name, how):
+    return {"function": name, "via": how, "calls": 0, "instructions": 0, "events": [], "_children": OrderedDict()}
 
 
 def _finish(node):
+    # Depth is bounded by MAX_TREE_DEPTH, well under WinDbg's recursion limit of 500.
     children = node.pop("_children")
     node["children"] = [_finish(child) for child in children.values()]
     return node
 
 
-def function_counts(instructions, namer):
-    """[{"function", "instructions"}] most executed first."""
-    counts = Counter(namer.function(ip) for ip in instructions)
-    return [{"function": name, "instructions": count} for name, count in counts.most_common()]
+class FunctionCounts(object):
+    """Instructions per function, most executed first."""
+
+    def __init__(self, namer):
+        self.namer = namer
+        self.by_address = Counter()
+
+    def feed(self, chunk):
+        self.by_address.update(chunk)
+
+    def finish(self):
+        counts = Counter()
+        function_of = self.namer.function
+        for ip, count in self.by_address.items():
+            counts[function_of(ip)] += count
+        return [{"function": name, "instructions": count} for name, count in counts.most_common()]
+
+
+VIEWS = {"path": FunctionPath, "functions": FunctionCounts}
+
+
+def make_view(view, namer, cache, events):
+    """The consumer for ``view`` ("instructions" needs none: the listing is the decode's)."""
+    if view == "calltree":
+        return CallTree(namer, cache.ends, events)
+    if view in VIEWS:
+        return VIEWS[view](namer)
+    return None

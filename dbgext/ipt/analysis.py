@@ -1,0 +1,437 @@
+"""The ipt capability's public API: ``analyze(target, action, **options)``.
+
+Every memory read, every decode and every derived fact happens here; the command
+parses arguments and renders, nothing else.  Each action returns a result object
+whose ``as_dict()`` is the ``--json`` document (docs/json-schema/ipt.md) and whose
+``problems`` is a ProblemLog:
+
+* ``packets`` -> :class:`PacketsResult`: totals of every packet, and a listing;
+* ``flow`` -> :class:`FlowAnalysis`: the instruction flow decoded to the end of
+  the trace, its events, a listing capped at ``max_insns`` and one view
+  (``instructions``, ``path``, ``calltree``, ``functions``) over all of it;
+* ``event`` -> :class:`EventResult`: an ETW IntelProcessorTrace event, its
+  header, packets and (with code from the target) its path;
+* ``scan`` -> :class:`ScanResult`: IntelProcessorTrace events found in target
+  memory or in an .etl file.
+"""
+
+import os
+
+from ..errors import BadInput, WrongSignature
+from ..problems import ProblemLog
+from . import sources
+from .errata import cpu_errata
+from .flow import BlockCache, CodeImage, FlowDecoder, FlowResult, read_code_file
+from .packets import decode_packets, packet_stats
+from .views import Namer, event_row, make_view
+
+SCHEMA_VERSION = 1
+ACTIONS = ("packets", "flow", "event", "scan")
+FORMATS = ("raw", "event", "process")
+FLOW_VIEWS = ("instructions", "path", "calltree", "functions")
+DEFAULT_MAX_INSNS = 1000000
+DEFAULT_MAX_PACKETS = 100000
+SUSPICIOUS_FUNCTIONS = ("nt!KeBugCheckEx", "nt!KeBugCheck2", "nt!KeBugCheck")
+# Known file magics, to say what an input that is not an IPT event is.
+FILE_MAGICS = ((b"\x89PNG", "a PNG image"), (b"MZ", "a PE image"), (b"\x7fELF", "an ELF file"),
+               (b"PAGEDU64", "a kernel dump"), (b"PAGEDUMP", "a kernel dump"), (b"MDMP", "a minidump"),
+               (b"%PDF", "a PDF document"), (b"PK\x03\x04", "a ZIP archive"), (b"\xff\xd8\xff", "a JPEG image"))
+
+
+def analyze(target=None, action="flow", **options):
+    """Run one ipt action.  ``target`` is a dbgext Target (code and trace memory) or
+    None when files give everything.  Options by action:
+
+    * trace source (packets, flow): ``trace`` (a file), ``data`` (bytes), or
+      ``address`` with ``size`` (target memory); ``format`` raw|event|process;
+      ``position`` (ring buffer: where the oldest byte is);
+    * packets: ``stats`` (totals only), ``max_packets`` (listing cap);
+    * flow: ``images`` [(path, base)] (code files; default: the target's memory),
+      ``view``, ``stats`` (counts only), ``max_insns`` (listing cap: decoding always
+      goes to the end), ``cpu`` (family, model[, stepping]) for errata workarounds,
+      ``progress(fraction, instructions)``;
+    * event: ``trace`` (a file holding header + trace), ``address``, or ``etl`` with
+      ``index``; ``position``; ``force`` (decode a header that does not look like
+      one); code from ``target`` when given;
+    * scan: ``etl`` (a file) or target memory from ``start`` for ``length`` bytes;
+      ``max_events``."""
+    runners = {"packets": _packets, "flow": _flow, "event": _event, "scan": _scan}
+    if action not in runners:
+        raise BadInput("unknown ipt action %r (one of: %s)" % (action, ", ".join(ACTIONS)))
+    return runners[action](target, **options)
+
+
+def _document(action, body, problems):
+    document = {"schema_version": SCHEMA_VERSION, "action": action}
+    document.update(body)
+    document["problems"] = problems.as_list()
+    return document
+
+
+def _collect(parts):
+    """One ProblemLog of every part's problems; with several buffers each message
+    names the buffer it is about."""
+    log = ProblemLog()
+    for buffer, problems in parts:
+        for problem in problems:
+            if len(parts) > 1:
+                problem.message = "%s: %s" % (buffer.origin, problem.message)
+            log.append(problem)
+    return log.finish()
+
+
+def _stored_offsets(problems, buffer):
+    """Trace offsets of ``problems`` as offsets in the buffer as stored (rings unrolled)."""
+    for problem in problems:
+        if problem.offset is not None:
+            problem.offset = buffer.original_offset(problem.offset)
+    return problems
+
+
+# -- trace buffers ---------------------------------------------------------------------
+
+def load_buffers(target=None, trace=None, data=None, address=None, size=None, format="raw", position=None):
+    """The TraceBuffers to decode: from a file, bytes, or target memory."""
+    if format not in FORMATS:
+        raise BadInput("unknown trace format %r (one of: %s)" % (format, ", ".join(FORMATS)))
+    if format == "process" and position is not None:
+        raise BadInput("--position does not apply to --format process: each thread's "
+                       "RingBufferOffset says where its ring starts")
+    if trace is not None or data is not None:
+        origin = trace if trace is not None else "bytes"
+        raw = sources.from_file(trace).data if trace is not None else bytes(data)
+        if format == "raw":
+            return [sources.from_bytes(raw, origin, position)]
+        if format == "event":
+            return [sources.event_from_bytes(raw, origin, position)]
+        return sources.process_trace_buffers(raw, origin=os.path.basename(origin))
+    if address is not None:
+        if target is None:
+            raise BadInput("--address needs a target (--dump FILE, or inside WinDbg)")
+        if format == "event":
+            return [sources.event_from_target(target, address, position)]
+        if format == "process":
+            return sources.process_trace_from_target(target, address)
+        if size is None:
+            raise BadInput("--address needs --size N for a raw trace")
+        return [sources.from_target(target, address, size, position)]
+    raise BadInput("give --trace FILE, or --address ADDR (with --size N) and a target")
+
+
+def _packet_rows(packets, buffer):
+    rows = []
+    for packet in packets:
+        row = packet.as_dict()
+        row["offset"] = buffer.original_offset(packet.offset)
+        rows.append(row)
+    return rows
+
+
+# -- packets ---------------------------------------------------------------------------
+
+class PacketBuffer(object):
+    """One buffer's packets: ``stats`` (every packet counted), ``packets`` (the listing,
+    None with stats only), ``listing_truncated``, ``problems``."""
+
+    def __init__(self, source, stats, packets, listing_truncated):
+        self.source = source
+        self.stats = stats
+        self.packets = packets
+        self.listing_truncated = listing_truncated
+        self.problems = _stored_offsets(stats.problems, source)
+
+    def as_dict(self):
+        document = {"source": self.source.describe(), "stats": self.stats.as_dict()}
+        if self.packets is not None:
+            document["packets"] = _packet_rows(self.packets, self.source)
+            document["listing"] = {"listed": len(self.packets), "truncated": self.listing_truncated}
+        return document
+
+
+class PacketsResult(object):
+    def __init__(self, buffers):
+        self.buffers = buffers
+        self.problems = _collect([(buffer.source, buffer.problems) for buffer in buffers])
+
+    def as_dict(self):
+        return _document("packets", {"buffers": [buffer.as_dict() for buffer in self.buffers]}, self.problems)
+
+
+def _packets(target, stats=False, max_packets=DEFAULT_MAX_PACKETS, **source):
+    results = []
+    for buffer in load_buffers(target, **source):
+        totals = packet_stats(buffer.data)
+        listing, truncated = None, False
+        if not stats:
+            decode = decode_packets(buffer.data, max_packets=max_packets)
+            listing, truncated = decode.packets, decode.truncated
+        results.append(PacketBuffer(buffer, totals, listing, truncated))
+    return PacketsResult(results)
+
+
+# -- flow ------------------------------------------------------------------------------
+
+class Code(object):
+    """Where code bytes and names come from: image files at bases and/or the target."""
+
+    def __init__(self, target=None, images=()):
+        files = []
+        named = []
+        for path, base in images:
+            image, exports = read_code_file(path)
+            files.append((base, image))
+            size = image.size_of_image if hasattr(image, "size_of_image") else len(image)
+            named.append((base, size, os.path.splitext(os.path.basename(path))[0], exports))
+        if not files and target is None:
+            raise BadInput("flow needs code: --image FILE@BASE, or a target (--dump FILE / inside WinDbg)")
+        self.target = target
+        self.image = CodeImage(target, files)
+        self.namer = Namer(target, named)
+        self.suspicious = {}
+        if target is not None:
+            for name in SUSPICIOUS_FUNCTIONS:
+                try:
+                    address = target.symbol_address(name)
+                except Exception:  # a symbol source that cannot answer is no reason to fail the decode
+                    address = None
+                if address:
+                    self.suspicious[address] = name
+
+
+class FlowBuffer(object):
+    """One buffer's flow: ``decode`` (a flow.FlowResult: instruction count, listing,
+    events, problems), ``view`` and its ``view_data``, ``listing_limit``."""
+
+    def __init__(self, source, decode, cache, namer, view, view_data, listing_limit, stats):
+        self.source = source
+        self.decode = decode
+        self.view = view
+        self.view_data = view_data
+        self.listing_limit = listing_limit
+        self.stats = stats
+        self.problems = _stored_offsets(decode.problems, source)
+        self.events = [dict(event_row(event), offset=source.original_offset(event[2])) for event in decode.events]
+        self.rows = []
+        if view == "instructions" and not stats:
+            self.rows = [{"index": index, "ip": ip, "symbol": namer.name(ip), "text": cache.disassemble(ip)}
+                         for index, ip in enumerate(decode.instructions)]
+
+    @property
+    def instruction_count(self):
+        return self.decode.instruction_count
+
+    def as_dict(self):
+        document = {"source": self.source.describe(), "instruction_count": self.decode.instruction_count,
+                    "blocks": self.decode.blocks_built, "events": self.events,
+                    "problem_count": self.problems.count()}
+        if not self.stats:
+            if self.view == "instructions":
+                document["instructions"] = self.rows
+                document["listing"] = {"listed": len(self.rows), "limit": self.listing_limit,
+                                       "truncated": self.decode.truncated}
+            else:
+                document[self.view] = self.view_data
+        return document
+
+
+class FlowAnalysis(object):
+    def __init__(self, buffers, view, stats, cpu, errata):
+        self.buffers = buffers
+        self.view = view
+        self.stats = stats
+        self.cpu = cpu
+        self.errata = errata
+        self.problems = _collect([(buffer.source, buffer.problems) for buffer in buffers])
+
+    def as_dict(self):
+        body = {"view": None if self.stats else self.view, "cpu": list(self.cpu) if self.cpu else None,
+                "errata": sorted(self.errata), "buffers": [buffer.as_dict() for buffer in self.buffers]}
+        return _document("flow", body, self.problems)
+
+
+def _decode_buffer(decoder, code, buffer, view, max_insns, stats, progress):
+    """Decode one buffer to its end, feeding the view; returns a FlowBuffer."""
+    result = FlowResult()
+    consumer = None if stats else make_view(view, code.namer, decoder.cache, result.events)
+    listing = max_insns if view == "instructions" and not stats else 0
+    report = None
+    if progress is not None:
+        size = max(len(buffer.data), 1)
+
+        def report(offset, instructions):
+            progress(offset / size, instructions)
+
+    decoder.decode(buffer.data, max_insns=listing, sink=consumer.feed if consumer else None,
+                   progress=report, result=result)
+    view_data = consumer.finish() if consumer is not None else None
+    return FlowBuffer(buffer, result, decoder.cache, code.namer, view, view_data, listing, stats)
+
+
+def _flow(target, images=(), view="instructions", stats=False, max_insns=DEFAULT_MAX_INSNS, cpu=None,
+          progress=None, **source):
+    if view not in FLOW_VIEWS:
+        raise BadInput("unknown view %r (one of: %s)" % (view, ", ".join(FLOW_VIEWS)))
+    buffers = load_buffers(target, **source)
+    code = Code(target, images)
+    errata = cpu_errata(cpu)
+    decoder = FlowDecoder(code.image, code.suspicious, BlockCache(code.image), errata)
+    results = [_decode_buffer(decoder, code, buffer, view, max_insns, stats, progress) for buffer in buffers]
+    return FlowAnalysis(results, view, stats, cpu, errata)
+
+
+# -- event -----------------------------------------------------------------------------
+
+def _what_is(raw):
+    for magic, name in FILE_MAGICS:
+        if raw.startswith(magic):
+            return name
+    return "bytes %s" % raw[:8].hex(" ")
+
+
+def check_event_header(header, raw, where, address=None):
+    """Refuse a header that is not an IntelProcessorTrace event's, naming what is there."""
+    option = header["IptOptionFields"]
+    wrong = []
+    if option["TraceMode"] != 1:
+        wrong.append("TraceMode %d" % option["TraceMode"])
+    if option["TimeMode"] not in sources.TIME_MODES:
+        wrong.append("TimeMode %d" % option["TimeMode"])
+    if option["Reserved"]:
+        wrong.append("reserved IptOption bits set")
+    if not 0 < header["TraceSize"] <= sources.MAX_TRACE_SIZE:
+        wrong.append("TraceSize %d" % header["TraceSize"])
+    if not wrong:
+        return
+    found = "%s (%s)" % (_what_is(raw), ", ".join(wrong))
+    if address is not None:
+        raise WrongSignature("IntelProcessorTrace event header", address, found)
+    raise BadInput("%s is not an IntelProcessorTrace event: found %s (give --force to decode it anyway)"
+                   % (where, found))
+
+
+class EventResult(object):
+    """An IntelProcessorTrace event: ``header`` (fields and IptOption decoded),
+    ``source`` (TraceBuffer), ``stats`` (packet totals), ``flow`` (FlowBuffer of
+    the path view, None without code), ``problems``."""
+
+    def __init__(self, source, stats, flow):
+        self.source = source
+        self.header = source.header
+        self.stats = stats
+        self.flow = flow
+        self.problems = ProblemLog(_stored_offsets(stats.problems, source))
+        if flow is not None:
+            self.problems.extend(flow.problems)
+        self.problems.finish()
+
+    def as_dict(self):
+        header = {key: self.header[key] for key in sources.EVENT_HEADER_FIELDS}
+        header["IptOptionFields"] = self.header["IptOptionFields"]
+        body = {"event": header, "source": self.source.describe(), "packets": self.stats.as_dict(),
+                "flow": self.flow.as_dict() if self.flow is not None else None}
+        return _document("event", body, self.problems)
+
+
+def _event(target, trace=None, address=None, etl=None, index=None, position=None, force=False, max_insns=None,
+           progress=None):
+    if address is not None:
+        if target is None:
+            raise BadInput("--address needs a target (--dump FILE, or inside WinDbg)")
+        raw = target.read(address, sources.EVENT_HEADER.size)
+        if not force:
+            check_event_header(sources.parse_event_header(raw), raw, None, address)
+        buffer = sources.event_from_target(target, address, position)
+    elif trace is not None or etl is not None:
+        if trace is not None:
+            raw, where = sources.from_file(trace).data, trace
+        else:
+            raw, where = etl_event_payload(etl, index), "%s event %d" % (etl, index)
+        if not force:
+            check_event_header(sources.parse_event_header(raw), raw, where)
+        buffer = sources.event_from_bytes(raw, where, position)
+    else:
+        raise BadInput("give --address ADDR (with a target), --trace FILE or --etl FILE --index N")
+    stats = packet_stats(buffer.data)
+    flow = None
+    if target is not None:
+        code = Code(target)
+        decoder = FlowDecoder(code.image, code.suspicious)
+        flow = _decode_buffer(decoder, code, buffer, "path", max_insns, False, progress)
+    return EventResult(buffer, stats, flow)
+
+
+# -- scan ------------------------------------------------------------------------------
+
+class ScanResult(object):
+    """``events``: one row per IntelProcessorTrace event found (address or .etl
+    index, process, thread, sizes...); ``problems``: notes on where the scan stopped
+    and events that could not be read."""
+
+    def __init__(self, source, events, problems):
+        self.source = source
+        self.events = events
+        self.problems = problems.finish()
+
+    def as_dict(self):
+        return _document("scan", {"source": self.source, "events": self.events}, self.problems)
+
+
+def _scan(target, etl=None, start=None, length=None, max_events=1000):
+    problems = ProblemLog()
+    if etl is not None:
+        return ScanResult(etl, _scan_etl(etl, max_events, problems), problems)
+    if target is None:
+        raise BadInput("scan needs a target (--dump FILE, or inside WinDbg) or --etl FILE")
+    end = None
+    if start is not None:
+        end = start + (length if length is not None else 0x100000)
+    found, notes = sources.scan_target(target, start or 0, end, max_events=max_events)
+    for note in notes:
+        problems.add("ipt_scan_stopped", None, note, "note")
+    rows = [{"address": event["address"], "trace_address": event["trace_address"],
+             "process": event["header"]["Process"], "thread": event["header"]["Thread"],
+             "trace_size": event["header"]["TraceSize"], "trace_position": event["header"]["TracePosition"],
+             "psb_at_start": event["psb_at_start"]} for event in found]
+    return ScanResult("memory", rows, problems)
+
+
+def _etl_ipt_events(path):
+    """(index, event) of the IntelProcessorTrace events in an .etl file; index counts
+    every event of the file, so it names one event for ``ipt event --etl --index``."""
+    from ..etl import INTEL_PT_GUID, iter_events
+    for index, event in enumerate(iter_events(path)):
+        if event.provider == INTEL_PT_GUID and event.opcode == sources.IPT_EVENT_TYPE:
+            yield index, event
+        elif event.provider is None and sources.looks_like_event(event.payload):
+            # a system-logger event whose group the reader cannot name: judged by its payload
+            yield index, event
+
+
+def etl_event_payload(path, wanted):
+    if wanted is None:
+        raise BadInput("--etl needs --index N (ipt scan --etl FILE lists the events)")
+    for index, event in _etl_ipt_events(path):
+        if index == wanted:
+            return event.payload
+    raise BadInput("%s has no IntelProcessorTrace event with index %d" % (path, wanted))
+
+
+def _scan_etl(path, max_events, problems):
+    rows = []
+    for index, event in _etl_ipt_events(path):
+        if len(rows) >= max_events:
+            problems.add("ipt_scan_stopped", None, "stopped after %d events" % max_events, "note")
+            break
+        try:
+            buffer = sources.event_from_bytes(event.payload, "%s event %d" % (path, index))
+        except BadInput as error:
+            problems.add("ipt_event_unreadable", None, "event %d: %s" % (index, error), "warning")
+            continue
+        stats = packet_stats(buffer.data)
+        header = buffer.header
+        rows.append({"index": index, "process": header["Process"], "thread": header["Thread"],
+                     "trace_size": header["TraceSize"], "trace_position": header["TracePosition"],
+                     "packets": stats.packets, "errors": stats.problems.count(), "notes": list(buffer.notes)})
+    return rows
+
+
