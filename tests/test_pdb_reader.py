@@ -63,13 +63,26 @@ def test_procedures_have_llvm_pdbutils_addresses_and_code_sizes(built, pdb):
     assert "CopyLeaf" not in [public.name.lstrip("_") for public in pdb.publics()]
 
 
-def test_static_data_comes_from_the_module_stream(built, pdb):
-    text = llvm_pdbutil("dump", "-symbols", built.pdb)
-    segment, offset = re.search(r"S_LDATA32 \[size = \d+\] `HiddenCounter`\s+type = [^,]+, "
-                                r"addr = (\d+):(\d+)", text).groups()
-    data = dict((d.name, d) for d in pdb.data())
-    assert data["HiddenCounter"].rva == section_rva(built, int(segment), int(offset))
-    assert not data["HiddenCounter"].is_global
+def test_data_comes_from_module_streams_and_the_globals_as_llvm_pdbutil_lists_it(built, pdb):
+    text = llvm_pdbutil("dump", "-symbols", "-globals", built.pdb)
+    expected = set()
+    for kind, name, segment, offset in re.findall(r"S_([GL])DATA32 \[size = \d+\] `([^`]+)`\s+type = [^,]+, "
+                                                  r"addr = (\d+):(\d+)", text):
+        expected.add((name, section_rva(built, int(segment), int(offset)), kind == "G"))
+    assert set((d.name, d.rva, d.is_global) for d in pdb.data()) == expected
+    assert set(name for name, _, _ in expected) == {"HiddenCounter", "GlobalCounter", "SampleThread"}
+
+
+def test_cpp_functions_and_static_members_have_their_qualified_names(tmp_path):
+    from symbols_support import SOURCE
+    import os
+    from dbgext.symbols.match import PdbModuleSymbols
+    cpp = build_dll(str(tmp_path), "x64", os.path.join(os.path.dirname(SOURCE), "cpp_names.cpp"), "cpp_names")
+    opened = PdbFile(cpp.pdb)
+    symbols = PdbModuleSymbols("cpp_names", opened, lambda kind, message: None).symbols
+    assert sorted(symbols) == ["Entry", "drv::Queue::Push", "drv::Queue::count"]
+    assert all(not name.startswith("?") for name in symbols)
+    opened.close()
 
 
 def _pdbutil_members(built, struct_name):

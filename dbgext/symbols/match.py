@@ -93,15 +93,17 @@ class PdbModuleSymbols(ModuleSymbols):
     def _read_symbols(self):
         pdb = self.pdb
         decorated = pdb.machine == 0x14C
-        symbols = {}
-        for public in pdb.publics():
-            symbols[undecorate(public.name) if decorated else public.name] = public.rva
-        for data in pdb.data():
-            symbols.setdefault(data.name, data.rva)
-        sizes = {}
+        symbols, sizes = {}, {}
         for procedure in pdb.procedures():
             symbols[procedure.name] = procedure.rva
             sizes[procedure.rva] = procedure.size
+        for data in pdb.data():
+            symbols.setdefault(data.name, data.rva)
+        named = set(symbols.values())
+        for public in pdb.publics():
+            if public.name.startswith("?") and public.rva in named:
+                continue  # a C++ decorated name of a function or variable already named plainly
+            symbols.setdefault(undecorate(public.name) if decorated else public.name, public.rva)
         return symbols, sizes
 
     def sizes(self):

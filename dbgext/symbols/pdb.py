@@ -249,7 +249,9 @@ class PdbFile(object):
             raise
         self._dbi = None
         self._publics = None
+        self._global_data = None
         self._procedures = None
+        self._module_data = None
         self._data = None
         self._sections = None
         self._types = None
@@ -401,20 +403,30 @@ class PdbFile(object):
     def publics(self):
         """Every ``S_PUB32`` of the symbol record stream, names as stored (decorated)."""
         if self._publics is None:
-            stream = self.dbi["symbol_record_stream"]
-            publics = []
-            if stream != 0xFFFF and self.msf.stream_size(stream):
-                data = self.msf.stream(stream, "symbol record stream")
-                for kind, at, end in _records(data, self, "symbol record stream"):
-                    if kind != S_PUB32 or end - at < 10:
-                        continue
+            self._read_symbol_records()
+        return self._publics
+
+    def _read_symbol_records(self):
+        """Publics and global data (``S_GDATA32``: C++ static members, globals of
+        modules without debug info) from the symbol record stream, in one pass."""
+        stream = self.dbi["symbol_record_stream"]
+        publics, data_symbols = [], []
+        if stream != 0xFFFF and self.msf.stream_size(stream):
+            data = self.msf.stream(stream, "symbol record stream")
+            for kind, at, end in _records(data, self, "symbol record stream"):
+                if kind == S_PUB32 and end - at >= 10:
                     flags, offset, segment = struct.unpack_from("<IIH", data, at)
                     rva = self.rva(segment, offset)
                     if rva is not None:
                         publics.append(Public(_name(data, at + 10, end), rva,
                                               bool(flags & (PUBLIC_FUNCTION | PUBLIC_CODE))))
-            self._publics = publics
-        return self._publics
+                elif kind in DATA_KINDS and end - at >= 10:
+                    type_index, offset, segment = struct.unpack_from("<IIH", data, at)
+                    rva = self.rva(segment, offset)
+                    if rva is not None:
+                        data_symbols.append(DataSymbol(_name(data, at + 10, end), rva, type_index,
+                                                       DATA_KINDS[kind]))
+        self._publics, self._global_data = publics, data_symbols
 
     def _read_module_symbols(self):
         procedures, data_symbols = [], []
@@ -451,7 +463,7 @@ class PdbFile(object):
                         data_symbols.append(DataSymbol(_name(data, at + 14, end), rva, type_index,
                                                        DATA_KINDS[kind]))
                 at = end
-        self._procedures, self._data = procedures, data_symbols
+        self._procedures, self._module_data = procedures, data_symbols
 
     def procedures(self):
         """Functions with their code sizes, from every module's symbol stream."""
@@ -460,9 +472,15 @@ class PdbFile(object):
         return self._procedures
 
     def data(self):
-        """Global and static variables from the module streams."""
+        """Global and static variables: the module streams' and the global ones."""
         if self._data is None:
-            self._read_module_symbols()
+            if self._procedures is None:
+                self._read_module_symbols()
+            if self._publics is None:
+                self._read_symbol_records()
+            seen = set((symbol.name, symbol.rva) for symbol in self._module_data)
+            self._data = self._module_data + [symbol for symbol in self._global_data
+                                              if (symbol.name, symbol.rva) not in seen]
         return self._data
 
     # -- types --------------------------------------------------------------------------------
