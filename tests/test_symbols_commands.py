@@ -233,3 +233,9 @@ def test_a_codeview_record_missing_from_the_dump_comes_from_the_image_in_the_sto
     assert target.symbols.status("kernel_shapes") == "pdb symbols"
     assert target.symbolize(DRIVER_BASE + rva(x64, "CopyLeaf")) == "kernel_shapes!CopyLeaf"
     target.close()
+
+
+def test_dt_of_an_enum_lists_its_enumerators(kernel):
+    dump, symbols = kernel
+    _, out, _ = run(["dt", "kernel_shapes!_KTHREAD_STATE", "--dump", dump, "--symbols", symbols])
+    assert out.splitlines() == ["   Initialized = 0n0", "   Ready = 0n1", "   Running = 0n2", "   Waiting = 0n5"]

@@ -96,6 +96,8 @@ def _run_dt(ctx, args):
         ctx.out.lines(result.type_names)
         return 0
     _render_lines(ctx.out, result.lines, 1)
+    for name, value in result.enumerators:
+        ctx.out.line("   %s = 0n%d" % (name, value))
     _problems(ctx, result)
     return 0
 

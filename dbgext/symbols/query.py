@@ -152,8 +152,9 @@ class DtLine(object):
 
 
 class TypeResult(object):
-    def __init__(self, type_name, size, source, address, lines, type_names=None):
+    def __init__(self, type_name, size, source, address, lines, type_names=None, enumerators=()):
         self.type_name = type_name
+        self.enumerators = list(enumerators)  # an enum's (name, value) pairs
         self.size = size
         self.source = source
         self.address = address
@@ -167,6 +168,8 @@ class TypeResult(object):
                     "members": [line.as_dict() for line in self.lines], "problems": self.problems.as_list()}
         if self.type_names is not None:
             document["matches"] = self.type_names
+        if self.enumerators:
+            document["enumerators"] = [{"name": name, "value": value} for name, value in self.enumerators]
         return document
 
 
@@ -180,7 +183,7 @@ def display_type(target, type_name, address=None, depth=0):
     if view is None:
         raise SymbolNotFound("dt: no type information for '%s' (%s)" % (type_name, _type_sources(target)))
     data = None
-    result = TypeResult(type_name, view.size, table.source, address, [])
+    result = TypeResult(type_name, view.size, table.source, address, [], enumerators=view.enumerators)
     if address is not None:
         size = min(view.size or 0, MAX_DT_BYTES)
         data = target.try_read(address, size)

@@ -33,13 +33,16 @@ class MemberView(object):
 
 
 class TypeView(object):
-    __slots__ = ("name", "size", "kind", "members", "_by_name")
+    """``enumerators``: an enum's (name, value) pairs in declaration order."""
 
-    def __init__(self, name, size, kind, members):
+    __slots__ = ("name", "size", "kind", "members", "enumerators", "_by_name")
+
+    def __init__(self, name, size, kind, members, enumerators=()):
         self.name = name
         self.size = size
         self.kind = kind
         self.members = members
+        self.enumerators = list(enumerators)
         self._by_name = None
 
     def member(self, name):
@@ -56,7 +59,7 @@ def pdb_type_view(types, record):
     """The TypeView of a PDB struct/union/class/enum record (forward refs resolved)."""
     record = types.resolve(record)
     if record.kind == "enum":
-        return TypeView(record.name, record.size, "enum", [])
+        return TypeView(record.name, record.size, "enum", [], types.enumerators(record))
     members = [pdb_member_view(types, member.name, member.offset, member.type_index)
                for member in types.members(record)]
     return TypeView(record.name, record.size, record.kind, members)
