@@ -84,6 +84,15 @@ MAX_LOGGERS = 64
 KERNEL_SPACE_START = 0xFFFF800000000000
 
 
+def occupancy(buckets):
+    """How many of ``buckets`` (lists of entries) hold 0, 1, ... MAX_BUCKET_ENTRIES
+    (or more) entries."""
+    counts = [0] * (MAX_BUCKET_ENTRIES + 1)
+    for bucket in buckets:
+        counts[min(len(bucket), MAX_BUCKET_ENTRIES)] += 1
+    return counts
+
+
 def pieces_for(frame_count):
     """Pieces a stack of ``frame_count`` frames occupies."""
     return (frame_count + FRAMES_PER_PIECE - 1) // FRAMES_PER_PIECE

@@ -100,10 +100,7 @@ class SimulationResult(object):
         return sum(len(bucket) for bucket in self.buckets)
 
     def occupancy(self):
-        counts = [0] * (layouts.MAX_BUCKET_ENTRIES + 1)
-        for bucket in self.buckets:
-            counts[min(len(bucket), layouts.MAX_BUCKET_ENTRIES)] += 1
-        return counts
+        return layouts.occupancy(self.buckets)
 
     def as_dict(self):
         return {

@@ -180,10 +180,7 @@ class CacheState(object):
         return self.total_pieces * layouts.PIECE_SIZE
 
     def occupancy(self):
-        counts = [0] * (layouts.MAX_BUCKET_ENTRIES + 1)
-        for bucket in self.buckets:
-            counts[min(len(bucket), layouts.MAX_BUCKET_ENTRIES)] += 1
-        return counts
+        return layouts.occupancy(self.buckets)
 
     def frame_histogram(self):
         """{frames per stack: number of cached stacks}."""
