@@ -18,7 +18,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dbgext.target.base import PAGE_SIZE  # noqa: E402
+from dbgext.target.base import PAGE_MASK, PAGE_SIZE  # noqa: E402
 from dbgext.target.pykd_backend import open_pykd_target  # noqa: E402
 from dbgext.testing.fake_pykd import make_fake_pykd  # noqa: E402
 from dbgext.testing.scenario import Scenario  # noqa: E402
@@ -73,6 +73,31 @@ def db_command(scenario, region):
     return pykd.fake_calls["loadBytes"], seconds, text.count("\n")
 
 
+def etwstacks_cache():
+    """``etwstacks --cache ADDR --validate`` over a 3 MB cache (half used after
+    evictions) through commands/etwstacks.py, next to the anchor: the same pages
+    read one loadBytes each, as the walker did before it read runs."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+    from etwcache_support import kernel_scenario, random_stacks
+    from pykd_support import memory_engine_calls, run_windbg_script
+    from dbgext.etwcache import layouts
+    from dbgext.etwcache.fixtures import PIECE_STRIDE, StackCacheBuilder
+    scenario = kernel_scenario()
+    builder = StackCacheBuilder(scenario, bucket_count=1021, total_pieces=layouts.MIN_CACHE_SIZE // layouts.PIECE_SIZE)
+    builder.feed(random_stacks(6000, distinct=3000, seed=3, max_depth=200))
+    builder.finish()
+    header_end = builder.address + layouts.HEADER_SIZE + builder.bucket_count * layouts.BUCKET_SIZE
+    pool_end = builder.pieces_base + len(builder.pieces) * PIECE_STRIDE
+    pages = sorted(set(range(builder.address & PAGE_MASK, header_end, PAGE_SIZE))
+                   | set(range(builder.pieces_base & PAGE_MASK, pool_end, PAGE_SIZE)))
+    (text, fake), seconds = timed(lambda: run_windbg_script(
+        "etwstacks", ["--cache", "%x" % builder.address, "--validate"], scenario))
+    anchor = make_fake_pykd(scenario)
+    _, anchor_seconds = timed(lambda: [anchor.loadBytes(page, PAGE_SIZE) for page in pages])
+    return (len(pages), fake.fake_calls["loadBytes"], memory_engine_calls(fake), seconds,
+            anchor.fake_calls["loadBytes"], memory_engine_calls(anchor), anchor_seconds)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--fields", type=int, default=100000)
@@ -96,6 +121,13 @@ def main():
 
     calls, seconds, lines = db_command(scenario, region)
     print("db L?10000 through commands/db.py: %d loadBytes calls, %d lines, %.3f s" % (calls, lines, seconds))
+
+    pages, calls, engine, seconds, anchor_calls, anchor_engine, anchor_seconds = etwstacks_cache()
+    print("etwstacks --cache --validate, 3 MB cache (%d pages of cache memory), DbgEng round trips:" % pages)
+    print("  dbgext (runs of pages)  : %5d loadBytes = %5d engine calls = %.3f per page (budget 3)  %.2f s"
+          % (calls, engine, float(engine) / pages, seconds))
+    print("  anchor: page by page    : %5d loadBytes = %5d engine calls = %.3f per page           %.2f s"
+          % (anchor_calls, anchor_engine, float(anchor_engine) / pages, anchor_seconds))
     return 0
 
 
