@@ -291,3 +291,27 @@ def test_an_instruction_pointer_outside_every_module_is_scanned_from(rip):
     result = placed.walk({"rip": rip, "rsp": sp0})
     assert [frame.found_by for frame in result.frames[:2]] == ["context", "scan"]
     assert result.frames[1].function == "drv!Top+0x9"
+
+
+def test_k_trap_starts_from_the_registers_a_trap_frame_saved(tmp_path):
+    import io
+    import json
+
+    from dbgext.cli import main
+
+    placed = Placed(isr_image())
+    interrupted_sp = placed.stack_base - 0x300
+    placed.put(interrupted_sp + 0x28, 0)
+    trap = placed.scenario.alloc(0x190)
+    placed.put(trap + 0x158, 0xBB)                               # Rbp
+    placed.put(trap + 0x168, placed.at("Body", 5))              # Rip
+    placed.put(trap + 0x180, interrupted_sp)                    # Rsp
+    out = io.StringIO()
+    assert main(["k", "--trap", "0x%x" % trap, "--json"], stream=out, target=placed.scenario.target()) == 0
+    document = json.loads(out.getvalue())
+    assert [frame["function"] for frame in document["frames"]] == ["drv!Body+0x5"]
+    assert document["frames"][0]["child_sp"] == interrupted_sp
+    err = io.StringIO()
+    assert main(["k", "--trap", "0x10"], stream=io.StringIO(), error_stream=err,
+                target=placed.scenario.target()) == 1
+    assert err.getvalue().count("\n") == 1 and "unreadable" in err.getvalue()

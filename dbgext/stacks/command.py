@@ -1,21 +1,25 @@
 """``k``: a thread's call stack, as WinDbg's ``k``, ``kf`` and ``kv`` show it.
 
-    dbgext k [COUNT] --dump FILE [--thread ID|~N|KTHREAD] [--frame-sizes] [--verbose]
-             [--image-path DIR] [--json]
+    dbgext k [COUNT] --dump FILE [--thread ID|~N|KTHREAD | --trap KTRAP_FRAME] [--frame-sizes]
+             [--verbose] [--image-path DIR] [--json]
 """
 
 from ..command import Command
-from ..errors import EXIT_ERROR, BadInput
+from ..errors import EXIT_ERROR, BadInput, UnreadableMemory
 from .images import images_from_directories
 from .render import render_stack
+from .threads import trap_frame_thread
 from .walk import MAX_FRAMES, analyze
 
 
 def add_arguments(parser):
     parser.add_argument("count", nargs="?", help="how many frames at most (hex, 0n decimal; default 0x%x)"
                         % MAX_FRAMES)
-    parser.add_argument("--thread", metavar="THREAD", help="thread to walk: a thread id or ~index of the "
-                        "dump, or a KTHREAD address (default: the crashing/current thread)")
+    start = parser.add_mutually_exclusive_group()
+    start.add_argument("--thread", metavar="THREAD", help="thread to walk: a thread id or ~index of the "
+                       "dump, or a KTHREAD address (default: the crashing/current thread)")
+    start.add_argument("--trap", metavar="ADDRESS", help="start from the registers of the _KTRAP_FRAME at "
+                       "ADDRESS (like .trap; x64 kernel)")
     parser.add_argument("--frame-sizes", "-f", action="store_true",
                         help="kf: add the Memory column (stack bytes between frames)")
     parser.add_argument("--verbose", "-v", action="store_true",
@@ -36,9 +40,21 @@ def _thread(ctx, text):
     return ctx.address(text)
 
 
+def _trap_frame(ctx, text):
+    address = ctx.address(text)
+    try:
+        return trap_frame_thread(ctx.target, address)
+    except UnreadableMemory as error:
+        raise BadInput("the trap frame at %s is unreadable (at %s)" % (
+            ctx.target.format_address(address), ctx.target.format_address(error.address)))
+
+
 def run(ctx, args):
     target = ctx.target
-    thread = _thread(ctx, args.thread) if args.thread is not None else None
+    if args.trap is not None:
+        thread = _trap_frame(ctx, args.trap)
+    else:
+        thread = _thread(ctx, args.thread) if args.thread is not None else None
     max_frames = ctx.count(args.count) if args.count is not None else MAX_FRAMES
     loader = images_from_directories(args.image_path) if args.image_path else None
     result = analyze(target, thread=thread, max_frames=max_frames, image_loader=loader)

@@ -29,7 +29,7 @@ BUILTIN = BuiltinLayouts({
     # fault and interrupt handlers build (kv prints the trap frame's address).
     "_KTRAP_FRAME": [
         {"arch": "x64", "builds": None, "size": 0x190,
-         "fields": {"Rip": (0x168, "P"), "Rsp": (0x180, "P")}},
+         "fields": {"Rbp": (0x158, "P"), "Rip": (0x168, "P"), "Rsp": (0x180, "P")}},
     ],
 })
 
@@ -100,6 +100,14 @@ def waiting_kernel_thread(target, kernel_thread, problems):
     return Thread(kernel_thread, {"rip": rip, "rsp": kernel_stack + SWITCH_FRAME_SIZE, "rbp": rbp},
                   kernel_thread=kernel_thread, stack_base=bounds.get("InitialStack"),
                   stack_limit=bounds.get("StackLimit"), name="switch frame")
+
+
+def trap_frame_thread(target, trap_frame):
+    """A Thread whose context is the _KTRAP_FRAME at ``trap_frame`` (WinDbg's
+    ``.trap``): RIP, RSP and RBP as the fault or interrupt left them."""
+    layout = lookup_layout(target, KTRAP_FRAME_TYPE, BUILTIN, fields=("Rip", "Rsp", "Rbp"))
+    registers = dict((field.lower(), layout.read(target, trap_frame, field)) for field in ("Rip", "Rsp", "Rbp"))
+    return Thread(trap_frame, registers, name="trap frame %s" % target.format_address(trap_frame))
 
 
 def trap_frame_of(target, machine_frame):
