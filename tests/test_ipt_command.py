@@ -200,12 +200,18 @@ def test_interrupts_get_their_own_node_in_the_call_tree(files, tmp_path):
     assert [event["kind"] for event in validate_node["events"]] == ["interrupt"]
 
 
-def test_events_appear_in_every_view(files, tmp_path):
+def writer_at_the_indirect_call():
+    """A trace from Dispatch through ValidateRequest up to Dispatch's call rax."""
     writer = F.PacketWriter()
     writer.psb_plus(PROGRAM.entry)
-    writer.tnt(True)                          # jbe taken: no Checksum
-    writer.tnt(True)                          # ret
-    writer.tnt(False)                         # jz not taken: the indirect call follows
+    writer.tnt(True)    # jbe taken: no Checksum
+    writer.tnt(True)    # ret
+    writer.tnt(False)   # jz not taken: the indirect call follows
+    return writer
+
+
+def test_events_appear_in_every_view(files, tmp_path):
+    writer = writer_at_the_indirect_call()
     writer.pgd(PROGRAM.labels["CompleteRequest"])  # off at the indirect call
     writer.pge(PROGRAM.labels["Dispatch_skip"])
     writer.tnt(False)
@@ -226,11 +232,7 @@ def test_events_appear_in_every_view(files, tmp_path):
 
 def test_unreadable_code_is_a_gap_event_and_a_warning(files, tmp_path):
     """The indirect call goes outside the image; the ret's TIP brings the trace back."""
-    writer = F.PacketWriter()
-    writer.psb_plus(PROGRAM.entry)
-    writer.tnt(True)                              # jbe taken: no Checksum
-    writer.tnt(True)                              # ret
-    writer.tnt(False)                             # jz not taken: the indirect call follows
+    writer = writer_at_the_indirect_call()
     writer.tip(0xFFFFF80099990000)                # into code we do not have
     writer.tnt(True)                              # its branches, lost
     writer.tip(PROGRAM.labels["Dispatch_skip"])   # its uncompressed return

@@ -622,18 +622,26 @@ class _Walk(object):
                     self.warned.add(ip)
                     self.problems.add("ipt_suspicious_path", ip, "the path enters %s: a real trace rarely runs "
                                       "it; check the reconstruction" % suspicious[ip], "warning", self.last_offset)
-            if async_ip is not None and block.start <= async_ip <= block.end:
-                extend([a for a in block.insns if a < async_ip])
-                save()
-                ip = self.take_async(async_ip)
+            kind = block.kind
+            at_event = async_ip is not None and block.start <= async_ip <= block.end
+            if at_event or kind == B_STOP:
+                # The trace moves the IP: an asynchronous event at async_ip, or a gap in the code.
+                if at_event:
+                    extend([a for a in block.insns if a < async_ip])
+                    save()
+                    ip = self.take_async(async_ip)
+                else:
+                    extend(block.insns)
+                    save()
+                    ip = self.skip_gap(block)
                 if ip is None:
                     return
                 retstack = self.retstack
                 bits, bi, committed = self.bits, self.bit_index, self.committed
                 nbits = len(bits)
                 async_ip, disable_target = self.pending_event()
+                idle_blocks = 0
                 continue
-            kind = block.kind
             if kind == B_COND:
                 extend(block.insns)
                 if bi >= nbits:
@@ -697,7 +705,7 @@ class _Walk(object):
                     save()
                     async_ip, disable_target = self.pending_event()
                 idle_blocks = 0
-            elif kind != B_STOP:  # indirect and far transfers
+            else:  # indirect and far transfers
                 extend(block.insns)
                 save()
                 # TNT bits still cached stay for the branches after this one, as in libipt.
@@ -714,18 +722,6 @@ class _Walk(object):
                 committed = self.committed = len(out)
                 async_ip, disable_target = self.pending_event()
                 idle_blocks = 0
-            else:
-                extend(block.insns)
-                save()
-                ip = self.skip_gap(block)
-                if ip is None:
-                    return
-                retstack = self.retstack
-                bits, bi, committed = self.bits, self.bit_index, self.committed
-                nbits = len(bits)
-                async_ip, disable_target = self.pending_event()
-                idle_blocks = 0
-                continue
             if idle_blocks > MAX_BLOCKS_WITHOUT_TRACE:
                 save()
                 self.error(self.last_offset, "%d blocks without trace data from 0x%x: the path loops"
