@@ -96,10 +96,6 @@ class SymbolLocator(object):
         return [element.path for element in self.elements
                 if element.kind == "dir" or (element.kind == "file" and is_isf_name(element.path))]
 
-    @property
-    def downloads(self):
-        return any(element.url for element in self.elements) and not self.no_download
-
     # -- PDBs ------------------------------------------------------------------------------
 
     def find_pdb(self, codeview, report):

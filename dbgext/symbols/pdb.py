@@ -215,10 +215,6 @@ class MsfFile(object):
         data = b"".join(pieces)
         return data[:size] if len(data) > size else data
 
-    @property
-    def stream_count(self):
-        return len(self._streams)
-
     def stream_size(self, index):
         return self._streams[index][0] if 0 <= index < len(self._streams) else 0
 

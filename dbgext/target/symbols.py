@@ -190,6 +190,7 @@ class SymbolTable(object):
 
     @property
     def empty(self):
+        """True when the table has no symbol source at all."""
         return not self._per_module and self.locator is None
 
     # -- which source a module has ------------------------------------------------------
@@ -340,10 +341,6 @@ class SymbolTable(object):
             if table.type_view(type_name) is not None:
                 return table, type_name
         return None, type_name
-
-    def type_view(self, type_name):
-        table, bare = self.type_owner(type_name)
-        return table.type_view(bare) if table is not None else None
 
     def type_size(self, type_name):
         table, bare = self.type_owner(type_name)
