@@ -10,11 +10,14 @@ every file has its own content hash.  Figures printed:
 * dumps/min per worker count, wall clock for the whole batch (planning, hashing,
   pool start, analyses, DuckDB commits);
 * analysis seconds per dump: the sum of the analyses' own timings in the records;
-* overhead per dump = wall x workers / dumps - analysis seconds per dump: what a
-  worker spends per dump outside the analyses (open, identity, signature, IPC,
-  pool start-up amortised; the parent's hashing and commits overlap with it);
+* hash and signature seconds per dump: the worker's whole-file SHA-256 and the
+  faulting frame (unwind, symbols, image identity), from the records' timings;
+* overhead per dump = wall x workers / dumps - analysis - hash - signature seconds
+  per dump: what a worker spends per dump outside them (open, identity, IPC, pool
+  start-up amortised; the parent's commits overlap with it);
 * in-process costs: hashing one file, opening it + identity + signature (no
-  analyses), and one DuckDB commit.
+  analyses), and one DuckDB commit;
+* the re-run, where every file is known by path, size and times (not read again).
 """
 
 import argparse
@@ -81,14 +84,22 @@ def in_process_costs(paths):
     return hashing, framework, commit_seconds, record
 
 
+NOT_ANALYSES = ("hash", "signature")
+
+
 def batch(directory, workers, db):
     with TriageStore(db) as store:
         started = time.perf_counter()
         result = run_batch([directory], store, workers=workers, timeout=600)
         wall = time.perf_counter() - started
         records = [json.loads(row["record"]) for row in store.query("SELECT record FROM dumps")]
-    analysis = statistics.mean(sum(r["timings"].values()) for r in records) if records else 0.0
-    return result, wall, analysis
+    def mean_of(pick):
+        return statistics.mean(pick(r["timings"]) for r in records) if records else 0.0
+
+    analysis = mean_of(lambda timings: sum(v for k, v in timings.items() if k not in NOT_ANALYSES))
+    hashing = mean_of(lambda timings: timings.get("hash", 0.0))
+    signature = mean_of(lambda timings: timings.get("signature", 0.0))
+    return result, wall, analysis, hashing, signature
 
 
 def main():
@@ -105,24 +116,26 @@ def main():
         size = sum(os.path.getsize(p) for p in paths)
         print("wrote %d dumps (%.1f MB) in %.1f s" % (len(paths), size / 1e6, time.perf_counter() - started))
         hashing, framework, commit_seconds, record = in_process_costs(paths)
-        print("analyses per dump: %s" % ", ".join("%s %.1f ms" % (name, seconds * 1000)
-                                                  for name, seconds in record.timings.items()))
+        print("steps per dump: %s" % ", ".join("%s %.1f ms" % (name, seconds * 1000)
+                                               for name, seconds in record.timings.items()))
         print("in-process: hash %.2f ms/dump, open+identity+signature %.2f ms/dump, DuckDB commit %.2f ms/dump"
               % (hashing * 1000, framework * 1000, commit_seconds * 1000))
         for workers in [int(w) for w in args.workers.split(",")]:
             db = os.path.join(directory, "bench-%d.duckdb" % workers)
             if os.path.exists(db):
                 os.remove(db)
-            result, wall, analysis = batch(directory, workers, db)
+            result, wall, analysis, hashing, signature = batch(directory, workers, db)
             per_dump = wall * workers / max(result.analysed, 1)
             print("workers=%d: %d dumps (%d failed) in %.2f s = %.0f dumps/min; analyses %.1f ms/dump, "
-                  "overhead beyond analyses %.1f ms/dump"
+                  "hash %.1f ms/dump, signature %.1f ms/dump, overhead beyond them %.1f ms/dump"
                   % (workers, result.analysed, result.failed, wall, result.analysed / wall * 60.0,
-                     analysis * 1000, (per_dump - analysis) * 1000))
+                     analysis * 1000, hashing * 1000, signature * 1000,
+                     (per_dump - analysis - hashing - signature) * 1000))
         with TriageStore(os.path.join(directory, "bench-1.duckdb")) as store:
             started = time.perf_counter()
             result = run_batch([directory], store, workers=1)
-            print("re-run (all %d recorded, skipped by hash): %.2f s" % (result.skipped, time.perf_counter() - started))
+            print("re-run (all %d recorded, unchanged files not read): %.2f s"
+                  % (result.skipped, time.perf_counter() - started))
     finally:
         if not args.keep:
             shutil.rmtree(directory, ignore_errors=True)

@@ -52,10 +52,9 @@ def test_a_damaged_trace_database_makes_the_dump_suspicious(sample):
 
 
 def test_etw_stack_caches_are_summarised(sample):
-    pytest.importorskip("dbgext.etwcache.walk")
     scenario, manifest = sample
     summary = record_of(scenario, ["etwstacks"]).analyses["etwstacks"]
-    assert summary["loggers"] >= 1 and summary["caches"] >= 1 and summary["stacks"] > 0
+    assert summary["caches"] >= 1 and summary["stacks"] > 0
     cache = summary["per_cache"][0]
     assert set(cache) >= {"logger", "cache", "stacks", "free_pieces", "total_pieces", "problems"}
 

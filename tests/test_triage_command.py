@@ -122,3 +122,21 @@ def test_the_report_of_a_missing_database_says_how_to_make_one(tmp_path):
     pytest.importorskip("duckdb")
     code, text = triage("report", "--db", str(tmp_path / "none.duckdb"))
     assert code == 1 and "run `dbgext triage PATH... --db" in text
+
+
+def test_a_small_dump_record_shows_its_unloaded_drivers_mm_information_and_image_timestamps(tmp_path):
+    from dumps_support import small_dump
+    path = str(tmp_path / "Mini112326-01.dmp")
+    small_dump().write(path)
+    code, text = triage("record", "--dump", path, "--json", "--analyses", "rtltrace")
+    assert code == 0, text
+    record = json.loads(text)
+    assert record["dump"]["unloaded_drivers"][0] == {"name": "oldfilter.sy", "start": 0xFFFFF80013000000,
+                                                     "end": 0xFFFFF80013010000}
+    assert record["dump"]["mm"]["CommittedPages"] == 0x9ABC and record["dump"]["broken_driver"] == "mydrv.sys"
+    # No image headers in a small dump: the timestamp comes from its own driver list.
+    assert (record["faulting"]["module_timestamp"], record["faulting"]["module_size"]) == (0x61000001, 0x6000)
+    assert (record["bucket"], record["bucket_basis"]) == ("0xD1_mydrv+0x1234", "offset")
+    code, text = triage("record", "--dump", path, "--analyses", "rtltrace")
+    assert "UNLOADED_DRIVERS: name oldfilter.sy, start fffff800`13000000, end fffff800`13010000" in text
+    assert "IMAGE_TIMESTAMP:  61000001, size 0x6000" in text and "CommittedPages 0x9abc" in text

@@ -222,34 +222,36 @@ def test_a_full_disk_ends_the_batch_in_one_line_and_keeps_what_was_committed(tmp
 
 # -- two runs, Ctrl-C -------------------------------------------------------------------------
 
-def test_a_second_run_on_a_database_in_use_refuses_in_one_line(tmp_path):
-    dump_directory(tmp_path / "dumps", 4)
+def slow_run(tmp_path, dumps, started):
+    """A run over ``dumps`` new dumps with one worker and an analysis that takes its
+    time, once ``started`` dumps are under way: (process, database)."""
+    dump_directory(tmp_path / "dumps", dumps)
     markers = tmp_path / "markers"
     markers.mkdir()
-    db = str(tmp_path / "shared.duckdb")
-    first = triage_process([str(tmp_path / "dumps"), "--db", db, "--workers", "1", "--no-progress",
+    db = str(tmp_path / "slow.duckdb")
+    child = triage_process([str(tmp_path / "dumps"), "--db", db, "--workers", "1", "--no-progress",
                             "--plugin", PLUGIN, "--analyses", "test-slow"], markers=markers)
-    wait_for_markers(markers, 1, first)
+    wait_for_markers(markers, started, child)
+    return child, db
+
+
+def test_a_second_run_on_a_database_in_use_refuses_in_one_line(tmp_path):
+    first, db = slow_run(tmp_path, 24, started=1)   # about 6 s of work: the others start meanwhile
     second = triage_process([str(tmp_path / "dumps"), "--db", db, "--no-progress", "--analyses", "rtltrace"])
-    _, error = second.communicate(timeout=120)
     report = triage_process(["report", "--db", db])
+    _, error = second.communicate(timeout=120)
     _, report_error = report.communicate(timeout=120)
+    assert first.poll() is None, "the first run ended before the others could meet it"
     _, first_error = first.communicate(timeout=120)
     assert second.returncode == EXIT_ERROR and one_line(error.decode())
     assert "is in use by another process (PID %d)" % first.pid in error.decode()
     assert report.returncode == EXIT_ERROR and "in use by another process" in report_error.decode()
     assert first.returncode == EXIT_OK, first_error.decode()
-    assert count_dumps(db) == {"n": 4, "hashes": 4}
+    assert count_dumps(db) == {"n": 24, "hashes": 24}
 
 
 def test_ctrl_c_ends_the_batch_as_interrupted_and_keeps_committed_dumps(tmp_path):
-    dump_directory(tmp_path / "dumps", 6)
-    markers = tmp_path / "markers"
-    markers.mkdir()
-    db = str(tmp_path / "interrupted.duckdb")
-    child = triage_process([str(tmp_path / "dumps"), "--db", db, "--workers", "1", "--no-progress",
-                            "--plugin", PLUGIN, "--analyses", "test-slow"], markers=markers)
-    wait_for_markers(markers, 3, child)
+    child, db = slow_run(tmp_path, 6, started=3)
     os.killpg(child.pid, signal.SIGINT)        # what the terminal sends the whole process group
     _, error = child.communicate(timeout=120)
     error = error.decode()

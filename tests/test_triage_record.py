@@ -8,6 +8,7 @@ import pytest
 
 from dbgext.errors import BadInput
 from dbgext.problems import Problem
+from dbgext.target.symbols import EXPORT_SYMBOLS
 from dbgext.triage import record as record_module
 from dbgext.triage.bugchecks import BUGCHECK_NAMES, bugcheck_name, describe_crash
 from dbgext.triage.record import (STATUS_FAILED, STATUS_OK, Analysis, DumpRecord, build_record, content_hash,
@@ -61,6 +62,15 @@ def test_without_symbols_the_bucket_is_module_plus_offset_with_the_image_identit
     assert (record.bucket, record.bucket_basis) == ("0xD1_mydrv+0x2041", "offset")
     assert record.faulting.function is None and record.signature == "mydrv+0x2041"
     assert (record.faulting.module_timestamp, record.faulting.module_size) == (DRIVER_TIMESTAMP, 0x10000)
+
+
+def test_a_module_known_only_by_its_exports_is_bucketed_by_offset(monkeypatch):
+    # The export nearest below an address is often not the function holding it.
+    target = crash_scenario(salt=1).target()
+    monkeypatch.setattr(target.symbols, "status", lambda module_name: EXPORT_SYMBOLS)
+    record = build_record(target, analyses=[])
+    assert (record.bucket, record.bucket_basis) == ("0xD1_mydrv+0x2041", "offset")
+    assert record.faulting.name == "mydrv!DispatchIoctl+0x41" and record.faulting.symbols == EXPORT_SYMBOLS
 
 
 def test_a_module_without_its_pe_headers_in_the_dump_keeps_its_loader_size_and_no_timestamp():

@@ -73,34 +73,26 @@ register_analysis("rtltrace", summarize_rtltrace, requires="dbgext.rtltrace",
 # -- etwstacks: ETW stack caches -----------------------------------------------------------
 
 def summarize_etwstacks(target):
-    from ..etwcache.discover import discover_loggers
-    from ..etwcache.validate import validate
-    from ..etwcache.walk import read_cache
+    from ..etwcache import analyze
 
     if (target.info() or {}).get("mode") == "user":
         return {"skipped": "user-mode dump: ETW loggers live in the kernel"}
     try:
-        loggers, _offsets = discover_loggers(target)
+        analysis = analyze(target)
     except (SymbolNotFound, BadInput) as error:
         return {"skipped": str(error)}
     except UnreadableMemory as error:
-        return {"loggers": 0, "problems": [Problem("unreadable_memory", error.address, str(error))]}
-    problems = ProblemLog()
+        return {"caches": 0, "problems": [Problem("unreadable_memory", error.address, str(error))]}
+    problems = ProblemLog(analysis.problems)
     caches = []
-    for logger in loggers:
-        label = logger.name or ("logger %s" % logger.logger_id)
-        for kind, address, detail in logger.problems:
-            problems.add(kind, address, "%s: %s" % (label, detail))
-        if not logger.stack_cache:
-            continue
-        state = read_cache(target, logger.stack_cache, logger_context=logger.context, logger_id=logger.logger_id)
-        found = list(state.problems) + list(validate(state, idle=True))
-        problems.extend(_located(label, problem) for problem in found)
-        caches.append({"logger": label, "cache": logger.stack_cache, "variant": state.variant,
+    for report in analysis.caches:
+        state = report.state
+        problems.extend(_located(report.label, problem) for problem in report.problems)
+        caches.append({"logger": report.label, "cache": state.address, "variant": state.variant,
                        "stacks": len(state.entries), "free_pieces": len(state.free_pieces),
-                       "total_pieces": state.total_pieces if state.readable else 0, "problems": len(found)})
+                       "total_pieces": state.total_pieces if state.readable else 0,
+                       "problems": report.problems.errors})
     return {
-        "loggers": len(loggers),
         "caches": len(caches),
         "stacks": sum(c["stacks"] for c in caches),
         "free_pieces": sum(c["free_pieces"] for c in caches),
@@ -110,7 +102,7 @@ def summarize_etwstacks(target):
     }
 
 
-register_analysis("etwstacks", summarize_etwstacks, requires="dbgext.etwcache.walk",
+register_analysis("etwstacks", summarize_etwstacks, requires="dbgext.etwcache",
                   description="ETW stack caches: loggers, stacks, free pieces, problems")
 
 

@@ -33,7 +33,7 @@ BUILTIN_PLUGIN_MODULES = ("dbgext.triage.analyses",)
 
 # Facts of target.info() shown in the record as they are (a small dump's unloaded
 # drivers and memory-manager state).
-DUMP_FACTS = ("dump_type", "unloaded_drivers", "memory_manager")
+DUMP_FACTS = ("dump_type", "broken_driver", "unloaded_drivers", "unloaded_modules", "mm")
 
 # -- content hash ------------------------------------------------------------------
 

@@ -152,7 +152,10 @@ def render_record(out, record, pointer_size=8):
         out.line("SYMBOL_NAME:      %s" % (faulting.function or "(no symbols: %s)" % faulting.module_relative))
     out.line("BUCKET_ID:        %s (by %s)" % (record.bucket or "-", record.bucket_basis or "-"))
     for key, value in record.dump.items():
-        out.line("%-17s %s" % (key.upper() + ":", _short(value, 200)))
+        rows = value if isinstance(value, list) else [value]
+        out.line("%-17s %s" % (key.upper() + ":", _fact(rows[0], address) if rows else "none"))
+        for row in rows[1:]:
+            out.line("%-17s %s" % ("", _fact(row, address)))
     if record.frames:
         out.line()
         out.line("STACK_TEXT:")
@@ -170,6 +173,15 @@ def render_record(out, record, pointer_size=8):
                     address(problem.address) if problem.address is not None else "-", problem.message]
                    for analysis, problem in problems], ["analysis", "kind", "severity", "address", "problem"],
                   title="Problems")
+
+
+def _fact(value, address):
+    """A dump fact on one line: ``name oldfilter.sys, start fffff800`13000000, ...``."""
+    if isinstance(value, dict):
+        return ", ".join("%s %s" % (key, _fact(item, address)) for key, item in value.items())
+    if isinstance(value, bool) or not isinstance(value, int):
+        return str(value)
+    return address(value) if value > 0xFFFFFFFF else "0x%x" % value
 
 
 def _short(value, limit=60):

@@ -20,6 +20,7 @@ prints the hash line, then the record, as JSON: the isolated form the Dask path
 runs per dump.
 """
 
+import contextlib
 import fnmatch
 import glob
 import json
@@ -28,6 +29,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from multiprocessing.connection import wait as wait_for
 
@@ -375,6 +377,44 @@ class BatchResult(object):
         self.seconds = 0.0
 
 
+class DeferredInterrupt(object):
+    """Ctrl-C during a database call takes effect when the call returns.  DuckDB
+    polls for signals inside its queries and turns one into its own error, or
+    drops it when the query completes anyway; deferred, a commit either happens
+    whole or not at all, and the interrupt is never lost.  Installed only in the
+    main thread (where Python delivers signals)."""
+
+    def __init__(self):
+        self.pending = False
+        self._deferring = False
+        self._previous = None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+    def _handle(self, signum, frame):
+        if self._deferring:
+            self.pending = True
+            return
+        raise KeyboardInterrupt()
+
+    @contextlib.contextmanager
+    def deferred(self):
+        self._deferring = True
+        try:
+            yield
+        finally:
+            self._deferring = False
+        if self.pending:
+            raise KeyboardInterrupt()
+
+
 def plan_tasks(paths, store, analyses=None, plugins=(), symbols=None, retry_failed=False, exclude=()):
     """Expand ``paths`` and return (tasks for files not known to be recorded,
     BatchResult).  A file is known when its path, size, modification and change
@@ -412,27 +452,33 @@ def run_batch(paths, store, workers=None, timeout=DEFAULT_TIMEOUT, analyses=None
     started = time.time()
     load_plugins(plugins)
     select_analyses(analyses)  # unknown analysis names fail here, before any work
-    tasks, result = plan_tasks(paths, store, analyses, plugins, symbols, retry_failed, exclude)
-    pool = None
-    if tasks:
-        pool = DaskPool(dask_address, timeout) if dask_address else LocalPool(workers, timeout)
-    if progress is not None:
-        progress.start(len(tasks))
-    try:
-        for task, document in (pool.run(tasks) if pool is not None else ()):
-            failed = document.get("status") == STATUS_FAILED
-            if document.get("hash") is None:
-                result.unreadable.append("%s: %s" % (task["path"], document.get("reason")))
-            elif store.add(document, replace_failed=retry_failed, stat=tuple(task["stat"])):
-                result.analysed += 1
-                result.failed += failed
-            else:
-                result.skipped += 1
-            if progress is not None:
-                progress.advance(failed)
-    finally:
+    with DeferredInterrupt() as interrupts:
+        with interrupts.deferred():
+            tasks, result = plan_tasks(paths, store, analyses, plugins, symbols, retry_failed, exclude)
+        pool = None
+        if tasks:
+            pool = DaskPool(dask_address, timeout) if dask_address else LocalPool(workers, timeout)
         if progress is not None:
-            progress.finish()
+            progress.start(len(tasks))
+        try:
+            for task, document in (pool.run(tasks) if pool is not None else ()):
+                failed = document.get("status") == STATUS_FAILED
+                if document.get("hash") is None:
+                    result.unreadable.append("%s: %s" % (task["path"], document.get("reason")))
+                    added = None
+                else:
+                    with interrupts.deferred():
+                        added = store.add(document, replace_failed=retry_failed, stat=tuple(task["stat"]))
+                if added:
+                    result.analysed += 1
+                    result.failed += failed
+                elif added is False:
+                    result.skipped += 1
+                if progress is not None:
+                    progress.advance(failed)
+        finally:
+            if progress is not None:
+                progress.finish()
     result.seconds = time.time() - started
     return result
 

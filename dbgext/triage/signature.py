@@ -10,8 +10,9 @@ was found).  The *faulting frame* is then, in this order:
 2. else the first frame of the stack that is not bug-check or exception-dispatch
    plumbing (:data:`PLUMBING`).
 
-The bucket key is ``<code>_<module>!<function>`` when the module's symbols name the
-function, else ``<code>_<module>+0x<offset>``.  Both forms are recorded with the
+The bucket key is ``<code>_<module>!<function>`` when the module's symbols (PDB,
+ISF or the debugger's; not exports alone) name the function, else
+``<code>_<module>+0x<offset>``.  Both forms are recorded with the
 module's image name, timestamp and size, so the report can put a dump analysed
 without symbols into the bucket another dump of the same image build got by name
 (the bucket does not depend on whether symbols happened to be there).
@@ -19,10 +20,13 @@ without symbols into the bucket another dump of the same image build got by name
 
 from ..errors import DbgextError
 from ..problems import ProblemLog
+from ..target.symbols import EXPORT_SYMBOLS, NO_SYMBOLS
 from .bugchecks import FAULTING_ADDRESS_ARGUMENT
 
 MAX_FRAMES = 16
 HEADER_BYTES = 0x1000
+
+NOT_FUNCTION_SYMBOLS = (EXPORT_SYMBOLS, NO_SYMBOLS)
 
 BASIS_SYMBOL = "symbol"      # module!function from the module's symbols
 BASIS_OFFSET = "offset"      # module+offset of an image identified by timestamp and size
@@ -54,10 +58,10 @@ class CrashFrame(object):
     taken from the crash itself)."""
 
     __slots__ = ("address", "how", "name", "module", "image", "module_offset", "function", "function_offset",
-                 "module_timestamp", "module_size")
+                 "module_timestamp", "module_size", "symbols")
 
     def __init__(self, address, how, name=None, module=None, image=None, module_offset=None, function=None,
-                 function_offset=None, module_timestamp=None, module_size=None):
+                 function_offset=None, module_timestamp=None, module_size=None, symbols=None):
         self.address = address
         self.how = how
         self.name = name
@@ -68,6 +72,7 @@ class CrashFrame(object):
         self.function_offset = function_offset
         self.module_timestamp = module_timestamp
         self.module_size = module_size
+        self.symbols = symbols            # the module's symbol status: "pdb symbols", "export symbols"...
 
     def as_dict(self):
         return dict((name, getattr(self, name)) for name in self.__slots__)
@@ -114,22 +119,24 @@ def module_identity(target, module):
 
 def place(target, address, how, identities):
     """A :class:`CrashFrame` for ``address``: its module, function and names.
-    ``identities`` caches module_identity per module base."""
+    ``identities`` caches module_identity per module base.  A function is taken
+    from real symbols only (PDB, ISF, the debugger's): the export nearest below an
+    address is often not the function holding it, so export names stay display
+    names and the bucket falls back to module+offset."""
     frame = CrashFrame(address, how, name=target.symbolize(address))
-    module = target.module_at(address)
+    module, name, rva = target.symbols.nearest(address)
     if module is None:
         return frame
     frame.module = module.name
     frame.image = module.image
     frame.module_offset = address - module.base
+    frame.symbols = target.symbols.status(module.name)
     if module.base not in identities:
         identities[module.base] = module_identity(target, module)
     frame.module_timestamp, frame.module_size = identities[module.base]
-    function = target.symbols.function_of(address)
-    if function and "!" in function:
-        start = target.symbol_address(function)
-        frame.function = function
-        frame.function_offset = address - start if start is not None else None
+    if name is not None and frame.symbols not in NOT_FUNCTION_SYMBOLS:
+        frame.function = "%s!%s" % (module.name, name)
+        frame.function_offset = address - module.base - rva
     return frame
 
 
@@ -160,7 +167,10 @@ def bucket_key(code, frame):
 def crash_signature(target, info, code, parameters):
     """The :class:`CrashSignature` of the crash described by ``info`` (target.info())."""
     result = CrashSignature()
-    identities = {}
+    # A small dump's own driver list knows the images' timestamps and sizes even
+    # though it holds none of their headers.
+    identities = dict((driver["base"], (driver.get("timestamp"), driver.get("size")))
+                      for driver in info.get("drivers") or () if isinstance(driver, dict) and "base" in driver)
     addresses, problems = unwind_faulting_thread(target)
     result.problems.extend(problems)
     result.frames = [place(target, address, how, identities) for address, how in addresses]
