@@ -7,14 +7,68 @@ Each module is loaded once per walker.  Its ``.pdata`` becomes a sorted table fo
 binary search; entries that cannot be right (end before begin, outside the image,
 overlapping) are dropped and reported once, so a corrupt directory costs one
 problem, not a wrong frame.
+
+A module in target memory is never read whole (:class:`TargetImage`): over a live
+kernel debugging connection reading ntoskrnl's 11 MB would take minutes, and a
+walk needs its header page, its ``.pdata``, a few UNWIND_INFOs and a few code
+windows.
 """
 
 import bisect
 import os
+import struct
 
-from ..errors import BadInput
-from ..pe import PEImage
+from ..errors import BadInput, UnreadableMemory
+from ..pe import DIRECTORY_EXCEPTION, PEImage
+from ..problems import ProblemLog
 from .x64 import EPILOGUE_WINDOW
+
+RUNTIME_FUNCTION = struct.Struct("<III")
+
+
+class TargetImage(object):
+    """What the unwinder reads of a module in target memory — the exception
+    directory, UNWIND_INFO, code — fetched on demand through the target's page
+    cache.  It answers the few :class:`~dbgext.pe.PEImage` calls the unwind-data
+    parser makes (``unpack``, ``read_partial``, ``describe``, ``size_of_image``);
+    ``headers`` is a PEImage of the module's header page."""
+
+    describe = PEImage.describe
+
+    def __init__(self, target, module, headers):
+        self.target = target
+        self.name = module.name
+        self.image_base = module.base
+        self.arch = headers.arch
+        self.size_of_image = headers.size_of_image
+        self.headers = headers
+        self.problems = ProblemLog()
+
+    def unpack(self, fmt, rva):
+        try:
+            return struct.unpack(fmt, self.target.read(self.image_base + rva, struct.calcsize(fmt)))
+        except UnreadableMemory:
+            return None
+
+    def read_partial(self, rva, size):
+        """The bytes at ``rva`` up to ``size``, stopping at the first unreadable one."""
+        read = self.target.try_read(self.image_base + rva, size)
+        return read.data[:read.holes[0][0] - read.address] if read.holes else read.data
+
+    @property
+    def runtime_functions(self):
+        if self.arch != "x64":
+            return []
+        rva, size = self.headers.directory(DIRECTORY_EXCEPTION)
+        size -= size % RUNTIME_FUNCTION.size
+        if not rva or size <= 0:
+            return []
+        data = self.read_partial(rva, size)
+        if len(data) < size:
+            self.problems.add("pe_directory_unreadable", self.image_base + rva + len(data),
+                              "%s: the exception directory is cut short after %d entries"
+                              % (self.name, len(data) // RUNTIME_FUNCTION.size))
+        return list(RUNTIME_FUNCTION.iter_unpack(data[:len(data) - len(data) % RUNTIME_FUNCTION.size]))
 
 
 class ModuleCode(object):
@@ -102,11 +156,13 @@ class Images(object):
         return ModuleCode(module, image, entries, corrupt)
 
     def _from_target(self, module):
-        try:
-            return PEImage.from_target(self.target, module)
-        except BadInput as error:
-            self.problems.add("image_unreadable", module.base, str(error), "warning")
+        from ..symbols.match import image_headers
+        headers = image_headers(self.target, module)
+        if headers is None:
+            self.problems.add("image_unreadable", module.base, "the PE headers of %s at %s are not in the target"
+                              % (module.name, self.target.format_address(module.base)), "warning")
             return None
+        return TargetImage(self.target, module, headers)
 
     def _entries(self, image):
         """(the image's .pdata sorted without impossible entries, whether any were

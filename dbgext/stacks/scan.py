@@ -38,12 +38,13 @@ class ReturnAddresses(object):
         self.images = images
         self._known = {}
         modules = images.modules
-        self._lowest = modules[0].base if modules else 0
-        self._highest = max(module.end for module in modules) if modules else 0
+        # Most stack slots are data: a range test spares them the module lookup.
+        self.lowest = modules[0].base if modules else 0
+        self.highest = max(module.end for module in modules) if modules else 0
 
     def plausible(self, value):
-        if not self._lowest <= value < self._highest:
-            return False  # most stack slots are data: no module lookup for them
+        if not self.lowest <= value < self.highest:
+            return False
         known = self._known.get(value)
         if known is None:
             known = self._known[value] = self._follows_call(value)
@@ -70,8 +71,10 @@ def scan_for_return(target, returns, start, top, pointer_size):
         return None
     read = target.try_read(start, span)
     values = struct.unpack("<%d%s" % (span // pointer_size, "Q" if pointer_size == 8 else "I"), read.data)
+    lowest, highest = returns.lowest, returns.highest
     for index, value in enumerate(values):
-        slot = start + index * pointer_size
-        if value and returns.plausible(value) and read.readable(slot, pointer_size):
-            return slot, value
+        if lowest <= value < highest and returns.plausible(value):
+            slot = start + index * pointer_size
+            if read.readable(slot, pointer_size):
+                return slot, value
     return None
