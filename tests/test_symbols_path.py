@@ -209,3 +209,17 @@ def test_a_silent_server_times_out(tmp_path, built, server):
     reports = Reports()
     assert locator.find_pdb(built.image.codeview, reports) is None
     assert "timed out" in reports[0][1]
+
+
+def test_an_unchanged_pdb_is_opened_and_parsed_once_per_process(tmp_path, built):
+    from dbgext.symbols.path import open_pdb
+    path = tmp_path / "copy.pdb"
+    shutil.copy(built.pdb, str(path))
+    first = open_pdb(str(path))
+    first.publics()
+    assert open_pdb(str(path)) is first
+    first.close()                       # a user of the shared file closed it: it is opened again
+    reopened = open_pdb(str(path))
+    assert reopened is not first and not reopened.closed
+    os.utime(str(path), ns=(1, 1))      # rewritten: read again
+    assert open_pdb(str(path)) is not reopened

@@ -22,6 +22,7 @@ show a progress bar on stderr and give up after ``timeout`` seconds of silence.
 import os
 import sys
 import tempfile
+from collections import OrderedDict
 
 from ..errors import BadInput
 from .isf import is_isf_name
@@ -267,9 +268,8 @@ def _base_name(path):
 
 
 def _open_matching(path, codeview, report):
-    from .pdb import PdbFile
     try:
-        pdb = PdbFile(path)
+        pdb = open_pdb(path)
         if pdb.matches(codeview.guid, codeview.age):
             return pdb
     except BadInput as error:
@@ -277,8 +277,31 @@ def _open_matching(path, codeview, report):
         return None
     report("mismatched_pdb", "mismatched PDB %s: it is {%s} age %d, the module wants {%s} age %d"
            % (path, pdb.guid_text, pdb.dbi_age, codeview.guid_text, codeview.age))
-    pdb.close()
     return None
+
+
+# PDBs stay open and parsed across the targets of one process (batch triage opens
+# the same nt.pdb for every dump of a build); the file's size and mtime are part
+# of the key, so a rewritten file is read again.
+_OPEN_PDBS = OrderedDict()
+MAX_OPEN_PDBS = 16
+
+
+def open_pdb(path):
+    """A :class:`~dbgext.symbols.pdb.PdbFile` for ``path``, shared while the file is unchanged."""
+    from .pdb import PdbFile
+    try:
+        status = os.stat(path)
+    except OSError as error:
+        raise BadInput("cannot read %s: %s" % (path, error.strerror or error))
+    key = (os.path.realpath(path), status.st_size, status.st_mtime_ns)
+    pdb = _OPEN_PDBS.pop(key, None)
+    if pdb is None or pdb.closed:
+        pdb = PdbFile(path)
+    _OPEN_PDBS[key] = pdb
+    while len(_OPEN_PDBS) > MAX_OPEN_PDBS:
+        _OPEN_PDBS.popitem(last=False)[1].close()
+    return pdb
 
 
 def _image_matches(path, timestamp, size_of_image):

@@ -225,6 +225,10 @@ class MsfFile(object):
         size, blocks = self._streams[index]
         return self._join(blocks, size, what)
 
+    @property
+    def closed(self):
+        return getattr(self, "_map", None) is None
+
     def close(self):
         if getattr(self, "_map", None) is not None:
             self._map.close()
@@ -487,6 +491,10 @@ class PdbFile(object):
             self._types = TypeTable(self.msf.stream(STREAM_TPI, "TPI stream"), self.path,
                                     8 if self.machine == 0x8664 else (4 if self.machine == 0x14C else None))
         return self._types
+
+    @property
+    def closed(self):
+        return self.msf.closed
 
     def close(self):
         self.msf.close()
