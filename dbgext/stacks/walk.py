@@ -33,7 +33,8 @@ def analyze(target, thread=None, max_frames=MAX_FRAMES, image_loader=None):
 
 class Unwinder(object):
     """Walks threads of one target; modules' unwind data is loaded once and kept
-    across walks (triage and benchmarks walk many threads of one target)."""
+    across walks (triage and benchmarks walk many threads of one target), so a
+    problem with a module's image is reported by the walk that first needed it."""
 
     def __init__(self, target, image_loader=None):
         self.target = target
