@@ -177,11 +177,24 @@ def test_a_pdb_missing_from_the_cache_is_downloaded_with_a_progress_bar(tmp_path
     pdb = locator.find_pdb(built.image.codeview, Reports())
     assert pdb is not None and pdb.path.startswith(str(cache))
     pdb.close()
-    assert "downloading %s" % os.path.basename(built.pdb) in progress.getvalue() and "100%" in progress.getvalue()
+    size = os.path.getsize(built.pdb) / 1e6
+    assert progress.getvalue() == "downloading %s: %.1f MB\n" % (os.path.basename(built.pdb), size)
     # The second time it comes from the cache.
     again = SymbolLocator(parse_symbol_path("srv*%s*%s" % (cache, server.url)), progress=progress)
     again.find_pdb(built.image.codeview, Reports()).close()
     assert len(server.requests) == 1
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_on_a_terminal_the_progress_bar_is_redrawn_in_place(tmp_path, built, server):
+    progress = Terminal()
+    SymbolLocator(parse_symbol_path("srv*%s*%s" % (tmp_path / "cache", server.url)),
+                  progress=progress).find_pdb(built.image.codeview, Reports()).close()
+    assert "\rdownloading %s [%s] 100%%" % (os.path.basename(built.pdb), "#" * 30) in progress.getvalue()
 
 
 def test_no_download_means_no_request(tmp_path, built, server):

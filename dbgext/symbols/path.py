@@ -225,7 +225,8 @@ def _length(response):
 
 
 class ProgressBar(object):
-    """``name [#####     ] 45% 1.2/2.7 MB`` redrawn in place on one stderr line."""
+    """``name [#####     ] 45% 1.2/2.7 MB`` redrawn in place on one stderr line; a
+    stream that is not a terminal (a log, a pipe) gets only the closing line."""
 
     WIDTH = 30
 
@@ -234,8 +235,12 @@ class ProgressBar(object):
         self.name = name
         self.total = total
         self._shown = -1
+        isatty = getattr(stream, "isatty", None)
+        self._live = bool(isatty and isatty())
 
     def update(self, received):
+        if not self._live:
+            return
         if self.total:
             percent = min(100, received * 100 // self.total)
             if percent == self._shown:
@@ -250,8 +255,8 @@ class ProgressBar(object):
         self.stream.flush()
 
     def finish(self, received):
-        self.stream.write("\rdownloading %s: %s\n" % (self.name, "%.1f MB" % (received / 1e6)
-                                                       if received is not None else "failed"))
+        outcome = "%.1f MB" % (received / 1e6) if received is not None else "failed"
+        self.stream.write("%sdownloading %s: %s\n" % ("\r" if self._live else "", self.name, outcome))
         self.stream.flush()
 
 
