@@ -5,6 +5,8 @@ import io
 import json
 import os
 
+import pytest
+
 from pykd_support import run_windbg_script
 from stacks_support import build, run
 
@@ -73,19 +75,26 @@ def test_k_refuses_an_unknown_thread_in_one_line(tmp_path):
     assert err.count("\n") == 1 and "99" in err
 
 
-def test_k_takes_unwind_data_from_an_image_path_when_the_dump_lacks_the_module(tmp_path):
+def minidump_without_pdata(tmp_path):
+    """An executed stack in a minidump that lost the page holding chain.dll's .pdata."""
     stopped = run("clang-O2", "entry", 5, stop_at="leaf")
     scenario = stopped.scenario(mode="user")
     base = stopped.address("leaf") - stopped.image.exports_by_name["leaf"]
     scenario.unmap(base + stopped.image.directory(3)[0], 1)
     path = str(tmp_path / "no-pdata.mdmp")
     scenario.write_minidump(path)
+    return path, stopped.expected_frames()
+
+
+@pytest.mark.parametrize("option", ["--image-path", "--symbols"])
+def test_k_takes_unwind_data_the_dump_lacks_from_an_image_path_or_the_symbol_path(tmp_path, option):
+    path, expected = minidump_without_pdata(tmp_path)
     code, text, _ = k("--dump", path, "--json")
     before = json.loads(text)
     assert "no_unwind_data" in [problem["kind"] for problem in before["problems"]]
-    code, text, _ = k("--dump", path, "--json", "--image-path", os.path.dirname(build("clang-O2")))
+    code, text, _ = k("--dump", path, "--json", option, os.path.dirname(build("clang-O2")))
     after = json.loads(text)
-    assert [(frame["ip"], frame["child_sp"]) for frame in after["frames"]] == stopped.expected_frames()
+    assert [(frame["ip"], frame["child_sp"]) for frame in after["frames"]] == expected
     assert after["found_by"]["scan"] == 0
 
 
@@ -113,16 +122,3 @@ def test_k_walks_a_waiting_kernel_thread_from_its_switch_frame(tmp_path):
     assert document["thread"]["kernel_thread"] == info["thread"]
     assert document["frames"][0]["function"].startswith("sampledrv!BuildRequest+")
     assert document["thread"]["stack_base"] == info["initial_stack"]
-
-
-def test_k_finds_the_image_in_the_symbol_path_when_the_dump_lacks_its_unwind_data(tmp_path):
-    stopped = run("clang-O2", "entry", 5, stop_at="leaf")
-    scenario = stopped.scenario(mode="user")
-    base = stopped.address("leaf") - stopped.image.exports_by_name["leaf"]
-    scenario.unmap(base + stopped.image.directory(3)[0], 1)
-    path = str(tmp_path / "no-pdata.mdmp")
-    scenario.write_minidump(path)
-    code, text, _ = k("--dump", path, "--json", "--symbols", os.path.dirname(build("clang-O2")))
-    document = json.loads(text)
-    assert [(frame["ip"], frame["child_sp"]) for frame in document["frames"]] == stopped.expected_frames()
-    assert document["found_by"]["scan"] == 0
