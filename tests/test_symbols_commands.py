@@ -239,3 +239,13 @@ def test_dt_of_an_enum_lists_its_enumerators(kernel):
     dump, symbols = kernel
     _, out, _ = run(["dt", "kernel_shapes!_KTHREAD_STATE", "--dump", dump, "--symbols", symbols])
     assert out.splitlines() == ["   Initialized = 0n0", "   Ready = 0n1", "   Running = 0n2", "   Waiting = 0n5"]
+
+
+def test_dt_of_a_global_variable_shows_its_type_at_its_address(kernel, x64):
+    dump, symbols = kernel
+    _, by_variable, _ = run(["dt", "kernel_shapes!SampleThread", "--json", "--dump", dump, "--symbols", symbols])
+    _, by_type, _ = run(["dt", "kernel_shapes!_KTHREAD", "kernel_shapes!SampleThread", "--json", "--dump", dump,
+                         "--symbols", symbols])
+    assert json.loads(by_variable)["members"] == json.loads(by_type)["members"]
+    assert json.loads(by_variable)["address"] == json.loads(by_type)["address"]
+    assert json.loads(by_variable)["address"] is not None

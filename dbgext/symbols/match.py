@@ -117,13 +117,19 @@ class PdbModuleSymbols(ModuleSymbols):
 
     def _view(self, key):
         types = self.pdb.types
-        record = types.get(key) if isinstance(key, int) else types.find(key)
+        record = types.strip(key) if isinstance(key, int) else types.find(key)
         if record is None or record.kind not in ("struct", "union", "class", "enum"):
             return None
         return pdb_type_view(types, record)
 
     def type_names(self):
         return self._guarded(lambda: self.pdb.types.names(), [])
+
+    def variable_type(self, name):
+        for data in self._guarded(self.pdb.data, []):
+            if data.name == name:
+                return data.type_index
+        return None
 
 
 class ExportSymbols(ModuleSymbols):

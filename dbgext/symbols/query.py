@@ -180,6 +180,9 @@ def display_type(target, type_name, address=None, depth=0):
         return TypeResult(type_name, None, None, None, [], _matching_types(target, type_name))
     table, bare = symbols.type_owner(type_name)
     view = table.type_view(bare) if table is not None else None
+    if view is None and address is None:
+        # dt MODULE!variable: the variable's structure type at the variable's address.
+        table, view, address = _variable(target, type_name)
     if view is None:
         raise SymbolNotFound("dt: no type information for '%s' (%s)" % (type_name, _type_sources(target)))
     data = None
@@ -254,6 +257,20 @@ def _value(target, member, data, address):
     if isinstance(value, float):
         return value, repr(value)
     return value, "0n%d" % value if value < 0 else "0x%x" % value
+
+
+def _variable(target, name):
+    """(table, TypeView, address) of a global variable of structure type, or Nones."""
+    if "!" not in name:
+        return None, None, None
+    module_name, variable = name.split("!", 1)
+    module = target.module_named(module_name)
+    table = target.symbols.module_symbols(module_name) if module is not None else None
+    key = table.variable_type(variable) if table is not None else None
+    view = table.type_view(key) if key is not None else None
+    if view is None:
+        return None, None, None
+    return table, view, module.base + table.symbols[variable]
 
 
 def _matching_types(target, pattern):

@@ -79,6 +79,10 @@ class ModuleSymbols(object):
     def type_names(self):
         return sorted(self.types)
 
+    def variable_type(self, name):
+        """The type key of a global variable (for ``dt MODULE!variable``), or None."""
+        return None
+
     def type_size(self, type_name):
         view = self.type_view(type_name)
         return view.size if view is not None else None
