@@ -19,8 +19,6 @@ from dbgext.testing.kdump_writer import pack_debugger_data, write_kernel_dump
 from dumps_support import (
     NT_BASE, SMALL_DUMP_OFFSETS, UNMAPPED_KERNEL, kernel_scenario, open_kdmp, probe_addresses)
 
-kdmp_parser = pytest.importorskip("kdmp_parser")
-
 KDBG_ADDRESS = NT_BASE + 0x3000
 
 
@@ -34,12 +32,26 @@ def scenario_with_debugger_data(seed=51):
     return scenario
 
 
+def written_as(dump_type, tmp_path_factory):
+    scenario = scenario_with_debugger_data()
+    path = str(tmp_path_factory.mktemp("types") / ("type%d.dmp" % dump_type))
+    write_kernel_dump(scenario, path, dump_type=dump_type)
+    return dump_type, scenario, path
+
+
 @pytest.fixture(scope="module", params=[2, 8, 9, 10])
 def typed(request, tmp_path_factory):
-    scenario = scenario_with_debugger_data()
-    path = str(tmp_path_factory.mktemp("types") / ("type%d.dmp" % request.param))
-    write_kernel_dump(scenario, path, dump_type=request.param)
-    return request.param, scenario, path
+    return written_as(request.param, tmp_path_factory)
+
+
+@pytest.fixture(scope="module", params=[8, 9, 10])
+def rdmp(request, tmp_path_factory):
+    return written_as(request.param, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def summary(tmp_path_factory):
+    return written_as(2, tmp_path_factory)
 
 
 def test_every_page_of_every_type_reads_back(typed):
@@ -50,10 +62,9 @@ def test_every_page_of_every_type_reads_back(typed):
     assert not target.is_readable(UNMAPPED_KERNEL)
 
 
-def test_rdmp_dumps_round_trip_through_kdmp_parser(typed):
-    dump_type, scenario, path = typed
-    if dump_type == 2:
-        pytest.skip("kdmp-parser rejects DumpType 2")
+def test_rdmp_dumps_round_trip_through_kdmp_parser(rdmp):
+    pytest.importorskip("kdmp_parser")
+    dump_type, scenario, path = rdmp
     dump = open_kdmp(path)
     assert int(dump.type) == dump_type
     for va, page in scenario.pages.items():
@@ -62,10 +73,9 @@ def test_rdmp_dumps_round_trip_through_kdmp_parser(typed):
     assert sorted(dump.pages.keys()) == list(backend.physical_frames())
 
 
-def test_dbgext_and_kdmp_parser_agree_on_random_addresses_of_rdmp_dumps(typed, capfd):
-    dump_type, scenario, path = typed
-    if dump_type == 2:
-        pytest.skip("kdmp-parser rejects DumpType 2")
+def test_dbgext_and_kdmp_parser_agree_on_random_addresses_of_rdmp_dumps(rdmp, capfd):
+    pytest.importorskip("kdmp_parser")
+    dump_type, scenario, path = rdmp
     dump = open_kdmp(path)
     target = dbgext.open(path)
     for address in probe_addresses(scenario, random.Random(dump_type)):
@@ -77,10 +87,8 @@ def test_dbgext_and_kdmp_parser_agree_on_random_addresses_of_rdmp_dumps(typed, c
     capfd.readouterr()
 
 
-def test_the_rdmp_header_obeys_kdmp_parsers_size_rule(typed):
-    dump_type, _, path = typed
-    if dump_type == 2:
-        pytest.skip("no RDMP header")
+def test_the_rdmp_header_obeys_kdmp_parsers_size_rule(rdmp):
+    _, _, path = rdmp
     with open(path, "rb") as handle:
         head = handle.read(RDMP_HEADER64["offset"] + PAGE_SIZE)[RDMP_HEADER64["offset"]:]
     marker, signature, metadata, first_page = struct.unpack_from("<I8s4xQQ", head)
@@ -88,10 +96,8 @@ def test_the_rdmp_header_obeys_kdmp_parsers_size_rule(typed):
     assert metadata - 0x20 == first_page - 0x2040 and first_page % PAGE_SIZE == 0
 
 
-def test_the_summary_dump_keeps_its_bitmap_after_u32_fields(typed):
-    dump_type, scenario, path = typed
-    if dump_type != 2:
-        pytest.skip("type 2 only")
+def test_the_summary_dump_keeps_its_bitmap_after_u32_fields(summary):
+    _, _, path = summary
     layout = SUMMARY_DUMP_OLD
     with open(path, "rb") as handle:
         data = handle.read()

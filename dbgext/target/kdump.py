@@ -27,6 +27,7 @@ a budget of pages, so a corrupt dump costs bounded time; what was cut short is
 reported in ``problems``.
 """
 
+import re
 import struct
 from bisect import bisect_right
 
@@ -67,6 +68,7 @@ def mapped_page_budget(physical_pages):
 LARGE_2M_RESERVED = 0x1FE000
 LARGE_1G_RESERVED = 0x3FFFE000
 _U64 = struct.Struct("<Q")
+_NONZERO_BYTES = re.compile(b"[^\\x00]+")
 
 
 def debugger_module_name(file_name):
@@ -286,6 +288,7 @@ class RunLayout(object):
         runs = sorted(runs)
         self.runs = runs
         self.bases = [base for base, _, _ in runs]
+        self.spans = [(base, base + count) for base, count, _ in runs]
         self.page_count = sum(count for _, count, _ in runs)
         self.highest_pfn = max([base + count - 1 for base, count, _ in runs] or [-1])
 
@@ -306,12 +309,7 @@ class RunLayout(object):
 
     def present(self, first, count):
         """[(start PFN, end PFN)] of the frames in [first, first+count) the dump holds."""
-        out = []
-        for base, run_count, _ in self.runs:
-            lo, hi = max(base, first), min(base + run_count, first + count)
-            if lo < hi:
-                out.append((lo, hi))
-        return out
+        return _clip_runs(self.spans, first, first + count)
 
     def frames(self):
         for base, count, _ in self.runs:
@@ -332,6 +330,7 @@ class BitmapLayout(object):
             present += bin(int.from_bytes(bitmap[chunk:chunk + BITMAP_CHUNK_BYTES], "little")).count("1")
         self.prefix = prefix
         self.page_count = present
+        self._runs = None
         last = len(bitmap.rstrip(b"\0"))
         self.highest_pfn = (last - 1) * 8 + bitmap[last - 1].bit_length() - 1 if last else -1
 
@@ -348,23 +347,27 @@ class BitmapLayout(object):
         return self.first_page + (self.prefix[chunk] + bin(below).count("1")) * PAGE_SIZE
 
     def present(self, first, count):
-        """[(start PFN, end PFN)] of the set bits in [first, first+count), a byte
-        at a time (a 1 GiB page spans 32 KiB of bitmap)."""
-        out = []
-        end = min(first + count, len(self.bitmap) * 8)
-        pfn = first
-        bitmap = self.bitmap
-        while pfn < end:
-            byte = bitmap[pfn >> 3]
-            if pfn & 7 == 0 and end - pfn >= 8 and byte in (0, 0xFF):
-                if byte:
-                    _append(out, pfn, pfn + 8)
-                pfn += 8
-                continue
-            if (byte >> (pfn & 7)) & 1:
-                _append(out, pfn, pfn + 1)
-            pfn += 1
-        return out
+        """[(start PFN, end PFN)] of the set bits in [first, first+count)."""
+        return _clip_runs(self.runs(), first, first + count)
+
+    def runs(self):
+        """The set bits as sorted [(start PFN, end PFN)], found once: spans of
+        non-zero bytes by a regular expression (in C), then bit by bit only in
+        the bytes of a span that are not 0xFF."""
+        if self._runs is None:
+            runs = []
+            bitmap = self.bitmap
+            for match in _NONZERO_BYTES.finditer(bitmap):
+                for index in range(match.start(), match.end()):
+                    byte = bitmap[index]
+                    if byte == 0xFF:
+                        _append(runs, index * 8, index * 8 + 8)
+                        continue
+                    for bit in range(8):
+                        if byte >> bit & 1:
+                            _append(runs, index * 8 + bit, index * 8 + bit + 1)
+            self._runs = runs
+        return self._runs
 
     def frames(self):
         for byte_index, byte in enumerate(self.bitmap):
@@ -844,6 +847,18 @@ def unpack_context(layout, data, offset):
         start = offset + field_offset
         registers[name] = int.from_bytes(data[start:start + size], "little")
     return registers
+
+
+def _clip_runs(runs, first, end):
+    """The parts of sorted, disjoint [(start, end)] ``runs`` inside [first, end)."""
+    index = max(bisect_right(runs, (first, first)) - 1, 0)
+    out = []
+    while index < len(runs) and runs[index][0] < end:
+        lo, hi = max(runs[index][0], first), min(runs[index][1], end)
+        if lo < hi:
+            out.append((lo, hi))
+        index += 1
+    return out
 
 
 def _append(ranges, start, end):
