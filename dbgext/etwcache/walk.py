@@ -476,13 +476,25 @@ def _read_piece_chains(pages, readers):
         pending = [reader for reader in pending if reader.step()]
 
 
-def _pool_window(state, top):
-    """The span the piece pool can occupy: all pieces (free + used, at most
-    MAX_PIECES) lie in one allocation that holds every piece seen."""
-    known = [piece for entry in state.entries for piece in entry.pieces] + [top]
-    pieces = min(state.free_depth + state.used_pieces, layouts.MAX_PIECES)
-    span = max(pieces, 1) * MAX_PIECE_STRIDE
-    return max(known) + layouts.PIECE_SIZE - span, min(known) + span
+class _PoolWindow(object):
+    """The span the piece pool can occupy, for reading ahead along the free list:
+    one allocation of free + used pieces that holds every piece seen.  The SLIST
+    depth counts free pieces modulo 2^16, so the window first assumes depth free
+    pieces and widens by 2^16 pieces whenever the list leaves it."""
+
+    def __init__(self, state, top):
+        known = [piece for entry in state.entries for piece in entry.pieces] + [top]
+        self.low, self.high = min(known), max(known)
+        self.pieces = state.free_depth + state.used_pieces
+
+    def span(self, piece):
+        """(start, end) of the window, first widened to cover ``piece``."""
+        self.low, self.high = min(self.low, piece), max(self.high, piece)
+        while (self.high - self.low + layouts.PIECE_SIZE > self.pieces * MAX_PIECE_STRIDE
+               and self.pieces < layouts.MAX_PIECES):
+            self.pieces += layouts.SLIST_DEPTH_MASK + 1
+        size = min(self.pieces, layouts.MAX_PIECES) * MAX_PIECE_STRIDE
+        return self.high + layouts.PIECE_SIZE - size, self.low + size
 
 
 def _walk_free_list(pages, state, free_list):
@@ -491,7 +503,7 @@ def _walk_free_list(pages, state, free_list):
     state.free_list_top = high & layouts.SLIST_NEXT_MASK
     seen = set()
     current = previous = state.free_list_top
-    window = _pool_window(state, current) if current else None
+    window = _PoolWindow(state, current) if current else None
     while current:
         if current in seen:
             state.problems.add("free_list_cycle", current, "free list loops")
@@ -504,7 +516,7 @@ def _walk_free_list(pages, state, free_list):
         seen.add(current)
         state.free_pieces.append(current)
         if current & ~(PAGE_SIZE - 1) not in pages.pages:
-            pages.read_ahead(current, current < previous, window)
+            pages.read_ahead(current, current < previous, window.span(current))
         try:
             previous, current = current, pages.pointer(current)
         except UnreadableMemory as error:
