@@ -26,6 +26,7 @@ import bisect
 import mmap
 import os
 import struct
+from collections import namedtuple
 
 from ..errors import BadInput
 from ..pe import CodeView
@@ -94,44 +95,11 @@ class PdbError(BadInput):
         super().__init__("bad PDB %s: %s%s" % (path, field, " (%s)" % detail if detail else ""))
 
 
-class Public(object):
-    __slots__ = ("name", "rva", "is_function")
-
-    def __init__(self, name, rva, is_function):
-        self.name = name
-        self.rva = rva
-        self.is_function = is_function
-
-
-class Procedure(object):
-    __slots__ = ("name", "rva", "size", "is_global", "type_index")
-
-    def __init__(self, name, rva, size, is_global, type_index):
-        self.name = name
-        self.rva = rva
-        self.size = size
-        self.is_global = is_global
-        self.type_index = type_index
-
-
-class DataSymbol(object):
-    __slots__ = ("name", "rva", "type_index", "is_global")
-
-    def __init__(self, name, rva, type_index, is_global):
-        self.name = name
-        self.rva = rva
-        self.type_index = type_index
-        self.is_global = is_global
-
-
-class ModuleInfo(object):
-    __slots__ = ("name", "object_name", "stream", "symbol_bytes")
-
-    def __init__(self, name, object_name, stream, symbol_bytes):
-        self.name = name
-        self.object_name = object_name
-        self.stream = stream
-        self.symbol_bytes = symbol_bytes
+# What the symbol streams hold, as dbgext uses it.
+Public = namedtuple("Public", "name rva is_function")
+Procedure = namedtuple("Procedure", "name rva size is_global type_index")
+DataSymbol = namedtuple("DataSymbol", "name rva type_index is_global")
+ModuleInfo = namedtuple("ModuleInfo", "name object_name stream symbol_bytes")
 
 
 class MsfFile(object):
