@@ -55,3 +55,12 @@ def test_the_free_list_is_read_ahead_in_either_direction():
     text, fake = run_windbg_script("etwstacks", ["--cache", "%x" % builder.address, "--validate"], scenario)
     assert "problems: none" in text
     assert fake.fake_calls["loadBytes"] <= cache_pages(builder) // 8 + CONSTANT
+
+
+def test_a_free_list_longer_than_the_slist_depth_can_count_is_still_read_in_runs():
+    scenario = kernel_scenario()
+    builder = StackCacheBuilder(scenario, bucket_count=257, total_pieces=70000)  # depth reads 70000 - 65536
+    builder.finish()
+    text, fake = run_windbg_script("etwstacks", ["--cache", "%x" % builder.address], scenario)
+    assert "70000 total" in text
+    assert fake.fake_calls["loadBytes"] <= cache_pages(builder) // 8 + CONSTANT
