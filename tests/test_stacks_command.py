@@ -11,7 +11,7 @@ from pykd_support import run_windbg_script
 from stacks_support import build, run
 
 from dbgext.cli import main
-from dbgext.stackuse.fixtures import add_sample_driver
+from dbgext.stackuse.fixtures import KTHREAD_FIELDS, KTHREAD_SIZE, add_sample_driver
 from dbgext.testing.scenario import Scenario, Thread
 
 
@@ -111,14 +111,23 @@ def test_k_inside_windbg_links_child_sp_to_dps_and_call_sites_to_u():
         "sampledrv!CopyLeaf", "sampledrv!BuildRequest", "sampledrv!Dispatch", "sampledrv!DriverEntry"]
 
 
-def test_k_walks_a_waiting_kernel_thread_from_its_switch_frame(tmp_path):
+def test_k_walks_a_waiting_kernel_thread_from_its_switch_frame_and_the_running_one_from_its_context(tmp_path):
     scenario = Scenario("x64", "kernel")
     info = add_sample_driver(scenario)
+    waiting = scenario.alloc(KTHREAD_SIZE)
+    # Its switch frame's return address is the one the running thread's RSP points at.
+    scenario.pack(waiting + KTHREAD_FIELDS["KernelStack"], "<Q", info["rsp"] - 0x38)
+    scenario.pack(waiting + KTHREAD_FIELDS["InitialStack"], "<Q", info["initial_stack"])
+    scenario.pack(waiting + KTHREAD_FIELDS["StackLimit"], "<Q", info["stack_limit"])
     dump = str(tmp_path / "sample.dmp")
     scenario.write_kernel_dump(dump)
     scenario.write_symbols(dump + ".symbols")
+    code, text, _ = k("--dump", dump, "--thread", "0x%x" % waiting, "--json")
+    document = json.loads(text)
+    assert document["thread"]["kernel_thread"] == waiting
+    assert document["frames"][0]["function"].startswith("sampledrv!BuildRequest+")
+    assert document["thread"]["stack_base"] == info["initial_stack"]
     code, text, _ = k("--dump", dump, "--thread", "0x%x" % info["thread"], "--json")
     document = json.loads(text)
     assert document["thread"]["kernel_thread"] == info["thread"]
-    assert document["frames"][0]["function"].startswith("sampledrv!BuildRequest+")
-    assert document["thread"]["stack_base"] == info["initial_stack"]
+    assert document["frames"][0]["function"] == "sampledrv!CopyLeaf"

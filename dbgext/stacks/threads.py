@@ -19,6 +19,9 @@ from ..target.base import Thread
 KTHREAD_TYPE = "nt!_KTHREAD"
 KTRAP_FRAME_TYPE = "nt!_KTRAP_FRAME"
 KTHREAD_STACK_FIELDS = ("InitialStack", "StackLimit", "KernelStack")
+KPRCB_TYPE = "nt!_KPRCB"
+KPRCB_CURRENT_THREAD = "CurrentThread"
+PROCESSOR_BLOCK_SYMBOL = "nt!KiProcessorBlock"
 
 BUILTIN = BuiltinLayouts({
     "_KTHREAD": [
@@ -39,20 +42,44 @@ SWITCH_FRAME_RETURN = 0x38
 SWITCH_FRAME_SIZE = 0x40
 
 
-def selected_thread(target):
+def selected_thread(target, problems):
     """The target's selected thread; for a backend that does not list threads yet
     (the live pykd session), a thread made of the context registers its info()
-    reports, as WinDbg's current register context."""
-    thread = target.thread
-    if thread is not None:
-        return thread
+    reports, as WinDbg's current register context.  On a kernel target whose
+    thread says neither its KTHREAD nor its stack bounds, the processor block's
+    CurrentThread is taken (its KTHREAD holds the bounds)."""
     info = target.info() or {}
-    registers = info.get("registers") or {}
-    if not any(isinstance(value, int) and value for value in registers.values()):
+    thread = target.thread
+    if thread is None:
+        registers = info.get("registers") or {}
+        if not any(isinstance(value, int) and value for value in registers.values()):
+            return None
+        current = info.get("current_thread") if info.get("mode") == "kernel" else None
+        thread = Thread(0, dict((str(name).lower(), value) for name, value in registers.items()),
+                        kernel_thread=current or None, name="current thread")
+    if thread.kernel_thread is None and thread.stack_base is None and info.get("mode") == "kernel":
+        kernel_thread = current_kernel_thread(target, problems)
+        if kernel_thread:
+            thread = Thread(thread.id, thread.registers, kernel_thread=kernel_thread, teb=thread.teb,
+                            stack_base=thread.stack_base, stack_limit=thread.stack_limit, name=thread.name)
+    return thread
+
+
+def current_kernel_thread(target, problems):
+    """nt!KiProcessorBlock[processor] -> _KPRCB.CurrentThread, via type information."""
+    block = target.symbol_address(PROCESSOR_BLOCK_SYMBOL)
+    offset = target.field_offset(KPRCB_TYPE, KPRCB_CURRENT_THREAD)
+    if block is None or offset is None:
+        problems.add("layout_missing", None, "no %s / %s.%s in the symbols: the current thread's KTHREAD is "
+                     "unknown" % (PROCESSOR_BLOCK_SYMBOL, KPRCB_TYPE, KPRCB_CURRENT_THREAD), "note")
         return None
-    current = info.get("current_thread") if info.get("mode") == "kernel" else None
-    return Thread(0, dict((str(name).lower(), value) for name, value in registers.items()),
-                  kernel_thread=current or None, name="current thread")
+    processor = target.info().get("processor") or 0
+    try:
+        prcb = target.pointer(block + processor * target.pointer_size)
+        return target.pointer(prcb + offset)
+    except UnreadableMemory as error:
+        problems.add("thread_unreadable", error.address, "cannot read the current thread's KTHREAD")
+        return None
 
 
 def kernel_thread_layout(target):

@@ -8,6 +8,7 @@ frame seen before) and turns unreadable memory into a Problem with its address.
 """
 
 from ..errors import UnreadableMemory
+from ..problems import ProblemLog
 from .images import Images
 from .result import Frame, StackResult
 from .scan import ReturnAddresses, scan_for_return
@@ -70,14 +71,14 @@ class Unwinder(object):
     def _choose(self, thread, result):
         target = self.target
         if thread is None:
-            chosen = selected_thread(target)
+            chosen = selected_thread(target, result.problems)
             if chosen is None:
                 result.problems.add("no_context", None, "the target holds no register context: no thread to walk")
                 return None
             result.thread_source = chosen.name or "current thread"
             return chosen
         if isinstance(thread, int):
-            current = selected_thread(target)
+            current = selected_thread(target, ProblemLog())
             if current is not None and current.kernel_thread == thread:
                 result.thread_source = current.name or "current thread"
                 return current

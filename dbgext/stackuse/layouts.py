@@ -7,10 +7,6 @@ is :mod:`dbgext.stacks.unwind_data`'s.
 
 # -- kernel threads -----------------------------------------------------------------------
 
-KPRCB_TYPE = "nt!_KPRCB"
-KPRCB_CURRENT_THREAD = "CurrentThread"
-PROCESSOR_BLOCK_SYMBOL = "nt!KiProcessorBlock"
-
 # A thread that is not running saved its context by pushing a switch frame at
 # KernelStack; the return address into the scheduler sits at this offset in it
 # (_KSWITCH_FRAME.Return on x64, the last push of KiSwapContext on x86).

@@ -8,11 +8,9 @@ static frame-size estimates of the stack analysis and the thread's budget.
 """
 
 from .. import stacks
-from ..errors import BadInput, UnreadableMemory
+from ..errors import BadInput
 from ..problems import ProblemLog
 from ..stacks.threads import selected_thread, stack_bounds
-from ..target.base import Thread
-from .layouts import KPRCB_CURRENT_THREAD, KPRCB_TYPE, PROCESSOR_BLOCK_SYMBOL
 
 SCHEMA_VERSION = 1
 
@@ -85,23 +83,6 @@ class ThreadStack(object):
         }
 
 
-def current_kernel_thread(target, problems):
-    """nt!KiProcessorBlock[processor] -> _KPRCB.CurrentThread, via type information."""
-    block = target.symbol_address(PROCESSOR_BLOCK_SYMBOL)
-    offset = target.field_offset(KPRCB_TYPE, KPRCB_CURRENT_THREAD)
-    if block is None or offset is None:
-        problems.add("layout_missing", None, "no %s / %s.%s in the symbols: the current thread's KTHREAD is "
-                     "unknown" % (PROCESSOR_BLOCK_SYMBOL, KPRCB_TYPE, KPRCB_CURRENT_THREAD), "warning")
-        return None
-    processor = target.info().get("processor") or 0
-    try:
-        prcb = target.pointer(block + processor * target.pointer_size)
-        return target.pointer(prcb + offset)
-    except UnreadableMemory as error:
-        problems.add("thread_unreadable", error.address, "cannot read the current thread's KTHREAD")
-        return None
-
-
 def walk_thread(target, program, graph, thread=None, threshold=None):
     """The :class:`ThreadStack` of ``thread`` (a KTHREAD address), or of the
     current thread (the target's context registers) when ``thread`` is None.
@@ -110,43 +91,22 @@ def walk_thread(target, program, graph, thread=None, threshold=None):
     result = ThreadStack()
     result.pointer_size = target.pointer_size
     result.threshold = threshold
-    if thread is None or thread == current_kernel_thread(target, ProblemLog()):
-        walked = _current(target, result)
-    else:
-        walked = stacks.analyze(target, thread=thread)
-        result.thread = thread
-        result.thread_source = "given"
+    current = selected_thread(target, ProblemLog())
+    waiting = thread is not None and (current is None or current.kernel_thread != thread)
+    walked = stacks.analyze(target, thread=thread)
     if not walked.frames:
         raise BadInput("; ".join(problem.message for problem in walked.problems) or "no frames")
+    result.thread = walked.kernel_thread
+    result.thread_source = "given" if waiting else "current thread (context registers)"
     result.problems.extend(walked.problems)
     result.initial_stack, result.stack_limit = walked.stack_base, walked.stack_limit
     if result.thread is not None:
         # Already read (and any problem reported) by the walk; only KernelStack is new here.
         result.kernel_stack = stack_bounds(target, result.thread, ProblemLog()).get("KernelStack")
-    if result.thread_source == "given":
-        result.rsp = result.kernel_stack
-    elif walked.frames:
-        result.rsp = walked.frames[0].child_sp
+    # A waiting thread's stack in use starts at its switch frame.
+    result.rsp = result.kernel_stack if waiting else walked.frames[0].child_sp
     result.frames = [_with_estimate(program, graph, walked, frame) for frame in walked.frames]
     return result
-
-
-def _current(target, result):
-    context = selected_thread(target)
-    if context is None or context.kernel_thread is not None:
-        result.thread = context.kernel_thread if context is not None else None
-        walked = stacks.analyze(target)
-    else:
-        kernel_thread = current_kernel_thread(target, result.problems)
-        result.thread = kernel_thread
-        walked = stacks.analyze(target, thread=_with_kernel_thread(context, kernel_thread))
-    result.thread_source = "current thread (context registers; KTHREAD from %s)" % PROCESSOR_BLOCK_SYMBOL
-    return walked
-
-
-def _with_kernel_thread(context, kernel_thread):
-    return Thread(context.id, context.registers, kernel_thread=kernel_thread, teb=context.teb,
-                  stack_base=context.stack_base, stack_limit=context.stack_limit, name=context.name)
 
 
 def _with_estimate(program, graph, walked, frame):
