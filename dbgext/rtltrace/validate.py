@@ -39,8 +39,8 @@ def _check_header(db):
     flags = db.field("Flags")
     if not flags & db.layout.create_flag:
         db.problems.add("bad_flags", _field_address(db, "Flags"),
-                   "Flags 0x%x lacks bit 0x%x that %s's RtlTraceDatabaseCreate always sets"
-                   % (flags, db.layout.create_flag, db.layout.module))
+                        "Flags 0x%x lacks bit 0x%x that %s's RtlTraceDatabaseCreate always sets"
+                        % (flags, db.layout.create_flag, db.layout.module))
 
 
 def _default_hash_address(target, db):
@@ -64,7 +64,7 @@ def _classify_hash(target, db):
     db.hash_function = info
     if address == 0:
         db.problems.add("null_hash_function", _field_address(db, "HashFunction"),
-                   "HashFunction is NULL (Create always sets one)")
+                        "HashFunction is NULL (Create always sets one)")
     if buckets == 0:
         info["kind"], info["description"] = "unknown", HASH_NAMES["unknown"]
         return
@@ -100,7 +100,7 @@ def _classify_hash(target, db):
         expected = block.hash % buckets
         if expected != block.bucket:
             db.problems.add("wrong_bucket", block.address, "block is in bucket %d but its frames hash to bucket %d"
-                       % (block.bucket, expected))
+                            % (block.bucket, expected))
 
 
 def _first_segment(db):
@@ -117,18 +117,18 @@ def _check_segments(db):
     for segment in db.segments:
         if segment is not first and segment.magic != SEGMENT_MAGIC:
             db.problems.add("bad_magic", segment.address, "segment magic 0x%08x, expected 0x%08x"
-                       % (segment.magic, SEGMENT_MAGIC))
+                            % (segment.magic, SEGMENT_MAGIC))
         if segment.database != db.address:
             db.problems.add("segment_database_mismatch", segment.address,
-                       "segment's Database is %s, not this database" % db.hexaddr(segment.database))
+                            "segment's Database is %s, not this database" % db.hexaddr(segment.database))
         if segment.free < segment.start:
             db.problems.add("segment_free_before_start", segment.address,
-                       "SegmentFree %s is below SegmentStart %s"
+                            "SegmentFree %s is below SegmentStart %s"
                             % (db.hexaddr(segment.free), db.hexaddr(segment.start)))
         if segment.end - segment.start != segment.total_size:
             db.problems.add("segment_size_mismatch", segment.address,
-                       "SegmentEnd - SegmentStart = 0x%x but TotalSize = 0x%x"
-                       % ((segment.end - segment.start) & ((1 << 64) - 1), segment.total_size))
+                            "SegmentEnd - SegmentStart = 0x%x but TotalSize = 0x%x"
+                            % ((segment.end - segment.start) & ((1 << 64) - 1), segment.total_size))
         if segment.free > segment.end:
             if segment is first and segment.free == segment.payload_start:
                 db.note("the bucket array (%d buckets) runs past the first segment's SegmentEnd, so its "
@@ -136,23 +136,23 @@ def _check_segments(db):
                         % (db.field("NoOfBuckets"), db.hexaddr(segment.free), db.hexaddr(segment.end)))
             else:
                 db.problems.add("segment_free_past_end", segment.address,
-                           "SegmentFree %s is past SegmentEnd %s"
+                                "SegmentFree %s is past SegmentEnd %s"
                                 % (db.hexaddr(segment.free), db.hexaddr(segment.end)))
     if not db.segment_list_complete:
         return
     if db.segments and db.segments[-1] is not first:
         db.problems.add("first_segment_missing", db.segments[-1].address,
-                   "the segment list does not end at the first segment (SegmentStart == database)")
+                        "the segment list does not end at the first segment (SegmentStart == database)")
     total = sum(segment.total_size for segment in db.segments)
     if total != db.field("CurrentSize"):
         db.problems.add("current_size_mismatch", _field_address(db, "CurrentSize"),
-                   "CurrentSize 0x%x but the %d segments total 0x%x"
-                   % (db.field("CurrentSize"), len(db.segments), total))
+                        "CurrentSize 0x%x but the %d segments total 0x%x"
+                        % (db.field("CurrentSize"), len(db.segments), total))
     maximum = db.field("MaximumSize")
     if maximum and len(db.segments) > 1 and db.field("CurrentSize") - granularity > maximum:
         db.problems.add("maximum_size_exceeded", _field_address(db, "MaximumSize"),
-                   "CurrentSize 0x%x exceeds MaximumSize 0x%x by more than one segment"
-                   % (db.field("CurrentSize"), maximum))
+                        "CurrentSize 0x%x exceeds MaximumSize 0x%x by more than one segment"
+                        % (db.field("CurrentSize"), maximum))
 
 
 def _check_blocks(db):
@@ -167,12 +167,12 @@ def _check_blocks(db):
         index = bisect.bisect_right(starts, block.address) - 1
         if index < 0 or block.address + size > areas[index][1]:
             db.problems.add("block_outside_segments", block.address,
-                       "bucket %d: block is not inside any segment's used area" % block.bucket)
+                            "bucket %d: block is not inside any segment's used area" % block.bucket)
         if block.magic != BLOCK_MAGIC:
             continue  # already reported; its other fields are noise
         if block.trace != block.address + header_size:
             db.problems.add("bad_trace_pointer", block.address, "Trace is 0x%x, expected block + 0x%x"
-                       % (block.trace, header_size))
+                            % (block.trace, header_size))
         if block.count == 0:
             db.problems.add("bad_count", block.address, "bucket %d: Count is 0 (1 on creation)" % block.bucket)
         if block.user_count or block.user_size or block.user_context:
@@ -187,12 +187,12 @@ def _check_totals(db):
     stored = db.field("NoOfTraces")
     if found != stored:
         db.problems.add("count_mismatch", _field_address(db, "NoOfTraces"),
-                   "NoOfTraces is %d but %d blocks were reached through the buckets%s"
-                   % (stored, found, "" if db.complete else " (walk incomplete)"))
+                        "NoOfTraces is %d but %d blocks were reached through the buckets%s"
+                        % (stored, found, "" if db.complete else " (walk incomplete)"))
     hits = sum(block.count - 1 for block in db.blocks if block.count)
     if db.complete and hits != db.field("NoOfHits"):
         db.problems.add("count_mismatch", _field_address(db, "NoOfHits"),
-                   "NoOfHits is %d but the blocks' Count - 1 sum to %d" % (db.field("NoOfHits"), hits))
+                        "NoOfHits is %d but the blocks' Count - 1 sum to %d" % (db.field("NoOfHits"), hits))
 
 
 def _check_hash_counter(db):
@@ -202,7 +202,7 @@ def _check_hash_counter(db):
     if buckets < MIN_BUCKETS:
         if first is not None and first.magic != SEGMENT_MAGIC:
             db.problems.add("bad_magic", first.address, "first segment magic 0x%08x, expected 0x%08x"
-                       % (first.magic, SEGMENT_MAGIC))
+                            % (first.magic, SEGMENT_MAGIC))
         return
     per_range = buckets >> 4
     range_counts = [0] * (HASH_COUNTER_SLOTS + 1)
@@ -231,15 +231,15 @@ def _check_hash_counter(db):
             overflow = raised
         else:
             db.problems.add("bad_magic", first.address, "first segment magic 0x%08x, expected 0x%08x + %d "
-                       "(HashCounter overflow from %d traces in the last buckets)"
-                       % (first.magic, SEGMENT_MAGIC, overflow, overflow))
+                            "(HashCounter overflow from %d traces in the last buckets)"
+                            % (first.magic, SEGMENT_MAGIC, overflow, overflow))
     db.overflow_traces = overflow
     lookups = 2 * db.field("NoOfTraces") + db.field("NoOfHits")
     finds = sum(stored) + overflow - lookups
     if finds < 0:
         db.problems.add("hash_counter_mismatch", _field_address(db, "HashCounter"),
-                   "sum(HashCounter) + %d = %d is below 2*NoOfTraces + NoOfHits = %d"
-                   % (overflow, sum(stored) + overflow, lookups))
+                        "sum(HashCounter) + %d = %d is below 2*NoOfTraces + NoOfHits = %d"
+                        % (overflow, sum(stored) + overflow, lookups))
     else:
         db.external_finds = finds
     if any(block.hash is None for block in db.blocks) or not db.complete:
@@ -251,8 +251,8 @@ def _check_hash_counter(db):
     for slot in range(HASH_COUNTER_SLOTS):
         if stored[slot] < expected[slot]:
             db.problems.add("hash_counter_mismatch", _field_address(db, "HashCounter") + 4 * slot,
-                       "HashCounter[%d] is %d but the stored blocks account for %d lookups"
-                       % (slot, stored[slot], expected[slot]))
+                            "HashCounter[%d] is %d but the stored blocks account for %d lookups"
+                            % (slot, stored[slot], expected[slot]))
 
 
 FLAG_NAMES = ((1, "user-mode create"), (2, "kernel-mode create"), (4, "non-paged segments"))

@@ -174,7 +174,7 @@ def read_buckets(target, db):
     count = db.field("NoOfBuckets")
     if count < MIN_BUCKETS or count > MAX_BUCKETS:
         db.problems.add("bad_bucket_count", db.address + db.layout.database.offsets["NoOfBuckets"],
-                   "NoOfBuckets is %d (Windows uses %d..0x%x)" % (count, MIN_BUCKETS, MAX_BUCKETS))
+                        "NoOfBuckets is %d (Windows uses %d..0x%x)" % (count, MIN_BUCKETS, MAX_BUCKETS))
         count = min(count, MAX_BUCKETS)
         if count < db.field("NoOfBuckets"):
             db.note("only the first 0x%x buckets were walked" % count)
@@ -184,7 +184,7 @@ def read_buckets(target, db):
     buckets = db.field("Buckets")
     if buckets == 0:
         db.problems.add("null_buckets", db.address + db.layout.database.offsets["Buckets"],
-                   "Buckets pointer is NULL with %d buckets" % count)
+                        "Buckets pointer is NULL with %d buckets" % count)
         db.complete = False
         return []
     size = count * db.layout.pointer_size
@@ -192,7 +192,7 @@ def read_buckets(target, db):
     pointer_size = db.layout.pointer_size
     for start, end in partial.holes:
         db.problems.add("unreadable", start, "bucket array: buckets %d..%d are unreadable"
-                   % ((start - buckets) // pointer_size, (end - 1 - buckets) // pointer_size))
+                        % ((start - buckets) // pointer_size, (end - 1 - buckets) // pointer_size))
         db.complete = False
     fmt = "<%d%s" % (count, "Q" if pointer_size == 8 else "I")
     return list(struct.unpack(fmt, partial.data))
@@ -268,7 +268,7 @@ def walk_chains(db, heads, memory, max_blocks=MAX_BLOCKS):
             length += 1
             if block.magic != BLOCK_MAGIC:
                 db.problems.add("bad_magic", address, "bucket %d: block magic 0x%08x, expected 0x%08x "
-                           "(chain not followed further)" % (bucket, block.magic, BLOCK_MAGIC))
+                                "(chain not followed further)" % (bucket, block.magic, BLOCK_MAGIC))
                 db.complete = False
                 break
             size = block.size
@@ -296,7 +296,7 @@ def walk_chains(db, heads, memory, max_blocks=MAX_BLOCKS):
                         block.hash = stack_trace_hash(partial.data)
             else:
                 db.problems.add("bad_block_size", address, "bucket %d: block Size %d (1..%d frames expected); "
-                           "frames not read" % (bucket, size, MAX_FRAMES))
+                                "frames not read" % (bucket, size, MAX_FRAMES))
             came_from = address
             address = block.next
         lengths.append(length)
