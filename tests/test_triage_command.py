@@ -139,4 +139,12 @@ def test_a_small_dump_record_shows_its_unloaded_drivers_mm_information_and_image
     assert (record["bucket"], record["bucket_basis"]) == ("0xD1_mydrv+0x1234", "offset")
     code, text = triage("record", "--dump", path, "--analyses", "rtltrace")
     assert "UNLOADED_DRIVERS: name oldfilter.sy, start fffff800`13000000, end fffff800`13010000" in text
-    assert "IMAGE_TIMESTAMP:  61000001, size 0x6000" in text and "CommittedPages 0x9abc" in text
+    assert "IMAGE_TIMESTAMP:  61000001, size 0x6000" in text and "CommittedPages 39612" in text
+
+
+def test_analysis_summaries_in_the_text_record_show_addresses_windbg_style(tmp_path):
+    from dbgext.sample import write_sample
+    code, text = triage("record", "--dump", write_sample(str(tmp_path)), "--analyses", "rtltrace,stackuse")
+    assert code == 0, text
+    assert "per_database: address ffffc080`00000000, traces 300" in text
+    assert "{'" not in text and "': " not in text and "18446" not in text   # no Python dicts, no decimal addresses

@@ -317,3 +317,26 @@ def test_a_path_that_is_gone_is_reported_not_recorded(tmp_path):
     assert code == EXIT_PROBLEMS
     summary = json.loads(text)
     assert summary["analysed"] == 1 and "no such file or directory: %s" % dumps[1] in summary["unreadable"]
+
+
+# -- memory follows content -----------------------------------------------------------------------
+
+def test_a_minidump_claiming_a_4_gib_image_is_triaged_in_bounded_memory(tmp_path):
+    from triage_support import APP_BASE, user_crash_scenario, write_user_dump
+    path = write_user_dump(user_crash_scenario(salt=1), str(tmp_path / "claims.mdmp"))
+    data = bytearray(open(path, "rb").read())
+    modules = [at for at in range(0, len(data) - 12, 4)
+               if data[at:at + 8] == APP_BASE.to_bytes(8, "little") and data[at + 8:at + 12] == b"\0\x80\0\0"]
+    data[modules[0] + 8:modules[0] + 12] = b"\xff\xff\xff\xff"     # SizeOfImage 0xFFFFFFFF
+    open(path, "wb").write(data)
+    # A fresh parent whose only child is the triage run reports that run's peak memory.
+    measure = ("import resource, subprocess, sys; "
+               "run = subprocess.run([sys.executable, '-m', 'dbgext', 'triage', 'record', '--dump', sys.argv[1], "
+               "'--json'], stdout=subprocess.PIPE); "
+               "print(run.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); "
+               "print(run.stdout.decode())")
+    child = subprocess.run([sys.executable, "-c", measure, path], stdout=subprocess.PIPE, timeout=300)
+    first_line, document = child.stdout.decode().split("\n", 1)
+    code, peak_kib = (int(value) for value in first_line.split())
+    assert code == EXIT_OK and json.loads(document)["bucket"] == "0xC0000005_app!ParseRequest"
+    assert peak_kib < 300 * 1024

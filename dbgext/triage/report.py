@@ -7,6 +7,7 @@ they are given.
 """
 
 import datetime
+from collections import OrderedDict
 
 from ..render.text import hexaddr
 from .record import STATUS_FAILED, STATUS_OK
@@ -163,8 +164,11 @@ def render_record(out, record, pointer_size=8):
             out.line("%02x %s %s  (%s)" % (index, address(frame.address), frame.name, frame.how))
     out.line()
     for name, summary in record.analyses.items():
-        out.line("%-17s %s" % (name.upper() + ":", ", ".join("%s=%s" % (key, _short(value))
-                                                             for key, value in summary.items())))
+        scalars = [(key, value) for key, value in summary.items() if not isinstance(value, (list, dict))]
+        out.line("%-17s %s" % (name.upper() + ":", _fact(OrderedDict(scalars), address) if scalars else ""))
+        for key, value in summary.items():
+            for row in (value if isinstance(value, list) else [value] if isinstance(value, dict) else []):
+                out.line("%-17s %s: %s" % ("", key, _fact(row, address)))
     reason = ": " + record.reason if record.reason else ""
     out.line("STATUS:           %s%s (%.3f s)" % (record.status, reason, record.seconds))
     problems = record.all_problems()
@@ -175,15 +179,18 @@ def render_record(out, record, pointer_size=8):
                   title="Problems")
 
 
+SMALL_NUMBER = 0x100000   # counts and byte sizes below this read best in decimal
+
+
 def _fact(value, address):
-    """A dump fact on one line: ``name oldfilter.sys, start fffff800`13000000, ...``."""
+    """A fact on one line, numbers as WinDbg shows them: ``name oldfilter.sys, start
+    fffff800`13000000, count 12, tag 0x6c6f6f50``."""
     if isinstance(value, dict):
         return ", ".join("%s %s" % (key, _fact(item, address)) for key, item in value.items())
+    if isinstance(value, (list, tuple)):
+        return "[%s]" % ", ".join(_fact(item, address) for item in value)
     if isinstance(value, bool) or not isinstance(value, int):
-        return str(value)
+        return "-" if value is None else str(value)
+    if value < SMALL_NUMBER:
+        return "%d" % value
     return address(value) if value > 0xFFFFFFFF else "0x%x" % value
-
-
-def _short(value, limit=60):
-    text = str(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
