@@ -12,7 +12,8 @@ import pytest
 import dbgext
 from dbgext.cli import main
 from dbgext.errors import BadInput
-from dbgext.layouts.dump_formats import DUMP_HEADER64, MINIDUMP_STREAM, PAGE_SIZE, SUMMARY_DUMP64
+from dbgext.layouts.dump_formats import (
+    DUMP_HEADER64, MINIDUMP_STREAM, PAGE_SIZE, RDMP_HEADER64, SUMMARY_DUMP64, SUMMARY_DUMP_OLD)
 from dbgext.testing.kdump_writer import write_kernel_dump
 from dbgext.testing.minidump_writer import write_minidump
 
@@ -25,7 +26,10 @@ def kernel_dumps(tmp_path_factory):
     scenario = kernel_scenario(seed=21, blobs=3)
     full = write_kernel_dump(scenario, str(directory / "full.dmp"))
     bitmap = write_kernel_dump(scenario, str(directory / "bitmap.dmp"), bitmap=True)
-    return {"full": open(full, "rb").read(), "bitmap": open(bitmap, "rb").read()}
+    rdmp = write_kernel_dump(scenario, str(directory / "rdmp.dmp"), dump_type=8)
+    summary = write_kernel_dump(scenario, str(directory / "summary.dmp"), dump_type=2)
+    return dict((name, open(path, "rb").read()) for name, path in (
+        ("full", full), ("bitmap", bitmap), ("rdmp", rdmp), ("summary", summary)))
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +135,44 @@ def test_required_dump_space_beyond_the_file_is_truncated(tmp_path, kernel_dumps
 def test_a_bitmap_dump_with_a_bad_summary_signature_is_refused(tmp_path, kernel_dumps):
     data = patched(kernel_dumps["bitmap"], SUMMARY_DUMP64["offset"], "<4s", b"XDMP")
     rejected(tmp_path, data, "bitmap")
+
+
+@pytest.mark.parametrize("kind", ["rdmp", "summary"])
+def test_rdmp_and_summary_dumps_missing_their_last_page_are_truncated(tmp_path, kernel_dumps, kind):
+    rejected(tmp_path, kernel_dumps[kind][:-PAGE_SIZE], "truncated")
+
+
+def test_an_rdmp_dump_cut_inside_its_header_is_truncated(tmp_path, kernel_dumps):
+    rejected(tmp_path, kernel_dumps["rdmp"][:RDMP_HEADER64["offset"] + 0x10], "truncated", "RDMP")
+
+
+def test_an_rdmp_dump_with_a_bad_marker_is_refused(tmp_path, kernel_dumps):
+    data = patched(kernel_dumps["rdmp"], RDMP_HEADER64["offset"], "<I", 0x41)
+    rejected(tmp_path, data, "corrupt RDMP", "marker 0x41")
+
+
+def test_an_rdmp_first_page_past_the_end_is_refused(tmp_path, kernel_dumps):
+    offset = RDMP_HEADER64["offset"] + RDMP_HEADER64["FirstPageOffset"]
+    rejected(tmp_path, patched(kernel_dumps["rdmp"], offset, "<Q", 1 << 40), "first page")
+
+
+def test_an_rdmp_range_promising_more_pages_than_the_file_holds_is_truncated(tmp_path, kernel_dumps):
+    offset = RDMP_HEADER64["offset"] + RDMP_HEADER64["Ranges"] + 8
+    rejected(tmp_path, patched(kernel_dumps["rdmp"], offset, "<Q", 0x100000), "truncated")
+
+
+def test_an_impossible_rdmp_range_is_a_corrupt_header(tmp_path, kernel_dumps):
+    offset = RDMP_HEADER64["offset"] + RDMP_HEADER64["Ranges"] + 8
+    rejected(tmp_path, patched(kernel_dumps["rdmp"], offset, "<Q", 1 << 50), "corrupt", "RDMP range 0")
+
+
+def test_a_summary_dump_with_a_bad_signature_is_refused(tmp_path, kernel_dumps):
+    rejected(tmp_path, patched(kernel_dumps["summary"], SUMMARY_DUMP_OLD["offset"], "<4s", b"XDMP"), "summary")
+
+
+def test_a_summary_bitmap_longer_than_the_file_is_truncated(tmp_path, kernel_dumps):
+    offset = SUMMARY_DUMP_OLD["offset"] + SUMMARY_DUMP_OLD["BitmapSize"]
+    rejected(tmp_path, patched(kernel_dumps["summary"], offset, "<I", 0xFFFFFFF0), "truncated")
 
 
 def test_an_unsupported_dump_type_is_named(tmp_path, kernel_dumps):

@@ -424,64 +424,62 @@ class KernelDumpBackend(KernelDumpBase):
         run_count = self.header.u32("PhysicalMemoryBlock")
         if run_count > MAX_PHYSICAL_RUNS:
             raise BadInput("%s: corrupt kernel dump header (%d physical memory runs)" % (self.path, run_count))
-        offset = DUMP_HEADER64["size"]
-        runs = []
-        for index in range(run_count):
-            base, count = struct.unpack_from("<QQ", self.header.data, DUMP_HEADER64["PhysicalMemoryRuns"] + 16 * index)
-            if count > (1 << 40) or base > (1 << 40):
-                raise BadInput("%s: corrupt kernel dump header (run %d: PFN 0x%x, %d pages)"
-                               % (self.path, index, base, count))
-            runs.append((base, count, offset))
-            offset += count * PAGE_SIZE
-        return RunLayout(runs)
+        table = self.header.data[DUMP_HEADER64["PhysicalMemoryRuns"]:DUMP_HEADER64["PhysicalMemoryRuns"] + 16 * run_count]
+        return self._runs_from(table, DUMP_HEADER64["size"], "run")[0]
 
-    def _rdmp_ranges(self, size):
-        layout = RDMP_HEADER64
-        start = layout["offset"]
-        if size < start + layout["Ranges"]:
-            raise BadInput("%s: truncated kernel dump (%d bytes, no room for the RDMP header)" % (self.path, size))
-        head = self.file.read(start, layout["Ranges"])
-        marker = struct.unpack_from("<I", head, layout["Marker"])[0]
-        if marker != RDMP_MARKER or head[4:12] != b"RDMPDUMP":
-            raise BadInput("%s: bad RDMP dump header (marker 0x%x, signature %r)" % (self.path, marker, head[4:12]))
-        first_page = struct.unpack_from("<Q", head, layout["FirstPageOffset"])[0]
-        ranges_start = start + layout["Ranges"]
-        if first_page < ranges_start or first_page > size:
-            raise BadInput("%s: corrupt RDMP dump header (first page at 0x%x)" % (self.path, first_page))
-        table = self.file.read(ranges_start, min(first_page - ranges_start, MAX_RDMP_RANGES * 16))
+    def _runs_from(self, table, first_page, what, zero_ends=False):
+        """RunLayout of {u64 PFN, u64 count} pairs whose pages follow each other
+        from ``first_page``, and the file offset past the last page.  With
+        ``zero_ends`` a zero PFN ends the list (RDMP; kdmp-parser stops there too)."""
         runs = []
         offset = first_page
         for index in range(len(table) // 16):
             pfn, count = struct.unpack_from("<QQ", table, 16 * index)
-            if pfn == 0:  # the list ends with a zero PFN (kdmp-parser stops there too)
+            if pfn == 0 and zero_ends:
                 break
             if count > (1 << 40) or pfn > (1 << 40):
-                raise BadInput("%s: corrupt RDMP range %d (PFN 0x%x, %d pages)" % (self.path, index, pfn, count))
+                raise BadInput("%s: corrupt kernel dump header (%s %d: PFN 0x%x, %d pages)"
+                               % (self.path, what, index, pfn, count))
             runs.append((pfn, count, offset))
             offset += count * PAGE_SIZE
         return RunLayout(runs), offset
 
+    def _prologue(self, layout, length, signatures, what, size):
+        """The ``length`` bytes of the header at ``layout["offset"]`` after the
+        DUMP_HEADER64, checked to start with one of ``signatures`` (at 0 or, for
+        RDMP, after the marker)."""
+        start = layout["offset"]
+        if size < start + length:
+            raise BadInput("%s: truncated kernel dump (%d bytes, no room for the %s header)" % (self.path, size, what))
+        head = self.file.read(start, length)
+        at = layout["Signature"]
+        if head[at:at + 8] not in signatures:
+            raise BadInput("%s: bad %s dump header (signature %r)" % (self.path, what, head[at:at + 8]))
+        return head
+
+    def _rdmp_ranges(self, size):
+        layout = RDMP_HEADER64
+        head = self._prologue(layout, layout["Ranges"], (b"RDMPDUMP",), "RDMP", size)
+        marker, first_page = struct.unpack_from("<I", head, layout["Marker"])[0], struct.unpack_from(
+            "<Q", head, layout["FirstPageOffset"])[0]
+        ranges_start = layout["offset"] + layout["Ranges"]
+        if marker != RDMP_MARKER or first_page < ranges_start or first_page > size:
+            raise BadInput("%s: corrupt RDMP dump header (marker 0x%x, first page at 0x%x)"
+                           % (self.path, marker, first_page))
+        table = self.file.read(ranges_start, min(first_page - ranges_start, MAX_RDMP_RANGES * 16))
+        return self._runs_from(table, first_page, "RDMP range", zero_ends=True)
+
     def _bitmap(self, size):
         layout = SUMMARY_DUMP64
-        start = layout["offset"]
-        if size < start + layout["Bitmap"]:
-            raise BadInput("%s: truncated kernel dump (%d bytes, no room for the bitmap header)" % (self.path, size))
-        head = self.file.read(start, layout["Bitmap"])
-        if head[0:8] not in (b"SDMPDUMP", b"FDMPDUMP"):
-            raise BadInput("%s: bad bitmap dump header (signature %r)" % (self.path, head[0:8]))
+        head = self._prologue(layout, layout["Bitmap"], (b"SDMPDUMP", b"FDMPDUMP"), "bitmap", size)
         first_page, _, bit_count = struct.unpack_from("<QQQ", head, layout["FirstPage"])
-        return self._read_bitmap(start + layout["Bitmap"], bit_count, first_page, size)
+        return self._read_bitmap(layout["offset"] + layout["Bitmap"], bit_count, first_page, size)
 
     def _old_summary_bitmap(self, size):
         layout = SUMMARY_DUMP_OLD
-        start = layout["offset"]
-        if size < start + layout["Bitmap"]:
-            raise BadInput("%s: truncated kernel dump (%d bytes, no room for the summary header)" % (self.path, size))
-        head = self.file.read(start, layout["Bitmap"])
-        if head[0:8] != b"SDMPDUMP":
-            raise BadInput("%s: bad summary dump header (signature %r)" % (self.path, head[0:8]))
+        head = self._prologue(layout, layout["Bitmap"], (b"SDMPDUMP",), "summary", size)
         first_page, bit_count = struct.unpack_from("<II", head, layout["HeaderSize"])
-        return self._read_bitmap(start + layout["Bitmap"], bit_count, first_page, size)
+        return self._read_bitmap(layout["offset"] + layout["Bitmap"], bit_count, first_page, size)
 
     def _read_bitmap(self, bitmap_start, bit_count, first_page, size):
         bitmap_end = bitmap_start + bit_count // 8

@@ -269,25 +269,26 @@ def _padded(fixed, start):
 
 
 def _summary_dump(ordered_pages):
-    """_SUMMARY_DUMP64 + bitmap, zero-padded so the first page is page-aligned."""
-    bitmap = _bitmap_bytes(ordered_pages)
-    layout = SUMMARY_DUMP64
-    fixed = bytearray(layout["Bitmap"])
-    fixed[layout["Signature"]:layout["Signature"] + 8] = b"SDMPDUMP"
-    first_page = _padded(bytes(fixed) + bitmap, layout["offset"])[1]
-    struct.pack_into("<QQQ", fixed, layout["FirstPage"], first_page, len(ordered_pages), len(bitmap) * 8)
-    return _padded(bytes(fixed) + bitmap, layout["offset"])[0]
+    """_SUMMARY_DUMP64 + bitmap (DumpType 5 and 6)."""
+    return _bitmap_prologue(SUMMARY_DUMP64, ordered_pages, lambda fixed, first_page, bits: struct.pack_into(
+        "<QQQ", fixed, SUMMARY_DUMP64["FirstPage"], first_page, len(ordered_pages), bits))
 
 
 def _old_summary_dump(ordered_pages):
-    """The DumpType 2 summary header (u32 fields, RTL_BITMAP) + bitmap, padded."""
+    """The DumpType 2 summary header (u32 fields, RTL_BITMAP) + bitmap."""
+    return _bitmap_prologue(SUMMARY_DUMP_OLD, ordered_pages, lambda fixed, first_page, bits: struct.pack_into(
+        "<IIII", fixed, SUMMARY_DUMP_OLD["HeaderSize"], first_page, bits, len(ordered_pages), bits))
+
+
+def _bitmap_prologue(layout, ordered_pages, fill):
+    """A summary header of ``layout`` + the page bitmap, zero-padded so the first
+    page is page-aligned; ``fill(header, first page offset, bit count)`` sets the
+    layout's own fields."""
     bitmap = _bitmap_bytes(ordered_pages)
-    layout = SUMMARY_DUMP_OLD
     fixed = bytearray(layout["Bitmap"])
     fixed[layout["Signature"]:layout["Signature"] + 8] = b"SDMPDUMP"
     first_page = _padded(bytes(fixed) + bitmap, layout["offset"])[1]
-    struct.pack_into("<IIII", fixed, layout["HeaderSize"], first_page, len(bitmap) * 8, len(ordered_pages),
-                     len(bitmap) * 8)
+    fill(fixed, first_page, len(bitmap) * 8)
     return _padded(bytes(fixed) + bitmap, layout["offset"])[0]
 
 
