@@ -213,7 +213,7 @@ def test_the_current_thread_is_the_exception_thread_with_the_exception_context(f
     assert current.id == CRASH["thread_id"]
     pc = "rip" if scenario.arch == "x64" else "eip"
     assert current.registers[pc] == scenario.threads[1].registers[pc]
-    assert backend.info()["current_thread"] == CRASH["thread_id"]
+    assert backend.info()["current_thread_id"] == CRASH["thread_id"]
     target = dbgext.open(path)
     assert target.thread.id == CRASH["thread_id"]
     assert target.register(pc) == scenario.threads[1].registers[pc]
@@ -319,7 +319,7 @@ def test_unloaded_modules(full):
 def test_the_info_is_what_dumpinfo_shows(full):
     _, path = full
     info = MinidumpBackend(path).info()
-    for key in ("exception", "thread_count", "current_thread", "memory_info", "unloaded_modules",
+    for key in ("exception", "thread_count", "current_thread_id", "memory_info", "unloaded_modules",
                 "memory_ranges", "captured_bytes", "partial_pages"):
         assert key in info
     assert info["thread_count"] == 2

@@ -27,7 +27,14 @@ from .xpress import decompress
 
 
 class ReadSummary(object):
-    """What one pass over an .etl file read and what it had to skip."""
+    """What one pass over an .etl file read and what it had to skip.
+
+    Commands show ``note()`` (one line, or None when nothing was skipped) and put
+    ``as_dict()`` in their JSON: ``{"buffers", "compressed_buffers",
+    "undecodable_buffers", "undecodable_example": problem or null, "problems":
+    [problem]}``, where the skipped buffers appear in ``problems`` once, as one
+    ``etl_buffers_undecodable`` problem carrying the count and the example.  A
+    caller that stops reading early calls ``finish()`` before using them."""
 
     def __init__(self, path):
         self.path = path
@@ -107,7 +114,9 @@ class Buffer(object):
 
 class Event(object):
     """One event: ``provider`` is a uuid.UUID when known (classic/manifest events
-    carry it; system events get their group's GUID when the group is known)."""
+    carry it; system events get their group's GUID when the group is known).
+    ``offset`` is the buffer's file offset plus the event's offset in the buffer
+    as decoded (for a compressed buffer, in its decompressed bytes)."""
 
     __slots__ = ("header_type", "provider", "group", "opcode", "event_id", "version", "thread_id",
                  "process_id", "timestamp", "pointer_size", "payload", "buffer_index", "offset",

@@ -400,7 +400,7 @@ class MinidumpBackend(Backend):
             "time_date_stamp": self.time_date_stamp,
             "threads": [dict(row) for row in self._thread_rows],
             "thread_count": len(self._thread_rows),
-            "current_thread": current.id if current else None,
+            "current_thread_id": current.id if current else None,
             "exception": dict(self.exception) if self.exception else None,
             "registers": dict(current.registers) if current else {},
             "memory_ranges": len(self._ranges),
