@@ -211,6 +211,10 @@ def test_a_file_the_server_lacks_is_reported_once(tmp_path, built, server):
     for _ in range(2):
         assert locator.find_pdb(built.image.codeview, reports) is None
     assert len(reports) == 1 and "HTTP 404" in reports[0][1] and len(server.requests) == 1
+    # Nor does the next target of the same process ask again (batch triage).
+    SymbolLocator(parse_symbol_path("srv*%s*%s" % (tmp_path / "cache", server.url))).find_pdb(
+        built.image.codeview, reports)
+    assert len(server.requests) == 1
     assert os.listdir(str(tmp_path / "cache" / os.path.basename(built.pdb) /
                           built.image.codeview.symbol_server_key)) == []
 

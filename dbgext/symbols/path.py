@@ -81,6 +81,11 @@ def parse_symbol_path(text, default_cache=None):
     return elements
 
 
+# URLs that failed in this process: batch triage opens many dumps of one build and
+# must not wait for the same missing file (or dead server) once per dump.
+FAILED_DOWNLOADS = set()
+
+
 class SymbolLocator(object):
     """Finds a module's PDB (or image) along the symbol path, downloading when allowed."""
 
@@ -89,7 +94,6 @@ class SymbolLocator(object):
         self.no_download = no_download
         self.timeout = timeout
         self.progress = progress if progress is not None else sys.stderr
-        self._failed_downloads = set()
 
     @property
     def isf_paths(self):
@@ -164,13 +168,13 @@ class SymbolLocator(object):
         if self.no_download:
             return None
         url = "%s/%s/%s/%s" % (element.url.rstrip("/"), name, key, name)
-        if url in self._failed_downloads:
+        if url in FAILED_DOWNLOADS:
             return None
         target = os.path.join(element.stores[0], name, key, name)
         try:
             return _fetch(url, target, self.timeout, self.progress)
         except BadInput as error:
-            self._failed_downloads.add(url)
+            FAILED_DOWNLOADS.add(url)
             report("symbol_download_failed", str(error))
             return None
 
