@@ -315,3 +315,23 @@ def test_k_trap_starts_from_the_registers_a_trap_frame_saved(tmp_path):
     assert main(["k", "--trap", "0x10"], stream=io.StringIO(), error_stream=err,
                 target=placed.scenario.target()) == 1
     assert err.getvalue().count("\n") == 1 and "unreadable" in err.getvalue()
+
+
+def test_garbage_stacks_end_in_problems_never_in_an_exception_or_an_endless_walk():
+    import random
+
+    placed = Placed(chained() + isr_image()[:2])
+    target_code = [placed.at(name, offset) for name in ("Top", "Parent", "Frag", "Leaf", "Isr", "Body")
+                   for offset in (0, 4, 5, 9)]
+    generator = random.Random(13)
+    sp0 = placed.stack_base - 0x800
+    for _ in range(150):
+        # Return addresses into the image, stack addresses and junk, mixed.
+        values = [generator.choice([generator.choice(target_code), sp0 + generator.randrange(0, 0x800, 8),
+                                    generator.getrandbits(64), 0]) for _ in range(0x100)]
+        placed.scenario.write(sp0, struct.pack("<256Q", *values))
+        registers = {"rip": generator.choice(target_code), "rsp": sp0 + generator.randrange(0, 0x400, 8),
+                     "rbp": generator.choice(values)}
+        result = placed.walk(registers, bounds=generator.random() < 0.5, max_frames=64)
+        assert 1 <= len(result.frames) <= 64
+        assert all(frame.found_by in FOUND_BY for frame in result.frames)
