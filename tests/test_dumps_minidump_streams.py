@@ -88,6 +88,34 @@ def test_the_backend_names_the_real_bytes_of_partly_captured_pages(captured):
     assert backend.info()["partial_pages"] == len(partial) and backend.info()["captured_bytes"] > 0
 
 
+def several_windows(tmp_path):
+    """Three windows in one page, the last running 0x80 bytes into the next page."""
+    scenario = user_scenario("x64", seed=27)
+    page = sorted(scenario.pages)[1]
+    while page + PAGE_SIZE not in scenario.pages:
+        page += PAGE_SIZE
+    windows = [(page + 0x100, 0x100), (page + 0x800, 0x100), (page + 0xF80, 0x100)]
+    path = write_minidump(scenario, str(tmp_path / "windows.mdmp"), memory_list="memory", captured=windows)
+    return scenario, page, path
+
+
+def test_several_windows_in_one_page_and_one_across_a_page_boundary(tmp_path):
+    _, page, path = several_windows(tmp_path)
+    partial = MinidumpBackend(path).partial_pages()
+    assert partial[page] == ((page + 0x100, page + 0x200), (page + 0x800, page + 0x900),
+                             (page + 0xF80, page + 0x1000))
+    assert partial[page + PAGE_SIZE] == ((page + PAGE_SIZE, page + PAGE_SIZE + 0x80),)
+
+
+@target_checks_partial_pages
+def test_the_holes_between_windows_are_exact(tmp_path):
+    scenario, page, path = several_windows(tmp_path)
+    partial = dbgext.open(path).try_read(page, 2 * PAGE_SIZE)
+    assert partial.holes == [(page, page + 0x100), (page + 0x200, page + 0x800), (page + 0x900, page + 0xF80),
+                             (page + 0x1080, page + 2 * PAGE_SIZE)]
+    assert partial.data[0xF80:0x1080] == scenario.read(page + 0xF80, 0x100)
+
+
 def test_whole_pages_are_not_partial(tmp_path):
     scenario = user_scenario("x64", seed=22)
     backend = MinidumpBackend(write_minidump(scenario, str(tmp_path / "full.mdmp")))
