@@ -250,13 +250,21 @@ class SymbolTable(object):
 
     # -- names -------------------------------------------------------------------------
 
+    def _modules_for_bare_names(self):
+        """Where a name without ``module!`` is looked for: the kernel first, then the
+        modules whose symbols are already known (ISF files, sources found earlier) —
+        never every module's PDB fetched for one name."""
+        known = set(self._per_module) | set(key for key, table in self._located.items() if table is not None)
+        ordered = sorted(self._modules, key=lambda module: module.name.lower() != KERNEL_MODULE)
+        return [module for module in ordered if module.name.lower() in known or module.name.lower() == KERNEL_MODULE]
+
     def address(self, name):
         if "!" in name:
             module_name, symbol = name.split("!", 1)
             candidates = [self._module_by_name(module_name)]
         else:
             symbol = name
-            candidates = self._modules
+            candidates = self._modules_for_bare_names()
         for module in candidates:
             if module is None:
                 continue
@@ -330,15 +338,15 @@ class SymbolTable(object):
     def type_owner(self, type_name):
         """(ModuleSymbols, bare type name) of the module that has the type, or (None, name).
 
-        A bare name is looked up in the kernel's symbols, the ISF files and the
-        modules already looked at — never by fetching every module's PDB."""
+        A bare name is looked up as :meth:`_modules_for_bare_names` says, then in
+        ISF files of modules that are not loaded."""
         if "!" in type_name:
             module_name, bare = type_name.split("!", 1)
             table = self.module_symbols(module_name)
             return (table, bare) if table is not None and table.type_view(bare) is not None else (None, bare)
-        kernel = self.module_symbols(KERNEL_MODULE) if self._module_by_name(KERNEL_MODULE) else None
-        tables = [kernel] if kernel is not None else []
-        for table in list(self._per_module.values()) + list(self._located.values()):
+        tables = []
+        for table in [self._table(module) for module in self._modules_for_bare_names()] + list(
+                self._per_module.values()):
             if table is not None and table not in tables:
                 tables.append(table)
         for table in tables:
