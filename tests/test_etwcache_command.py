@@ -245,3 +245,34 @@ def test_x86_targets_are_refused_with_a_message():
     scenario = Scenario("x86", "user")
     code, text = run(["etwstacks", "--cache", "1000"], scenario.target())
     assert code == 1 and "x64" in text
+
+
+def test_memory_that_is_no_cache_is_refused_in_one_line_and_force_walks_it(cached):
+    scenario, context, builder = cached
+    code, text = run(["etwstacks", "--cache", "%x" % context], scenario.target())
+    assert code == 1 and text.count("\n") == 1
+    assert text.startswith("error: no ETW stack cache at %s: found memory that fits no cache header variant"
+                           % hexaddr(context))
+    code, document = run_json(["etwstacks", "--cache", "%x" % context, "--force"], scenario.target())
+    assert code == 0 and "variant" in {p["kind"] for p in document["problems"]}
+
+
+def test_addresses_take_windbgs_grammar(cached):
+    scenario, context, builder = cached
+    nt = scenario.module("nt")
+    scenario.add_symbol("nt", "TestCacheHolder", 0x20000)
+    target = scenario.target()
+    offset = builder.address - nt.base
+    by_symbol = run_json(["etwstacks", "--cache", "nt+%x" % offset], target)[1]
+    by_number = run_json(["etwstacks", "--cache", hexaddr(builder.address)], target)[1]
+    assert by_symbol["loggers"][0]["cache"]["address"] == by_number["loggers"][0]["cache"]["address"] == builder.address
+    key = next(k for i in range(257) for k in builder.bucket_entries(i))
+    code, document = run_json(["etwstacks", "--key", "nt!TestCacheHolder-%x+%x" % (0x20000 + nt.base - key, 0)], target)
+    assert code == 0 and document["entry"]["key"] == key
+
+
+def test_text_says_where_the_logger_layouts_came_from():
+    scenario, _context, _builder = scenario_with_cache(STACKS, "B", 257, 300)
+    code, text = run(["etwstacks"], scenario.target(with_types=False))
+    assert code == 0 and "_WMI_LOGGER_CONTEXT from built-in (build 19041)" in text
+    assert "built-in variant B" in text

@@ -2,9 +2,11 @@
 
 import pytest
 
+from dbgext.errors import EXIT_PROBLEMS
+from dbgext.render.text import hexaddr
+from dbgext.rtltrace import analyze
 from dbgext.rtltrace.fixtures import TraceDatabaseBuilder
 from dbgext.rtltrace.hashing import pointer_sum_hash
-from dbgext.rtltrace import analyze
 
 from rtltrace_support import DATABASE_TYPE_FIELDS, database, problem_kinds, run, run_json, scenario_for
 
@@ -239,3 +241,54 @@ def test_a_block_not_reached_through_the_buckets_can_still_be_shown():
     assert code == 0
     assert "not reached through the buckets" in text
     assert target.symbolize(builder.frames_of(block)[0]) in text
+
+
+def test_the_address_takes_windbgs_grammar_symbols_offsets_and_registers():
+    scenario, builder = database("user-x64", distinct=20, adds=20)
+    app = scenario.module("app")
+    holder = app.base + 0x7000
+    scenario.add_symbol("app", "g_TraceDatabase", holder - app.base)
+    scenario.write_pointer(holder, builder.address)
+    scenario.registers = {"rip": app.base + 0x1000, "rcx": builder.address - 0x10}
+    target = scenario.target()
+    expected = run_json(["0x%x" % builder.address], target=target)
+    for expression in ("app!g_TraceDatabase", "app+7000", "app!g_TraceDatabase-8+8", "@rcx+10",
+                       hexaddr(builder.address)):
+        document = run_json([expression], target=target)
+        assert (document["address"], document["blocks_found"]) == (expected["address"], 20), expression
+    assert "holds a pointer to the database" in " ".join(run_json(["app!g_TraceDatabase"], target=target)["notes"])
+
+
+def test_bucket_and_limit_counts_are_hex_unless_0n():
+    scenario, builder = database("kernel-x64")
+    bucket = max(range(builder.buckets), key=lambda b: len(builder.bucket_chain(b)))
+    target = scenario.target()
+    by_hex = run_json(["0x%x" % builder.address, "--bucket", "%x" % bucket], target=target)
+    by_decimal = run_json(["0x%x" % builder.address, "--bucket", "0n%d" % bucket], target=target)
+    assert by_hex["trace_list"] == by_decimal["trace_list"] and by_hex["selection"] == "bucket"
+    assert len(run_json(["0x%x" % builder.address, "--limit", "10"], target=target)["trace_list"]) == 16
+
+
+def test_validate_exits_4_when_it_finds_problems_and_0_when_not():
+    scenario, builder = database("user-x64", distinct=20, adds=20)
+    assert run(["0x%x" % builder.address, "--validate"], target=scenario.target())[0] == 0
+    scenario.pack(builder.address + 0x70, "<Q", 21)  # NoOfTraces off by one
+    code, text = run(["0x%x" % builder.address, "--validate"], target=scenario.target())
+    assert code == EXIT_PROBLEMS and "count_mismatch" in text
+
+
+def test_a_script_analyzes_through_the_public_api_alone():
+    scenario, first = database("user-x64", distinct=30, adds=60)
+    second = TraceDatabaseBuilder(scenario, "user-x64", buckets=97)
+    second.add([0x7FFA10001000, 0x7FF6A0001000])
+    second.sync()
+    target = scenario.target()
+    db = analyze(target, first.address, sort="depth", limit=3)
+    document = db.as_dict()
+    assert list(document)[0] == "schema_version" and document["schema_version"] == 1
+    assert db.statistics["blocks_found"] == 30 and len(db.selection.blocks) == 3
+    assert [block.size for block in db.selection.blocks] == sorted((b.size for b in db.blocks), reverse=True)[:3]
+    assert db.top_traces[0].count == max(block.count for block in db.blocks)
+    search = analyze(target)  # no address: find every database, and analyze each
+    assert [database.address for database in search.databases] == [first.address, second.address]
+    assert search.as_dict()["schema_version"] == 1 and not search.problems

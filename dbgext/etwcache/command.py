@@ -61,9 +61,12 @@ def run(ctx, args):
         return 0 if result.key.found else EXIT_ERROR
     if args.json:
         ctx.out.json(result.as_dict())
-    elif not result.caches:
+        return EXIT_PROBLEMS if args.validate and result.problems.errors else 0
+    if result.logger_layouts:
+        render.layout_sources(ctx.out, result.logger_layouts)
+    if not result.caches:
         ctx.out.line("no logger has stack caching enabled")
-    for report in ([] if args.json else result.caches):
+    for report in result.caches:
         render.summary(ctx.out, ctx.target, report, args.validate)
         if args.buckets and report.state.readable:
             render.buckets(ctx.out, ctx.target, report, limit)

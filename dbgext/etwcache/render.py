@@ -7,6 +7,11 @@ from . import layouts
 PROBLEMS_SHOWN_WITHOUT_VALIDATE = 10
 
 
+def layout_sources(out, logger_layouts):
+    out.line("layouts: _WMI_LOGGER_CONTEXT from %s, _ETW_SILODRIVERSTATE from %s"
+             % (logger_layouts.logger.source, logger_layouts.silo.source))
+
+
 def summary(out, target, report, validated):
     state = report.state
     out.line(report.label)
@@ -14,9 +19,9 @@ def summary(out, target, report, validated):
         out.line("  stack cache %s: cannot be read" % hexaddr(state.address))
         _problems(out, report.problems, limit=None)
         return
-    out.line("  stack cache %s  variant %s (%s confidence: %s)"
+    out.line("  stack cache %s  variant %s (%s confidence: %s; %s)"
              % (hexaddr(state.address), state.variant, state.variant_confidence,
-                state.variant_detail or "given with --variant"))
+                state.variant_detail or "given with --variant", state.layout.source))
     out.line("  BucketCount %d (%s)  pieces: %d total = CacheSize 0x%x, %d free, %d in use"
              % (state.bucket_count, "prime" if layouts.is_prime(state.bucket_count) else "not prime",
                 state.total_pieces, state.cache_size, len(state.free_pieces), state.used_pieces))

@@ -213,12 +213,14 @@ def _is_kernel_pointer(value):
 
 
 def _variant_checks(target, address, header, name, logger_context, logger_id):
-    """(passed, total) of the invariants of variant ``name`` at ``address``."""
+    """(passed, total) of the invariants of variant ``name`` at ``address``; none
+    pass when its BucketCount could not be walked (0 or above the maximum)."""
     layout = layouts.CACHE_VARIANTS[name]
-    passed, total = 0, 0
+    passed, total = 0, 1
     bucket_count = layout.unpack(header, "BucketCount")
-    total += 1
-    if layouts.MIN_BUCKET_COUNT <= bucket_count <= layouts.MAX_BUCKET_COUNT:
+    if not 0 < bucket_count <= layouts.MAX_BUCKET_COUNT:
+        return passed, total
+    if bucket_count >= layouts.MIN_BUCKET_COUNT:  # the range Windows clamps it to
         passed += 1
     total += 1
     if layout.has("LoggerId"):
@@ -235,29 +237,29 @@ def _variant_checks(target, address, header, name, logger_context, logger_id):
     if ok:
         passed += 1
     # The first buckets' list heads must be consistent (Flink->Blink == head).
-    if 0 < bucket_count <= layouts.MAX_BUCKET_COUNT:
-        buckets = address + layout.offset("Buckets")
-        sample = target.try_read(buckets, min(bucket_count, 16) * layouts.BUCKET_SIZE)
-        for index in range(min(bucket_count, 16)):
-            head = buckets + index * layouts.BUCKET_SIZE
-            if not sample.readable(head, 16):
-                continue
-            flink, blink = struct.unpack_from("<QQ", sample.data, index * layouts.BUCKET_SIZE)
-            total += 1
-            if flink == head and blink == head:
-                passed += 1
-            elif _is_kernel_pointer(flink) and _is_kernel_pointer(blink):
-                try:
-                    if target.pointer(flink + 8) == head:
-                        passed += 1
-                except UnreadableMemory:
-                    pass
+    buckets = address + layout.offset("Buckets")
+    sample = target.try_read(buckets, min(bucket_count, 16) * layouts.BUCKET_SIZE)
+    for index in range(min(bucket_count, 16)):
+        head = buckets + index * layouts.BUCKET_SIZE
+        if not sample.readable(head, 16):
+            continue
+        flink, blink = struct.unpack_from("<QQ", sample.data, index * layouts.BUCKET_SIZE)
+        total += 1
+        if flink == head and blink == head:
+            passed += 1
+        elif _is_kernel_pointer(flink) and _is_kernel_pointer(blink):
+            try:
+                if target.pointer(flink + 8) == head:
+                    passed += 1
+            except UnreadableMemory:
+                pass
     return passed, total
 
 
 def detect_variant(target, address, header, logger_context=None, logger_id=None):
     """(variant or None, confidence, detail): the variant whose invariants hold
-    best; None when no check of any variant holds."""
+    best; None when no variant has a BucketCount that can be walked (then
+    nothing else it says can be trusted either) or no check holds."""
     scores = {}
     for name in sorted(layouts.CACHE_VARIANTS):
         scores[name] = _variant_checks(target, address, header, name, logger_context, logger_id)
