@@ -374,8 +374,13 @@ def decode_ipt_flow(path, directory):
 
 
 def parse_pe(path, directory):
-    from dbgext.stackuse.pe import PEImage
-    PEImage.from_file(path)
+    from dbgext.pe import PEImage
+    image = PEImage.from_file(path)
+    for part in ("exports", "imports", "runtime_functions", "coff_functions", "relocations", "codeview",
+                 "load_config", "seh_handlers", "guard_functions"):
+        value = getattr(image, part)
+        if callable(value):
+            value()
 
 
 def read_etl(path, directory):
