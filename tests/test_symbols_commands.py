@@ -249,3 +249,16 @@ def test_dt_of_a_global_variable_shows_its_type_at_its_address(kernel, x64):
     assert json.loads(by_variable)["members"] == json.loads(by_type)["members"]
     assert json.loads(by_variable)["address"] == json.loads(by_type)["address"]
     assert json.loads(by_variable)["address"] is not None
+
+
+def test_bare_names_search_every_module_unless_that_could_download(kernel, x64, tmp_path):
+    dump, symbols = kernel
+    local = open_dump(dump, symbols=[symbols])
+    assert local.symbol_address("CopyLeaf") == DRIVER_BASE + rva(x64, "CopyLeaf")
+    local.close()
+    # A symbol server that is down: a bare name must not try every module's PDB.
+    remote = open_dump(dump, symbols=["%s;srv*%s*http://127.0.0.1:9/sym" % (symbols, tmp_path)])
+    assert remote.symbol_address("CopyLeaf") is None and list(remote.symbols.problems) == []
+    assert remote.symbol_address("kernel_shapes!CopyLeaf") == DRIVER_BASE + rva(x64, "CopyLeaf")
+    assert remote.symbol_address("CopyLeaf") == DRIVER_BASE + rva(x64, "CopyLeaf")   # now known
+    remote.close()

@@ -101,6 +101,10 @@ class SymbolLocator(object):
         return [element.path for element in self.elements
                 if element.kind == "dir" or (element.kind == "file" and is_isf_name(element.path))]
 
+    @property
+    def may_download(self):
+        return not self.no_download and any(element.url for element in self.elements)
+
     # -- PDBs ------------------------------------------------------------------------------
 
     def find_pdb(self, codeview, report):

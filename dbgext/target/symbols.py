@@ -251,11 +251,13 @@ class SymbolTable(object):
     # -- names -------------------------------------------------------------------------
 
     def _modules_for_bare_names(self):
-        """Where a name without ``module!`` is looked for: the kernel first, then the
-        modules whose symbols are already known (ISF files, sources found earlier) —
-        never every module's PDB fetched for one name."""
-        known = set(self._per_module) | set(key for key, table in self._located.items() if table is not None)
+        """Where a name without ``module!`` is looked for: the kernel first, then every
+        module — but when the symbol path may download, only the modules whose
+        symbols are already known: one name never fetches every module's PDB."""
         ordered = sorted(self._modules, key=lambda module: module.name.lower() != KERNEL_MODULE)
+        if self.locator is None or not self.locator.may_download:
+            return ordered
+        known = set(self._per_module) | set(key for key, table in self._located.items() if table is not None)
         return [module for module in ordered if module.name.lower() in known or module.name.lower() == KERNEL_MODULE]
 
     def address(self, name):
