@@ -8,6 +8,8 @@ import os
 import struct
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import dbgext
 from dbgext.cli import main
@@ -384,6 +386,29 @@ def test_a_corrupt_list_stream_is_bad_input_naming_what_is_wrong(full, stream_ty
     patched(path, rva + field, fmt, value)
     with pytest.raises(BadInput, match=message):
         MinidumpBackend(path)
+
+
+@settings(max_examples=int(os.environ.get("DBGEXT_FUZZ_EXAMPLES", "12")) * 5, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(flips=st.lists(st.tuples(st.integers(0, 0x1800), st.integers(0, 255)), min_size=1, max_size=12))
+def test_mutated_stream_metadata_ends_only_in_bad_input(tmp_path, flips):
+    scenario = user_scenario("x64", seed=28, blobs=2)
+    path = write_minidump(scenario, str(tmp_path / "seed.mdmp"), exception=CRASH, thread_info=THREAD_INFO,
+                          thread_names={0x1A0: "main"}, memory_info=REGIONS, unloaded_modules=UNLOADED)
+    data = bytearray(open(path, "rb").read())
+    for position, value in flips:      # the header, directory and stream bodies come first
+        data[position % len(data)] = value
+    open(path, "wb").write(bytes(data))
+    try:
+        backend = MinidumpBackend(path)
+    except BadInput:
+        return
+    backend.threads()
+    backend.current_thread()
+    backend.info()
+    for start, end in backend.mapped_ranges()[:20]:
+        backend.read_pages(start & ~(PAGE_SIZE - 1), 2)
+    backend.close()
 
 
 def test_a_dump_that_shrinks_while_read_ends_with_one_line_naming_file_and_offset(full):
