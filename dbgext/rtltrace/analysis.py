@@ -33,10 +33,9 @@ def analyze(target, address=None, layout=None, force=False, trace=None, bucket=N
     if sort not in SORTS:
         raise BadInput("unknown sort %r (known: %s)" % (sort, ", ".join(sorted(SORTS))))
     address, followed = _database_address(target, address)
-    db = walk_database(target, address, choose_layouts(target, address, layout), force)
+    db = _walk_and_validate(target, address, layout, force)
     if followed:
         db.note(followed)
-    validate_database(target, db)
     db.selection = _select(target, db, trace, bucket, module, sort, limit, force)
     db.top = top
     return db
@@ -51,13 +50,15 @@ def find(target, start=0, end=None, walk=False):
     candidates = find_databases(target, start, end)
     search = DatabaseSearch(candidates)
     if walk:
-        for candidate in candidates[:MAX_WALKED]:
-            database = walk_database(target, candidate.address, choose_layouts(target, candidate.address))
-            search.databases.append(validate_database(target, database))
+        search.databases.extend(_walk_and_validate(target, candidate.address) for candidate in candidates[:MAX_WALKED])
         if len(candidates) > MAX_WALKED:
             search.problems.add("walk_limit", None, "%d trace databases found, only the first %d walked"
                                 % (len(candidates), MAX_WALKED), severity="note")
     return search
+
+
+def _walk_and_validate(target, address, layout=None, force=False):
+    return validate_database(target, walk_database(target, address, choose_layouts(target, address, layout), force))
 
 
 def _database_address(target, address):
