@@ -37,7 +37,8 @@ def validate(state, idle=True):
             add("refcount", entry.key, "RefCount %d on an idle cache (expected 1)" % entry.refcount)
         for piece in entry.pieces:
             if piece in used:
-                add("shared_piece", piece, "piece used by stacks %s and %s" % (hexaddr(used[piece]), hexaddr(entry.key)))
+                add("shared_piece", piece, "piece used by stacks %s and %s"
+                    % (hexaddr(used[piece]), hexaddr(entry.key)))
             else:
                 used[piece] = entry.key
     for piece in state.free_pieces:

@@ -228,7 +228,8 @@ def render(out, target, db, links, view):
         render_traces(out, target, db, selection.blocks, links,
                       "Traces with a frame in %s: %d" % (selection.module.name, len(selection.blocks)))
     elif view == "traces":
-        render_traces(out, target, db, selection.blocks, links, "Traces (%d, by %s):" % (len(selection.blocks), selection.sort))
+        render_traces(out, target, db, selection.blocks, links,
+                      "Traces (%d, by %s):" % (len(selection.blocks), selection.sort))
     elif view == "validate":
         render_header(out, target, db)
         if db.header_read:
