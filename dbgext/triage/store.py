@@ -52,8 +52,9 @@ SCHEMA = [
         recorded_at TIMESTAMP DEFAULT current_timestamp,
         record VARCHAR
     )""",
-    "CREATE TABLE IF NOT EXISTS files (path VARCHAR PRIMARY KEY, size BIGINT, mtime_ns BIGINT, ctime_ns BIGINT, "
-    "hash VARCHAR)",
+    # No key on files: DuckDB's upsert costs more than the rest of a record's commit,
+    # so a changed file simply gets another row and the latest row of a path counts.
+    "CREATE TABLE IF NOT EXISTS files (path VARCHAR, size BIGINT, mtime_ns BIGINT, ctime_ns BIGINT, hash VARCHAR)",
     "CREATE TABLE IF NOT EXISTS frames (hash VARCHAR, position INTEGER, address UBIGINT, name VARCHAR, how VARCHAR)",
     "CREATE TABLE IF NOT EXISTS problems (hash VARCHAR, analysis VARCHAR, kind VARCHAR, severity VARCHAR, "
     "address UBIGINT, \"offset\" UBIGINT, message VARCHAR)",
@@ -175,9 +176,9 @@ class TriageStore(object):
         return dict(self.connection.execute("SELECT hash, status FROM dumps").fetchall())
 
     def known_files(self):
-        """{path: (size, mtime_ns, ctime_ns, hash)} of every file hashed before."""
+        """{path: (size, mtime_ns, ctime_ns, hash)} of every file hashed before (its latest row)."""
         return dict((row[0], tuple(row[1:])) for row in self.connection.execute(
-            "SELECT path, size, mtime_ns, ctime_ns, hash FROM files").fetchall())
+            "SELECT path, size, mtime_ns, ctime_ns, hash FROM files ORDER BY rowid").fetchall())
 
     def count(self, table="dumps"):
         if table not in EXPORTED_TABLES:
@@ -250,7 +251,7 @@ class TriageStore(object):
     def _remember_file(self, path, stat, content_key):
         if path is None or stat is None:
             return
-        self.connection.execute("INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?)",
+        self.connection.execute("INSERT INTO files VALUES (?, ?, ?, ?, ?)",
                                 [path, stat[0], stat[1], stat[2], content_key])
 
     def _insert(self, record, stat):
