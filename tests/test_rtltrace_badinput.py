@@ -338,3 +338,13 @@ def test_segments_claiming_huge_sizes_are_not_read_in_bulk():
     assert document["blocks_found"] == 200  # read block by block instead
     assert "segment_size_mismatch" in problem_kinds(document)
     assert target.stats.bytes_read < 0x1000000
+
+
+def test_a_trace_address_that_holds_no_block_is_refused_unless_forced():
+    scenario, builder = corrupt(distinct=5, adds=5)
+    target = scenario.target()
+    code, text = run(["0x%x" % builder.address, "--trace", "0x%x" % builder.address], target=target)
+    assert code == 1 and "no RTL_TRACE_BLOCK at %s: found the magic of an RTL_TRACE_DATABASE" % hexaddr(
+        builder.address) in text
+    document = run_json(["0x%x" % builder.address, "--trace", "0x%x" % builder.address, "--force"], target=target)
+    assert document["selection"] == "trace" and document["trace_list"][0]["address"] == builder.address
