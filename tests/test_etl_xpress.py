@@ -125,6 +125,33 @@ def test_mutated_input_raises_only_xpress_errors_naming_the_buffer(flips, cut, s
 # -- compressed .etl files ---------------------------------------------------------------------
 
 
+PACKED_SEED = None
+
+
+def packed_seed():
+    global PACKED_SEED
+    if PACKED_SEED is None:
+        PACKED_SEED = compress_etl(stackwalk_trace(events=300))
+    return PACKED_SEED
+
+
+@settings(max_examples=int(os.environ.get("DBGEXT_FUZZ_EXAMPLES", "12")) * 5, deadline=None, database=None)
+@given(flips=st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(0, 255)), min_size=1, max_size=12))
+def test_a_mutated_compressed_trace_is_read_with_its_damage_reported(flips):
+    data = bytearray(packed_seed())
+    for position, value in flips:
+        data[position % len(data)] = value
+    try:
+        reader = EtlReader(bytes(data))
+    except BadInput:
+        return
+    for _ in reader.events():
+        pass
+    summary = reader.summary
+    assert summary.undecodable <= summary.buffers
+    assert (summary.note() is None) == (summary.undecodable == 0)
+
+
 def stackwalk_trace(events=400, buffer_size=0x1000):
     writer = EtlWriter(buffer_size=buffer_size)
     for index in range(events):
