@@ -108,15 +108,19 @@ def lookup_layout(target, type_name, builtin=None, fields=None):
     formats = dict((name, fmt) for name, (_, fmt) in row["fields"].items()) if row else {}
     pointer_size = target.pointer_size
 
-    size = target.type_size(type_name)
+    typed = target.type_layout(type_name)
+    size = typed.size if typed is not None else target.type_size(type_name)
     if size is not None:
         known = {}
-        for field in (wanted or formats):
-            offset = target.field_offset(type_name, field)
+        for field in (wanted or (typed.fields if typed is not None else formats)):
+            if typed is not None and field in typed.fields:
+                offset, fmt = typed.fields[field]
+            else:  # a dotted path into a nested structure, or type info without formats
+                offset, fmt = target.field_offset(type_name, field), None
             if offset is not None:
-                known[field] = (offset, formats.get(field))
+                known[field] = (offset, fmt or formats.get(field))
         if all(field in known for field in wanted):
-            source = target.type_source(type_name)
+            source = typed.source if typed is not None else target.type_source(type_name)
             return Layout(bare, size, known, source, pointer_size)
 
     hints = target.backend.layout_hints(bare)

@@ -570,6 +570,12 @@ class Target(object):
     def type_size(self, type_name):
         return self.symbols.type_size(type_name)
 
+    def type_layout(self, type_name):
+        """The type's :class:`~dbgext.layouts.Layout` (fields with their formats) from
+        the symbol files, or None when they don't describe it that fully."""
+        describe = getattr(self.symbols, "type_layout", None)
+        return describe(type_name) if describe else None
+
     def type_source(self, type_name):
         """Where the type information for ``type_name`` comes from (``pdb nt``,
         ``isf nt``, ``debugger``), for output that says which layout was used."""
