@@ -27,14 +27,6 @@ class LoggerInfo(object):
         self.stack_cache = stack_cache
         self.problems = ProblemLog()
 
-    @property
-    def label(self):
-        return self.name or "logger %s" % self.logger_id
-
-    def as_dict(self):
-        return {"logger_id": self.logger_id, "name": self.name, "context": self.context,
-                "stack_cache": self.stack_cache}
-
 
 class LoggerLayouts(object):
     """The logger context and silo state layouts, each saying where it came from."""

@@ -156,10 +156,6 @@ class TraceDatabaseBuilder(object):
     def bucket_of(self, frames):
         return self._place(tuple(frames))[1]
 
-    def block_address(self, frames):
-        existing = self._blocks.get(tuple(frames))
-        return existing[0].address + existing[1] if existing else None
-
     def block_count(self, frames):
         region, offset = self._blocks[tuple(frames)]
         return struct.unpack_from("<I", region.data, offset + self.layout.block.offsets["Count"])[0]
