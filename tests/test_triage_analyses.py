@@ -60,7 +60,6 @@ def test_etw_stack_caches_are_summarised(sample):
 
 
 def test_ipt_events_are_found(sample):
-    pytest.importorskip("dbgext.ipt.sources")
     scenario, manifest = sample
     summary = record_of(scenario, ["ipt"]).analyses["ipt"]
     assert summary["events"] >= 1

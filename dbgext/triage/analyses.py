@@ -16,7 +16,6 @@ from .record import register_analysis
 
 TOP = 5                       # top items kept per list in a summary
 MAX_IPT_EVENTS = 256
-MAX_IPT_SCAN_BYTES = 1 << 30
 CANNOT_SCAN = "the target cannot list its memory (a debugger session): triage the dump file offline to scan it"
 
 
@@ -109,23 +108,23 @@ register_analysis("etwstacks", summarize_etwstacks, requires="dbgext.etwcache",
 # -- ipt: Intel PT events ------------------------------------------------------------------
 
 def summarize_ipt(target):
-    from ..ipt.sources import scan_target
+    from ..ipt import analyze
 
     if _cannot_list_memory(target):
         return {"skipped": CANNOT_SCAN}
-    events, notes = scan_target(target, max_events=MAX_IPT_EVENTS, max_bytes=MAX_IPT_SCAN_BYTES)
+    scan = analyze(target, "scan", max_events=MAX_IPT_EVENTS)
+    events = scan.events
     return {
         "events": len(events),
-        "trace_bytes": sum(event["header"]["TraceSize"] for event in events),
-        "top_events": [{"address": event["address"], "process": event["header"]["Process"],
-                        "thread": event["header"]["Thread"], "trace_size": event["header"]["TraceSize"],
-                        "readable_bytes": event["readable_bytes"]}
-                       for event in sorted(events, key=lambda e: -e["header"]["TraceSize"])[:TOP]],
-        "notes": notes,
+        "trace_bytes": sum(event["trace_size"] for event in events),
+        "top_events": [{"address": event["address"], "process": event["process"], "thread": event["thread"],
+                        "trace_size": event["trace_size"]}
+                       for event in sorted(events, key=lambda e: -e["trace_size"])[:TOP]],
+        "problems": scan.problems,
     }
 
 
-register_analysis("ipt", summarize_ipt, requires="dbgext.ipt.sources",
+register_analysis("ipt", summarize_ipt, requires="dbgext.ipt",
                   description="Intel PT trace events found in memory")
 
 
