@@ -29,7 +29,8 @@ MIN_MATCH = 3
 LITERAL_ENTRIES = 256 << 4           # table entries below this are literals
 REFILL_BYTES = 14                    # 7 words per refill (measured: fewer refills beat smaller ints)
 REFILL_BITS = 8 * REFILL_BYTES
-MASKS = [(1 << n) - 1 for n in range(REFILL_BITS + 16)]
+SYMBOL_AND_OFFSET_BITS = 31          # a code (<= 15 bits) then its offset bits (<= 15), plus one
+MASKS = [(1 << n) - 1 for n in range(REFILL_BITS + SYMBOL_AND_OFFSET_BITS)]
 
 
 class XpressError(BadInput):
@@ -98,14 +99,16 @@ def decompress(data, size, where="compressed data"):
             # REFILL_BYTES at a time, ahead of the spec's decoder, which reads one
             # word whenever it holds fewer than 16 bits; the long-length bytes are
             # where that decoder stands, so before reading them the words read
-            # ahead are given back.
+            # ahead are given back.  Refilling below 31 bits leaves enough for a
+            # symbol and its offset bits, and at least the spec decoder's 16 bits
+            # after the symbol.
             view = views[position & 1]
             bits = int.from_bytes(view[position:position + REFILL_BYTES], "big")
             position += REFILL_BYTES
             available = REFILL_BITS
             block_end = min(produced + BLOCK_SIZE, size)
             while produced < block_end:
-                if available < 16:
+                if available < SYMBOL_AND_OFFSET_BITS:
                     bits = (bits & masks[available]) << REFILL_BITS | int.from_bytes(
                         view[position:position + REFILL_BYTES], "big")
                     position += REFILL_BYTES
@@ -120,11 +123,6 @@ def decompress(data, size, where="compressed data"):
                 length = symbol & 15
                 offset_bits = symbol >> 4
                 if length == 15:
-                    if available < 16:
-                        bits = (bits & masks[available]) << REFILL_BITS | int.from_bytes(
-                            view[position:position + REFILL_BYTES], "big")
-                        position += REFILL_BYTES
-                        available += REFILL_BITS
                     ahead = (available - 16) >> 4      # the spec's decoder holds 16..31 bits here
                     position -= 2 * ahead
                     available -= 16 * ahead
@@ -146,11 +144,6 @@ def decompress(data, size, where="compressed data"):
                     view = views[position & 1]
                 length += MIN_MATCH
                 if offset_bits:
-                    if available < offset_bits:
-                        bits = (bits & masks[available]) << REFILL_BITS | int.from_bytes(
-                            view[position:position + REFILL_BYTES], "big")
-                        position += REFILL_BYTES
-                        available += REFILL_BITS
                     available -= offset_bits
                     offset = ((bits >> available) & masks[offset_bits]) | 1 << offset_bits
                 else:
