@@ -49,14 +49,16 @@ def decoding_table(lengths_table, where="compressed data"):
     for symbol, length in enumerate(lengths):
         if length:
             by_length[length].append(symbol)
+    # Checked before the table is built: an over-subscribed code would make it huge.
+    covered = sum(len(by_length[length]) << (TABLE_BITS - length) for length in range(1, 16))
+    if covered != 1 << TABLE_BITS:
+        raise XpressError("%s: the Huffman code lengths do not form a complete prefix code (%s)"
+                          % (where, "over-subscribed" if covered > 1 << TABLE_BITS else "incomplete"))
     table = []
     for length in range(1, 16):
         span = 1 << (TABLE_BITS - length)
         for symbol in by_length[length]:
             table.extend([symbol << 4 | length] * span)
-    if len(table) != 1 << TABLE_BITS:
-        raise XpressError("%s: the Huffman code lengths do not form a complete prefix code (%s)"
-                          % (where, "over-subscribed" if len(table) > 1 << TABLE_BITS else "incomplete"))
     return table
 
 
