@@ -25,7 +25,8 @@ libipt runs in a small C harness compiled here (cc -lipt), timed inside the
 harness, so its figures carry no ctypes call overhead (through ctypes every
 ``pt_insn_next`` costs a Python call, which makes libipt look 5-10x slower than it
 is).  Without a compiler it falls back to ctypes and says so.  dbgext runs in this
-process; its start-up is not timed.  Best of --repeat runs.
+process; its start-up is not timed.  Both sides are timed in CPU time of their
+process (the machine may be shared), best of --repeat runs.
 """
 
 import argparse
@@ -79,7 +80,7 @@ static int read_memory(uint8_t *buffer, size_t size, const struct pt_asid *asid,
 static double now(void)
 {
     struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
@@ -167,9 +168,9 @@ def best_of(repeat, function):
     best = None
     result = None
     for _ in range(repeat):
-        start = time.perf_counter()
+        start = time.process_time()
         result = function()
-        elapsed = time.perf_counter() - start
+        elapsed = time.process_time() - start
         best = elapsed if best is None else min(best, elapsed)
     return best, result
 

@@ -227,58 +227,15 @@ def _classify(mnemonic, operands):
 
 # -- trace items the walker consumes --------------------------------------------------
 
-F_TNT, F_TIP, F_PGE, F_PGD, F_FUP, F_MODE, F_PSB, F_PSBEND, F_OVF, F_ERROR, F_TSX = range(11)
-_IP_ITEMS = {"tip": F_TIP, "tip.pge": F_PGE, "tip.pgd": F_PGD, "fup": F_FUP}
+# Packets pass to the walker as the tokenizer's (kind, offset, value) where they are
+# what control flow needs as they are (IP packets, PSB, PSBEND, OVF, errors); TNT
+# bits, execution modes and MODE.TSX become items of their own (_Walk.item).
+F_TIP, F_PGE, F_PGD, F_FUP = P.K_TIP, P.K_PGE, P.K_PGD, P.K_FUP
+F_PSB, F_PSBEND, F_OVF, F_ERROR = P.K_PSB, P.K_PSBEND, P.K_OVF, P.K_ERROR
+F_TNT, F_MODE, F_TSX = 20, 21, 22  # value: bits "TNT..."; mode (16/32/64 or None); the IP of its FUP
 ITEM_NAMES = {F_TNT: "tnt", F_TIP: "tip", F_PGE: "tip.pge", F_PGD: "tip.pgd", F_FUP: "fup", F_MODE: "mode.exec",
               F_PSB: "psb", F_PSBEND: "psbend", F_OVF: "ovf", F_ERROR: "error", F_TSX: "mode.tsx"}
-
-
-def flow_items(data, start=0, end=None):
-    """Packets reduced to what control flow needs: (kind, offset, value) with F_* kinds.
-
-    TNT-8 runs become one bit string; timing and power packets are dropped; a FUP
-    that belongs to a PTW or EXSTOP (not to a control transfer) is dropped too.
-
-    MODE.TSX and the FUP that binds it become one F_TSX item (value: the FUP's IP);
-    as in libipt, the FUP of an abort also stays, as an asynchronous transfer to
-    the TIP that follows."""
-    run_bits = P.tnt_bits_of_run
-    skip_fup = False
-    tsx_abort = None  # MODE.TSX seen: is it an abort?
-    for kind, offset, value in P.tokens(data, start, end, P.FLOW_RE):
-        if kind == P.K_TNT8_RUN:
-            bits = run_bits(value)
-            if bits:
-                yield F_TNT, offset, bits
-        elif kind == P.K_IP:
-            item = _IP_ITEMS[value[0]]
-            if item == F_FUP:
-                if skip_fup:
-                    skip_fup = False
-                    continue
-                if tsx_abort is not None:
-                    yield F_TSX, offset, value[2]
-                    abort, tsx_abort = tsx_abort, None
-                    if not abort:
-                        continue
-            yield item, offset, value[2]
-        elif kind == P.K_TNT64:
-            yield F_TNT, offset, value
-        elif kind == P.K_PSB:
-            yield F_PSB, offset, None
-        elif kind == P.K_PSBEND:
-            yield F_PSBEND, offset, None
-        elif kind == P.K_MODE:
-            if value[0] == "mode.exec":
-                yield F_MODE, offset, EXEC_MODES.get(value[1]["mode"])
-            else:
-                tsx_abort = bool(value[1]["abort"])
-        elif kind == P.K_OVF:
-            yield F_OVF, offset, None
-        elif kind == P.K_ERROR:
-            yield F_ERROR, offset, value
-        elif kind == P.K_OTHER and value[0] in ("ptw", "exstop") and value[1]["ip"]:
-            skip_fup = True
+_TNT8_BITS = P.TNT8_BITS
 
 
 class FlowResult(object):
@@ -336,7 +293,7 @@ class FlowDecoder(object):
             if sink is not None:
                 sink(chunk)
 
-        _Walk(self, result, flow_items(data, start, end), keep, progress).run()
+        _Walk(self, result, P.tokens(data, start, end, P.FLOW_RE), keep, progress).run()
         result.blocks_built = self.cache.blocks_built
         return result
 
@@ -344,7 +301,7 @@ class FlowDecoder(object):
 class _Walk(object):
     """The state of one decode: trace position, IP, mode, TNT bits, return stack."""
 
-    def __init__(self, decoder, result, items, sink, progress=None):
+    def __init__(self, decoder, result, tokens, sink, progress=None):
         self.cache = decoder.cache
         self.suspicious = decoder.suspicious
         self.errata = decoder.errata
@@ -354,7 +311,10 @@ class _Walk(object):
         self.flushed = 0         # instructions handed to the sink before out[0]
         self.sink = sink
         self.progress = progress
-        self.items = items
+        self.tokens = tokens
+        self.queued = None       # an item made by the same packet as the last one (item())
+        self.skip_fup = False    # the next FUP belongs to a PTW or EXSTOP, not to control flow
+        self.tsx_abort = None    # after MODE.TSX: whether it was an abort (its FUP comes next)
         self.mode = MODE_64
         self.retstack = []
         self.bits = ""
@@ -369,24 +329,73 @@ class _Walk(object):
 
     # -- items --------------------------------------------------------------------
 
-    def next_item(self):
-        if self.lookahead is not None:
-            item, self.lookahead = self.lookahead, None
+    def item(self):
+        """The next packet reduced to what control flow needs, or None at the end.
+
+        TNT-8 runs become one bit string; timing and power packets are dropped; a
+        FUP that belongs to a PTW or EXSTOP (not to a control transfer) is dropped
+        too.  MODE.TSX and the FUP that binds it become one F_TSX item; as in
+        libipt, the FUP of an abort also stays, as an asynchronous transfer to the
+        TIP that follows."""
+        item = self.queued
+        if item is not None:
+            self.queued = None
             return item
-        for item in self.items:
+        for item in self.tokens:
+            kind = item[0]
+            if kind == P.K_TNT8_RUN:
+                run = item[2]
+                bits = _TNT8_BITS.get(run[0], "") if len(run) == 1 else P.tnt_bits_of_run(run)
+                if bits:
+                    return F_TNT, item[1], bits
+            elif kind == F_TIP or kind == F_PGE or kind == F_PGD:
+                return item
+            elif kind == F_FUP:
+                if self.skip_fup:
+                    self.skip_fup = False
+                elif self.tsx_abort is not None:
+                    if self.tsx_abort:
+                        self.queued = item
+                    self.tsx_abort = None
+                    return F_TSX, item[1], item[2]
+                else:
+                    return item
+            elif kind == P.K_TNT64:
+                return F_TNT, item[1], item[2]
+            elif kind == P.K_MODE:
+                name, fields = item[2]
+                if name == "mode.exec":
+                    return F_MODE, item[1], EXEC_MODES.get(fields["mode"])
+                self.tsx_abort = bool(fields["abort"])
+            elif kind == P.K_OTHER:
+                name, fields = item[2]
+                if name in ("ptw", "exstop") and fields["ip"]:
+                    self.skip_fup = True
+            elif kind != P.K_PAD_RUN:  # PSB, PSBEND, OVF, errors
+                return item
+        return None
+
+    def next_item(self):
+        item = self.lookahead
+        if item is not None:
+            self.lookahead = None
+            return item
+        while True:
+            item = self.item()
+            if item is None:
+                self.ended = True
+                return None
             self.last_offset = item[1]
-            if item[0] == F_ERROR:
+            kind = item[0]
+            if kind == F_ERROR:
                 self.problems.add("ipt_packet_error", None, item[2], offset=item[1])
                 self.reset()
                 if self.walking:
                     raise _Resync()
-                continue
-            if item[0] == F_PSB and self.walking:
+            elif kind == F_PSB and self.walking:
                 self.skip_status_psb()
-                continue
-            return item
-        self.ended = True
-        return None
+            else:
+                return item
 
     def peek(self):
         if self.lookahead is None and not self.ended:
@@ -395,7 +404,12 @@ class _Walk(object):
 
     def skip_status_psb(self):
         """A PSB+ in the middle of a traced stretch only restates the state (IP, mode)."""
-        for kind, offset, value in self.items:
+        while True:
+            item = self.item()
+            if item is None:
+                self.ended = True
+                return
+            kind, offset, value = item
             self.last_offset = offset
             if kind == F_PSBEND:
                 return
@@ -404,10 +418,9 @@ class _Walk(object):
             elif kind == F_ERROR:
                 self.problems.add("ipt_packet_error", None, value, offset=offset)
                 raise _Resync()
-            elif kind not in (F_FUP,):
-                self.lookahead = (kind, offset, value)
+            elif kind != F_FUP:
+                self.lookahead = item
                 return
-        self.ended = True
 
     def event(self, kind, offset, ip):
         """Record an event before the next instruction: (instruction index, kind, trace offset, IP)."""
@@ -675,6 +688,17 @@ class _Walk(object):
             elif kind == B_RET:
                 extend(block.insns)
                 compressed = bi < nbits
+                tip = self.lookahead
+                if not compressed and tip is not None and tip[0] == F_TIP and tip[2] is not None \
+                        and committed < FLUSH_SIZE:
+                    # The common uncompressed RET: the TIP is already read ahead.
+                    self.lookahead = None
+                    ip = tip[2]
+                    committed = len(out)
+                    save()
+                    async_ip, disable_target = self.pending_event()
+                    idle_blocks = 0
+                    continue
                 if not compressed:
                     save()
                     compressed = self.refill()
@@ -709,7 +733,12 @@ class _Walk(object):
                 extend(block.insns)
                 save()
                 # TNT bits still cached stay for the branches after this one, as in libipt.
-                ip = self.take_ip(block.end, "indirect branch")
+                tip = self.lookahead
+                if tip is not None and tip[0] == F_TIP and tip[2] is not None and committed < FLUSH_SIZE:
+                    self.lookahead = None  # the TIP is already read ahead
+                    ip = tip[2]
+                else:
+                    ip = self.take_ip(block.end, "indirect branch")
                 if ip is None:
                     self.finish_segment(block)
                     return
@@ -775,9 +804,13 @@ class _Walk(object):
         there (-1: none))."""
         if self.bit_index < len(self.bits):
             return None, -1
-        item = self.peek()
+        item = self.lookahead
         if item is None:
-            return None, -1
+            if self.ended:
+                return None, -1
+            item = self.lookahead = self.next_item()
+            if item is None:
+                return None, -1
         kind = item[0]
         if kind == F_FUP or kind == F_TSX:
             return item[2], -1

@@ -22,7 +22,6 @@ PSB = b"\x02\x82" * 8
 # Token kinds yielded by tokens().
 K_TNT8_RUN = 0   # value: the bytes of a run of TNT-8 packets
 K_PAD_RUN = 1    # value: number of PAD bytes
-K_IP = 2         # value: (type name, ipbytes, decompressed ip or None)
 K_TNT64 = 3      # value: bits string
 K_PSB = 4
 K_PSBEND = 5
@@ -30,8 +29,11 @@ K_OVF = 6
 K_MODE = 7       # value: fields dict, type name mode.exec / mode.tsx
 K_OTHER = 8      # value: (type name, fields dict)
 K_ERROR = 9      # value: message
+K_TIP, K_PGE, K_PGD, K_FUP = 10, 11, 12, 13  # value: the decompressed IP, None when suppressed
 
 IP_TYPES = {0x01: "tip.pgd", 0x0D: "tip", 0x11: "tip.pge", 0x1D: "fup"}
+IP_KINDS = {0x01: K_PGD, 0x0D: K_TIP, 0x11: K_PGE, 0x1D: K_FUP}
+IP_KIND_NAMES = {K_PGD: "tip.pgd", K_TIP: "tip", K_PGE: "tip.pge", K_FUP: "fup"}
 # IPBytes -> payload length; 5 and 7 are reserved.
 IP_PAYLOAD = {0: 0, 1: 2, 2: 4, 3: 6, 4: 6, 6: 8}
 EXEC_MODE_NAMES = {(0, 0): "16bit", (0, 1): "32bit", (1, 0): "64bit", (1, 1): "invalid"}
@@ -323,7 +325,7 @@ def tokens(data, start=0, end=None, pattern=PACKET_RE):
                     else:
                         ip = (last_ip & ~_LOW_48) | payload
                     last_ip = ip
-                yield K_IP, offset, (IP_TYPES[opcode & 0x1F], ipbytes, ip)
+                yield IP_KINDS[opcode & 0x1F], offset, ip
             elif group == G_PAD:
                 yield K_PAD_RUN, offset, match.end() - offset
             elif group == G_PSB:
@@ -405,9 +407,9 @@ def decode_packets(data, start=0, end=None, max_packets=None):
         elif kind == K_PAD_RUN:
             for index in range(value):
                 append(Packet(offset + index, "pad", 1, {}))
-        elif kind == K_IP:
-            name, ipbytes, ip = value
-            append(Packet(offset, name, _IP_SIZES[ipbytes], {"ip": ip, "ipbytes": ipbytes}))
+        elif kind in IP_KIND_NAMES:
+            ipbytes = data[offset] >> 5
+            append(Packet(offset, IP_KIND_NAMES[kind], _IP_SIZES[ipbytes], {"ip": value, "ipbytes": ipbytes}))
         elif kind == K_TNT64:
             append(Packet(offset, "tnt64", 8, {"bits": value}))
         elif kind == K_MODE:
@@ -509,8 +511,8 @@ def packet_stats(data, start=0, end=None):
     for kind, offset, value in tokens(data, start, end):
         if kind == K_TNT8_RUN:
             counts["tnt8"] += len(value)
-        elif kind == K_IP:
-            counts[value[0]] += 1
+        elif kind in IP_KIND_NAMES:
+            counts[IP_KIND_NAMES[kind]] += 1
         elif kind == K_PAD_RUN:
             counts["pad"] += value
         elif kind == K_TNT64:
