@@ -338,6 +338,18 @@ def _isf_seed(directory):
     return _read(nt)
 
 
+def _pdb_seed(directory):
+    """A real PDB from clang and lld-link, with a kernel dump to load it against."""
+    import symbols_support
+    if symbols_support.missing_tools():
+        return None
+    built = symbols_support.build_dll(directory, "x64")
+    from dbgext.sample import build_sample_scenario
+    scenario, _ = build_sample_scenario()
+    scenario.write_kernel_dump(os.path.join(directory, "clean.dmp"))
+    return _read(built.pdb)
+
+
 def _read(path):
     with open(path, "rb") as handle:
         return handle.read()
@@ -389,6 +401,11 @@ def read_etl(path, directory):
         pass
 
 
+def read_pdb(path, directory):
+    from symbols_support import read_everything
+    read_everything(path)
+
+
 def load_isf(path, directory):
     from dbgext.target.symbols import load_isf_file
     load_isf_file(path)
@@ -423,6 +440,8 @@ CASES = [
     Case("isf", ".json", _isf_seed,
          [["lm", "--dump", "{dir}/clean.dmp", "--symbols", "{input}", "--json"],
           ["dps", "--dump", "{dir}/clean.dmp", "--symbols", "{input}", "nt", "L4"]], [load_isf], structured=True),
+    Case("pdb", ".pdb", _pdb_seed, [["lm", "--dump", "{dir}/clean.dmp", "--symbols", "{input}", "--json"]],
+         [read_pdb]),
 ]
 
 

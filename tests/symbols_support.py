@@ -10,6 +10,8 @@ import subprocess
 import pytest
 
 from dbgext.pe import PEImage
+from dbgext.symbols.pdb import PdbFile
+from dbgext.symbols.types import pdb_type_text, pdb_type_view
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join(HERE, "data", "symbols", "kernel_shapes.c")
@@ -90,3 +92,21 @@ def minidump_with_dll(built, path, name="kernel_shapes"):
     scenario.add_module(name, base, len(data), image=name + ".dll", content=data)
     scenario.write_minidump(path)
     return scenario, base
+
+
+def read_everything(path):
+    """What dbgext ever asks of a PDB."""
+    pdb = PdbFile(path)
+    try:
+        pdb.matches(pdb.guid, pdb.age)
+        pdb.publics()
+        pdb.procedures()
+        pdb.data()
+        types = pdb.types
+        for name in types.names():
+            record = types.find(name)
+            view = pdb_type_view(types, record)
+            for member in view.members:
+                pdb_type_text(types, types.strip(member.nested).index if member.nested else 0x74)
+    finally:
+        pdb.close()

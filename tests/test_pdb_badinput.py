@@ -6,35 +6,16 @@ import struct
 
 import pytest
 
-from symbols_support import build_dll
+from symbols_support import build_dll, read_everything
 
 from dbgext.errors import BadInput
 from dbgext.symbols.pdb import MSF_MAGIC, PdbError, PdbFile
-from dbgext.symbols.types import pdb_type_text, pdb_type_view
 
 
 @pytest.fixture(scope="module")
 def good_pdb(tmp_path_factory):
     built = build_dll(str(tmp_path_factory.mktemp("pdb-bad")), "x64")
     return open(built.pdb, "rb").read()
-
-
-def read_everything(path):
-    """What dbgext ever asks of a PDB."""
-    pdb = PdbFile(path)
-    try:
-        pdb.matches(pdb.guid, pdb.age)
-        pdb.publics()
-        pdb.procedures()
-        pdb.data()
-        types = pdb.types
-        for name in types.names():
-            record = types.find(name)
-            view = pdb_type_view(types, record)
-            for member in view.members:
-                pdb_type_text(types, types.strip(member.nested).index if member.nested else 0x74)
-    finally:
-        pdb.close()
 
 
 def write(tmp_path, data, name="bad.pdb"):
