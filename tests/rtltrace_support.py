@@ -24,6 +24,19 @@ KERNEL_MODULES = [("nt", 0xFFFFF80000000000, 0x400000, "ntoskrnl.exe"),
 DATABASE_TYPE_FIELDS = {"Magic": 0, "Flags": 4, "Tag": 8, "SegmentList": 0x10, "MaximumSize": 0x18,
                         "CurrentSize": 0x20, "Owner": 0x28, "NoOfBuckets": 0x58, "Buckets": 0x60,
                         "HashFunction": 0x68, "NoOfTraces": 0x70, "NoOfHits": 0x78, "HashCounter": 0x80}
+_ULONG = {"kind": "base", "name": "unsigned long"}
+
+
+def add_database_type(scenario, fields=DATABASE_TYPE_FIELDS):
+    """ntdll!_RTL_TRACE_DATABASE in the scenario's types, ULONGs and the HashCounter
+    array typed as such (the other fields are 8-byte values)."""
+    scenario.add_type("ntdll", "_RTL_TRACE_DATABASE", 0xC0, fields)
+    typed = scenario.module_symbols["ntdll"].types["_RTL_TRACE_DATABASE"]["fields"]
+    for name in ("Magic", "Flags", "Tag", "NoOfBuckets"):
+        if name in typed:
+            typed[name]["type"] = dict(_ULONG)
+    if "HashCounter" in typed:
+        typed["HashCounter"]["type"] = {"kind": "array", "count": 16, "subtype": dict(_ULONG)}
 
 LAYOUT_SCENARIO = {"user-x64": ("x64", "user"), "user-x86": ("x86", "user"),
                    "kernel-x64": ("x64", "kernel")}

@@ -8,7 +8,7 @@ from dbgext.rtltrace import analyze
 from dbgext.rtltrace.fixtures import TraceDatabaseBuilder
 from dbgext.rtltrace.hashing import pointer_sum_hash
 
-from rtltrace_support import DATABASE_TYPE_FIELDS, database, problem_kinds, run, run_json, scenario_for
+from rtltrace_support import add_database_type, database, problem_kinds, run, run_json, scenario_for
 
 LAYOUTS = ["user-x64", "kernel-x64", "user-x86"]
 
@@ -75,7 +75,7 @@ def test_bucket_array_past_the_first_segment_end_is_a_note(layout, buckets):
 
 def test_layout_comes_from_type_information_when_the_symbols_have_it():
     scenario, builder = database("user-x64", distinct=20, adds=20)
-    scenario.add_type("ntdll", "_RTL_TRACE_DATABASE", 0xC0, DATABASE_TYPE_FIELDS)
+    add_database_type(scenario)
     document = run_json(["0x%x" % builder.address], target=scenario.target())
     assert document["layout"] == "user-x64"
     assert document["layout_reason"].startswith("type information for ntdll!_RTL_TRACE_DATABASE")
@@ -85,7 +85,7 @@ def test_layout_comes_from_type_information_when_the_symbols_have_it():
 
 def test_type_information_lacking_fields_the_walk_reads_is_not_taken():
     scenario, builder = database("user-x64", distinct=20, adds=20)
-    scenario.add_type("ntdll", "_RTL_TRACE_DATABASE", 0xC0, {"Magic": 0, "NoOfBuckets": 0x58, "Buckets": 0x60})
+    add_database_type(scenario, {"Magic": 0, "NoOfBuckets": 0x58, "Buckets": 0x60})
     document = run_json(["0x%x" % builder.address], target=scenario.target())
     assert document["layout_reason"].startswith("recognised from memory")
     assert document["layout_sources"]["database"] == "built-in"

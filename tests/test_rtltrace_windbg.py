@@ -7,7 +7,7 @@ import pytest
 from dbgext.target.base import PAGE_SIZE
 
 from pykd_support import COMMANDS_DIR, memory_engine_calls, run_windbg_script
-from rtltrace_support import DATABASE_TYPE_FIELDS, database
+from rtltrace_support import add_database_type, database
 
 SCRIPT = COMMANDS_DIR + "/rtltrace.py"
 CONSTANT = 32  # the header, symbol and layout look-ups: not per page
@@ -50,7 +50,7 @@ def test_find_in_a_live_session_asks_for_a_range():
 
 def test_the_debuggers_type_information_chooses_the_layout():
     scenario, builder = database("user-x64", distinct=20, adds=40)
-    scenario.add_type("ntdll", "_RTL_TRACE_DATABASE", 0xC0, DATABASE_TYPE_FIELDS)
+    add_database_type(scenario)
     text, _ = run_windbg_script("rtltrace", ["%x" % builder.address, "--json"], scenario)
     document = json.loads(text)
     assert document["layout_reason"].startswith("type information for ntdll!_RTL_TRACE_DATABASE")

@@ -10,7 +10,7 @@ built-in table) and says which source it used.
 
 import struct
 
-from ..errors import BadInput, UnreadableMemory
+from ..errors import BadInput, LayoutNotFound, UnreadableMemory
 from ..layouts import BuiltinLayouts, lookup_layout
 from ..target.base import Backend
 
@@ -195,6 +195,9 @@ class _BuiltinOnly(object):
         self.arch = arch
         self.pointer_size = 8 if arch == "x64" else 4
 
+    def type_layout(self, type_name):
+        return None
+
     def type_size(self, type_name):
         return None
 
@@ -222,14 +225,13 @@ def choose_layouts(target, address, requested=None):
         return layout_named(requested)
     for mode in _modes_for(target):
         type_name = "%s!%s" % (MODES[mode]["module"], DATABASE_TYPE)
-        if target.type_size(type_name) is None:
+        fields = MODES[mode]["builtin"].find(DATABASE_TYPE, target.arch, None)["fields"]
+        try:
+            # Type information is taken only when it has every field the walk reads.
+            source = lookup_layout(target, type_name, fields=fields).source
+        except LayoutNotFound:
             continue
-        source = target.type_source(type_name)
-        layouts = _lookup(target, mode, "type information for %s%s" % (type_name, " (%s)" % source if source else ""))
-        # lookup_layout takes type information only when it has every field the
-        # walk reads; otherwise it answered from the built-in table.
-        if layouts.database.layout.source == source:
-            return layouts
+        return _lookup(target, mode, "type information for %s%s" % (type_name, " (%s)" % source if source else ""))
     recognised = recognise_layouts(target, address)
     if recognised is not None:
         return recognised
