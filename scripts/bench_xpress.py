@@ -11,6 +11,8 @@ directory, it takes a while in pure Python), then measures in one run:
    with the anchor, the same buffers stored uncompressed (same events, same work
    but the decompression).
 
+Times are CPU seconds of this process (the machine may be shared).
+
     python scripts/bench_xpress.py [--megabytes N] [--repeat N]
 """
 
@@ -73,7 +75,7 @@ def cached_traces(megabytes):
     plain_path = os.path.join(directory, "plain-%d.etl" % megabytes)
     packed_path = os.path.join(directory, "packed-%d.etl" % megabytes)
     if not (os.path.exists(plain_path) and os.path.exists(packed_path)):
-        started = time.perf_counter()
+        started = time.process_time()
         plain = build_trace(megabytes)
         buffers = len(plain) // BUFFER_SIZE
         # The anchor keeps the compressed trace's header buffer (LogFileMode says compressed).
@@ -83,7 +85,7 @@ def cached_traces(megabytes):
             handle.write(stored_plain)
         with open(packed_path, "wb") as handle:
             handle.write(packed)
-        print("built and compressed the trace in %.1f s (cached in %s)" % (time.perf_counter() - started, directory))
+        print("built and compressed the trace in %.1f CPU s (cached in %s)" % (time.process_time() - started, directory))
     return plain_path, packed_path
 
 
@@ -121,21 +123,21 @@ def main(argv=None):
     output = sum(size for _, size in buffers)
     best = None
     for _ in range(args.repeat):
-        started = time.perf_counter()
+        started = time.process_time()
         for payload, size in buffers:
             decompress(payload, size)
-        elapsed = time.perf_counter() - started
+        elapsed = time.process_time() - started
         best = elapsed if best is None else min(best, elapsed)
-    print("decompress: %d buffers, %.1f MB out in %.2f s = %.1f MB/s of output (%.1f MB/s of input), best of %d"
+    print("decompress: %d buffers, %.1f MB out in %.2f CPU s = %.1f MB/s of output (%.1f MB/s of input), best of %d"
           % (len(buffers), output / 1e6, best, output / 1e6 / best, sum(len(p) for p, _ in buffers) / 1e6 / best,
              args.repeat))
 
     timings = {}
     for name, path in (("uncompressed (anchor)", plain_path), ("compressed", packed_path)):
-        started = time.perf_counter()
+        started = time.process_time()
         events, payload, summary = read_all(path)
-        timings[name] = time.perf_counter() - started
-        print("read all events, %-21s: %d events, %.1f MB of payload in %.2f s = %.1f MB/s of trace data; "
+        timings[name] = time.process_time() - started
+        print("read all events, %-21s: %d events, %.1f MB of payload in %.2f CPU s = %.1f MB/s of trace data; "
               "%d buffers, %d decompressed, %d undecodable"
               % (name, events, payload / 1e6, timings[name], plain_size / 1e6 / timings[name], summary.buffers,
                  summary.compressed, summary.undecodable))
