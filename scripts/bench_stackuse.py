@@ -1,89 +1,138 @@
-"""Benchmark: stackuse over every function of a large MSVC-built x64 DLL.
+"""Benchmark: stackuse over a 45,000-function x64 DLL, side by side with the
+classic approach (Linux's checkstack.pl: ``objdump -d`` piped through a regex for
+``sub $N,%rsp``) on the same file.
 
-Targets (issue 6): frame sizes for all functions under 5 s; the full call graph
-with every function's worst case under 15 s.  Default input: unicorn.dll from the
-unicorn win_amd64 wheel (MSVC-built — it has a Rich header —, 9.6 MB, 28,738
-RUNTIME_FUNCTIONs), fetched with ``pip download --platform win_amd64``; any PE file
-can be given instead (e.g. duckdb's 31 MB module: ``--wheel duckdb==1.1.3
---member .pyd``).  Wall-clock and CPU seconds are both printed: on a busy machine
-the wall clock mostly measures the other processes.
+The DLL is built from the stackuse test corpus generator (tests/stackuse_corpus.py:
+locals of every size, __chkstk frames, calls, switch tables, callbacks, alloca)
+through MinGW-w64 gcc for x86_64, 1,000 functions per translation unit, and cached.
+Each measured command runs in its own process; its wall time and peak resident
+memory (from wait4) are printed.  Goals (issue 15): ``stackuse functions`` under
+5 s and 300 MB, no slower than the anchor; ``hogs`` and ``functions --depth``
+under 8 s, within 2x of the anchor.
 
-    python scripts/bench_stackuse.py [PE_FILE] [--dir DIR] [--wheel SPEC] [--member NAME]
+    python scripts/bench_stackuse.py [--functions N] [--dir DIR] [--pe FILE] [--dbgext DIR]
+
+``--dbgext DIR`` measures another checkout (e.g. the code before a change) with
+the same input.
 """
 
 import argparse
-import glob
+import concurrent.futures
+import hashlib
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
-import zipfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
 
-from dbgext.stackuse.callgraph import CallGraph, Program  # noqa: E402
-from dbgext.pe import PEImage  # noqa: E402
+from stackuse_corpus import generate  # noqa: E402
 
-DEFAULT_WHEEL = "unicorn==2.1.4"
-DEFAULT_MEMBER = "unicorn.dll"
+COMPILER = "x86_64-w64-mingw32-gcc"
+OBJDUMPS = ["x86_64-w64-mingw32-objdump", "llvm-objdump"]
+PER_UNIT = 1000
+
+# checkstack.pl's x86_64 rule: a function header, then `sub $0x...,%rsp` in it.
+FUNCTION_HEADER = re.compile(r"^[0-9a-f]+ <(.*)>:$")
+STACK_SUB = re.compile(r"\tsub\s+\$(0x[0-9a-f]+),%rsp")
 
 
-def fetch(directory, wheel, member_suffix):
-    subprocess.check_call([sys.executable, "-m", "pip", "download", "--quiet", "--platform", "win_amd64",
-                           "--python-version", "3.11", "--only-binary=:all:", "--no-deps", "-d", directory, wheel])
-    for path in glob.glob(os.path.join(directory, "*.whl")):
-        with zipfile.ZipFile(path) as archive:
-            members = [m for m in archive.infolist() if m.filename.endswith(member_suffix)]
-            if members:
-                biggest = max(members, key=lambda m: m.file_size)
-                target = os.path.join(directory, os.path.basename(biggest.filename))
-                with open(target, "wb") as handle:
-                    handle.write(archive.read(biggest))
-                return target
-    raise SystemExit("no %s member in %s" % (member_suffix, wheel))
+def build(directory, count):
+    """The DLL for ``count`` functions, built once per corpus and compiler."""
+    units = (count + PER_UNIT - 1) // PER_UNIT
+    digest = hashlib.sha256(("%d/%d" % (count, PER_UNIT)).encode())
+    digest.update(generate(10, x86=False).encode())
+    digest.update(subprocess.run([COMPILER, "--version"], stdout=subprocess.PIPE).stdout)
+    final = os.path.join(directory, "bench-x64-%d-%s" % (count, digest.hexdigest()[:12]))
+    path = os.path.join(final, "bench.dll")
+    if os.path.exists(path):
+        return path
+    os.makedirs(directory, exist_ok=True)
+    scratch = tempfile.mkdtemp(prefix="build-", dir=directory)
+    started = time.perf_counter()
+
+    def compile_unit(index):
+        source = os.path.join(scratch, "unit%03d.c" % index)
+        with open(source, "w") as handle:
+            handle.write(generate(min(PER_UNIT, count - index * PER_UNIT), seed=index, x86=False,
+                                  prefix="u%d_" % index))
+        subprocess.run([COMPILER, "-O1", "-w", "-c", source, "-o", source[:-2] + ".o"], check=True)
+        return source[:-2] + ".o"
+
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1))) as pool:
+        objects = list(pool.map(compile_unit, range(units)))
+    subprocess.run([COMPILER, "-shared", "-o", os.path.join(scratch, "bench.dll")] + objects, check=True)
+    os.rename(scratch, final)
+    print("built %s in %.0f s" % (path, time.perf_counter() - started))
+    return path
+
+
+def measure(argv, stdout=subprocess.DEVNULL, stdin=None):
+    """Run ``argv``; (wall seconds, peak RSS in MB, exit status)."""
+    started = time.perf_counter()
+    process = subprocess.Popen(argv, stdout=stdout, stdin=stdin, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(process.pid, 0)
+    elapsed = time.perf_counter() - started
+    process.returncode = os.waitstatus_to_exitcode(status) if hasattr(os, "waitstatus_to_exitcode") else status
+    error = process.stderr.read().decode(errors="replace").strip()
+    process.stderr.close()
+    if process.returncode:
+        print("  %s failed (%s): %s" % (" ".join(argv[:4]), process.returncode, error[-300:]))
+    return elapsed, usage.ru_maxrss / 1024.0, process.returncode
+
+
+def checkstack(path):
+    """objdump -d | checkstack's regex, in one pipeline: (seconds, frames found,
+    peak MB of objdump)."""
+    objdump = next((tool for tool in OBJDUMPS if shutil.which(tool)), None)
+    if objdump is None:
+        return None
+    started = time.perf_counter()
+    process = subprocess.Popen([objdump, "-d", path], stdout=subprocess.PIPE)
+    frames = 0
+    function = None
+    for raw in process.stdout:
+        line = raw.decode("latin-1").rstrip("\n")
+        header = FUNCTION_HEADER.match(line)
+        if header:
+            function = header.group(1)
+            continue
+        found = STACK_SUB.search(line)
+        if found and function is not None:
+            frames += 1
+            function = None
+    _, _, usage = os.wait4(process.pid, 0)
+    return time.perf_counter() - started, frames, usage.ru_maxrss / 1024.0, objdump
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("pe", nargs="?", help="PE file (default: fetch unicorn's win_amd64 unicorn.dll)")
-    parser.add_argument("--dir", help="download directory (default: a temporary one)")
-    parser.add_argument("--wheel", default=DEFAULT_WHEEL)
-    parser.add_argument("--member", default=DEFAULT_MEMBER, help="suffix of the wheel member to analyse")
+    parser.add_argument("--functions", type=int, default=45000)
+    parser.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "dbgext-stackuse-bench"))
+    parser.add_argument("--pe", help="measure this PE file instead of building one")
+    parser.add_argument("--dbgext", default=ROOT, help="dbgext checkout to measure (default: this one)")
     args = parser.parse_args(argv)
-    path = args.pe or fetch(args.dir or tempfile.mkdtemp(prefix="stackuse-bench-"), args.wheel, args.member)
+    if args.pe is None and shutil.which(COMPILER) is None:
+        raise SystemExit("%s is not installed (apt-get install gcc-mingw-w64-x86-64), or give --pe FILE" % COMPILER)
+    path = args.pe or build(args.dir, args.functions)
     print("input: %s (%.1f MB)" % (path, os.path.getsize(path) / 1e6))
-
-    started, cpu = time.perf_counter(), time.process_time()
-    image = PEImage.from_file(path)
-    program = Program()
-    module = program.add_image(image)
-    module.compute_frames()
-    frames_seconds = time.perf_counter() - started
-    frames_cpu = time.process_time() - cpu
-    known = len(module.functions)
-    sized = sum(1 for f in module.functions.values() if f.frame_size is not None)
-    both = sum(1 for f in module.functions.values() if f.source == "both")
-    print("frame sizes: %d functions (%d sized, %d unwind+prologue agreeing) in %.2f s (cpu %.2f s)"
-          % (known, sized, both, frames_seconds, frames_cpu))
-
-    started, cpu = time.perf_counter(), time.process_time()
-    graph = CallGraph(program)
-    graph.analyse_all(module)
-    bodies_seconds = time.perf_counter() - started
-    bounds = [graph.bound(f) for f in list(module.functions.values())]
-    graph_seconds = time.perf_counter() - started
-    graph_cpu = time.process_time() - cpu
-    sites = sum(len(f.call_sites) for f in module.functions.values())
-    statuses = {}
-    for bound in bounds:
-        statuses[bound.status] = statuses.get(bound.status, 0) + 1
-    print("call graph: %d functions (%d found by following calls), %d call sites; bodies %.2f s, "
-          "with every worst case %.2f s (cpu %.2f s)" % (len(module.functions), len(module.functions) - known,
-                                                        sites, bodies_seconds, graph_seconds, graph_cpu))
-    print("worst-case bounds: %s" % ", ".join("%s %d" % item for item in sorted(statuses.items())))
-    print("total (frames + call graph): %.2f s (cpu %.2f s)" % (frames_seconds + graph_seconds,
-                                                              frames_cpu + graph_cpu))
+    command = [sys.executable, "-c", "import sys; sys.path.insert(0, %r); from dbgext.cli import main; "
+               "sys.exit(main(sys.argv[1:]))" % os.path.abspath(args.dbgext), "stackuse"]
+    anchor = checkstack(path)
+    if anchor is not None:
+        print("%-34s %6.2f s  %7.0f MB  (%d frames from `sub $N,%%rsp`)" % (
+            "anchor: %s -d | checkstack regex" % os.path.basename(anchor[3]), anchor[0], anchor[2], anchor[1]))
+    runs = [("stackuse functions --json", ["functions", "--pe", path, "--json"]),
+            ("stackuse functions --depth --json", ["functions", "--pe", path, "--depth", "--json"]),
+            ("stackuse hogs", ["hogs", "--pe", path])]
+    for label, extra in runs:
+        seconds, peak, status = measure(command + extra)
+        ratio = " (%.2fx the anchor)" % (seconds / anchor[0]) if anchor else ""
+        print("%-34s %6.2f s  %7.0f MB%s" % (label, seconds, peak, ratio))
     return 0
 
 

@@ -42,9 +42,9 @@ void *memset(void *to, int value, size_t size)
 void *memcpy(void *to, const void *from, size_t size)
 { volatile char *p = to; const volatile char *q = from; while (size--) *p++ = *q++; return to; }
 #endif
-volatile int g_sink;
-NOINLINE void touch(volatile char *buffer, int size) { buffer[0] = (char)size; g_sink += buffer[size / 2]; }
-NOINLINE int va_sum(int count, ...)
+static volatile int g_sink;
+static NOINLINE void touch(volatile char *buffer, int size) { buffer[0] = (char)size; g_sink += buffer[size / 2]; }
+static NOINLINE int va_sum(int count, ...)
 {
     __builtin_va_list args; int total = 0;
     __builtin_va_start(args, count);
@@ -99,25 +99,26 @@ class _Signature(object):
         return text
 
 
-def generate(count=FUNCTIONS, seed=SEED, x86=True):
-    """The corpus as C source: ``count`` functions (plus callbacks and helpers)."""
+def generate(count=FUNCTIONS, seed=SEED, x86=True, prefix=""):
+    """The corpus as C source: ``count`` functions (plus callbacks and helpers);
+    ``prefix`` keeps names apart when several sources are linked together."""
     rng = random.Random(seed)
     lines = [PRELUDE]
     callbacks = []
     for index in range(CALLBACKS):
-        name = "callback_%d" % index
+        name = "%scallback_%d" % (prefix, index)
         size = rng.choice([0, 16, 200])
         body = ("volatile char b[%d]; touch(b, %d); return x + b[1];" % (size, size)) if size else "return x * %d;" % (
             index + 2)
         lines.append("static NOINLINE int %s(int x) { %s }" % (name, body))
         callbacks.append(name)
-    lines.append("int (*g_callbacks[%d])(int) = { %s };" % (CALLBACKS, ", ".join(callbacks)))
+    lines.append("static int (*g_callbacks[%d])(int) = { %s };" % (CALLBACKS, ", ".join(callbacks)))
     signatures = []
     for index in range(count):
         convention = _pick(rng, CONVENTIONS) if x86 else ""
         returns = _pick(rng, [("int", 12), ("S", 1), ("double", 1)])
         parameters = ["int"] + [_pick(rng, PARAMETER_TYPES) for _ in range(rng.randint(0, 4))]
-        signature = _Signature("f_%d" % index, returns, convention, parameters)
+        signature = _Signature("%sf_%d" % (prefix, index), returns, convention, parameters)
         storage = _pick(rng, [("", 4), ("static NOINLINE ", 4), ("EXPORT ", 3), ("static ", 1)])
         lines.append(signature.declaration(storage))
         lines.append("{")

@@ -373,6 +373,9 @@ def _follow_body(program, function, record=None):
     instruction that neither branches nor touches SP) is kept to a few dict and
     string operations; everything else goes to helpers."""
     module = function.module
+    if module.arch == "x64" and function.unwind_size is not None and record is None and function.end is not None:
+        _sweep_x64(program, function)
+        return
     decoder = module.decoder
     insns = decoder.instructions
     arch = module.arch
@@ -508,9 +511,73 @@ def _follow_body(program, function, record=None):
                 state.accumulator = None
             address = next_address
     function.body_end = body_end
-    if function.body_problem and record is None:
-        module.problems.add("function_not_followed", function.va, "%s: %s"
-                            % (function.display_name, function.body_problem), "warning")
+    if record is None:
+        _report_body_problem(function)
+
+
+def _report_body_problem(function):
+    if function.body_problem:
+        function.module.problems.add("function_not_followed", function.va, "%s: %s"
+                                     % (function.display_name, function.body_problem), "warning")
+
+
+def _sweep_x64(program, function):
+    """An x64 function with unwind data, by one linear pass over its .pdata ranges
+    (and its chained fragments): the unwind data gives the frame, and x64 code
+    calls at the full frame depth — every call site after the prologue is at
+    depth = frame size, every jump out of the function is a tail call made after
+    the epilogue.  What remains to find is the call sites and a dynamic
+    allocation (`sub rsp, rax` after the prologue)."""
+    module = function.module
+    image = module.image
+    frame = function.unwind_size
+    decoder = module.decoder
+    prolog_end = function.prolog_end or function.va
+    function.call_sites = sites = []
+    function.max_depth = frame
+    function.body_problem = None
+    function.sp_lost = None
+    fragments = _fragment_ranges(module, function)
+    imports = image.imports
+    base = image.image_base
+    import_loads = {}  # `mov rax, [rip + __imp_X]; call rax`
+    for start, end in fragments:
+        instructions, stopped = decoder.sweep(start, end)
+        if stopped is not None and function.body_problem is None:
+            function.body_problem = "code at 0x%x is not readable or not decodable" % stopped
+        for address, size, mnemonic, op_str in instructions:
+            first = mnemonic[0]
+            if first == "c":
+                if mnemonic != "call" or address < prolog_end:
+                    continue  # a call inside the prologue is the stack probe
+                target = direct_target(op_str)
+                if target is not None:
+                    program.function_at(target)
+                    sites.append(CallSite(address, frame, target, "call"))
+                    continue
+                slot = memory_slot(64, op_str, address + size) or import_loads.get(op_str)
+                name = imports.get(slot - base) if slot is not None else None
+                sites.append(CallSite(address, frame, None, "call", name, slot) if name
+                             else CallSite(address, frame, None, "indirect"))
+            elif first == "m" and mnemonic == "mov" and "rip" in op_str:
+                _note_import_load(module, "x64", op_str, address + size, import_loads)
+            elif first == "j" and mnemonic == "jmp":
+                target = direct_target(op_str)
+                if target is None:
+                    slot = memory_slot(64, op_str, address + size)
+                    name = imports.get(slot - base) if slot is not None else None
+                    if name:
+                        sites.append(CallSite(address, 0, None, "tail", name, slot))
+                    elif "[" in op_str or op_str.startswith("r"):
+                        sites.append(CallSite(address, frame, None, "indirect-tail"))
+                elif not _inside(function, fragments, target):
+                    program.function_at(target)
+                    sites.append(CallSite(address, 0, target, "tail"))
+            elif first == "s" and mnemonic == "sub" and op_str.startswith("rsp, ") and address >= prolog_end \
+                    and direct_target(op_str[5:]) is None and function.dynamic is None:
+                function.dynamic = "%s %s" % (mnemonic, op_str)
+    function.body_end = fragments[0][1]
+    _report_body_problem(function)
 
 
 def _fragment_ranges(module, function):

@@ -41,7 +41,7 @@ class FunctionInfo(object):
 
     __slots__ = ("module", "va", "rva", "name", "origin", "end", "fragment_of", "unwind_size",
                  "prologue_size", "dynamic", "problem", "analysed_body",
-                 "body_problem", "ret_pop", "max_depth", "call_sites", "sp_lost", "body_end", "moves_sp", "padding")
+                 "body_problem", "ret_pop", "max_depth", "call_sites", "sp_lost", "body_end", "moves_sp", "padding", "prolog_end")
 
     def __init__(self, module, va, rva, origin, name=None, end=None):
         self.module = module
@@ -69,6 +69,7 @@ class FunctionInfo(object):
         # Realignment (`and esp, -16`) may add up to this many bytes on top of the
         # frame; compilers leave them out of the frame size, worst-case depths count them.
         self.padding = 0
+        self.prolog_end = None      # x64: VA after the prologue the unwind data describes
 
     @property
     def source(self):
@@ -169,6 +170,8 @@ class ModuleFunctions(object):
                 self.functions[base + begin] = function
             frame = frame_from_unwind(image, entry, self._unwind_cache)
             function.unwind_size = frame.frame_size
+            info = self._unwind_cache.get(unwind_rva)
+            function.prolog_end = base + begin + (info.prolog_size if info is not None else 0)
             if frame.problem:
                 function.problem = frame.problem
                 self.problems.add("bad_unwind_info", base + begin, frame.problem)

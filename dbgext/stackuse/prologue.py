@@ -77,6 +77,14 @@ class Decoder(object):
     def problem(self, va):
         return self._failed.get(va)
 
+    def sweep(self, start_va, end_va):
+        """(instructions decoded linearly over [start_va, end_va), not cached;
+        the first VA that could not be read or decoded, or None)."""
+        code = self.image.read_partial(start_va - self.image.image_base, end_va - start_va)
+        instructions = list(self._disassembler.decode(code, start_va))
+        reached = instructions[-1][0] + instructions[-1][1] if instructions else start_va
+        return instructions, (reached if reached < end_va else None)
+
     def decode_range(self, start_va, end_va, count=0):
         """Decode linearly from ``start_va`` up to ``end_va`` (at most ``count``
         instructions when given) in one capstone call."""
