@@ -144,6 +144,7 @@ class MinidumpBackend(Backend):
         self.unloaded_modules = self._parse_unloaded_modules()
         self.memory_info = self._parse_memory_info()
         self._thread_rows = self._parse_threads()
+        self._threads = None
 
     def _stream(self, name, minimum_size):
         entry = self.streams.get(MINIDUMP_STREAM[name])
@@ -343,7 +344,9 @@ class MinidumpBackend(Backend):
     # -- threads ------------------------------------------------------------------------
 
     def threads(self):
-        return [self._thread(row, row["registers"]) for row in self._thread_rows]
+        if self._threads is None:
+            self._threads = [self._thread(row, row["registers"]) for row in self._thread_rows]
+        return list(self._threads)
 
     def current_thread(self):
         """The exception thread with the exception's context (what ``.ecxr`` shows),
