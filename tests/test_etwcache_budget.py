@@ -4,9 +4,12 @@ of pages, at most 3 engine calls per page of cache memory plus a small constant
 
 import pytest
 
-from dbgext.etwcache import layouts
+from dbgext.etwcache import analyze, layouts
 from dbgext.etwcache.fixtures import PIECE_STRIDE, StackCacheBuilder
+from dbgext.etwcache.walk import MAX_READ_AHEAD
 from dbgext.target.base import PAGE_SIZE
+from dbgext.target.pykd_backend import open_pykd_target
+from dbgext.testing.fake_pykd import make_fake_pykd
 
 from etwcache_support import kernel_scenario, random_stacks
 from pykd_support import memory_engine_calls, run_windbg_script
@@ -64,3 +67,17 @@ def test_a_free_list_longer_than_the_slist_depth_can_count_is_still_read_in_runs
     text, fake = run_windbg_script("etwstacks", ["--cache", "%x" % builder.address], scenario)
     assert "70000 total" in text
     assert fake.fake_calls["loadBytes"] <= cache_pages(builder) // 8 + CONSTANT
+
+
+def test_a_free_list_jumping_across_the_pool_reads_each_page_once():
+    scenario = kernel_scenario()
+    builder = StackCacheBuilder(scenario, bucket_count=257, total_pieces=THREE_MB_PIECES)
+    pieces = sorted(builder.pieces)
+    builder.free = [piece for pair in zip(pieces[:len(pieces) // 2], reversed(pieces[len(pieces) // 2:]))
+                    for piece in pair]  # bottom, top, bottom+1, top-1, ...
+    builder.finish()
+    fake = make_fake_pykd(scenario)
+    target = open_pykd_target(fake)
+    report = analyze(target, cache=builder.address).caches[0]
+    assert len(report.state.free_pieces) == len(builder.free) and not report.problems
+    assert target.stats.backend_pages <= cache_pages(builder) + 2 * MAX_READ_AHEAD

@@ -60,10 +60,10 @@ class _Pages(object):
         start = previous = ordered[0]
         for page in ordered[1:]:
             if page - previous > (MAX_GAP_PAGES + 1) * PAGE_SIZE:
-                self._read_run(start, previous + PAGE_SIZE)
+                self._fetch(start, previous + PAGE_SIZE)
                 start = page
             previous = page
-        self._read_run(start, previous + PAGE_SIZE)
+        self._fetch(start, previous + PAGE_SIZE)
 
     def read_ahead(self, address, backwards, window):
         """Fetch the page of ``address`` and the pages after it (before it when
@@ -78,12 +78,21 @@ class _Pages(object):
             start, end = page, min(page + span, (high + PAGE_SIZE - 1) & ~(PAGE_SIZE - 1))
         if not start <= page < end:
             start, end = page, page + PAGE_SIZE
-        while start < end and start in self.pages:
-            start += PAGE_SIZE
-        while end > start and end - PAGE_SIZE in self.pages:
-            end -= PAGE_SIZE
-        if start < end:
-            self._read_run(start, end)
+        self._fetch(start, end)
+
+    def _fetch(self, start, end):
+        """Read the pages of [start, end) not held yet, one run per stretch of them:
+        every page is read at most once, whatever a corrupt free list does."""
+        page = start
+        while page < end:
+            if page in self.pages:
+                page += PAGE_SIZE
+                continue
+            run_end = page + PAGE_SIZE
+            while run_end < end and run_end not in self.pages:
+                run_end += PAGE_SIZE
+            self._read_run(page, run_end)
+            page = run_end
 
     def _read_run(self, start, end):
         partial = self.target.try_read(start, end - start)
