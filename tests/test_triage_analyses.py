@@ -67,7 +67,6 @@ def test_ipt_events_are_found(sample):
 
 
 def test_the_faulting_threads_stack_usage_names_its_biggest_frames(sample):
-    pytest.importorskip("dbgext.stackuse.thread")
     scenario, manifest = sample
     summary = record_of(scenario, ["stackuse"]).analyses["stackuse"]
     assert summary["used"] > 0 and summary["limit"] >= summary["used"]

@@ -3,8 +3,9 @@
 This one file holds all the coupling between triage and the analyses: each
 adapter calls its package's public API and boils the result down to a small dict
 (counts, a few top items) plus the problems the analysis reported, as
-:class:`~dbgext.problems.Problem` objects with their kinds and addresses.  Each adapter is registered with the package it ``requires``; when the
-package is not installed the analysis is simply absent from records.
+:class:`~dbgext.problems.Problem` objects with their kinds and addresses.  Each
+adapter is registered with the package it ``requires``; when the package is not
+installed the analysis is simply absent from records.
 
 Scans over all memory need a target that can list its memory (a dump); on a live
 session the scanning analyses say they were skipped instead of probing 2^64 bytes.
@@ -136,33 +137,35 @@ def _function_name(text):
 
 
 def summarize_stackuse(target):
-    from ..stackuse.callgraph import CallGraph, Program
-    from ..stackuse.thread import walk_thread
+    """The faulting thread's stack use from its real frames (the unwinder's, the same
+    walk ``k`` shows): used and remaining bytes, and the biggest frames.  The walk's
+    problems are the signature's (one walk, reported once)."""
+    from ..stacks import analyze
 
-    program = Program(target)
     try:
-        stack = walk_thread(target, program, CallGraph(program))
+        stack = analyze(target)
     except BadInput as error:
         return {"skipped": str(error)}
-    limit = None
-    if stack.initial_stack is not None and stack.stack_limit is not None:
-        limit = stack.initial_stack - stack.stack_limit
-    frames = [frame for frame in stack.frames if frame.uses is not None]
-    biggest = sorted(frames, key=lambda frame: -frame.uses)[:TOP]
-    # The thread walk still reports sentences; until it holds Problems they get one kind.
-    problems = ProblemLog(item if isinstance(item, Problem) else Problem("stack_walk", None, str(item), "warning")
-                          for item in list(stack.problems) + list(program.problems))
+    frames = stack.frames
+    used = limit = None
+    if frames and stack.stack_base is not None:
+        used = stack.stack_base - frames[0].child_sp
+        if stack.stack_limit is not None:
+            limit = stack.stack_base - stack.stack_limit
+    # kf's memory column: a frame's child-SP minus the inner frame's is the stack the
+    # inner frame's function uses.
+    sizes = [(_function_name(callee.function), caller.memory)
+             for callee, caller in zip(frames, frames[1:]) if caller.memory is not None]
+    biggest = sorted(sizes, key=lambda item: -item[1])[:TOP]
     return {
-        "thread": stack.thread,
-        "used": stack.used,
+        "thread": stack.kernel_thread if stack.kernel_thread is not None else stack.thread_id,
+        "used": used,
         "limit": limit,
-        "remaining": stack.remaining,
-        "frames": len(stack.frames),
-        "biggest_frames": [{"function": _function_name(frame.function), "bytes": frame.uses,
-                            "static_estimate": frame.frame_size} for frame in biggest],
-        "problems": problems,
+        "remaining": limit - used if limit is not None and used is not None else None,
+        "frames": len(frames),
+        "biggest_frames": [{"function": function, "bytes": size} for function, size in biggest],
     }
 
 
-register_analysis("stackuse", summarize_stackuse, requires="dbgext.stackuse.thread",
+register_analysis("stackuse", summarize_stackuse, requires="dbgext.stacks",
                   description="stack usage of the faulting thread: used, limit, biggest frames")
