@@ -324,3 +324,11 @@ def test_prefixed_branches_are_branches():
     writer.tip(base)
     result = decode_flow(writer.bytes(), CodeImage(images=[(base, jump)]))
     assert result.problems == [] and result.instructions == [base]
+
+
+def test_newer_packets_do_not_stop_the_flow():
+    """CFE, EVD and TRIG (event trace, triggers) carry no control flow of their own."""
+    plain, expected = F.trace_program(SAMPLE, 200, seed=3)
+    marked = plain.replace(b"\x02\x23", b"\x02\x23\x02\x13\x01\x0e\x02\x53\x01" + bytes(8) + b"\xd9\x05\x10\x00", 1)
+    result = ours(marked)
+    assert result.problems == [] and result.instructions == expected

@@ -302,3 +302,30 @@ def test_fast_stats_edge_cases_agree_with_the_full_decode(body):
     stats = packet_stats(trace)
     assert stats.as_dict()["types"] == count_types(full)
     assert errors(stats) == errors(full)
+
+
+@needs_libipt
+def test_tma_with_reserved_bits_is_rejected_like_libipt():
+    valid = b"\x02\x73\x34\x12\x00\x56\x01"     # CTC 0x1234, FC 0x156
+    reserved = b"\x02\x73\x34\x12\x00\x56\x03"  # a reserved bit next to FC[8]
+    trace = PSB + valid + b"\x02\x23" + reserved + PSB + b"\x02\x23"
+    ours = decode_packets(trace)
+    theirs, their_errors = libipt.decode_packets(trace)
+    assert [offset for offset, _ in errors(ours)] == [offset for offset, _ in their_errors] == [25]
+    assert "tma packet with reserved bits set (03)" in errors(ours)[0][1]
+    assert [p.fields for p in ours.packets if p.type == "tma"] == [{"ctc": 0x1234, "fc": 0x156}]
+    assert errors(packet_stats(trace)) == errors(ours)
+
+
+def test_newer_packets_cfe_evd_trig_are_decoded_not_errors():
+    cfe = b"\x02\x13\x81\x0e"                               # CFE: IP bit, type 1 (INTR), vector 14
+    evd = b"\x02\x53\x01" + (0x1234).to_bytes(8, "little")  # EVD: type 1, payload 0x1234
+    trig = b"\xd9\x25\x10\x00"                              # TRIG: TRBV 5, IP bit, ICNTR 16
+    trace = PSB + b"\x02\x23" + cfe + evd + trig + b"\x04"
+    result = decode_packets(trace)
+    assert errors(result) == []
+    assert [(p.type, p.fields) for p in result.packets[2:5]] == [
+        ("cfe", {"type": 1, "vector": 14, "ip": 1}), ("evd", {"type": 1, "payload": 0x1234}),
+        ("trig", {"trbv": 5, "ip": 1, "mi": 0, "icntr": 16})]
+    stats = packet_stats(trace)
+    assert errors(stats) == [] and (stats.counts["cfe"], stats.counts["evd"], stats.counts["trig"]) == (1, 1, 1)
