@@ -122,6 +122,16 @@ def test_without_a_named_faulting_address_the_first_frame_past_the_plumbing_is_b
     assert record.faulting.how in ("unwind", "frame_chain", "scan")
 
 
+def test_plumbing_is_recognised_by_export_names_too(monkeypatch):
+    scenario = crash_scenario()
+    scenario.bugcheck = (0xE2, 0, 0, 0, 0)
+    target = scenario.target()
+    monkeypatch.setattr(target.symbols, "status", lambda module_name: EXPORT_SYMBOLS)
+    record = build_record(target, analyses=[])
+    assert record.faulting.name == "mydrv!DispatchIoctl+0x40"
+    assert (record.bucket, record.bucket_basis) == ("0xE2_mydrv+0x2040", "offset")
+
+
 def test_a_zero_context_and_no_faulting_address_give_an_unknown_module_bucket():
     scenario = crash_scenario()
     scenario.registers = {"rip": 0, "rsp": 0}

@@ -140,6 +140,12 @@ def place(target, address, how, identities):
     return frame
 
 
+def is_plumbing(frame):
+    """True for a frame in :data:`PLUMBING`, named by symbols or (nt's exports) by name."""
+    function = frame.function or frame.name.split("+0x", 1)[0]
+    return function.lower() in PLUMBING
+
+
 def faulting_address(info, code, parameters):
     """(address, how) of the faulting instruction the crash itself names, or None."""
     if info.get("mode") == "user":
@@ -178,8 +184,7 @@ def crash_signature(target, info, code, parameters):
     if named is not None:
         result.faulting = place(target, named[0], named[1], identities)
     else:
-        result.faulting = next((frame for frame in result.frames
-                                if (frame.function or frame.name or "").lower() not in PLUMBING), None)
+        result.faulting = next((frame for frame in result.frames if not is_plumbing(frame)), None)
         if result.faulting is None and result.frames:
             result.faulting = result.frames[0]
     result.bucket, result.basis = bucket_key(code, result.faulting)
