@@ -179,8 +179,8 @@ def test_an_unsupported_dump_type_is_named(tmp_path, kernel_dumps):
     rejected(tmp_path, patched(kernel_dumps["full"], DUMP_HEADER64["DumpType"], "<I", 3), "type 3")
 
 
-def test_a_32_bit_kernel_dump_is_refused_clearly(tmp_path, kernel_dumps):
-    rejected(tmp_path, patched(kernel_dumps["full"], 4, "<4s", b"DUMP"), "32-bit")
+def test_a_64_bit_dump_claiming_to_be_32_bit_is_refused_clearly(tmp_path, kernel_dumps):
+    rejected(tmp_path, patched(kernel_dumps["full"], 4, "<4s", b"DUMP"), "unsupported x86 kernel dump type")
 
 
 def test_kdmp_parser_reports_a_bad_header_on_c_stdout(tmp_path, kernel_dumps, capfd):

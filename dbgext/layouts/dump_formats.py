@@ -48,6 +48,51 @@ DUMP_HEADER64 = {
     "Attributes": 0x1050,
     "BootId": 0x1054,
 }
+# DUMP_HEADER32 (x86 "PAGEDUMP"): one page; pointer fields are u32, PaeEnabled
+# says how the page tables translate.  Pages follow at 0x1000 (type 1), or the
+# summary header does (types 2 and 5).  Offsets as in volatility's crash vtypes
+# and the Windows metadata's DUMP_HEADER32 (which total exactly 0x1000).
+DUMP_HEADER32 = {
+    "size": 0x1000,
+    "Signature": 0x000,             # b"PAGE"
+    "ValidDump": 0x004,             # b"DUMP"
+    "MajorVersion": 0x008,
+    "MinorVersion": 0x00C,
+    "DirectoryTableBase": 0x010,
+    "PfnDataBase": 0x014,
+    "PsLoadedModuleList": 0x018,
+    "PsActiveProcessHead": 0x01C,
+    "MachineImageType": 0x020,
+    "NumberProcessors": 0x024,
+    "BugCheckCode": 0x028,
+    "BugCheckParameters": 0x02C,    # 4 x u32
+    "VersionUser": 0x03C,
+    "PaeEnabled": 0x05C,            # u8
+    "KdSecondaryVersion": 0x05D,
+    "KdDebuggerDataBlock": 0x060,
+    "PhysicalMemoryBlock": 0x064,   # u32 NumberOfRuns, u32 NumberOfPages
+    "PhysicalMemoryRuns": 0x06C,    # {u32 BasePage, u32 PageCount} x NumberOfRuns
+    "ContextRecord": 0x320,         # x86 CONTEXT
+    "Exception": 0x7D0,             # EXCEPTION_RECORD32
+    "Comment": 0x820,
+    "Attributes": 0x8A0,
+    "BootId": 0x8A4,
+    "DumpType": 0xF88,
+    "MiniDumpFields": 0xF8C,
+    "SecondaryDataState": 0xF90,
+    "ProductType": 0xF94,
+    "SuiteMask": 0xF98,
+    "WriterStatus": 0xF9C,
+    "RequiredDumpSpace": 0xFA0,     # u64
+    "SystemUpTime": 0xFB8,          # u64
+    "SystemTime": 0xFC0,            # u64
+}
+MAX_PHYSICAL_RUNS_X86 = 86            # (700 - 8) / 8
+X86_DUMP_TYPES = (1, 2, 5)            # full, summary and bitmap; no x86 small or RDMP dumps yet
+MACHINE_I386 = 0x14C
+# EXCEPTION_RECORD32: u32 Code, Flags, Record, Address, NumberParameters, Information[15].
+EXCEPTION_RECORD32 = {"size": 0x50, "format": "<5I", "ExceptionInformation": 0x14}
+
 MAX_PHYSICAL_RUNS = 42                # what fits in the 700-byte PhysicalMemoryBlock
 UNSET_U32 = 0x45474150                # "PAGE" read as a u32
 UNSET_U64 = 0x4547415045474150
@@ -308,6 +353,23 @@ PTE_TRANSITION = 0x800
 PTE_PFN_MASK = 0x000FFFFFFFFFF000
 LARGE_2M_PFN_MASK = 0x000FFFFFFFE00000
 LARGE_1G_PFN_MASK = 0x000FFFFFC0000000
+# Reserved bits the processor checks in large-page entries (a set one faults).
+LARGE_2M_RESERVED = 0x1FE000
+LARGE_1G_RESERVED = 0x3FFFE000
+
+# How each paging mode walks: from the top level down, (VA shift, entries per
+# table); the entry size; the frame bits; which levels may map a large page
+# ({level index: (page size, reserved bits)}) and at which a PS bit is reserved.
+PAGING = {
+    "x64": {"levels": ((39, 512), (30, 512), (21, 512), (12, 512)), "entry": "Q",
+            "pfn_mask": PTE_PFN_MASK, "large": {1: (1 << 30, LARGE_1G_RESERVED), 2: (1 << 21, LARGE_2M_RESERVED)},
+            "ps_reserved": (0,)},
+    # PAE: CR3 names a 32-byte PDPT of four entries, not a page.
+    "x86-pae": {"levels": ((30, 4), (21, 512), (12, 512)), "entry": "Q",
+                "pfn_mask": PTE_PFN_MASK, "large": {1: (1 << 21, LARGE_2M_RESERVED)}, "ps_reserved": (0,)},
+    "x86": {"levels": ((22, 1024), (12, 1024)), "entry": "I",
+            "pfn_mask": 0xFFFFF000, "large": {0: (1 << 22, 0)}, "ps_reserved": ()},
+}
 
 # _KLDR_DATA_TABLE_ENTRY (x64), the entries of nt!PsLoadedModuleList.
 KLDR_DATA_TABLE_ENTRY_X64 = {
@@ -319,6 +381,18 @@ KLDR_DATA_TABLE_ENTRY_X64 = {
     "FullDllName": 0x48,
     "BaseDllName": 0x58,
 }
+
+# _KLDR_DATA_TABLE_ENTRY (x86).
+KLDR_DATA_TABLE_ENTRY_X86 = {
+    "size": 0x50,
+    "InLoadOrderLinks": 0x00,
+    "DllBase": 0x18,
+    "EntryPoint": 0x1C,
+    "SizeOfImage": 0x20,
+    "FullDllName": 0x24,
+    "BaseDllName": 0x2C,
+}
+KLDR_DATA_TABLE_ENTRY = {"x64": KLDR_DATA_TABLE_ENTRY_X64, "x86": KLDR_DATA_TABLE_ENTRY_X86}
 
 # -- thread contexts --------------------------------------------------------------
 

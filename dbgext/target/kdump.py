@@ -1,7 +1,9 @@
-"""Windows x64 kernel crash dumps (PAGEDU64) whose pages are physical memory:
+"""Windows kernel crash dumps whose pages are physical memory.  x64 (PAGEDU64):
 full (DumpType 1), summary (2), bitmap (5; 6 = live kernel dump) and the RDMP
-layouts of new dbgeng (8 = ``.dump /k``, 9 = ``/ka``, 10 = ``/f``).  Small memory
-dumps (DumpType 4) hold no physical memory: :mod:`dbgext.target.triage_dump`.
+layouts of new dbgeng (8 = ``.dump /k``, 9 = ``/ka``, 10 = ``/f``).  x86
+(PAGEDUMP, a one-page DUMP_HEADER32): full, summary and bitmap, with PAE or
+non-PAE page tables as the header's PaeEnabled says.  Small memory dumps
+(DumpType 4, x64) hold no physical memory: :mod:`dbgext.target.triage_dump`.
 :func:`open_kernel_dump` picks the backend from the header.
 
 The reader is our own: pages are read from the file with positioned reads (see
@@ -14,7 +16,8 @@ Validation happens before any page is touched: the run table, bitmap or RDMP
 ranges, and RequiredDumpSpace, must fit in the file, otherwise BadInput names
 the file.
 
-Translation follows the hardware (4 KiB, 2 MiB and 1 GiB pages) with one
+Translation follows the hardware (4 KiB, 2 MiB and 1 GiB pages on x64; 4 KiB
+and 2 MiB with PAE, 4 KiB and 4 MiB without; ``PAGING`` in the layouts) with one
 addition that WinDbg also makes: a *transition* PTE (not present, Transition
 bit 11 set, Prototype bit 10 clear) still names the physical page that holds
 the data, so it is read like a valid one whenever the dump contains that page.
@@ -33,12 +36,12 @@ from bisect import bisect_right
 
 from ..errors import BadInput, DbgextError
 from ..layouts.dump_formats import (
-    CONTEXT_AMD64, DUMP_HEADER64, DUMP_KIND, DUMP_TYPE_DESCRIPTION, DUMP_TYPE_FULL, DUMP_TYPE_RDMP_COMPLETE,
-    DUMP_TYPE_RDMP_KERNEL, DUMP_TYPE_RDMP_KERNEL_USER, DUMP_TYPE_SUMMARY, DUMP_TYPE_TRIAGE, EXCEPTION_RECORD64,
-    KDBG_OWNER_TAG, KDDEBUGGER_DATA64, KDDEBUGGER_DATA64_MAX_SIZE, KDDEBUGGER_LAYOUTS,
-    KLDR_DATA_TABLE_ENTRY_X64, LARGE_1G_PFN_MASK, LARGE_2M_PFN_MASK, MACHINE_AMD64, MAX_PHYSICAL_RUNS,
-    MINIDUMP_FIELDS, PTE_LARGE, PTE_PFN_MASK, PTE_PRESENT, PTE_PROTOTYPE, PTE_TRANSITION, RDMP_HEADER64,
-    RDMP_MARKER, SUMMARY_DUMP64, SUMMARY_DUMP_OLD, UNSET_U32, UNSET_U64)
+    CONTEXTS, DUMP_HEADER32, DUMP_HEADER64, DUMP_KIND, DUMP_TYPE_DESCRIPTION, DUMP_TYPE_FULL,
+    DUMP_TYPE_RDMP_COMPLETE, DUMP_TYPE_RDMP_KERNEL, DUMP_TYPE_RDMP_KERNEL_USER, DUMP_TYPE_SUMMARY, DUMP_TYPE_TRIAGE,
+    EXCEPTION_RECORD32, EXCEPTION_RECORD64, KDBG_OWNER_TAG, KDDEBUGGER_DATA64, KDDEBUGGER_DATA64_MAX_SIZE,
+    KDDEBUGGER_LAYOUTS, KLDR_DATA_TABLE_ENTRY, MAX_PHYSICAL_RUNS, MAX_PHYSICAL_RUNS_X86, MINIDUMP_FIELDS,
+    PAGING, PTE_LARGE, PTE_PFN_MASK, PTE_PRESENT, PTE_PROTOTYPE, PTE_TRANSITION, RDMP_HEADER64, RDMP_MARKER,
+    SUMMARY_DUMP64, SUMMARY_DUMP_OLD, UNSET_U32, UNSET_U64, X86_DUMP_TYPES)
 from ..problems import ProblemLog
 from .base import PAGE_SIZE, Backend, Module, Target, Thread
 from .dumpfile import DumpFile
@@ -64,9 +67,6 @@ def mapped_page_budget(physical_pages):
     Scans cost what they map, so garbage that aliases memory costs at most ~1.5x
     the clean dump."""
     return physical_pages + physical_pages // 2 + MIN_MAPPED_PAGE_BUDGET
-# Reserved bits the processor checks in large-page entries (a set one faults).
-LARGE_2M_RESERVED = 0x1FE000
-LARGE_1G_RESERVED = 0x3FFFE000
 _U64 = struct.Struct("<Q")
 _NONZERO_BYTES = re.compile(b"[^\\x00]+")
 
@@ -97,62 +97,75 @@ def open_kernel_dump(path):
 
 
 class KernelDumpHeader(object):
-    """The DUMP_HEADER64 facts every kernel dump type shares."""
+    """The DUMP_HEADER64 (x64, "PAGEDU64") or DUMP_HEADER32 (x86, "PAGEDUMP")
+    facts every kernel dump type shares."""
 
     def __init__(self, dump_file):
         path = dump_file.path
-        if dump_file.size < DUMP_HEADER64["size"]:
+        magic = dump_file.read_within(0, 8)
+        if magic[0:4] != b"PAGE":
+            raise BadInput("%s is not a kernel dump (signature %r)" % (path, magic[0:4]))
+        if magic[4:8] not in (b"DU64", b"DUMP"):
+            raise BadInput("%s: bad kernel dump header (ValidDump %r)" % (path, magic[4:8]))
+        self.arch = "x64" if magic[4:8] == b"DU64" else "x86"
+        layout = self.layout = DUMP_HEADER64 if self.arch == "x64" else DUMP_HEADER32
+        self._pointer = "<Q" if self.arch == "x64" else "<I"
+        if dump_file.size < layout["size"]:
             raise BadInput("%s: truncated kernel dump (%d bytes, the header alone is %d)"
-                           % (path, dump_file.size, DUMP_HEADER64["size"]))
-        data = self.data = dump_file.read(0, DUMP_HEADER64["size"])
-        if data[0:4] != b"PAGE":
-            raise BadInput("%s is not a kernel dump (signature %r)" % (path, data[0:4]))
-        if data[4:8] == b"DUMP":
-            raise BadInput("%s is a 32-bit kernel dump; only x64 (DU64) dumps are supported" % path)
-        if data[4:8] != b"DU64":
-            raise BadInput("%s: bad kernel dump header (ValidDump %r)" % (path, data[4:8]))
+                           % (path, dump_file.size, layout["size"]))
+        data = self.data = dump_file.read(0, layout["size"])
         self.dump_type = self.u32("DumpType")
-        if self.dump_type not in DUMP_KIND:
-            raise BadInput("%s: unsupported kernel dump type %d (types %s are supported)"
-                           % (path, self.dump_type, ", ".join(str(t) for t in sorted(DUMP_KIND))))
+        if self.dump_type not in DUMP_KIND or (self.arch == "x86" and self.dump_type not in X86_DUMP_TYPES):
+            supported = sorted(DUMP_KIND) if self.arch == "x64" else X86_DUMP_TYPES
+            raise BadInput("%s: unsupported %s kernel dump type %d (types %s are supported)"
+                           % (path, self.arch, self.dump_type, ", ".join(str(t) for t in supported)))
         self.kind = DUMP_KIND[self.dump_type]
-        self.dtb = self.u64("DirectoryTableBase") & PTE_PFN_MASK
+        if self.arch == "x64":
+            self.paging = "x64"
+            self.dtb = self.u64("DirectoryTableBase") & PTE_PFN_MASK
+        else:
+            self.paging = "x86-pae" if data[layout["PaeEnabled"]] else "x86"
+            # A PAE CR3 names a 32-byte aligned PDPT; a non-PAE one a page directory.
+            self.dtb = self.u32("DirectoryTableBase") & (~0x1F if self.paging == "x86-pae" else ~0xFFF) & 0xFFFFFFFF
         self.build = self.u32("MinorVersion")
-        self.registers = unpack_context(CONTEXT_AMD64, data, DUMP_HEADER64["ContextRecord"])
-        context_flags = struct.unpack_from("<I", data, DUMP_HEADER64["ContextRecord"] + CONTEXT_AMD64["ContextFlags"])[0]
+        context = CONTEXTS[self.arch]
+        self.registers = unpack_context(context, data, layout["ContextRecord"])
+        context_flags = struct.unpack_from("<I", data, layout["ContextRecord"] + context["ContextFlags"])[0]
         self.has_context = context_flags not in (0, UNSET_U32)
 
     def u32(self, name):
-        return struct.unpack_from("<I", self.data, DUMP_HEADER64[name])[0]
+        return struct.unpack_from("<I", self.data, self.layout[name])[0]
 
     def u64(self, name):
-        return struct.unpack_from("<Q", self.data, DUMP_HEADER64[name])[0]
+        return struct.unpack_from("<Q", self.data, self.layout[name])[0]
 
     def pointer(self, name):
         """A header address, or None when the writer left it unset (0 or "PAGE")."""
-        value = self.u64(name)
-        return None if value in (0, UNSET_U64) else value
+        value = struct.unpack_from(self._pointer, self.data, self.layout[name])[0]
+        return None if value in (0, UNSET_U64, UNSET_U32) else value
 
     def facts(self):
         """The header as ``info()`` reports it."""
-        data = self.data
+        data, layout = self.data, self.layout
         fields = self.u32("MiniDumpFields")
-        comment = data[DUMP_HEADER64["Comment"]:DUMP_HEADER64["Comment"] + 128].split(b"\0", 1)[0]
-        return {
+        comment = data[layout["Comment"]:layout["Comment"] + 128].split(b"\0", 1)[0]
+        parameters = struct.unpack_from("<4" + self._pointer[1], data, layout["BugCheckParameters"])
+        facts = {
             "dump_type": self.dump_type,
             "dump_type_description": DUMP_TYPE_DESCRIPTION[self.dump_type],
             "build": self.build,
             "major_version": self.u32("MajorVersion"),
             "machine": self.u32("MachineImageType"),
             "processors": self.u32("NumberProcessors"),
-            "bugcheck": [self.u32("BugCheckCode")] + list(
-                struct.unpack_from("<4Q", data, DUMP_HEADER64["BugCheckParameters"])),
+            "bugcheck": [self.u32("BugCheckCode")] + list(parameters),
             "system_time": self.u64("SystemTime"),
             "system_uptime": self.u64("SystemUpTime"),
             "comment": comment.decode("latin-1") if comment != b"PAGE" * 32 else "",
             "registers": dict(self.registers),
-            "exception": unpack_exception(data, DUMP_HEADER64["Exception"]),
+            "exception": (unpack_exception(data, layout["Exception"]) if self.arch == "x64"
+                          else unpack_exception32(data, layout["Exception"])),
             "directory_table_base": self.dtb,
+            "paging": self.paging,
             "pfn_database": self.pointer("PfnDataBase"),
             "ps_loaded_module_list": self.pointer("PsLoadedModuleList"),
             "ps_active_process_head": self.pointer("PsActiveProcessHead"),
@@ -160,6 +173,7 @@ class KernelDumpHeader(object):
             "required_dump_space": self.u64("RequiredDumpSpace"),
             "minidump_fields": [name for bit, name in MINIDUMP_FIELDS if fields != UNSET_U32 and fields & bit],
         }
+        return facts
 
 
 class KernelDumpBase(Backend):
@@ -172,6 +186,7 @@ class KernelDumpBase(Backend):
         self.path = dump_file.path
         self.file = dump_file
         self.header = header
+        self.arch = header.arch
         self.dump_type = header.dump_type
         self.kind = header.kind
         self.problems = ProblemLog()  # what could not be read, with addresses
@@ -189,7 +204,11 @@ class KernelDumpBase(Backend):
         has none or it does not carry the "KDBG" tag)."""
         if self._debugger_data is None:
             address, data = self._debugger_data_bytes()
-            self._debugger_data = decode_debugger_data(data, address, self.problems)
+            decoded = decode_debugger_data(data, address, self.problems)
+            if self.arch == "x86":  # x86 stores its pointers sign-extended to 64 bits
+                decoded = dict((name, value & 0xFFFFFFFF if isinstance(value, int) else value)
+                               for name, value in decoded.items())
+            self._debugger_data = decoded
         return self._debugger_data
 
     def layout_hints(self, type_name):
@@ -389,9 +408,20 @@ class KernelDumpBackend(KernelDumpBase):
                                "dbgext.open)" % dump_file.path)
             KernelDumpBase.__init__(self, dump_file, header)
             self.dtb = header.dtb
+            paging = PAGING[header.paging]
+            self._levels = paging["levels"]
+            self._entry = paging["entry"]
+            self._pfn_mask = paging["pfn_mask"]
+            self._large = paging["large"]
+            self._ps_reserved = paging["ps_reserved"]
+            self._region_shift = self._levels[-2][0]
+            self._region_mask = (1 << self._region_shift) - 1
+            self._leaf_index_mask = self._levels[-1][1] - 1
+            self._after_header = header.layout["size"]  # where pages or a summary header start
             self._mapped_ranges = None
             self._regions = {}
             self._tables = {}
+            self._table_pages = {}
             self.table_pages_read = 0  # page-table pages read from the file (tests count them)
             self._parse_layout(dump_file.size)
         except BaseException:
@@ -404,7 +434,7 @@ class KernelDumpBackend(KernelDumpBase):
         dump_type = self.dump_type
         if dump_type == DUMP_TYPE_FULL:
             self.layout = self._run_table()
-            end = DUMP_HEADER64["size"] + self.layout.page_count * PAGE_SIZE
+            end = self._after_header + self.layout.page_count * PAGE_SIZE
         elif dump_type in (DUMP_TYPE_RDMP_KERNEL, DUMP_TYPE_RDMP_KERNEL_USER, DUMP_TYPE_RDMP_COMPLETE):
             self.layout, end = self._rdmp_ranges(size)
         elif dump_type == DUMP_TYPE_SUMMARY:
@@ -421,20 +451,25 @@ class KernelDumpBackend(KernelDumpBase):
             raise BadInput("%s: truncated kernel dump (%d bytes, its pages need %d)" % (self.path, size, end))
 
     def _run_table(self):
-        run_count = self.header.u32("PhysicalMemoryBlock")
-        if run_count > MAX_PHYSICAL_RUNS:
+        header = self.header
+        run_count = header.u32("PhysicalMemoryBlock")
+        if run_count > (MAX_PHYSICAL_RUNS if self.arch == "x64" else MAX_PHYSICAL_RUNS_X86):
             raise BadInput("%s: corrupt kernel dump header (%d physical memory runs)" % (self.path, run_count))
-        table = self.header.data[DUMP_HEADER64["PhysicalMemoryRuns"]:DUMP_HEADER64["PhysicalMemoryRuns"] + 16 * run_count]
-        return self._runs_from(table, DUMP_HEADER64["size"], "run")[0]
+        pair = "<QQ" if self.arch == "x64" else "<II"
+        start = header.layout["PhysicalMemoryRuns"]
+        table = header.data[start:start + struct.calcsize(pair) * run_count]
+        return self._runs_from(table, self._after_header, "run", pair)[0]
 
-    def _runs_from(self, table, first_page, what, zero_ends=False):
-        """RunLayout of {u64 PFN, u64 count} pairs whose pages follow each other
-        from ``first_page``, and the file offset past the last page.  With
-        ``zero_ends`` a zero PFN ends the list (RDMP; kdmp-parser stops there too)."""
+    def _runs_from(self, table, first_page, what, pair="<QQ", zero_ends=False):
+        """RunLayout of {PFN, count} pairs (``pair``: their struct format) whose
+        pages follow each other from ``first_page``, and the file offset past the
+        last page.  With ``zero_ends`` a zero PFN ends the list (RDMP;
+        kdmp-parser stops there too)."""
         runs = []
         offset = first_page
-        for index in range(len(table) // 16):
-            pfn, count = struct.unpack_from("<QQ", table, 16 * index)
+        size = struct.calcsize(pair)
+        for index in range(len(table) // size):
+            pfn, count = struct.unpack_from(pair, table, size * index)
             if pfn == 0 and zero_ends:
                 break
             if count > (1 << 40) or pfn > (1 << 40):
@@ -445,10 +480,9 @@ class KernelDumpBackend(KernelDumpBase):
         return RunLayout(runs), offset
 
     def _prologue(self, layout, length, signatures, what, size):
-        """The ``length`` bytes of the header at ``layout["offset"]`` after the
-        DUMP_HEADER64, checked to start with one of ``signatures`` (at 0 or, for
-        RDMP, after the marker)."""
-        start = layout["offset"]
+        """The ``length`` bytes of the ``layout`` header that follows the dump
+        header, checked to hold one of ``signatures`` at ``layout["Signature"]``."""
+        start = self._after_header
         if size < start + length:
             raise BadInput("%s: truncated kernel dump (%d bytes, no room for the %s header)" % (self.path, size, what))
         head = self.file.read(start, length)
@@ -462,7 +496,7 @@ class KernelDumpBackend(KernelDumpBase):
         head = self._prologue(layout, layout["Ranges"], (b"RDMPDUMP",), "RDMP", size)
         marker, first_page = struct.unpack_from("<I", head, layout["Marker"])[0], struct.unpack_from(
             "<Q", head, layout["FirstPageOffset"])[0]
-        ranges_start = layout["offset"] + layout["Ranges"]
+        ranges_start = self._after_header + layout["Ranges"]
         if marker != RDMP_MARKER or first_page < ranges_start or first_page > size:
             raise BadInput("%s: corrupt RDMP dump header (marker 0x%x, first page at 0x%x)"
                            % (self.path, marker, first_page))
@@ -473,13 +507,13 @@ class KernelDumpBackend(KernelDumpBase):
         layout = SUMMARY_DUMP64
         head = self._prologue(layout, layout["Bitmap"], (b"SDMPDUMP", b"FDMPDUMP"), "bitmap", size)
         first_page, _, bit_count = struct.unpack_from("<QQQ", head, layout["FirstPage"])
-        return self._read_bitmap(layout["offset"] + layout["Bitmap"], bit_count, first_page, size)
+        return self._read_bitmap(self._after_header + layout["Bitmap"], bit_count, first_page, size)
 
     def _old_summary_bitmap(self, size):
         layout = SUMMARY_DUMP_OLD
         head = self._prologue(layout, layout["Bitmap"], (b"SDMPDUMP",), "summary", size)
         first_page, bit_count = struct.unpack_from("<II", head, layout["HeaderSize"])
-        return self._read_bitmap(layout["offset"] + layout["Bitmap"], bit_count, first_page, size)
+        return self._read_bitmap(self._after_header + layout["Bitmap"], bit_count, first_page, size)
 
     def _read_bitmap(self, bitmap_start, bit_count, first_page, size):
         bitmap_end = bitmap_start + bit_count // 8
@@ -503,51 +537,56 @@ class KernelDumpBackend(KernelDumpBase):
 
     # -- virtual -> physical ----------------------------------------------------------------
 
-    def _table(self, table_pa):
-        """A page-table page as 512 entries, or None when the dump lacks it."""
-        table = self._tables.get(table_pa, False)
+    def _table(self, table_pa, level):
+        """The entries of the level-``level`` table at ``table_pa`` (a page, or a
+        PAE PDPT's 32 bytes), or None when the dump lacks its page."""
+        key = (table_pa, level)
+        table = self._tables.get(key, False)
         if table is False:
-            page = self.read_physical_page(table_pa)
-            self.table_pages_read += 1
-            table = struct.unpack("<512Q", page) if page is not None else None
+            page = self._table_pages.get(table_pa & ~0xFFF, False)
+            if page is False:  # one read per distinct page, whatever levels it serves at
+                page = self._table_pages[table_pa & ~0xFFF] = self.read_physical_page(table_pa & ~0xFFF)
+                self.table_pages_read += 1
+            table = None
+            if page is not None:
+                count = self._levels[level][1]
+                table = struct.unpack_from("<%d%s" % (count, self._entry), page, table_pa & 0xFFF)
             if len(self._tables) >= MAX_CACHED_TABLES:
                 self._tables.clear()
-            self._tables[table_pa] = table
+                self._table_pages.clear()
+            self._tables[key] = table
         return table
 
     def _next_table(self, entry, level):
         """The physical address of the table a level-``level`` entry points at, the
-        base of the large page it maps (as ``(base, size)``), or None when the
-        processor would fault: not present, reserved bits, or a frame beyond the
-        dump's physical memory."""
+        large page it maps (as ``(base, size)``), or None when the processor would
+        fault: not present, reserved bits, or a frame beyond the dump's memory."""
         if not entry & PTE_PRESENT:
             return None
-        if entry & PTE_LARGE and level != 1:
-            if level == 4:
-                return None  # PS is reserved in a PML4 entry
-            reserved, mask, size = ((LARGE_1G_RESERVED, LARGE_1G_PFN_MASK, 1 << 30) if level == 3
-                                    else (LARGE_2M_RESERVED, LARGE_2M_PFN_MASK, 1 << 21))
-            base = entry & mask
-            if entry & reserved or base >> 12 > self.layout.highest_pfn:
+        if entry & PTE_LARGE:
+            if level in self._ps_reserved:
                 return None
-            return (base, size)
-        pa = entry & PTE_PFN_MASK
+            large = self._large.get(level)
+            if large is not None:
+                size, reserved = large
+                base = entry & self._pfn_mask & ~(size - 1)
+                if entry & reserved or base >> 12 > self.layout.highest_pfn:
+                    return None
+                return (base, size)
+        pa = entry & self._pfn_mask
         if pa >> 12 > self.layout.highest_pfn:
             return None
         return pa
 
     def _region(self, region):
-        """How the 2 MiB of virtual space numbered ``region`` (va >> 21) is mapped:
-        None, the physical base of a large page, or the leaf page table's entries."""
+        """How the virtual region numbered ``region`` (va >> region shift: 2 MiB,
+        4 MiB without PAE) is mapped: None, the physical base of a large page, or
+        the leaf page table's entries."""
         try:
             return self._regions[region]
         except KeyError:
             pass
-        va = region << 21
-        mapping = None
-        top = va >> 47
-        if top == 0 or top == 0x1FFFF:
-            mapping = self._walk_to_leaf(va)
+        mapping = self._walk_to_leaf(region << self._region_shift)
         if len(self._regions) >= MAX_CACHED_REGIONS:
             self._regions.clear()
         self._regions[region] = mapping
@@ -555,36 +594,49 @@ class KernelDumpBackend(KernelDumpBase):
 
     def _walk_to_leaf(self, va):
         table_pa = self.dtb
-        for level, shift in ((4, 39), (3, 30), (2, 21)):
-            table = self._table(table_pa)
+        leaf = len(self._levels) - 1
+        for level in range(leaf):
+            table = self._table(table_pa, level)
             if table is None:
                 return None
-            target = self._next_table(table[(va >> shift) & 0x1FF], level)
+            shift, count = self._levels[level]
+            target = self._next_table(table[(va >> shift) & (count - 1)], level)
             if target is None:
                 return None
             if target.__class__ is tuple:
                 base, size = target
-                return base + (va & (size - 1) & ~0x1FFFFF)
+                return base + (va & (size - 1) & ~self._region_mask)
             table_pa = target
-        return self._table(table_pa)
+        return self._table(table_pa, leaf)
 
     def _leaf_frame(self, pte):
         """The frame a PTE maps (present or transition), or None."""
         if pte & PTE_PRESENT or pte & (PTE_TRANSITION | PTE_PROTOTYPE) == PTE_TRANSITION:
-            pfn = (pte & PTE_PFN_MASK) >> 12
+            pfn = (pte & self._pfn_mask) >> 12
             if pfn <= self.layout.highest_pfn:
                 return pfn
         return None
 
+    def _region_of(self, virtual_address):
+        """The region number of a virtual address, or -1 outside the address
+        space (non-canonical on x64, above 4 GiB on x86)."""
+        if self.arch == "x64":
+            top = virtual_address >> 47
+            if top != 0 and top != 0x1FFFF:
+                return -1
+            return (virtual_address >> 21) & 0x7FFFFFFFFFF
+        return virtual_address >> self._region_shift if virtual_address >> 32 == 0 else -1
+
     def translate(self, virtual_address):
         """Physical address of ``virtual_address``, or None when it is not mapped
         (the dump may still lack that physical page)."""
-        mapping = self._region((virtual_address >> 21) & 0x7FFFFFFFFFF)
+        region = self._region_of(virtual_address)
+        mapping = self._region(region) if region >= 0 else None
         if mapping is None:
             return None
         if mapping.__class__ is int:
-            return mapping + (virtual_address & 0x1FFFFF)
-        pfn = self._leaf_frame(mapping[(virtual_address >> 12) & 0x1FF])
+            return mapping + (virtual_address & self._region_mask)
+        pfn = self._leaf_frame(mapping[(virtual_address >> 12) & self._leaf_index_mask])
         return None if pfn is None else (pfn << 12) + (virtual_address & 0xFFF)
 
     def read_page(self, page_address):
@@ -594,21 +646,23 @@ class KernelDumpBackend(KernelDumpBase):
         return self.read_physical_page(physical & ~0xFFF)
 
     def read_pages(self, page_address, count):
-        # One translation per 2 MiB of virtual space, then the frames in order.
+        # One translation per region of virtual space, then the frames in order.
         frames = []
         address = page_address
         end = page_address + count * PAGE_SIZE
+        region_mask = self._region_mask
         while address < end:
-            region_end = min(end, (address | 0x1FFFFF) + 1)
+            region_end = min(end, (address | region_mask) + 1)
             n = (region_end - address) >> 12
-            mapping = self._region((address >> 21) & 0x7FFFFFFFFFF)
+            region = self._region_of(address)
+            mapping = self._region(region) if region >= 0 else None
             if mapping is None:
                 frames.extend([None] * n)
             elif mapping.__class__ is int:
-                first = (mapping + (address & 0x1FFFFF)) >> 12
+                first = (mapping + (address & region_mask)) >> 12
                 frames.extend(range(first, first + n))
             else:
-                index = (address >> 12) & 0x1FF
+                index = (address >> 12) & self._leaf_index_mask
                 frames.extend(self._leaf_frame(pte) for pte in mapping[index:index + n])
             address = region_end
         return self._read_frames(frames)
@@ -667,7 +721,10 @@ class KernelDumpBackend(KernelDumpBase):
         walk = _TableWalk(self)
         ranges = []
         canonical_hole = 1 << 47
-        for start, end in walk.ranges(self.dtb, 4):
+        for start, end in walk.ranges(self.dtb, 0):
+            if self.arch != "x64":
+                ranges.append((start, end))
+                continue
             # The PML4's lower and upper halves are the user and (sign-extended)
             # kernel halves of the address space: never one range.
             if start < canonical_hole < end:
@@ -710,11 +767,11 @@ class KernelDumpBackend(KernelDumpBase):
         if walk.problem:
             self.problems.add("module_list_" + walk.problem, walk.problem_address,
                               "PsLoadedModuleList walk stopped (%s)" % walk.problem)
-        layout = KLDR_DATA_TABLE_ENTRY_X64
+        layout = KLDR_DATA_TABLE_ENTRY[self.arch]
         found = []
         for entry in walk.entries:
             try:
-                base = memory.u64(entry + layout["DllBase"])
+                base = memory.pointer(entry + layout["DllBase"])
                 size = memory.u32(entry + layout["SizeOfImage"])
                 file_name = memory.unicode_string(entry + layout["BaseDllName"], max_chars=260)
             except DbgextError as error:
@@ -781,17 +838,18 @@ class _TableWalk(object):
             self.tables_cut += 1
             return []
         backend = self.backend
-        table = backend._table(table_pa)
+        table = backend._table(table_pa, level)
         out = []
         if table is None:
             return out
         layout = backend.layout
-        shift = 12 + 9 * (level - 1)
+        shift = backend._levels[level][0]
+        leaf = level == len(backend._levels) - 1
         for index, entry in enumerate(table):
             if not entry:
                 continue
             base = index << shift
-            if level == 1:
+            if leaf:
                 pfn = backend._leaf_frame(entry)
                 if pfn is not None and layout.frame_offset(pfn) is not None and not self._add(
                         out, base, base + PAGE_SIZE):
@@ -805,7 +863,7 @@ class _TableWalk(object):
                 pieces = [((start - first) << 12, (end - first) << 12)
                           for start, end in layout.present(first, target[1] >> 12)]
             else:
-                pieces = self.ranges(target, level - 1)
+                pieces = self.ranges(target, level + 1)
             if not all(self._add(out, base + start, base + end) for start, end in pieces):
                 break
         self.memo[key] = out
@@ -834,6 +892,14 @@ def unpack_exception(data, offset):
     """An EXCEPTION_RECORD64 at ``data[offset:]`` as a dict."""
     code, flags, _, address, parameter_count = struct.unpack_from("<IIQQI", data, offset)
     parameters = struct.unpack_from("<15Q", data, offset + EXCEPTION_RECORD64["ExceptionInformation"])
+    return {"code": code, "flags": flags, "address": address,
+            "parameters": list(parameters[:min(parameter_count, 15)])}
+
+
+def unpack_exception32(data, offset):
+    """An EXCEPTION_RECORD32 at ``data[offset:]`` as a dict."""
+    code, flags, _, address, parameter_count = struct.unpack_from(EXCEPTION_RECORD32["format"], data, offset)
+    parameters = struct.unpack_from("<15I", data, offset + EXCEPTION_RECORD32["ExceptionInformation"])
     return {"code": code, "flags": flags, "address": address,
             "parameters": list(parameters[:min(parameter_count, 15)])}
 

@@ -21,11 +21,11 @@ Two levels:
 import struct
 
 from ..layouts.dump_formats import (
-    CONTEXT_AMD64, DUMP_HEADER64, DUMP_TYPE_BITMAP, DUMP_TYPE_FULL, DUMP_TYPE_LIVE_BITMAP, DUMP_TYPE_RDMP_COMPLETE,
+    CONTEXT_AMD64, CONTEXT_X86, DUMP_HEADER32, EXCEPTION_RECORD32, MACHINE_I386, MAX_PHYSICAL_RUNS_X86,
+    X86_DUMP_TYPES, DUMP_HEADER64, DUMP_TYPE_BITMAP, DUMP_TYPE_FULL, DUMP_TYPE_LIVE_BITMAP, DUMP_TYPE_RDMP_COMPLETE,
     DUMP_TYPE_RDMP_KERNEL, DUMP_TYPE_RDMP_KERNEL_USER, DUMP_TYPE_SUMMARY, EXCEPTION_RECORD64, KDBG_OWNER_TAG,
     KDDEBUGGER_DATA64, MACHINE_AMD64, MAX_PHYSICAL_RUNS, PAGE_SIZE, PTE_ACCESSED, PTE_DIRTY, PTE_LARGE,
-    PTE_PFN_MASK, PTE_PRESENT, PTE_USER, PTE_WRITE, RDMP_HEADER64, RDMP_MARKER, SUMMARY_DUMP64,
-    SUMMARY_DUMP_OLD)
+    PAGING, PTE_PRESENT, PTE_USER, PTE_WRITE, RDMP_HEADER64, RDMP_MARKER, SUMMARY_DUMP64, SUMMARY_DUMP_OLD)
 from .scenario import KUSER_SHARED_DATA
 
 DEFAULT_DTB = 0x1A0000              # where Windows' boot PML4 conventionally sits
@@ -161,10 +161,17 @@ def _self_map_index(used_pml4):
 
 
 class _PageTables(object):
-    """x64 4-level tables allocated upward from the DTB (the PML4 itself)."""
+    """Page tables of one paging mode (``PAGING``: x64, x86-pae, x86) allocated
+    upward from the DTB, which holds the top-level table."""
 
-    def __init__(self, dtb, data_floor):
+    def __init__(self, dtb, data_floor, paging="x64"):
+        mode = PAGING[paging]
         self.dtb = dtb
+        self.levels = mode["levels"]
+        self.entry = struct.Struct("<" + mode["entry"])
+        self.pfn_mask = mode["pfn_mask"]
+        # A PAE PDPT entry may hold only Present (and cache bits): R/W and U/S are reserved.
+        self.top_flags = PTE_PRESENT if paging == "x86-pae" else None
         self.pages = {dtb: bytearray(PAGE_SIZE)}
         self._next = dtb + PAGE_SIZE
         self._floor = data_floor
@@ -178,26 +185,55 @@ class _PageTables(object):
         return pa
 
     def set_entry(self, table_pa, index, value):
-        struct.pack_into("<Q", self.pages[table_pa], index * 8, value)
+        self.entry.pack_into(self.pages[table_pa], index * self.entry.size, value)
+
+    def _index(self, va, level):
+        shift, count = self.levels[level]
+        return (va >> shift) & (count - 1)
 
     def _child(self, table_pa, index, flags):
-        entry = struct.unpack_from("<Q", self.pages[table_pa], index * 8)[0]
+        entry = self.entry.unpack_from(self.pages[table_pa], index * self.entry.size)[0]
         if entry & PTE_PRESENT:
-            return entry & PTE_PFN_MASK
+            return entry & self.pfn_mask
         child = self._allocate()
         self.set_entry(table_pa, index, child | flags)
         return child
 
-    def _pd(self, va, flags):
-        pdpt = self._child(self.dtb, (va >> 39) & 0x1FF, flags)
-        return self._child(pdpt, (va >> 30) & 0x1FF, flags)
+    def _table_at(self, va, level, flags):
+        """The level-``level`` table on the way to ``va``, made as needed."""
+        table = self.dtb
+        for above in range(level):
+            table = self._child(table, self._index(va, above),
+                                self.top_flags if above == 0 and self.top_flags else flags)
+        return table
 
     def map_large(self, va, pa, flags):
-        self.set_entry(self._pd(va, flags), (va >> 21) & 0x1FF, pa | flags | PTE_LARGE)
+        level = len(self.levels) - 2
+        self.set_entry(self._table_at(va, level, flags), self._index(va, level), pa | flags | PTE_LARGE)
 
     def map_page(self, va, pa, flags):
-        pt = self._child(self._pd(va, flags), (va >> 21) & 0x1FF, flags)
-        self.set_entry(pt, (va >> 12) & 0x1FF, pa | flags)
+        level = len(self.levels) - 1
+        self.set_entry(self._table_at(va, level, flags), self._index(va, level), pa | flags)
+
+
+def build_physical_memory_x86(virtual_pages, pae=True):
+    """x86 page tables (PAE or not, 4 KiB pages) mapping ``virtual_pages``
+    ({va below 4 GiB: 4 KiB bytes}).  Returns ({pa: 4 KiB bytes}, dtb)."""
+    paging = "x86-pae" if pae else "x86"
+    physical = {}
+    tables = _PageTables(DEFAULT_DTB, data_floor=DATA_PHYSICAL_BASE, paging=paging)
+    cursor = DATA_PHYSICAL_BASE
+    for index, va in enumerate(sorted(virtual_pages)):
+        if va & (PAGE_SIZE - 1) or va >> 32:
+            raise ValueError("virtual page 0x%x is not an x86 page address" % va)
+        if index and index % PAGES_PER_DATA_RUN == 0:
+            cursor += PAGE_SIZE  # a hole between runs, as on the x64 side
+        physical[cursor] = virtual_pages[va]
+        tables.map_page(va, cursor, TABLE_FLAGS | (PTE_USER if va < 0x80000000 else 0))
+        cursor += PAGE_SIZE
+    for pa, table in tables.pages.items():
+        physical[pa] = bytes(table)
+    return physical, DEFAULT_DTB
 
 
 # -- the file ------------------------------------------------------------------------------
@@ -219,29 +255,35 @@ PHYSICAL_DUMP_TYPES = (DUMP_TYPE_FULL, DUMP_TYPE_SUMMARY, DUMP_TYPE_BITMAP, DUMP
                        DUMP_TYPE_RDMP_KERNEL, DUMP_TYPE_RDMP_KERNEL_USER, DUMP_TYPE_RDMP_COMPLETE)
 
 
-def write_physical_dump(path, physical, header, dump_type=DUMP_TYPE_FULL):
-    """Write {pa: 4 KiB bytes} as a kernel dump of ``dump_type``; returns path."""
-    if dump_type not in PHYSICAL_DUMP_TYPES:
-        raise ValueError("cannot write DumpType %r" % (dump_type,))
+def write_physical_dump(path, physical, header, dump_type=DUMP_TYPE_FULL, arch="x64", pae=True):
+    """Write {pa: 4 KiB bytes} as a kernel dump of ``dump_type``; returns path.
+    ``arch="x86"`` writes a 32-bit PAGEDUMP (types 1, 2 and 5) whose header
+    says whether the tables are PAE ones."""
+    if dump_type not in (PHYSICAL_DUMP_TYPES if arch == "x64" else X86_DUMP_TYPES):
+        raise ValueError("cannot write an %s DumpType %r" % (arch, dump_type))
     for pa, data in physical.items():
         if pa & (PAGE_SIZE - 1) or len(data) != PAGE_SIZE:
             raise ValueError("physical page 0x%x must be page-aligned and 4 KiB long" % pa)
     runs = physical_runs(physical)
-    if len(runs) > MAX_PHYSICAL_RUNS:
-        raise ValueError("%d physical runs; a dump header holds at most %d"
-                         % (len(runs), MAX_PHYSICAL_RUNS))
+    most = MAX_PHYSICAL_RUNS if arch == "x64" else MAX_PHYSICAL_RUNS_X86
+    if len(runs) > most:
+        raise ValueError("%d physical runs; a dump header holds at most %d" % (len(runs), most))
     ordered = sorted(physical)
+    header_size = (DUMP_HEADER64 if arch == "x64" else DUMP_HEADER32)["size"]
     if dump_type == DUMP_TYPE_FULL:
         prologue = b""
     elif dump_type == DUMP_TYPE_SUMMARY:
-        prologue = _old_summary_dump(ordered)
+        prologue = _old_summary_dump(ordered, header_size)
     elif dump_type in (DUMP_TYPE_BITMAP, DUMP_TYPE_LIVE_BITMAP):
-        prologue = _summary_dump(ordered)
+        prologue = _summary_dump(ordered, header_size)
     else:
         prologue = _rdmp_header(runs, len(ordered), dump_type)
-    first_page = DUMP_HEADER64["size"] + len(prologue)
+    first_page = header_size + len(prologue)
     file_size = first_page + PAGE_SIZE * len(ordered)
-    head = dump_header(header, runs, len(ordered), dump_type, file_size)
+    if arch == "x64":
+        head = dump_header(header, runs, len(ordered), dump_type, file_size)
+    else:
+        head = dump_header32(header, runs, len(ordered), dump_type, file_size, pae)
     with open(path, "wb") as handle:
         handle.write(head)
         handle.write(prologue)
@@ -268,28 +310,28 @@ def _padded(fixed, start):
     return fixed + bytes(first_page - unpadded), first_page
 
 
-def _summary_dump(ordered_pages):
-    """_SUMMARY_DUMP64 + bitmap (DumpType 5 and 6)."""
-    return _bitmap_prologue(SUMMARY_DUMP64, ordered_pages, lambda fixed, first_page, bits: struct.pack_into(
+def _summary_dump(ordered_pages, start):
+    """_SUMMARY_DUMP64 + bitmap (DumpType 5 and 6; x86 bitmap dumps use it too)."""
+    return _bitmap_prologue(SUMMARY_DUMP64, ordered_pages, start, lambda fixed, first_page, bits: struct.pack_into(
         "<QQQ", fixed, SUMMARY_DUMP64["FirstPage"], first_page, len(ordered_pages), bits))
 
 
-def _old_summary_dump(ordered_pages):
+def _old_summary_dump(ordered_pages, start):
     """The DumpType 2 summary header (u32 fields, RTL_BITMAP) + bitmap."""
-    return _bitmap_prologue(SUMMARY_DUMP_OLD, ordered_pages, lambda fixed, first_page, bits: struct.pack_into(
+    return _bitmap_prologue(SUMMARY_DUMP_OLD, ordered_pages, start, lambda fixed, first_page, bits: struct.pack_into(
         "<IIII", fixed, SUMMARY_DUMP_OLD["HeaderSize"], first_page, bits, len(ordered_pages), bits))
 
 
-def _bitmap_prologue(layout, ordered_pages, fill):
-    """A summary header of ``layout`` + the page bitmap, zero-padded so the first
-    page is page-aligned; ``fill(header, first page offset, bit count)`` sets the
-    layout's own fields."""
+def _bitmap_prologue(layout, ordered_pages, start, fill):
+    """A summary header of ``layout`` at file offset ``start`` + the page bitmap,
+    zero-padded so the first page is page-aligned; ``fill(header, first page
+    offset, bit count)`` sets the layout's own fields."""
     bitmap = _bitmap_bytes(ordered_pages)
     fixed = bytearray(layout["Bitmap"])
     fixed[layout["Signature"]:layout["Signature"] + 8] = b"SDMPDUMP"
-    first_page = _padded(bytes(fixed) + bitmap, layout["offset"])[1]
+    first_page = _padded(bytes(fixed) + bitmap, start)[1]
     fill(fixed, first_page, len(bitmap) * 8)
-    return _padded(bytes(fixed) + bitmap, layout["offset"])[0]
+    return _padded(bytes(fixed) + bitmap, start)[0]
 
 
 def _rdmp_header(runs, page_count, dump_type):
@@ -344,6 +386,33 @@ def dump_header(header, runs, page_count, dump_type, file_size):
     out[h["Comment"]:h["Comment"] + 128] = bytes(128)
     struct.pack_into("<QIIIII", out, h["SystemUpTime"], 0, header.minidump_fields, 0, 1, 0x110, 0)
     struct.pack_into("<BBHII", out, h["Unused1"], 0, 0, 0, 0, 0)
+    return bytes(out)
+
+
+def dump_header32(header, runs, page_count, dump_type, file_size, pae):
+    """The 0x1000-byte x86 DUMP_HEADER32 (every unset byte "PAGE")."""
+    h = DUMP_HEADER32
+    out = bytearray(b"PAGE" * (h["size"] // 4))
+    out[h["ValidDump"]:h["ValidDump"] + 4] = b"DUMP"
+    struct.pack_into("<IIIIII", out, h["MajorVersion"], 0xF, header.build, header.directory_table_base, 0,
+                     header.ps_loaded_module_list, header.ps_active_process_head)
+    struct.pack_into("<III", out, h["MachineImageType"], MACHINE_I386, header.processors, header.bugcheck[0])
+    struct.pack_into("<4I", out, h["BugCheckParameters"], *header.bugcheck[1:5])
+    out[h["VersionUser"]:h["VersionUser"] + 32] = bytes(32)
+    struct.pack_into("<BBxxI", out, h["PaeEnabled"], 1 if pae else 0, 0, header.kd_debugger_data_block)
+    struct.pack_into("<II", out, h["PhysicalMemoryBlock"], len(runs), page_count)
+    for index, (base, count) in enumerate(runs):
+        struct.pack_into("<II", out, h["PhysicalMemoryRuns"] + 8 * index, base, count)
+    context = pack_context(CONTEXT_X86, header.registers)
+    out[h["ContextRecord"]:h["ContextRecord"] + len(context)] = context
+    exception = bytearray(EXCEPTION_RECORD32["size"])
+    struct.pack_into(EXCEPTION_RECORD32["format"], exception, 0, BREAKPOINT_EXCEPTION, 0, 0,
+                     header.registers.get("eip", 0), 0)
+    out[h["Exception"]:h["Exception"] + len(exception)] = exception
+    out[h["Comment"]:h["Comment"] + 128] = bytes(128)
+    struct.pack_into("<IIIIII", out, h["DumpType"], dump_type, header.minidump_fields, 0, 1, 0x110, 0)
+    struct.pack_into("<Q", out, h["RequiredDumpSpace"], file_size)
+    struct.pack_into("<QQ", out, h["SystemUpTime"], 0, header.system_time)
     return bytes(out)
 
 
