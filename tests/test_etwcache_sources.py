@@ -8,6 +8,7 @@ import pytest
 from dbgext.etwcache import replay
 from dbgext.etwcache.streams import load_rtltrace_stream
 from dbgext.rtltrace.fixtures import TraceDatabaseBuilder
+from dbgext.stackhash import stack_trace_hash_frames
 
 from etwcache_support import NT_BASE, kernel_scenario, random_stacks, run, run_json, scenario_with_cache
 
@@ -39,6 +40,17 @@ def test_simulate_from_rtltrace_in_the_command():
     code, document = run_json(["etwstacks", "--simulate", "--rtltrace", "%x" % database,
                                "--bucket-count", "0n257", "--cache-size", "300000"], scenario.target())
     assert code == 0 and document["events"] == 4 and document["points"][0]["hits"] == 2
+
+
+def test_what_the_database_could_not_give_is_in_the_simulations_problems():
+    scenario, database, hot, cold = database_scenario()
+    used = {stack_trace_hash_frames(frames) % 37 for frames in (hot, cold)}
+    empty = min(set(range(37)) - used)
+    bucket_array = database + 0xD8 + 0x38  # after the kernel header and the first segment header
+    scenario.write_pointer(bucket_array + 8 * empty, 0xFFFFC0DEAD000000)  # an empty bucket's chain into nowhere
+    code, document = run_json(["etwstacks", "--simulate", "--rtltrace", "%x" % database], scenario.target())
+    assert code == 0 and document["schema_version"] == 1
+    assert any(p["kind"] == "unreadable" and p["address"] == 0xFFFFC0DEAD000000 for p in document["problems"])
 
 
 def test_rtltrace_at_an_unreadable_address_gives_problems_not_a_crash():

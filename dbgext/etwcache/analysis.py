@@ -222,6 +222,7 @@ class SimulationReport(object):
         self.results = results
         self.recommendation = recommendation
         self.notes = list(stream.notes) + list(notes)
+        self.problems = ProblemLog(stream.problems).finish()
 
     def as_dict(self):
         return {"schema_version": SCHEMA_VERSION,
@@ -230,7 +231,8 @@ class SimulationReport(object):
                 "distinct_stacks": len(self.stream.stacks),
                 "notes": list(self.notes),
                 "points": [result.as_dict() for result in self.results],
-                "recommendation": self.recommendation}
+                "recommendation": self.recommendation,
+                "problems": self.problems.as_list()}
 
 
 def simulate(stream, bucket_counts=DEFAULT_BUCKET_COUNTS, cache_sizes=DEFAULT_CACHE_SIZES, clamp=True):
@@ -238,7 +240,8 @@ def simulate(stream, bucket_counts=DEFAULT_BUCKET_COUNTS, cache_sizes=DEFAULT_CA
     every (bucket count, cache size) point — clamped to Windows' ranges unless
     ``clamp`` is False — and recommend one: a SimulationReport."""
     if not len(stream):
-        raise BadInput("the stack stream is empty (%s)" % "; ".join(stream.notes or [stream.source]))
+        raise BadInput("the stack stream is empty (%s)" % "; ".join(
+            stream.notes + [str(problem) for problem in stream.problems] or [stream.source]))
     if any(count <= 0 for count in bucket_counts):
         raise BadInput("bucket counts must be positive")
     if any(size < layouts.PIECE_SIZE for size in cache_sizes):

@@ -106,6 +106,8 @@ def simulation(out, report):
              % (len(stream), len(stream.stacks), stream.source))
     for note in report.notes:
         out.line("  note: %s" % note)
+    for problem in report.problems:
+        out.line("  %s" % problem)
     rows = []
     for r in report.results:
         rows.append([str(r.bucket_count) + ("" if layouts.is_prime(r.bucket_count) else " (not prime)"),

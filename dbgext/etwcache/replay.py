@@ -13,8 +13,9 @@ order (index 0 = front) and the number of free pieces.  Per stack-walk event:
 Stacks are interned (``StackStream``) so each event costs a dict-free list lookup.
 """
 
-from . import layouts
+from ..problems import ProblemLog
 from ..stackhash import stack_trace_hash_frames
+from . import layouts
 
 
 class StackStream(object):
@@ -25,6 +26,7 @@ class StackStream(object):
         self.stacks = []       # stack id -> tuple of frames
         self.sequence = []     # stack ids in event order
         self.notes = []        # what was skipped or assumed while loading
+        self.problems = ProblemLog()  # what the source could not give (unreadable, corrupt)
         self._ids = {}
         self._hashes = None
 

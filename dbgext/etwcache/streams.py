@@ -92,8 +92,7 @@ def load_etl_stream(path):
     from ..etl import format as fmt
     records, summary = stack_walk_records(path)
     stream = StackStream(source="etl file %s" % path)
-    for problem in summary.problems:
-        stream.notes.append("etl: %s" % problem.message)
+    stream.problems.extend(summary.problems)
     # Resolve from the end: the definition seen last (walking backwards) for a key is
     # the one that closes the reference's lifetime.
     resolved = [None] * len(records)
@@ -130,8 +129,7 @@ def load_rtltrace_stream(target, address):
         raise BadInput("the rtltrace package is not installed; use --stacks or --etl")
     database = analyze(target, address)
     stream = StackStream(source="RTL trace database %s (hit counts, round-robin)" % hexaddr(address))
-    for problem in database.problems[:20]:
-        stream.notes.append("rtltrace: %s" % problem)
+    stream.problems.extend(database.problems)
     blocks = [(block.frames, max(block.count, 1)) for block in database.blocks if block.frames]
     total = sum(count for _, count in blocks)
     if total > MAX_EXPANDED_EVENTS:
