@@ -25,14 +25,15 @@ CLASSES = {
     "straight": ({}, None),
     "end_of_trace": ({"interrupt_every": 40, "timing": True}, None),
     "disable_after_direct_branch": ({"disable_every": 15}, None),
-    "trace_ends_disabled_after_direct_branch": ({"disable_every": 15, "end_disabled": True}, None),
+    "trace_ends_disabled_after_direct_branch": ({"disable_every": 6, "end_disabled": True}, None),
     "overflow": ({"overflow_every": 150}, None),
+    "overflow_resumed_by_tip_pge": ({"overflow_every": 150, "overflow_resume": "pge"}, None),
     "deferred_tip": ({"deferred_tip_every": 2, "uncompressed_ret_every": 2}, None),
     "tsx": ({"tsx_every": 60}, None),
     "far_transfer_traced": ({"kernel_traced": True}, None),
     "far_transfer_untraced": ({"kernel_traced": False}, None),
-    "interrupts_and_psbs": ({"interrupt_every": 25, "psb_every": 300, "use_tnt64": True}, None),
-    "erratum_apl11": ({"overflow_every": 150, "overflow_pgd": True}, (6, 0x5C, 9)),
+    "interrupts_and_psbs": ({"interrupt_every": 25, "psb_every": 64, "use_tnt64": True}, None),
+    "erratum_apl11": ({"overflow_every": 150, "overflow_resume": "pgd+pge"}, (6, 0x5C, 9)),
 }
 
 
@@ -108,12 +109,49 @@ def test_the_erratum_workaround_needs_the_cpu():
     assert result.instructions == ips
 
 
+def _pairs(packets):
+    return list(zip(packets, packets[1:]))
+
+
+# class -> does this case's trace hold what the class is about?  (packets, program)
+EXERCISED = {
+    "disable_after_direct_branch": lambda packets, program: any(p.type == "tip.pgd" for p in packets),
+    "trace_ends_disabled_after_direct_branch": lambda packets, program: packets[-1].type == "tip.pgd",
+    "overflow": lambda packets, program: any(p.type == "ovf" for p in packets),
+    "overflow_resumed_by_tip_pge": lambda packets, program: any(
+        a.type == "ovf" and b.type == "tip.pge" for a, b in _pairs(packets)),
+    "deferred_tip": lambda packets, program: any(
+        a.type == "tnt8" and b.type == "tip" and b.fields["ip"] in program.by_address and
+        program.by_address[b.fields["ip"]].address in program.labels.values() for a, b in _pairs(packets)),
+    "tsx": lambda packets, program: any(p.type == "mode.tsx" and p.fields["abort"] for p in packets),
+    "far_transfer_traced": lambda packets, program: any(
+        p.type == "tip" and p.fields["ip"] == program.syscall_handler for p in packets),
+    "far_transfer_untraced": lambda packets, program: any(
+        p.type == "tip.pgd" and p.fields["ip"] is None for p in packets),
+    "interrupts_and_psbs": lambda packets, program: sum(p.type == "psb" for p in packets) > 1,
+    "erratum_apl11": lambda packets, program: any(a.type == "ovf" and b.type == "tip.pgd"
+                                                  for a, b in _pairs(packets)),
+}
+
+
 def counts(cases):
-    rows = [(name, sum(matches(name, seed) for seed in range(cases)), cases) for name in CLASSES]
-    rows.append(("gap_after_unreadable_code", sum(gap_matches(seed) for seed in range(cases)), cases))
+    """(class, cases that match libipt, cases whose trace holds the class's feature, cases)."""
+    from dbgext.ipt.packets import decode_packets
+    rows = []
+    for name in CLASSES:
+        good = exercised = 0
+        for seed in range(cases):
+            program, trace, _ = case(name, seed)
+            good += matches(name, seed)
+            exercised += EXERCISED.get(name, lambda packets, program: True)(decode_packets(trace).packets, program)
+        rows.append((name, good, exercised, cases))
+    gaps = sum(any(event[1] == "gap" for event in ours(*gap_case(seed)[:2], regions=gap_case(seed)[2]).events)
+               for seed in range(cases))
+    rows.append(("gap_after_unreadable_code", sum(gap_matches(seed) for seed in range(cases)), gaps, cases))
     return rows
 
 
 if __name__ == "__main__":
-    for name, good, total in counts(int(sys.argv[1]) if len(sys.argv) > 1 else 50):
-        print("%-42s %4d / %d" % (name, good, total))
+    print("%-42s %7s %9s %5s" % ("class", "match", "exercise", "cases"))
+    for name, good, exercised, total in counts(int(sys.argv[1]) if len(sys.argv) > 1 else 50):
+        print("%-42s %7d %9d %5d" % (name, good, exercised, total))

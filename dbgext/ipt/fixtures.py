@@ -379,12 +379,14 @@ class _Tracer(object):
         del self.executed[self.committed:]
         ip = self.untraced(ip, self.random.randint(0, 20))
         self.writer.ovf()
-        if self.options["overflow_pgd"]:
-            # erratum APL11: the OVF comes with a TIP.PGD; tracing resumes with TIP.PGE
-            self.writer.pgd(None)
-            self.writer.pge(ip)
-        else:
+        resume = self.options["overflow_resume"]
+        if resume == "fup":
             self.writer.fup(ip)
+            return ip
+        if resume == "pgd+pge":
+            # erratum APL11: the OVF comes with a TIP.PGD
+            self.writer.pgd(None)
+        self.writer.pge(ip)  # tracing was off when the overflow resolved; TIP.PGE turns it on
         return ip
 
     def transaction(self, ip):
@@ -509,7 +511,7 @@ class _Tracer(object):
 
 TRACE_DEFAULTS = {"taken_probability": 0.5, "interrupt_every": 0, "psb_every": 4096, "uncompressed_ret_every": 0,
                   "timing": False, "use_tnt64": False, "disable_every": 0, "end_disabled": False,
-                  "overflow_every": 0, "overflow_pgd": False, "deferred_tip_every": 0, "tsx_every": 0,
+                  "overflow_every": 0, "overflow_resume": "fup", "deferred_tip_every": 0, "tsx_every": 0,
                   "kernel_traced": True, "stretch": False}
 
 
@@ -522,8 +524,9 @@ def trace_program(program, max_insns, seed=0, **options):
     ``psb_every`` bytes; ``uncompressed_ret_every``; ``timing`` (MTC packets);
     ``use_tnt64``; ``disable_every`` (TIP.PGD after a direct call/jmp, then TIP.PGE
     further on, or the end of the trace with ``end_disabled``); ``overflow_every``
-    (OVF + FUP after some untraced code; with ``overflow_pgd`` OVF + TIP.PGD + TIP.PGE,
-    erratum APL11); ``deferred_tip_every`` (TNT before the TIP
+    (OVF after some untraced code, then ``overflow_resume``: ``fup`` (tracing was on),
+    ``pge`` (tracing comes back on with TIP.PGE) or ``pgd+pge`` (erratum APL11: a
+    TIP.PGD first)); ``deferred_tip_every`` (TNT before the TIP
     of an indirect branch); ``tsx_every`` (MODE.TSX begin/commit/abort);
     ``kernel_traced`` (False: a syscall disables tracing, sysret's return enables it);
     ``stretch`` (one stretch of tracing: TIP.PGE at the entry, FUP + TIP.PGD at the
