@@ -403,7 +403,11 @@ class _Walk(object):
         return self.lookahead
 
     def skip_status_psb(self):
-        """A PSB+ in the middle of a traced stretch only restates the state (IP, mode)."""
+        """A PSB+ in the middle of a traced stretch only restates the state (IP, mode).
+        Like any event libipt processes, it makes the next instruction one reported
+        at the end of the trace (see drop_uncommitted)."""
+        if self.committed == len(self.out):
+            self.resumed_at = self.committed
         while True:
             item = self.item()
             if item is None:
