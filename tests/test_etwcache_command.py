@@ -228,7 +228,7 @@ def test_inside_windbg_buckets_link_to_the_frames(cached):
     key = next(k for i in range(257) for k in builder.bucket_entries(i))
     assert '<link cmd="dps %s L0x' % hexaddr(key + 0x28) in text
     text, _fake = run_windbg_script("etwstacks", ["--cache", "0xffffc0dead000000"], scenario)
-    assert "cannot be read" in text and "Traceback" not in text
+    assert "no ETW stack cache header can be read at ffffc0de`ad000000" in text and "Traceback" not in text
 
 
 def test_an_unreadable_logger_name_is_a_problem_of_that_logger():

@@ -5,7 +5,7 @@ import struct
 
 import pytest
 
-from dbgext.errors import WrongSignature
+from dbgext.errors import UnreadableMemory, WrongSignature
 from dbgext.etwcache import analyze, layouts, validate, walk
 from dbgext.problems import ProblemLog
 from dbgext.render.text import hexaddr
@@ -57,13 +57,21 @@ def test_unreadable_cache_pointer_is_one_problem():
     assert [(p.kind, p.address) for p in state.problems] == [("unreadable", 0xFFFFC0DEAD000000)]
 
 
-def test_memory_that_no_variant_fits_is_refused_naming_what_is_there():
+def test_memory_that_no_variant_fits_is_not_walked_and_a_given_address_is_refused():
     scenario = kernel_scenario()
     junk = scenario.alloc(0x1000)
     scenario.write(junk, b"\xAB" * 0x1000)
+    state = walk.read_cache(scenario.target(), junk)
+    assert not state.readable and kinds(state.problems) == ["variant"]
     with pytest.raises(WrongSignature, match="no ETW stack cache at %s: found memory that fits no cache header "
                        "variant" % hexaddr(junk)):
-        walk.read_cache(scenario.target(), junk)
+        analyze(scenario.target(), cache=junk)
+
+
+def test_an_unreadable_cache_address_is_refused_in_one_line():
+    scenario = kernel_scenario()
+    with pytest.raises(UnreadableMemory, match="no ETW stack cache header can be read at ffffc0de`ad000000"):
+        analyze(scenario.target(), cache=0xFFFFC0DEAD000000)
 
 
 def test_force_walks_memory_that_no_variant_fits_and_says_so():

@@ -165,13 +165,14 @@ def test_pages_missing_from_the_dump_are_reported_and_the_rest_walked():
     assert "count_mismatch" in problem_kinds(document)
 
 
-def test_an_unreadable_header_gives_one_problem_and_exit_zero():
+def test_an_unreadable_header_is_refused_in_one_line_and_force_gives_one_problem():
     scenario, _ = corrupt(distinct=5, adds=5)
     target = scenario.target()
-    document = run_json(["0x7ff000000000", "--layout", "user-x64"], target=target)
-    assert problem_kinds(document) == ["unreadable"]
     code, text = run(["0x7ff000000000"], target=target)
-    assert code == 0 and "unreadable" in text
+    assert code == 1 and text.count("\n") == 1
+    assert "no RTL_TRACE_DATABASE header can be read at 00007ff0`00000000" in text
+    document = run_json(["0x7ff000000000", "--layout", "user-x64", "--force"], target=target)
+    assert problem_kinds(document) == ["unreadable"]
 
 
 def test_garbage_memory_is_walked_without_a_hang():

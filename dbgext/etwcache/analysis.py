@@ -3,7 +3,7 @@ take the logger/cache, walk, validate, derive statistics and advice, look up a
 StackKey) and ``simulate`` a stack stream over a sweep of configurations.  Their
 results hold every derived fact and own their JSON (docs/json-schema/etwstacks.md)."""
 
-from ..errors import BadInput
+from ..errors import BadInput, UnreadableMemory, WrongSignature
 from ..problems import ProblemLog
 from ..render.text import hexaddr
 from . import discover, layouts, replay
@@ -172,8 +172,10 @@ def analyze(target, cache=None, logger_context=None, variant=None, validate=True
     logger's found through nt!EtwpHostSiloState.  ``variant`` forces the cache
     header layout ("A"/"B"); ``validate`` runs the full consistency check (with
     ``busy``, RefCount 2 is not flagged: the logger was logging); ``key`` looks a
-    StackKey up.  Memory that is no cache is refused (WrongSignature) unless
-    ``force``.  Returns a StackCacheAnalysis."""
+    StackKey up.  A ``cache`` address that holds no cache is refused in one line
+    (WrongSignature, or UnreadableMemory) unless ``force``; a discovered logger's
+    cache that cannot be walked is a problem of that logger.  Returns a
+    StackCacheAnalysis."""
     if target.arch != "x64":
         raise BadInput("ETW stack cache layouts are known for x64 kernels only (target is %s)" % target.arch)
     if variant is not None and variant not in layouts.CACHE_VARIANTS:
@@ -186,7 +188,7 @@ def analyze(target, cache=None, logger_context=None, variant=None, validate=True
         if logger_context is not None:
             logger = discover.read_logger(target, logger_context, found_layouts)
             if logger.problems and logger.problems[0].kind == "unreadable" and cache is None:
-                raise BadInput("logger context %s: %s" % (hexaddr(logger_context), logger.problems[0].message))
+                raise BadInput(logger.problems[0].message)
             address = cache if cache is not None else logger.stack_cache
             targets = [(logger, address)] if address else []
         else:
@@ -196,11 +198,22 @@ def analyze(target, cache=None, logger_context=None, variant=None, validate=True
     for logger, address in targets:
         state = read_cache(target, address, variant=variant, logger_context=logger.context if logger else None,
                            logger_id=logger.logger_id if logger else None, force=force)
+        if cache is not None and not state.readable and not force:
+            _refuse(state)
         if validate:
             validate_cache(state, idle=not busy)
         state.problems.finish()
         caches.append(CacheReport(logger, state))
     return StackCacheAnalysis(caches, found_layouts, _look_up(target, caches, key) if key is not None else None)
+
+
+def _refuse(state):
+    """A cache address the caller gave that holds no cache: one line saying what is there."""
+    problem = state.problems[0]
+    if problem.kind == "unreadable":
+        raise UnreadableMemory(problem.address, detail="no ETW stack cache header can be read at %s"
+                               % hexaddr(state.address))
+    raise WrongSignature("ETW stack cache", state.address, problem.message)
 
 
 def _look_up(target, caches, key):
@@ -242,6 +255,8 @@ def simulate(stream, bucket_counts=DEFAULT_BUCKET_COUNTS, cache_sizes=DEFAULT_CA
     if not len(stream):
         raise BadInput("the stack stream is empty (%s)" % "; ".join(
             stream.notes + [str(problem) for problem in stream.problems] or [stream.source]))
+    if not bucket_counts or not cache_sizes:
+        raise BadInput("give at least one bucket count and one cache size")
     if any(count <= 0 for count in bucket_counts):
         raise BadInput("bucket counts must be positive")
     if any(size < layouts.PIECE_SIZE for size in cache_sizes):

@@ -15,7 +15,7 @@ a 3 MB cache a handful of debugger round trips instead of one per page.
 
 import struct
 
-from ..errors import UnreadableMemory, WrongSignature
+from ..errors import UnreadableMemory
 from ..problems import ProblemLog
 from ..render.text import hexaddr
 from ..stackhash import stack_trace_hash
@@ -294,9 +294,9 @@ def detect_variant(target, address, header, logger_context=None, logger_id=None)
 
 
 def read_cache(target, address, variant=None, logger_context=None, logger_id=None, force=False):
-    """Walk the cache at ``address``.  Memory that no variant fits is refused with
-    WrongSignature unless ``force`` (which walks it with the best-scoring variant);
-    bad memory inside the cache becomes problems, never an exception."""
+    """Walk the cache at ``address``; bad memory becomes problems, never an
+    exception.  Memory that no header variant fits is not walked (a ``variant``
+    problem) unless ``force``, which walks it as variant B."""
     state = CacheState(address)
     try:
         header = target.read(address, layouts.HEADER_SIZE)
@@ -308,11 +308,12 @@ def read_cache(target, address, variant=None, logger_context=None, logger_id=Non
             target, address, header, logger_context, logger_id)
         if variant is None:
             if not force:
-                raise WrongSignature("ETW stack cache", address, "memory that fits no cache header variant (%s)"
-                                     % state.variant_detail)
+                state.problems.add("variant", address, "memory that fits no cache header variant (%s)"
+                                   % state.variant_detail)
+                return state
             variant = "B"
             state.problems.add("variant", address, "no layout variant fits (%s); walked as variant B as "
-                               "--force asks" % state.variant_detail)
+                               "--force asks" % state.variant_detail, severity="warning")
     else:
         state.variant_confidence = "given"
     state.variant = variant

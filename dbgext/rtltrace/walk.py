@@ -94,10 +94,14 @@ class _SegmentMemory(object):
 
 
 def read_header(target, db, force=False):
-    """Read the header; a wrong magic is refused (WrongSignature) unless ``force``."""
+    """Read the header; an unreadable one or a wrong magic is refused
+    (UnreadableMemory, WrongSignature) unless ``force``."""
     layout = db.layout
     partial = target.try_read(db.address, layout.database.size)
     if partial.holes:
+        if not force:
+            raise UnreadableMemory(partial.holes[0][0], detail="no RTL_TRACE_DATABASE header can be read at %s"
+                                   % db.hexaddr(db.address))
         db.problems.add("unreadable", partial.holes[0][0],
                         "database header (0x%x bytes at %s) is not fully readable"
                         % (layout.database.size, db.hexaddr(db.address)))
