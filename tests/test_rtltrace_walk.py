@@ -204,11 +204,17 @@ def test_the_documented_pointer_sum_hash_is_recognised():
     assert document["problems"] == []
 
 
-def test_find_lists_every_database_in_memory():
-    scenario, first = database("user-x64", distinct=30, adds=30)
+def two_databases(adds=30):
+    """(scenario, first, second): a debug-heap-sized database and a small one after it."""
+    scenario, first = database("user-x64", distinct=30, adds=adds)
     second = TraceDatabaseBuilder(scenario, "user-x64", buckets=97)
     second.add([0x7FFA10001000, 0x7FF6A0001000])
     second.sync()
+    return scenario, first, second
+
+
+def test_find_lists_every_database_in_memory():
+    scenario, first, second = two_databases()
     target = scenario.target()
     found = run_json(["--find"], target=target)["candidates"]
     assert [c["address"] for c in found] == [first.address, second.address]
@@ -278,10 +284,7 @@ def test_validate_exits_4_when_it_finds_problems_and_0_when_not():
 
 
 def test_a_script_analyzes_through_the_public_api_alone():
-    scenario, first = database("user-x64", distinct=30, adds=60)
-    second = TraceDatabaseBuilder(scenario, "user-x64", buckets=97)
-    second.add([0x7FFA10001000, 0x7FF6A0001000])
-    second.sync()
+    scenario, first, second = two_databases(adds=60)
     target = scenario.target()
     db = analyze(target, first.address, sort="depth", limit=3)
     document = db.as_dict()
