@@ -235,3 +235,11 @@ def test_an_unreadable_file_cannot_be_hashed(tmp_path):
 ])
 def test_dump_times_become_iso_8601(value, expected):
     assert iso_time(value) == expected
+
+
+def test_a_script_triages_an_open_target_through_the_public_api():
+    import dbgext.triage
+    record = dbgext.triage.analyze(crash_scenario(salt=1).target(), analyses=[])
+    document = record.as_dict()
+    assert list(document)[0] == "schema_version" and document["bucket"] == "0xD1_mydrv!DispatchIoctl"
+    assert isinstance(record, dbgext.triage.DumpRecord) and record.faulting.image == "mydrv.sys"
