@@ -116,3 +116,13 @@ def test_paths_expand_to_dump_files_only_inside_directories(tmp_path):
     found, unmatched = expand_paths([str(tmp_path), str(tmp_path / "a.dmp"), str(tmp_path / "nope*.dmp")])
     assert [os.path.relpath(p, str(tmp_path)) for p in found] == ["a.dmp", "sub/b.mdmp", "sub/noext"]
     assert unmatched == ["no such file or directory: %s" % (tmp_path / "nope*.dmp")]
+
+
+def test_the_isolated_child_reports_its_hash_first_and_a_file_it_cannot_read_without_one(tmp_path):
+    from dbgext.triage.run import analyse_dump_isolated
+    path = tmp_path / "d.dmp"
+    path.write_bytes(b"PAGEDU64" + b"\0" * 100)
+    record = analyse_dump_isolated(make_task(str(path), (108, 0, 0)), timeout=60)
+    assert record["reason"].startswith("cannot open dump") and len(record["hash"]) == 64
+    record = analyse_dump_isolated(make_task(str(tmp_path / "gone.dmp"), (0, 0, 0)), timeout=60)
+    assert record["hash"] is None and record["reason"].startswith("cannot read")

@@ -315,13 +315,16 @@ def analyse_dump_isolated(task, timeout=DEFAULT_TIMEOUT):
 
 def _child_output(data):
     """(hash or None, record dict or None) from what the child printed."""
-    lines = (data or b"").decode("utf-8", "replace").split("\n", 1)
-    content_key = lines[0][len(HASH_LINE):].strip() if lines[0].startswith(HASH_LINE) else None
+    text = (data or b"").decode("utf-8", "replace")
+    content_key = None
+    if text.startswith(HASH_LINE):
+        first, _, text = text.partition("\n")
+        content_key = first[len(HASH_LINE):].strip() or None
     try:
-        document = json.loads(lines[1]) if len(lines) > 1 else None
+        document = json.loads(text) if text.strip() else None
     except ValueError:
         document = None
-    return content_key or None, document
+    return content_key, document
 
 
 class DaskPool(object):
