@@ -28,6 +28,7 @@ MAX_INSTRUCTIONS_PER_FUNCTION = 40000
 MAX_FUNCTIONS = 400000
 MAX_CHAIN = 4096
 MAX_REASONS = 3
+IMPORT_LOAD_LOOKBACK = 8
 
 EXACT, LOWER, UNKNOWN, UNBOUNDED = "exact", "lower", "unknown", "unbounded"
 SEVERITY = {EXACT: 0, LOWER: 1, UNKNOWN: 2, UNBOUNDED: 3}
@@ -191,7 +192,16 @@ class CallGraph(object):
         if function.analysed_body:
             return function
         function.analysed_body = True
-        function.module.compute_frame(function)
+        module = function.module
+        if function.fragment_of is None and module.arch == "x64" and function.unwind_size is not None \
+                and function.end is not None:
+            # The prologue scan (a cross-check of the unwind data) reads the
+            # instructions the sweep decoded; nothing stays cached afterwards.
+            _sweep_x64(self.program, function)
+            module.compute_frame(function)
+            module.decoder.forget()
+            return function
+        module.compute_frame(function)
         if function.fragment_of is not None:
             # Fragments are followed as part of their primary function.
             return function
@@ -373,9 +383,6 @@ def _follow_body(program, function, record=None):
     instruction that neither branches nor touches SP) is kept to a few dict and
     string operations; everything else goes to helpers."""
     module = function.module
-    if module.arch == "x64" and function.unwind_size is not None and record is None and function.end is not None:
-        _sweep_x64(program, function)
-        return
     decoder = module.decoder
     insns = decoder.instructions
     arch = module.arch
@@ -540,28 +547,26 @@ def _sweep_x64(program, function):
     fragments = _fragment_ranges(module, function)
     imports = image.imports
     base = image.image_base
-    import_loads = {}  # `mov rax, [rip + __imp_X]; call rax`
     for start, end in fragments:
-        instructions, stopped = decoder.sweep(start, end)
+        instructions, stopped = decoder.sweep(start, end, keep=start == function.va)
         if stopped is not None and function.body_problem is None:
             function.body_problem = "code at 0x%x is not readable or not decodable" % stopped
-        for address, size, mnemonic, op_str in instructions:
-            first = mnemonic[0]
-            if first == "c":
-                if mnemonic != "call" or address < prolog_end:
+        for index, (address, size, mnemonic, op_str) in enumerate(instructions):
+            if mnemonic == "call":
+                if address < prolog_end:
                     continue  # a call inside the prologue is the stack probe
                 target = direct_target(op_str)
                 if target is not None:
                     program.function_at(target)
                     sites.append(CallSite(address, frame, target, "call"))
                     continue
-                slot = memory_slot(64, op_str, address + size) or import_loads.get(op_str)
+                slot = memory_slot(64, op_str, address + size)
+                if slot is None:
+                    slot = _import_load_before(instructions, index, op_str)
                 name = imports.get(slot - base) if slot is not None else None
                 sites.append(CallSite(address, frame, None, "call", name, slot) if name
                              else CallSite(address, frame, None, "indirect"))
-            elif first == "m" and mnemonic == "mov" and "rip" in op_str:
-                _note_import_load(module, "x64", op_str, address + size, import_loads)
-            elif first == "j" and mnemonic == "jmp":
+            elif mnemonic == "jmp":
                 target = direct_target(op_str)
                 if target is None:
                     slot = memory_slot(64, op_str, address + size)
@@ -573,11 +578,21 @@ def _sweep_x64(program, function):
                 elif not _inside(function, fragments, target):
                     program.function_at(target)
                     sites.append(CallSite(address, 0, target, "tail"))
-            elif first == "s" and mnemonic == "sub" and op_str.startswith("rsp, ") and address >= prolog_end \
+            elif mnemonic == "sub" and op_str.startswith("rsp, ") and address >= prolog_end \
                     and direct_target(op_str[5:]) is None and function.dynamic is None:
                 function.dynamic = "%s %s" % (mnemonic, op_str)
     function.body_end = fragments[0][1]
     _report_body_problem(function)
+
+
+def _import_load_before(instructions, index, register):
+    """The IAT slot ``register`` was loaded from (`mov rax, [rip + __imp_X]`) within
+    the few instructions before ``instructions[index]`` (`call rax`), or None."""
+    for address, size, mnemonic, op_str in reversed(instructions[max(0, index - IMPORT_LOAD_LOOKBACK):index]):
+        destination, _, source = op_str.partition(", ")
+        if destination == register:
+            return memory_slot(64, source, address + size) if mnemonic == "mov" else None
+    return None
 
 
 def _fragment_ranges(module, function):

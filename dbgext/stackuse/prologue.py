@@ -77,13 +77,21 @@ class Decoder(object):
     def problem(self, va):
         return self._failed.get(va)
 
-    def sweep(self, start_va, end_va):
-        """(instructions decoded linearly over [start_va, end_va), not cached;
-        the first VA that could not be read or decoded, or None)."""
+    def sweep(self, start_va, end_va, keep=False):
+        """(instructions decoded linearly over [start_va, end_va); the first VA that
+        could not be read or decoded, or None).  ``keep`` caches the first ones (a
+        prologue's worth) until :meth:`forget`."""
         code = self.image.read_partial(start_va - self.image.image_base, end_va - start_va)
         instructions = list(self._disassembler.decode(code, start_va))
+        if keep:
+            self._insns.update((insn[0], insn) for insn in instructions[:MAX_PROLOGUE_INSTRUCTIONS])
         reached = instructions[-1][0] + instructions[-1][1] if instructions else start_va
         return instructions, (reached if reached < end_va else None)
+
+    def forget(self):
+        """Drop every cached instruction (memory stays bounded by one function)."""
+        self._insns.clear()
+        self._failed.clear()
 
     def decode_range(self, start_va, end_va, count=0):
         """Decode linearly from ``start_va`` up to ``end_va`` (at most ``count``
