@@ -443,3 +443,8 @@ def test_scripts_use_the_public_api(files):
     document = result.as_dict()
     assert document["schema_version"] == dbgext.ipt.SCHEMA_VERSION == 1
     assert json.loads(json.dumps(document)) == document
+
+
+def test_a_raw_trace_given_as_an_event_is_named_as_such(files):
+    code, text = run("ipt", "event", "--trace", files["trace"])
+    assert code == 1 and "found a raw trace starting with a PSB" in text

@@ -33,7 +33,8 @@ DEFAULT_MAX_INSNS = 1000000
 DEFAULT_MAX_PACKETS = 100000
 SUSPICIOUS_FUNCTIONS = ("nt!KeBugCheckEx", "nt!KeBugCheck2", "nt!KeBugCheck")
 # Known file magics, to say what an input that is not an IPT event is.
-FILE_MAGICS = ((b"\x89PNG", "a PNG image"), (b"MZ", "a PE image"), (b"\x7fELF", "an ELF file"),
+FILE_MAGICS = ((b"\x02\x82\x02\x82", "a raw trace starting with a PSB (ipt packets/flow --trace read those)"),
+               (b"\x89PNG", "a PNG image"), (b"MZ", "a PE image"), (b"\x7fELF", "an ELF file"),
                (b"PAGEDU64", "a kernel dump"), (b"PAGEDUMP", "a kernel dump"), (b"MDMP", "a minidump"),
                (b"%PDF", "a PDF document"), (b"PK\x03\x04", "a ZIP archive"), (b"\xff\xd8\xff", "a JPEG image"))
 

@@ -133,6 +133,7 @@ class BlockCache(object):
         self.ends = {}  # address of each block's last instruction -> block kind (for the views)
         self._modes = {}
         self._modes_at = -1
+        self._texts = {}
 
     def blocks(self, mode):
         table = self.by_mode.get(mode)
@@ -157,15 +158,17 @@ class BlockCache(object):
     def disassemble(self, address):
         """``mnemonic operands`` of the instruction at ``address`` in the mode the
         decode walked it in (64-bit when it was not walked)."""
+        text = self._texts.get(address)
+        if text is not None:
+            return text
         if self._modes_at != self.blocks_built:
             self._modes = {insn: mode for mode, table in self.by_mode.items() for block in table.values()
                            for insn in block.insns}
             self._modes_at = self.blocks_built
         mode = self._modes.get(address, MODE_64)
         insn = self._disassembler(mode).one(self.code.read_upto(address, 15), address)
-        if insn is None:
-            return "(undecodable)"
-        return ("%s %s" % (insn[2], insn[3])).strip()
+        text = self._texts[address] = "(undecodable)" if insn is None else ("%s %s" % (insn[2], insn[3])).strip()
+        return text
 
     def _decode(self, start, mode):
         cs = self._disassembler(mode)
