@@ -30,6 +30,7 @@ a budget of pages, so a corrupt dump costs bounded time; what was cut short is
 reported in ``problems``.
 """
 
+import copy
 import re
 import struct
 from bisect import bisect_right
@@ -192,6 +193,7 @@ class KernelDumpBase(Backend):
         self.problems = ProblemLog()  # what could not be read, with addresses
         self._modules = None
         self._debugger_data = None
+        self._facts = None
 
     # -- KDDEBUGGER_DATA64 ----------------------------------------------------------------
 
@@ -252,17 +254,22 @@ class KernelDumpBase(Backend):
     # -- facts -----------------------------------------------------------------------------------
 
     def info(self):
-        self.modules()
-        facts = self.header.facts()
-        facts.update({
-            "kind": self.kind,
-            "arch": self.arch,
-            "mode": "kernel",
-            "file": self.path,
-            "file_size": self.file.size,
-            "debugger_data": self._debugger_data_facts(),
-        })
-        facts.update(self._contents())
+        """The dump's facts, gathered once (``Target.build`` asks often); the
+        problems are current, since later walks (mapped_ranges) may add some."""
+        if self._facts is None:
+            self.modules()
+            facts = self.header.facts()
+            facts.update({
+                "kind": self.kind,
+                "arch": self.arch,
+                "mode": "kernel",
+                "file": self.path,
+                "file_size": self.file.size,
+                "debugger_data": self._debugger_data_facts(),
+            })
+            facts.update(self._contents())
+            self._facts = facts
+        facts = copy.deepcopy(self._facts)  # callers may change what they get
         facts["problems"] = self.problems.as_list()
         return facts
 
