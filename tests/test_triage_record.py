@@ -154,8 +154,9 @@ def test_analysis_summaries_and_problems_go_into_the_record(scratch_analyses):
     assert record.analyses == {"counting": {"items": 3}}
     assert list(record.problems["counting"]) == [Problem("bad_link", 0xFFFFC08000000010, "bad link"),
                                                  Problem("odd_count", None, "odd", "warning")]
-    assert [p for p in record.as_dict()["problems"] if p["analysis"] == "counting"][0] == {"analysis": "counting", "kind": "bad_link", "severity": "error",
-                                               "address": 0xFFFFC08000000010, "offset": None, "message": "bad link"}
+    first = [p for p in record.as_dict()["problems"] if p["analysis"] == "counting"][0]
+    assert first == {"analysis": "counting", "kind": "bad_link", "severity": "error", "address": 0xFFFFC08000000010,
+                     "offset": None, "message": "bad link"}
     assert record.status == STATUS_OK
 
 
