@@ -37,7 +37,6 @@ DUMP_FACTS = ("dump_type", "broken_driver", "unloaded_drivers", "unloaded_module
 
 # -- content hash ------------------------------------------------------------------
 
-HASH_SCHEME = "sha256"
 HASH_CHUNK = 1 << 20
 
 
