@@ -47,6 +47,10 @@ WHY_SMALL = ("a small memory dump holds only the crashing thread's stack, its KP
 class TriageDumpBackend(KernelDumpBase):
     """A small memory dump, mapped as described in the module docstring."""
 
+    # Why commands that scan memory (trace databases, ETW buffers, IPT buffers)
+    # cannot work here: they should say this in one line instead of finding nothing.
+    limitation = WHY_SMALL
+
     def __init__(self, dump_file, header):
         KernelDumpBase.__init__(self, dump_file, header)
         size = dump_file.size
@@ -368,6 +372,6 @@ class TriageDumpBackend(KernelDumpBase):
             "contents": ["%s: %d bytes at %s" % (part["what"], part["mapped"], "0x%x" % part["address"]
                                                  if part["address"] is not None else "an unknown address")
                          for part in self.parts if part["mapped"]],
-            "limitation": WHY_SMALL,
+            "limitation": self.limitation,
         })
         return facts
