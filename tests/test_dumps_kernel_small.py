@@ -9,10 +9,12 @@ import json
 import struct
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies
 
 import dbgext
 from dbgext.cli import main
-from dbgext.errors import BadInput
+from dbgext.dumpinfo import analyze
+from dbgext.errors import BadInput, DbgextError
 from dbgext.layouts.dump_formats import (
     DUMP_DRIVER_ENTRY64, DUMP_HEADER64, PAGE_SIZE, TRIAGE_DATA_BLOCK_SIZE, TRIAGE_DUMP64, TRIAGE_OPTION_OVERFLOWED)
 from dbgext.target.kdump import KernelDumpBackend
@@ -383,3 +385,28 @@ def test_bytes_below_the_stack_pointer_are_unreadable(written):
     target = dbgext.open(path)
     assert not target.is_readable(STACK_POINTER - 8, 8)
     assert target.is_readable(STACK_POINTER, 8)
+
+
+# -- any TRIAGE_DUMP64 field, any value --------------------------------------------------------------
+
+TRIAGE_U32_FIELDS = sorted(name for name in TRIAGE_DUMP64 if name not in (
+    "offset", "size", "TopOfStack", "ArchitectureSpecific", "DataPageAddress"))
+INTERESTING = strategies.sampled_from([0, 1, 8, 0x10, 0x2000, 0x2080, 0x7FFF, 0xFFFF, 0x7FFFFFFF, 0xFFFFFFF0,
+                                       0xFFFFFFFF])
+
+
+@settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(changes=strategies.lists(strategies.tuples(strategies.sampled_from(TRIAGE_U32_FIELDS),
+                                                  strategies.one_of(INTERESTING, strategies.integers(0, 0xFFFFFFFF))),
+                                min_size=1, max_size=4))
+def test_any_triage_field_value_gives_a_dump_or_one_error(written, tmp_path, changes):
+    _, _, path = written
+    changed = rewritten(tmp_path, path, dict((triage_field(name), ("<I", value)) for name, value in changes))
+    try:
+        target = dbgext.open(changed)
+        analyze(target).as_dict()
+        target.try_read(STACK_POINTER, 0x100)
+        list(target.readable_ranges())
+        target.close()
+    except DbgextError as error:
+        assert "\n" not in str(error)
