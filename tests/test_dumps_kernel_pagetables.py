@@ -17,7 +17,7 @@ from dbgext.target import kdump
 from dbgext.target.dumpfile import DumpFileChanged
 from dbgext.target.kdump import KernelDumpBackend
 from dbgext.testing.kdump_writer import (
-    DEFAULT_DTB, KernelDumpHeader, build_physical_memory, write_kernel_dump, write_physical_dump)
+    KernelDumpHeader, build_physical_memory, write_kernel_dump, write_physical_dump)
 
 from dumps_support import KERNEL_POOL, NT_BASE, USER_BLOB, kernel_scenario
 
