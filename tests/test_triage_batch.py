@@ -235,3 +235,21 @@ def test_parquet_export_from_a_run(batch, tmp_path):
         "dumps.parquet", "files.parquet", "frames.parquet", "problems.parquet", "stack_hogs.parquet",
         "summaries.parquet"]
 
+
+
+def test_a_dump_without_symbols_lands_in_the_bucket_its_driver_build_got_by_name(tmp_path):
+    directory = tmp_path / "dumps"
+    directory.mkdir()
+    # Same driver build, same faulting instruction (offsets repeat every 16 salts).
+    write_dump(crash_scenario(salt=1), str(directory / "named.dmp"))
+    write_dump(crash_scenario(salt=17), str(directory / "bare.dmp"), symbols=False)
+    db = str(tmp_path / "symbols.duckdb")
+    code, text = triage(str(directory), "--db", db, "--analyses", "rtltrace", "--no-progress")
+    assert code == 0, text
+    assert {(r["bucket"], r["bucket_basis"]) for r in rows(db, "SELECT bucket, bucket_basis FROM dumps")} == {
+        ("0xD1_mydrv!DispatchIoctl", "symbol"), ("0xD1_mydrv+0x2041", "offset")}
+    code, text = triage("report", "--db", db, "--json")
+    buckets = json.loads(text)["buckets"]
+    assert [(b["bucket"], b["basis"], b["dumps"], b["joined_by_image_build"], b["image"], b["module_timestamp"])
+            for b in buckets] == [("0xD1_mydrv!DispatchIoctl", "symbol", 2, 1, "mydrv.sys",
+                                   triage_support.DRIVER_TIMESTAMP)]

@@ -17,6 +17,7 @@ from .signature import BASIS_OFFSET, BASIS_SYMBOL
 SUSPICIOUS_ANALYSES = ("rtltrace", "etwstacks")
 
 WHEN = "coalesce(system_time, recorded_at)"
+JOINED = "symbol (same image build)"   # sorts after "symbol": min() says how a bucket was named
 
 # A dump bucketed by module+offset joins the bucket another dump of the same image
 # build (name, timestamp, size) got by name at the same offset: buckets do not
@@ -27,12 +28,12 @@ WITH named AS (
     FROM dumps WHERE bucket_basis = '{symbol}' AND module_timestamp IS NOT NULL
     GROUP BY image, module_timestamp, module_size, module_offset, bugcheck_code)
 SELECT d.*, coalesce(n.bucket, d.bucket) AS bucket_key,
-       CASE WHEN n.bucket IS NOT NULL THEN 'symbol (same image build)' ELSE d.bucket_basis END AS key_basis
+       CASE WHEN n.bucket IS NOT NULL THEN '{joined}' ELSE d.bucket_basis END AS key_basis
 FROM dumps d LEFT JOIN named n
   ON d.bucket_basis = '{offset}' AND n.image = d.image AND n.module_timestamp = d.module_timestamp
  AND n.module_size = d.module_size AND n.module_offset = d.module_offset
  AND n.bugcheck_code IS NOT DISTINCT FROM d.bugcheck_code
-""".format(symbol=BASIS_SYMBOL, offset=BASIS_OFFSET)
+""".format(symbol=BASIS_SYMBOL, offset=BASIS_OFFSET, joined=JOINED)
 
 
 def _plain(value):
@@ -54,7 +55,9 @@ def build_report(store, top=10, examples=3):
         "FROM dumps", [STATUS_OK, STATUS_FAILED])[0]
     # An offset bucket is one image build's: the same offset in another build is other code.
     buckets = store.query(
-        "SELECT bucket_key AS bucket, any_value(key_basis) AS basis, any_value(bugcheck_code) AS bugcheck_code, "
+        "SELECT bucket_key AS bucket, min(key_basis) AS basis, "
+        "count(*) FILTER (WHERE key_basis = '{joined}') AS joined_by_image_build, "
+        "any_value(bugcheck_code) AS bugcheck_code, "
         "any_value(bugcheck_name) AS bugcheck_name, any_value(image) AS image, "
         "any_value(module_timestamp) AS module_timestamp, count(*) AS dumps, "
         "min({when}) AS first_seen, max({when}) AS last_seen, "
@@ -62,7 +65,8 @@ def build_report(store, top=10, examples=3):
         "FROM ({resolved}) WHERE kind IS NOT NULL "
         "GROUP BY bucket_key, CASE WHEN key_basis = '{offset}' THEN module_timestamp END "
         "ORDER BY dumps DESC, first_seen, bucket LIMIT ?".format(when=WHEN, resolved=RESOLVED_DUMPS,
-                                                               offset=BASIS_OFFSET), [examples, top])
+                                                               offset=BASIS_OFFSET, joined=JOINED),
+        [examples, top])
     hogs = store.query(
         "SELECT function, max(frame_bytes) AS biggest_frame, count(DISTINCT hash) AS dumps FROM stack_hogs "
         "GROUP BY function ORDER BY biggest_frame DESC, dumps DESC, function LIMIT ?", [top])
@@ -98,10 +102,10 @@ def render_report(out, report):
         totals["dumps"], totals["ok"], totals["failed"], totals["first_seen"] or "-", totals["last_seen"] or "-"))
     out.line()
     out.table([[b["bucket"], b["bugcheck_name"] or "-", b["basis"], b["image"] or "-",
-                _timestamp(b["module_timestamp"]), b["dumps"], b["first_seen"] or "-", b["last_seen"] or "-",
-                ", ".join(b["examples"] or [])] for b in report["buckets"]],
-              ["bucket", "name", "by", "image", "timestamp", "dumps", "first seen", "last seen", "examples"],
-              title="Crash buckets")
+                _timestamp(b["module_timestamp"]), b["dumps"], b["joined_by_image_build"], b["first_seen"] or "-",
+                b["last_seen"] or "-", ", ".join(b["examples"] or [])] for b in report["buckets"]],
+              ["bucket", "name", "by", "image", "timestamp", "dumps", "of them without symbols", "first seen",
+               "last seen", "examples"], title="Crash buckets")
     out.line()
     out.table([[h["function"], h["biggest_frame"], h["dumps"]] for h in report["stack_hogs"]],
               ["function", "biggest frame (bytes)", "dumps"], title="Top stack hogs")
