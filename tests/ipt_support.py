@@ -247,12 +247,25 @@ class _Memory(object):
         return -PTE_NOMAP
 
 
-def instruction_segments(trace, regions, cpu=None, max_insns=10 ** 7):
+EVENT_TYPES = ["enabled", "disabled", "async_disabled", "async_branch", "paging", "async_paging", "overflow",
+               "exec_mode", "tsx", "stop", "vmcs", "async_vmcs", "exstop", "mwait", "pwre", "pwrx", "ptwrite",
+               "tick", "cbr", "mnt"]
+
+
+def _event_ip(event):
+    """(type name, the event's first IP field or None when suppressed) of a struct pt_event."""
+    kind, flags = struct.unpack_from("<iI", bytes(event))
+    ip = None if flags & 1 else struct.unpack_from("<Q", bytes(event), 40)[0]
+    return EVENT_TYPES[kind] if kind < len(EVENT_TYPES) else str(kind), ip
+
+
+def instruction_segments(trace, regions, cpu=None, max_insns=10 ** 7, events=None):
     """libipt's instruction flow decoder, one segment per synchronization:
     [(instruction IPs, (offset, status) of the error that ended it or None)].
 
     Errors resync at the next PSB, as ptxed does.  ``cpu``: (family, model,
-    stepping) whose errata workarounds libipt applies (pt_cpu_errata)."""
+    stepping) whose errata workarounds libipt applies (pt_cpu_errata).  ``events``:
+    a list to append (instructions before it, type name, IP) of each event to."""
     buffer = (ctypes.c_uint8 * max(len(trace), 1)).from_buffer_copy(trace or b"\0")
     config = _config(buffer)
     config.end = config.begin + len(trace)
@@ -281,6 +294,8 @@ def instruction_segments(trace, regions, cpu=None, max_insns=10 ** 7):
                 status = LIB.pt_insn_event(decoder, event, EVENT_SIZE)
                 if status < 0:
                     break
+                if events is not None:
+                    events.append((total,) + _event_ip(event))
             if status < 0:
                 break
             status = LIB.pt_insn_next(decoder, ctypes.byref(insn), ctypes.sizeof(Insn))
