@@ -17,7 +17,7 @@ class UnreadableMemory(DbgextError):
     def __init__(self, address, size=None, detail=None):
         self.address = address
         self.size = size
-        text = "memory at 0x%x is unreadable" % address
+        text = "memory at %s is unreadable" % hexaddr(address)
         if detail:
             text += " (%s)" % detail
         super().__init__(text)

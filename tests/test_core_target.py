@@ -40,7 +40,7 @@ def test_an_unreadable_byte_raises_naming_the_first_unreadable_address(scenario)
     with pytest.raises(UnreadableMemory) as caught:
         target.read(address + PAGE_SIZE - 8, 16)
     assert caught.value.address == address + PAGE_SIZE
-    assert "0x%x" % (address + PAGE_SIZE) in str(caught.value)
+    assert target.format_address(address + PAGE_SIZE) in str(caught.value)
 
 
 def test_try_read_keeps_going_past_holes_and_lists_them(scenario):

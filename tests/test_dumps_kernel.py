@@ -8,6 +8,7 @@ import struct
 import pytest
 
 import dbgext
+from dbgext.render.text import hexaddr
 from dbgext.layouts.dump_formats import (
     PAGE_SIZE, PTE_LARGE, PTE_PRESENT, PTE_PROTOTYPE, PTE_TRANSITION, PTE_WRITE)
 from dbgext.target.kdump import KernelDumpBackend, debugger_module_name
@@ -357,7 +358,7 @@ def test_a_module_entry_with_an_unreadable_name_is_skipped_and_reported(tmp_path
         scenario.pack(second + KLDR_X64["BaseDllName"] + 8, "<Q", UNMAPPED_KERNEL)
     target = dbgext.open(_broken_list_dump(tmp_path, corrupt))
     assert [m.name for m in target.modules()] == ["nt", "third"]
-    assert any(problem["kind"] == "module_entry_unreadable" and "0x%x" % UNMAPPED_KERNEL in problem["message"]
+    assert any(problem["kind"] == "module_entry_unreadable" and hexaddr(UNMAPPED_KERNEL) in problem["message"]
                for problem in target.info()["problems"])
 
 

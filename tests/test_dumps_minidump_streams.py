@@ -15,19 +15,13 @@ import dbgext
 from dbgext.cli import main
 from dbgext.errors import BadInput, UnreadableMemory
 from dbgext.layouts.dump_formats import PAGE_SIZE
-from dbgext.target.base import Backend
 from dbgext.target.minidump import MinidumpBackend, protection_name
 from dbgext.testing.minidump_writer import write_minidump
-from dbgext.testing.scenario import Scenario, Thread
+from dbgext.testing.scenario import Scenario
 
 from dumps_support import minidump_read, minidump_reader, user_scenario
 
 pytest.importorskip("minidump")
-
-# Reading through a Target needs Target to honour Backend.partial_pages()
-# (/tmp/minidump-base.patch); the backend-level tests run either way.
-target_checks_partial_pages = pytest.mark.skipif(
-    not hasattr(Backend, "partial_pages"), reason="Target does not yet honour Backend.partial_pages()")
 
 CRASH = {"thread_id": 0x1A4, "code": 0xC0000005, "address": 0x401234, "parameters": [1, 0xDEAD]}
 THREAD_INFO = {0x1A0: {"flags": 0x2, "create_time": 0x01DB000000001000, "start_address": 0x7FF612341000,
@@ -109,7 +103,6 @@ def test_several_windows_in_one_page_and_one_across_a_page_boundary(tmp_path):
     assert partial[page + PAGE_SIZE] == ((page + PAGE_SIZE, page + PAGE_SIZE + 0x80),)
 
 
-@target_checks_partial_pages
 def test_the_holes_between_windows_are_exact(tmp_path):
     scenario, page, path = several_windows(tmp_path)
     partial = dbgext.open(path).try_read(page, 2 * PAGE_SIZE)
@@ -124,7 +117,6 @@ def test_whole_pages_are_not_partial(tmp_path):
     assert backend.partial_pages() == {}
 
 
-@target_checks_partial_pages
 def test_reads_stop_at_the_last_captured_byte(captured):
     scenario, blob_page, windows, path = captured
     target = dbgext.open(path)
@@ -143,7 +135,6 @@ def test_reads_stop_at_the_last_captured_byte(captured):
     assert partial.data[0x200:0x300] == scenario.read(window, size)
 
 
-@target_checks_partial_pages
 def test_a_partly_captured_page_stays_exact_after_it_was_read_once(captured):
     scenario, blob_page, windows, path = captured
     target = dbgext.open(path)
@@ -160,7 +151,6 @@ def run(argv):
     return code, out.getvalue(), err.getvalue()
 
 
-@target_checks_partial_pages
 def test_db_shows_question_marks_beyond_the_captured_bytes(captured):
     scenario, blob_page, windows, path = captured
     window, size = windows[0]
@@ -172,7 +162,6 @@ def test_db_shows_question_marks_beyond_the_captured_bytes(captured):
     assert cells == expected + ["??"] * 8
 
 
-@target_checks_partial_pages
 def test_dps_shows_question_marks_below_the_captured_stack(captured):
     scenario, blob_page, windows, path = captured
     window = windows[1][0]

@@ -85,6 +85,10 @@ MAX_READ = 128 << 20
 _TOO_LARGE = "a single read of 0x%x bytes is larger than dbgext reads at once (128 MiB)"
 
 
+# WinDbg names the flags register ``efl``; the CONTEXT structure calls it EFlags.
+_REGISTER_ALIASES = {"eflags": "efl", "rflags": "efl"}
+
+
 class Thread(object):
     """A thread with a register context: a minidump's thread, a kernel dump's
     crashing thread, the debugger's current thread.  ``registers`` maps lowercase
@@ -147,6 +151,13 @@ class Backend(object):
         """The crashing or current thread, or None when the source has no context."""
         return None
 
+    def partial_pages(self):
+        """Pages the source holds only part of: ``{page address: ((start, end), ...)}``
+        with the address ranges of the bytes it does hold (a minidump's 256-byte
+        windows).  ``read_page`` zero-fills the rest; the Target reports it as
+        unreadable.  Asked once, when the Target is made."""
+        return {}
+
     def layout_hints(self, type_name):
         """Structure offsets the source itself carries (a kernel dump's
         KDDEBUGGER_DATA64): ``{"size": n or None, "fields": {name: offset}}`` or None."""
@@ -200,6 +211,17 @@ class PartialRead(object):
         return True
 
 
+def _merge_holes(holes):
+    """Sorted (start, end) holes with touching ones joined."""
+    merged = []
+    for start, stop in sorted(holes):
+        if merged and merged[-1][1] >= start:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], stop))
+        else:
+            merged.append((start, stop))
+    return merged
+
+
 class ListWalk(object):
     """Entries of a LIST_ENTRY list, and why the walk stopped if not at the head."""
 
@@ -230,6 +252,9 @@ class Target(object):
         self._modules = None
         self._symbols = symbols
         self._thread = None
+        # Partly captured pages never enter the cache, so the cached fast paths
+        # only ever serve whole pages; reads that touch them check their holes.
+        self._partial = backend.partial_pages()
 
     # -- pages ------------------------------------------------------------------
 
@@ -272,6 +297,8 @@ class Target(object):
         return result
 
     def _remember(self, page_address, page):
+        if page_address in self._partial:
+            return
         cache = self._cache
         cache[page_address] = page
         if len(cache) > self._cache_limit:
@@ -311,13 +338,43 @@ class Target(object):
             page = self._pages(first, 1)[0]
             if page is None:
                 raise UnreadableMemory(address, size)
+            if self._partial:
+                self._check_partial(address, size)
             return page[offset:offset + size]
         count = (offset + size + PAGE_SIZE - 1) // PAGE_SIZE
         pages = self._pages(first, count)
         for i, page in enumerate(pages):
             if page is None:
                 raise UnreadableMemory(max(address, first + i * PAGE_SIZE), size)
+        if self._partial:
+            self._check_partial(address, size)
         return b"".join(pages)[offset:offset + size]
+
+    def _partial_holes(self, address, size):
+        """(start, end) ranges of [address, address+size) that partly captured
+        pages do not hold, in ascending order."""
+        holes = []
+        end = address + size
+        page = address & PAGE_MASK
+        while page < end:
+            pieces = self._partial.get(page)
+            if pieces is not None:
+                cursor, stop = max(address, page), min(end, page + PAGE_SIZE)
+                for lo, hi in pieces:
+                    if lo > cursor:
+                        holes.append((cursor, min(lo, stop)))
+                    cursor = max(cursor, hi)
+                    if cursor >= stop:
+                        break
+                if cursor < stop:
+                    holes.append((cursor, stop))
+            page += PAGE_SIZE
+        return holes
+
+    def _check_partial(self, address, size):
+        holes = self._partial_holes(address, size)
+        if holes:
+            raise UnreadableMemory(holes[0][0], size, "not captured in the dump")
 
     def try_read(self, address, size):
         """Read what can be read: a :class:`PartialRead` whose holes are zero-filled."""
@@ -341,7 +398,7 @@ class Target(object):
         first = address - offset
         count = (offset + size + PAGE_SIZE - 1) // PAGE_SIZE
         pages = self._pages(first, count)
-        holes = []
+        holes = _merge_holes(self._partial_holes(address, size)) if self._partial else []
         if None not in pages:
             data = b"".join(pages)
             return PartialRead(address, data if offset == 0 and len(data) == size
@@ -354,11 +411,8 @@ class Target(object):
                 pages[i] = zero
                 start = max(address, first + i * PAGE_SIZE)
                 stop = min(end, first + (i + 1) * PAGE_SIZE)
-                if holes and holes[-1][1] == start:
-                    holes[-1] = (holes[-1][0], stop)
-                else:
-                    holes.append((start, stop))
-        return PartialRead(address, b"".join(pages)[offset:offset + size], holes)
+                holes.append((start, stop))
+        return PartialRead(address, b"".join(pages)[offset:offset + size], _merge_holes(holes))
 
     def is_readable(self, address, size=1):
         if size <= 0:
@@ -368,7 +422,9 @@ class Target(object):
         offset = address & (PAGE_SIZE - 1)
         first = address - offset
         count = (offset + size + PAGE_SIZE - 1) // PAGE_SIZE
-        return all(page is not None for page in self._pages(first, count))
+        if not all(page is not None for page in self._pages(first, count)):
+            return False
+        return not (self._partial and self._partial_holes(address, size))
 
     # -- typed reads ------------------------------------------------------------
 
@@ -632,8 +688,9 @@ class Target(object):
         thread = self.thread
         if thread is None:
             raise BadInput("@%s: this target holds no register context" % name)
+        name = name.lower()
         try:
-            return thread.registers[name.lower()]
+            return thread.registers[_REGISTER_ALIASES.get(name, name)]
         except KeyError:
             raise BadInput("@%s: no such register in the %s context of thread %s" % (name, self.arch, thread.id))
 
