@@ -82,6 +82,7 @@ class Module(object):
 # SizeOfImage 0xFFFFFFFF), and memory use must follow what a dump holds, not what
 # it claims.  Bigger regions are read in pieces (``scan``, ``readable_ranges``).
 MAX_READ = 128 << 20
+_PROBE_PAGES = 64
 _TOO_LARGE = "a single read of 0x%x bytes is larger than dbgext reads at once (128 MiB)"
 
 
@@ -533,16 +534,21 @@ class Target(object):
                 if lo < hi:
                     yield lo, hi
             return
+        # Probe in runs of pages: one backend call per run (a live session splits
+        # a run with a hole itself), not one per page.
         run_start = None
         page = start & PAGE_MASK
         while page < end:
-            if self._pages(page, 1)[0] is not None:
-                if run_start is None:
-                    run_start = max(page, start)
-            elif run_start is not None:
-                yield run_start, page
-                run_start = None
-            page += PAGE_SIZE
+            count = min(_PROBE_PAGES, (end - page + PAGE_SIZE - 1) // PAGE_SIZE)
+            for index, present in enumerate(self._pages(page, count)):
+                at = page + index * PAGE_SIZE
+                if present is not None:
+                    if run_start is None:
+                        run_start = max(at, start)
+                elif run_start is not None:
+                    yield run_start, at
+                    run_start = None
+            page += count * PAGE_SIZE
         if run_start is not None:
             yield run_start, end
 
