@@ -43,6 +43,11 @@ class WrongSignature(BadInput):
                          % (what, hexaddr(address), found))
 
 
+class NeedsBiggerDump(BadInput):
+    """The analysis scans or walks memory that this kind of dump does not hold
+    (a small memory dump keeps one stack and a few pages)."""
+
+
 class LayoutNotFound(BadInput):
     """No source (type information, the dump's debugger data, built-in tables) knows
     a structure's layout for this target."""

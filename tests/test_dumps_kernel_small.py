@@ -410,3 +410,14 @@ def test_any_triage_field_value_gives_a_dump_or_one_error(written, tmp_path, cha
         target.close()
     except DbgextError as error:
         assert "\n" not in str(error)
+
+
+@pytest.mark.parametrize("argv, what", [(["rtltrace", "--find"], "finding trace databases"),
+                                        (["etwstacks"], "finding the ETW loggers")])
+def test_analyses_that_scan_kernel_memory_say_in_one_line_why_they_need_a_bigger_dump(written, argv, what):
+    _, _, path = written
+    code, text = run(argv + ["--dump", path])
+    assert code == 1
+    assert text.startswith("error: %s needs a kernel, full or active memory dump: a small memory dump holds only"
+                           % what)
+    assert len(text.strip().split("\n")) == 1

@@ -184,6 +184,7 @@ def analyze(target, cache=None, logger_context=None, variant=None, validate=True
     if cache is not None and logger_context is None:
         targets = [(None, cache)]
     else:
+        target.require_full_memory("finding the ETW loggers")
         found_layouts = discover.logger_layouts(target)
         if logger_context is not None:
             logger = discover.read_logger(target, logger_context, found_layouts)

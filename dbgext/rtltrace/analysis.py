@@ -47,6 +47,7 @@ def find(target, start=0, end=None, walk=False):
     the first MAX_WALKED are analyzed too."""
     if end is not None and end <= start:
         raise BadInput("the search range must end above its start (0x%x..0x%x)" % (start, end))
+    target.require_full_memory("finding trace databases")
     candidates = find_databases(target, start, end)
     search = DatabaseSearch(candidates)
     if walk:

@@ -14,7 +14,7 @@ that returns what it could read plus the holes (Fay's TryRead).
 import struct
 from collections import OrderedDict
 
-from ..errors import BadInput, UnreadableMemory
+from ..errors import BadInput, NeedsBiggerDump, UnreadableMemory
 from ..render.text import hexaddr
 from .symbols import SymbolTable
 
@@ -121,6 +121,9 @@ class Backend(object):
 
     arch = "x64"
     kind = "memory"  # "kernel-dump", "minidump", "pykd", "image"
+    # One sentence saying which memory the source lacks (a small memory dump),
+    # or None when it holds everything an analysis may walk.
+    limitation = None
 
     def read_page(self, page_address):
         raise NotImplementedError
@@ -646,6 +649,13 @@ class Target(object):
 
     def info(self):
         return self.backend.info()
+
+    def require_full_memory(self, what):
+        """Raise NeedsBiggerDump when the source holds too little memory for
+        ``what`` (an analysis that scans or walks kernel memory) to mean anything."""
+        if self.backend.limitation:
+            raise NeedsBiggerDump("%s needs a kernel, full or active memory dump: %s"
+                                  % (what, self.backend.limitation))
 
     @property
     def build(self):
