@@ -21,8 +21,8 @@ from ..errors import BadInput, UnreadableMemory
 from ..pe import PEImage
 from ..problems import ProblemLog
 from .functions import MAX_JUMP_TABLE, ModuleFunctions
-from .prologue import (ACCUMULATOR, FP, KEEPS_ACCUMULATOR, PUSH_SIZE, SEH_PROLOG_FRAME_OVERHEAD, SP,
-                       SP_MNEMONICS, STOPS, SpState, apply_sp_effect, helper_call_effect, pushed_immediate_before)
+from .prologue import (ACCUMULATOR, FP, KEEPS_ACCUMULATOR, PUSH_SIZE, SP, SP_MNEMONICS, STOPS, SpState,
+                       apply_frame_helper, apply_sp_effect, helper_call_effect)
 
 MAX_INSTRUCTIONS_PER_FUNCTION = 40000
 MAX_FUNCTIONS = 400000
@@ -678,29 +678,27 @@ def _call(program, function, decoder, insn, state, arch, pointer, import_loads):
     helper = module.callee_kind(target) if target is not None else None
     effect = helper_call_effect(arch, decoder, insn, state, helper)
     if effect is not None:
-        kind, moved = effect
-        if kind != "probe" or moved:
-            # Keep the size only for the `sub sp, ax` that follows a non-moving probe.
-            state.accumulator = None
-        if kind == "probe":
-            state.depth += moved
+        kind, detail = effect
+        if kind == "frame":
+            if not apply_frame_helper(decoder, function.va, address, state, detail):
+                function.sp_lost = "0x%x (%s helper without a constant local size)" % (address, detail)
+                return False
         elif kind == "dynamic":
+            state.accumulator = None
             if function.dynamic is None:
                 function.dynamic = "call at 0x%x allocates a variable size on the stack" % address
         else:
-            locals_size = pushed_immediate_before(decoder, function.va, address, 2)
-            if locals_size is None:
-                function.sp_lost = "0x%x (SEH prologue without a local size)" % address
-                return False
-            state.copies[FP[arch]] = state.depth - 8 + 4
-            state.depth = state.depth - 8 + SEH_PROLOG_FRAME_OVERHEAD + locals_size
+            if detail:
+                # Keep the size only for the `sub sp, ax` after a non-moving probe.
+                state.accumulator = None
+            state.depth += detail
         if state.depth > function.max_depth:
             function.max_depth = state.depth
         return True
     if target is not None:
         callee = program.function_at(target)
         function.call_sites.append(CallSite(address, state.depth, target, "call"))
-        if helper == "seh-epilog":
+        if helper == "epilog":
             frame = state.copies.pop(FP[arch], None)
             if frame is None:
                 function.sp_lost = "0x%x (SEH epilogue without a frame pointer)" % address

@@ -10,11 +10,14 @@ scan otherwise; when both exist they are compared and any disagreement is kept.
 import bisect
 
 from ..disasm import parse_int
-from .prologue import SEH_EPILOG_NAMES, SEH_PROLOG_NAMES, STACK_PROBE_NAMES, Decoder, is_named, scan_prologue
+from .layouts import FRAME_HELPER_EPILOGS, FRAME_HELPERS, HELPER_CODE
+from .prologue import STACK_PROBE_NAMES, Decoder, is_named, scan_prologue
 from .unwind import frame_from_unwind
 
 MAX_JUMP_TABLE = 4096
-HELPER_NAMES = (("probe", STACK_PROBE_NAMES), ("seh", SEH_PROLOG_NAMES), ("seh-epilog", SEH_EPILOG_NAMES))
+# Epilogs first: "SEH_epilog4" must not match a prolog's fragment.
+HELPER_NAMES = ((("probe", STACK_PROBE_NAMES), ("epilog", FRAME_HELPER_EPILOGS))
+                + tuple(("frame " + fragment, (fragment,)) for fragment, _, _ in FRAME_HELPERS))
 
 
 PADDING_MNEMONICS = frozenset(["int3", "nop", "xchg"])
@@ -119,6 +122,7 @@ class ModuleFunctions(object):
         self.names = {}               # va -> name (exports and symbols)
         self._unwind_cache = {}
         self._relocations = None
+        self._helpers_by_code = {}
         self._jump_table_sites = set()  # RVAs of relocated pointers that are jump-table entries
         self._starts = None
         self._fragments = None
@@ -269,17 +273,42 @@ class ModuleFunctions(object):
 
     def callee_kind(self, va):
         """What a call to ``va`` does to the caller's stack (see
-        :func:`prologue.helper_call_effect`): "probe", "seh", "seh-epilog", "call"
+        :func:`prologue.helper_call_effect`): "probe", "frame <name>", "epilog", "call"
         for an ordinary function already followed, None when nothing is known."""
         name = self.names.get(va)
         if name is not None:
             for kind, fragments in HELPER_NAMES:
                 if is_named(name, fragments):
                     return kind
+        if self.arch == "x86":
+            kind = self._helper_by_code(va)
+            if kind is not None:
+                return kind
         function = self.functions.get(va)
         if function is None or function.body_end is None:
             return None
         return "probe" if function.moves_sp else "call"
+
+    def _helper_by_code(self, va):
+        """An MSVC frame helper recognised by its first instructions (cached)."""
+        if va not in self._helpers_by_code:
+            kind = None
+            instructions = []
+            address = va
+            for _ in range(max(len(pattern) for _, pattern in HELPER_CODE)):
+                insn = self.decoder.at(address)
+                if insn is None:
+                    break
+                instructions.append(("%s %s" % (insn[2], insn[3])).rstrip())
+                address += insn[1]
+            for candidate, pattern in HELPER_CODE:
+                if len(instructions) >= len(pattern) and all(
+                        text == wanted or (wanted.endswith("*") and text.startswith(wanted[:-1]))
+                        for text, wanted in zip(instructions, pattern)):
+                    kind = candidate
+                    break
+            self._helpers_by_code[va] = kind
+        return self._helpers_by_code[va]
 
     def pops_of(self, va):
         """Bytes the function at ``va`` pops on return (``ret N``), once followed."""

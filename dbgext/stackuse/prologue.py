@@ -7,7 +7,8 @@ everything that leaves SP alone (``mov [rsp+8], rbx`` home-space saves, argument
 spills, ``mov r11, rsp``, frame-pointer set-up), because "pushes then one sub"
 pattern matching is wrong for most Microsoft-built prologues.  It understands the
 stack-probe helpers (``mov eax, N; call __chkstk``, with or without a following
-``sub rsp, rax``), the x86 SEH prologue helper, and shrink-wrapped functions whose
+``sub rsp, rax``), MSVC's x86 frame helpers (``__SEH_prolog4``, ``__EH_prolog3``,
+``_EH_prolog``), and shrink-wrapped functions whose
 early-exit test comes before the prologue (it follows the branch).
 
 Instructions are decoded with capstone's ``disasm_lite`` (no detail objects) and
@@ -16,7 +17,7 @@ matters for images with tens of thousands of functions.
 """
 
 from ..disasm import Disassembler, direct_target, memory_displacement, parse_int, split_operands
-from .layouts import SEH_PROLOG_FRAME_OVERHEAD
+from .layouts import FRAME_HELPERS
 
 MAX_PROLOGUE_INSTRUCTIONS = 80
 MAX_PROLOGUE_PATHS = 4
@@ -48,8 +49,6 @@ STOPS = frozenset(["int3", "ud2", "hlt", "iretq", "iretd", "sysret", "sysexit"])
 SP_MNEMONICS = frozenset(["push", "pop", "pushfq", "pushfd", "pushf", "popfq", "popfd", "popf", "pushal",
                           "pushad", "popal", "popad", "leave"])
 STACK_PROBE_NAMES = ("chkstk", "alloca_probe")
-SEH_PROLOG_NAMES = ("SEH_prolog",)
-SEH_EPILOG_NAMES = ("SEH_epilog",)
 
 
 class Decoder(object):
@@ -277,14 +276,15 @@ def helper_call_effect(arch, decoder, insn, state, helper):
     """Stack effect of a call, or None for an ordinary call.  ``helper`` is what is
     known of the callee (``callee_kind``): None (nothing), "call" (an ordinary
     function), "probe" (named ``__chkstk``/``_alloca_probe``, or found to move the
-    caller's SP), "seh" (``__SEH_prolog4``).
+    caller's SP), "frame <name>" (an MSVC frame-building helper, see
+    ``layouts.FRAME_HELPERS``), "epilog".
 
     Returns ("probe", moved bytes) for a stack probe with a constant size in the
     accumulator: ``mov eax, N; call P; sub esp, eax`` (the probe only touches the
     pages: MinGW's ``___chkstk_ms``, x64's ``__chkstk``), or on x86 a helper that
     moves ESP by N itself (MSVC's ``__chkstk``; an unknown callee given N of a page
     or more); ("dynamic", None) for such a helper given a variable size (alloca);
-    ("seh", None) for the x86 SEH prologue helper, which builds the frame itself."""
+    ("frame", name) for a frame-building helper."""
     probe_size = state.accumulator
     if probe_size is not None and _allocates_accumulator_next(decoder, insn[0] + insn[1], arch):
         return ("probe", 0)
@@ -294,9 +294,26 @@ def helper_call_effect(arch, decoder, insn, state, helper):
         return ("probe", probe_size) if probe_size is not None else ("dynamic", None)
     if helper is None and probe_size is not None and probe_size >= STACK_PROBE_MINIMUM:
         return ("probe", probe_size)
-    if helper == "seh":
-        return ("seh", None)
+    if helper is not None and helper.startswith("frame "):
+        return ("frame", helper[6:])
     return None
+
+
+def apply_frame_helper(decoder, start, call_address, state, name):
+    """The caller's state after ``call <frame helper name>`` at ``call_address``
+    (the path began at ``start``); False when the local size pushed for it is not
+    a constant."""
+    for fragment, pushes, overhead in FRAME_HELPERS:
+        if fragment == name:
+            break
+    locals_size = pushed_immediate_before(decoder, start, call_address, pushes) if pushes else 0
+    if locals_size is None:
+        return False
+    before = state.depth - 4 * pushes
+    state.copies["ebp"] = before + 4
+    state.depth = before + overhead + locals_size
+    state.accumulator = None
+    return True
 
 
 def _allocates_accumulator_next(decoder, address, arch):
@@ -378,25 +395,22 @@ def _scan_path(decoder, start, arch, callees):
         next_address = address + size
         if mnemonic == "call":
             target = direct_target(op_str)
-            effect = helper_call_effect(arch, decoder, insn, state, callees.callee_kind(target))
+            effect = helper_call_effect(arch, decoder, insn, state,
+                                        callees.callee_kind(target) if target is not None else None)
             if effect is None:
                 break
             if effect[0] == "dynamic":
                 dynamic = "call at 0x%x allocates a variable size on the stack" % address
                 break
-            kind, moved = effect
-            if kind != "probe" or moved:
-                # Keep the size only for the `sub sp, ax` that follows a non-moving probe.
-                state.accumulator = None
-            if kind == "probe":
-                state.depth += moved
-            else:
-                # push N; push scopetable; call __SEH_prolog4: N comes from the first push.
-                locals_size = pushed_immediate_before(decoder, start, address, 2)
-                if locals_size is None:
+            kind, detail = effect
+            if kind == "frame":
+                if not apply_frame_helper(decoder, start, address, state, detail):
                     break
-                state.copies[FP[arch]] = state.depth - 8 + 4
-                state.depth = state.depth - 8 + SEH_PROLOG_FRAME_OVERHEAD + locals_size
+            else:
+                if detail:
+                    # Keep the size only for the `sub sp, ax` after a non-moving probe.
+                    state.accumulator = None
+                state.depth += detail
             deepest = max(deepest, state.depth - state.padding)
             address = next_address
             continue
@@ -415,7 +429,7 @@ def _scan_path(decoder, start, arch, callees):
             # reserves a local (`push ecx` of a scratch register: MSVC's and clang's
             # 4-byte allocation) — unless it is an outgoing argument of a call that
             # follows.
-            if not _feeds_seh_prolog(decoder, next_address, callees) and not (
+            if not _feeds_frame_helper(decoder, next_address, callees) and not (
                     op_str in SCRATCH and op_str not in written
                     and not _is_argument_push(decoder, next_address, callees, op_str == "eax")):
                 break
@@ -486,16 +500,16 @@ def _argument_bytes_after(decoder, address, callee_pops, pops=True):
     return total or None
 
 
-def _feeds_seh_prolog(decoder, address, callees):
-    """True when a push at ``address - size`` is followed (within one push) by a call
-    to the SEH prologue helper."""
-    for _ in range(2):
+def _feeds_frame_helper(decoder, address, callees):
+    """True when a push just before ``address`` is followed, within one more push
+    and a ``mov eax, handler``, by a call to a frame-building helper."""
+    for _ in range(3):
         insn = decoder.at(address)
         if insn is None:
             return False
         if insn[2] == "call":
-            return callees.callee_kind(direct_target(insn[3]) or 0) == "seh"
-        if insn[2] != "push":
+            return (callees.callee_kind(direct_target(insn[3]) or 0) or "").startswith("frame ")
+        if insn[2] != "push" and not (insn[2] == "mov" and insn[3].startswith("eax, ")):
             return False
         address += insn[1]
     return False
@@ -503,7 +517,7 @@ def _feeds_seh_prolog(decoder, address, callees):
 
 def pushed_immediate_before(decoder, start, call_address, count):
     """The immediate of the ``count``-th push before ``call_address`` on the path from
-    ``start`` (the SEH helper's local size)."""
+    ``start`` (a frame helper's local size)."""
     pushes = []
     address = start
     while address < call_address:
