@@ -29,7 +29,7 @@ CLASSES = {
     "overflow": ({"overflow_every": 150}, None),
     "overflow_resumed_by_tip_pge": ({"overflow_every": 150, "overflow_resume": "pge"}, None),
     "deferred_tip": ({"deferred_tip_every": 2, "uncompressed_ret_every": 2}, None),
-    "tsx": ({"tsx_every": 60}, None),
+    "tsx": ({"tsx_every": 60, "psb_every": 128}, None),
     "far_transfer_traced": ({"kernel_traced": True}, None),
     "far_transfer_untraced": ({"kernel_traced": False}, None),
     "interrupts_and_psbs": ({"interrupt_every": 25, "psb_every": 64, "use_tnt64": True}, None),

@@ -332,3 +332,28 @@ def test_newer_packets_do_not_stop_the_flow():
     marked = plain.replace(b"\x02\x23", b"\x02\x23\x02\x13\x01\x0e\x02\x53\x01" + bytes(8) + b"\xd9\x05\x10\x00", 1)
     result = ours(marked)
     assert result.problems == [] and result.instructions == expected
+
+
+@needs_libipt
+def test_transactions_begin_commit_and_abort_as_events():
+    """MODE.TSX + FUP: begin and commit change nothing in the flow; an abort is a
+    transfer (FUP + TIP) to the abort handler.  In PSB+ MODE.TSX only restates."""
+    validate = SAMPLE.labels["ValidateRequest"]
+    writer = F.PacketWriter()
+    writer.psb_plus(SAMPLE.entry, intx=0)
+    writer.tsx(1)
+    writer.fup(validate)                 # begins at ValidateRequest's first instruction
+    writer.tsx(0)
+    writer.fup(validate + 1)             # commits after push rbx
+    writer.tsx(1)
+    writer.fup(validate + 3)             # begins again
+    writer.tsx(0, abort=True)
+    writer.fup(validate + 6)             # aborts before the jbe
+    writer.tip(SAMPLE.entry)             # to the abort handler: Dispatch
+    trace = writer.bytes()
+    result = ours(trace)
+    assert result.problems == []
+    assert result.instructions == theirs(trace)[0]
+    assert [(kind, ip) for _, kind, _, ip in result.events] == [
+        ("sync", SAMPLE.entry), ("tsx_begin", validate), ("tsx_commit", validate + 1), ("tsx_begin", validate + 3),
+        ("tsx_abort", validate + 6), ("interrupt", validate + 6)]

@@ -233,11 +233,15 @@ class PacketWriter(object):
         self.long_bits = 47 if use_tnt64 else 6
         self.deferred = None
 
-    def psb_plus(self, ip, mode_64=True):
+    def psb_plus(self, ip, mode_64=True, intx=None):
+        """PSB+: MODE.Exec, MODE.TSX when ``intx`` is given (parts with TSX restate the
+        transaction state), FUP when tracing is on (``ip``), PSBEND."""
         self.flush()
         self.out += PSB
         self.last_ip = 0
         self.out += b"\x99" + bytes([1 if mode_64 else 2])
+        if intx is not None:
+            self.out += b"\x99" + bytes([0x20 | intx])
         if ip is not None:
             self.ip_packet(0x1D, ip)
         self.out += b"\x02\x23"
@@ -432,7 +436,7 @@ class _Tracer(object):
             if self.chance(options["tsx_every"]):
                 ip = self.transaction(ip)
             if next_psb and len(writer.out) >= next_psb:
-                writer.psb_plus(ip)
+                writer.psb_plus(ip, intx=int(self.in_transaction) if options["tsx_every"] else None)
                 next_psb = len(writer.out) + options["psb_every"]
             if options["timing"] and self.random.randrange(16) == 0:
                 writer.raw(b"\x59" + bytes([self.random.getrandbits(8)]))

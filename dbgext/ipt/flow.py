@@ -235,7 +235,7 @@ def _classify(mnemonic, operands):
 # bits, execution modes and MODE.TSX become items of their own (_Walk.item).
 F_TIP, F_PGE, F_PGD, F_FUP = P.K_TIP, P.K_PGE, P.K_PGD, P.K_FUP
 F_PSB, F_PSBEND, F_OVF, F_ERROR = P.K_PSB, P.K_PSBEND, P.K_OVF, P.K_ERROR
-F_TNT, F_MODE, F_TSX = 20, 21, 22  # value: bits "TNT..."; mode (16/32/64 or None); the IP of its FUP
+F_TNT, F_MODE, F_TSX = 20, 21, 22  # value: bits "TNT..."; mode (16/32/64 or None); (IP of its FUP, state)
 ITEM_NAMES = {F_TNT: "tnt", F_TIP: "tip", F_PGE: "tip.pge", F_PGD: "tip.pgd", F_FUP: "fup", F_MODE: "mode.exec",
               F_PSB: "psb", F_PSBEND: "psbend", F_OVF: "ovf", F_ERROR: "error", F_TSX: "mode.tsx"}
 _TNT8_BITS = P.TNT8_BITS
@@ -317,7 +317,8 @@ class _Walk(object):
         self.tokens = tokens
         self.queued = None       # an item made by the same packet as the last one (item())
         self.skip_fup = False    # the next FUP belongs to a PTW or EXSTOP, not to control flow
-        self.tsx_abort = None    # after MODE.TSX: whether it was an abort (its FUP comes next)
+        self.tsx = None          # after MODE.TSX: tsx_begin, tsx_commit or tsx_abort (its FUP comes next)
+        self.in_psb = False      # between PSB and PSBEND
         self.mode = MODE_64
         self.retstack = []
         self.bits = ""
@@ -337,9 +338,9 @@ class _Walk(object):
 
         TNT-8 runs become one bit string; timing and power packets are dropped; a
         FUP that belongs to a PTW or EXSTOP (not to a control transfer) is dropped
-        too.  MODE.TSX and the FUP that binds it become one F_TSX item; as in
-        libipt, the FUP of an abort also stays, as an asynchronous transfer to the
-        TIP that follows."""
+        too.  MODE.TSX and the FUP that binds it become one F_TSX item (value: the
+        IP and tsx_begin, tsx_commit or tsx_abort); as in libipt, the FUP of an
+        abort also stays, as an asynchronous transfer to the TIP that follows."""
         item = self.queued
         if item is not None:
             self.queued = None
@@ -356,11 +357,11 @@ class _Walk(object):
             elif kind == F_FUP:
                 if self.skip_fup:
                     self.skip_fup = False
-                elif self.tsx_abort is not None:
-                    if self.tsx_abort:
+                elif self.tsx is not None:
+                    state, self.tsx = self.tsx, None
+                    if state == "tsx_abort":
                         self.queued = item
-                    self.tsx_abort = None
-                    return F_TSX, item[1], item[2]
+                    return F_TSX, item[1], (item[2], state)
                 else:
                     return item
             elif kind == P.K_TNT64:
@@ -369,7 +370,11 @@ class _Walk(object):
                 name, fields = item[2]
                 if name == "mode.exec":
                     return F_MODE, item[1], EXEC_MODES.get(fields["mode"])
-                self.tsx_abort = bool(fields["abort"])
+                if not self.in_psb:  # in PSB+ MODE.TSX is status, and the FUP is PSB+'s
+                    self.tsx = "tsx_abort" if fields["abort"] else "tsx_begin" if fields["intx"] else "tsx_commit"
+            elif kind == F_PSB or kind == F_PSBEND:
+                self.in_psb = kind == F_PSB
+                return item
             elif kind == P.K_OTHER:
                 name, fields = item[2]
                 if name in ("ptw", "exstop") and fields["ip"]:
@@ -819,8 +824,10 @@ class _Walk(object):
             if item is None:
                 return None, -1
         kind = item[0]
-        if kind == F_FUP or kind == F_TSX:
+        if kind == F_FUP:
             return item[2], -1
+        if kind == F_TSX:
+            return item[2][0], -1
         if kind == F_PGD and item[2] is not None:
             return None, item[2]
         return None, -1
@@ -836,7 +843,8 @@ class _Walk(object):
         off); at a MODE.TSX's address: consume it and go on from there."""
         self.committed = self.resumed_at = len(self.out)
         if self.lookahead[0] == F_TSX:
-            self.lookahead = None
+            item, self.lookahead = self.lookahead, None
+            self.event(item[2][1], item[1], address)
             return address
         self.lookahead = None
         item = self.peek_past_modes()

@@ -10,7 +10,8 @@ from ..render.text import hexaddr
 EVENT_WORDS = {"enabled": "tracing enabled at", "disabled": "tracing disabled", "sync": "synchronized at",
                "overflow": "overflow: packets lost", "resumed": "resumed after the overflow at",
                "interrupt": "asynchronous transfer (interrupt) from", "gap": "gap: no code at",
-               "resync": "resynchronized at"}
+               "resync": "resynchronized at", "tsx_begin": "transaction begins at",
+               "tsx_commit": "transaction commits at", "tsx_abort": "transaction aborts at"}
 
 
 def _address(value):
