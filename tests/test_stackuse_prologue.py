@@ -150,3 +150,87 @@ def test_x86_dispatch_routine_stored_by_address_is_discovered():
     built, (module, graph) = analyse("x86", [entry, dispatch])
     found = module.functions[built.image_base + built.rvas["Dispatch"]]
     assert (found.origin, found.frame_size, found.ret_pop) == ("address-taken", 4 + 0x40, 8)
+
+
+# -- x86: what real compilers emit (MSVC, clang-msvc), without symbols ------------------------
+
+PUSH_EBP, MOV_EBP_ESP, POP_EBP, LEAVE = b"\x55", b"\x8b\xec", b"\x5d", b"\xc9"
+PUSH_ECX = b"\x51"
+CALL_CLEANUP_4 = b"\x83\xc4\x04"  # add esp, 4
+# An MSVC-style __chkstk: moves ESP down by EAX itself (no symbol names it).
+CHKSTK_BODY = [b"\x51", b"\x8d\x4c\x24\x08", b"\x29\xc1", b"\x89\xe0", b"\x89\xcc", b"\x8b\x08", b"\xff\x70\x04", RET]
+# MSVC's __EH_prolog3 as its first instructions give it away.
+EH_PROLOG3_BODY = [b"\x50", b"\x64\xff\x35\x00\x00\x00\x00", b"\x8d\x44\x24\x0c", b"\x2b\x64\x24\x0c", b"\x53",
+                   b"\x56", b"\x57", b"\x89\x28", b"\x89\xc5", b"\x50", b"\xff\x75\xfc",
+                   b"\xc7\x45\xfc\xff\xff\xff\xff", b"\x8d\x45\xf4", b"\x64\xa3\x00\x00\x00\x00", RET]
+
+
+def test_x86_push_ecx_after_the_frame_pointer_is_msvcs_4_byte_local():
+    # push ebp; mov ebp, esp; push ecx; mov eax, [ebp+8]; mov [ebp-4], eax; push eax; call; add esp, 4
+    body = [PUSH_EBP, MOV_EBP_ESP, PUSH_ECX, b"\x8b\x45\x08", b"\x89\x45\xfc", b"\x50", ("call", "leaf"),
+            CALL_CLEANUP_4, LEAVE, RET]
+    built, (module, graph) = analyse("x86", [Function("local", body), LEAF])
+    function = function_named(module, "local")
+    assert function.frame_size == 8
+    assert [site.depth for site in function.call_sites] == [8 + 4]  # the argument push counts at the call
+
+
+def test_x86_push_ecx_the_next_call_takes_is_an_argument_not_a_local():
+    # fastcall passing its first argument on: push ebp; mov ebp, esp; push ecx; call; add esp, 4
+    body = [PUSH_EBP, MOV_EBP_ESP, PUSH_ECX, ("call", "leaf"), CALL_CLEANUP_4, POP_EBP, RET]
+    built, (module, graph) = analyse("x86", [Function("forward", body), LEAF])
+    function = function_named(module, "forward")
+    assert function.frame_size == 4
+    assert [site.depth for site in function.call_sites] == [8]
+
+
+def test_x86_realigned_frame_leaves_the_padding_out_but_depths_count_it():
+    # push ebp; mov ebp, esp; and esp, -16; sub esp, 0x20; call; mov esp, ebp; pop ebp
+    body = [PUSH_EBP, MOV_EBP_ESP, b"\x83\xe4\xf0", b"\x83\xec\x20", ("call", "leaf"), b"\x89\xec", POP_EBP, RET]
+    built, (module, graph) = analyse("x86", [Function("aligned", body), LEAF])
+    function = function_named(module, "aligned")
+    assert (function.frame_size, function.padding, function.dynamic) == (4 + 0x20, 12, None)
+    assert [site.depth for site in function.call_sites] == [4 + 0x20 + 12]
+
+
+def test_x86_stack_pointer_saved_in_a_slot_and_restored_is_not_dynamic():
+    # clang's stacksave around a call: push esi; sub esp, 8; mov [esp+4], esp; sub esp, 16;
+    # call; mov esp, [esp+20]; add esp, 8; pop esi
+    body = [b"\x56", b"\x83\xec\x08", b"\x89\x64\x24\x04", b"\x83\xec\x10", ("call", "leaf"), b"\x8b\x64\x24\x14",
+            b"\x83\xc4\x08", b"\x5e", RET]
+    built, (module, graph) = analyse("x86", [Function("saved", body), LEAF])
+    function = function_named(module, "saved")
+    assert (function.frame_size, function.dynamic, function.sp_lost) == (12, None, None)
+    assert graph.bound(function).status == "exact"
+
+
+def test_x86_unnamed_stack_allocator_is_known_by_what_its_code_does():
+    constant = [PUSH_EBP, MOV_EBP_ESP, b"\xb8\x00\x20\x00\x00", ("call", "allocator"), ("call", "leaf"), LEAVE, RET]
+    variable = [PUSH_EBP, MOV_EBP_ESP, b"\x89\xd8", ("call", "allocator"), ("call", "leaf"), LEAVE, RET]
+    allocator = Function("allocator", CHKSTK_BODY, export=False)
+    built, (module, graph) = analyse("x86", [Function("big", constant), Function("alloca", variable), allocator,
+                                             LEAF])
+    assert module.functions[built.image_base + built.rvas["allocator"]].moves_sp
+    assert function_named(module, "big").frame_size == 4 + 0x2000
+    dynamic = function_named(module, "alloca")
+    assert dynamic.dynamic.startswith("call at 0x") and dynamic.frame_size is None
+    assert graph.bound(dynamic).status == "lower"
+
+
+def test_x86_eh_prolog3_without_a_name_builds_its_callers_frame():
+    # push 0x10; mov eax, handler; call __EH_prolog3 (unnamed)
+    body = [b"\x6a\x10", b"\xb8", ("abs", "leaf"), ("call", "helper"), ("call", "leaf"), RET]
+    built, (module, graph) = analyse("x86", [Function("guarded", body), Function("helper", EH_PROLOG3_BODY,
+                                                                                 export=False), LEAF])
+    function = function_named(module, "guarded")
+    assert function.frame_size == 0x10 + 32
+    leaf = built.image_base + built.rvas["leaf"]
+    assert [site.depth for site in function.call_sites if site.target == leaf] == [0x10 + 32]
+
+
+def test_x86_code_nothing_references_is_found_after_the_previous_body():
+    unreferenced = Function("unreferenced", [b"\x56", b"\x83\xec\x10", b"\x83\xc4\x10", b"\x5e", RET],
+                            export=False)
+    built, (module, graph) = analyse("x86", [Function("first", [RET]), unreferenced])
+    found = module.functions[built.image_base + built.rvas["unreferenced"]]
+    assert (found.origin, found.frame_size) == ("gap", 4 + 0x10)
