@@ -270,7 +270,6 @@ def test_event_in_the_dump(files):
 
 
 def test_an_event_address_that_holds_no_event_is_refused_in_one_line(files):
-    module = files["info"]["module"]
     code, text = run("ipt", "event", "--dump", files["dump"], "--address", "iptdemo+1000")
     assert code == 1 and len(text.strip().splitlines()) == 1
     assert "no IntelProcessorTrace event header at fffff800`12341000: found" in text and "--force" in text

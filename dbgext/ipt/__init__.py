@@ -19,5 +19,8 @@ Layers, each usable on its own (like libipt's):
 :func:`.fixtures.add_sample_trace` puts a decodable sample into a Scenario.
 """
 
-from .analysis import (ACTIONS, FLOW_VIEWS, SCHEMA_VERSION, EventResult, FlowAnalysis, FlowBuffer,  # noqa: F401
+from .analysis import (ACTIONS, FLOW_VIEWS, SCHEMA_VERSION, EventResult, FlowAnalysis, FlowBuffer,
                        PacketBuffer, PacketsResult, ScanResult, analyze, load_buffers)
+
+__all__ = ["ACTIONS", "FLOW_VIEWS", "SCHEMA_VERSION", "EventResult", "FlowAnalysis", "FlowBuffer", "PacketBuffer",
+           "PacketsResult", "ScanResult", "analyze", "load_buffers"]

@@ -255,15 +255,13 @@ def _decode_buffer(decoder, code, buffer, view, max_insns, stats, progress):
     result = FlowResult()
     consumer = None if stats else make_view(view, code.namer, decoder.cache, result.events)
     listing = max_insns if view == "instructions" and not stats else 0
-    report = None
-    if progress is not None:
-        size = max(len(buffer.data), 1)
+    size = max(len(buffer.data), 1)
 
-        def report(offset, instructions):
-            progress(offset / size, instructions)
+    def report(offset, instructions):
+        progress(offset / size, instructions)
 
     decoder.decode(buffer.data, max_insns=listing, sink=consumer.feed if consumer else None,
-                   progress=report, result=result)
+                   progress=report if progress is not None else None, result=result)
     view_data = consumer.finish() if consumer is not None else None
     return FlowBuffer(buffer, result, decoder.cache, code.namer, view, view_data, listing, stats)
 
