@@ -23,22 +23,21 @@ thread names, the exception stream (with its own context, the one WinDbg's
 """
 
 import struct
-from bisect import bisect_right
 
 from ..errors import BadInput
 from ..layouts.dump_formats import (
     ARCH_OF_PROCESSOR, CONTEXTS, EXCEPTION_RECORD64, MEMORY_STATES, MEMORY_TYPES, MINIDUMP_DIRECTORY_ENTRY_SIZE,
     MINIDUMP_EXCEPTION_STREAM, MINIDUMP_HEADER_SIZE, MINIDUMP_MEMORY_INFO, MINIDUMP_MEMORY_INFO_LIST_HEADER,
     MINIDUMP_MODULE_SIZE, MINIDUMP_SIGNATURE, MINIDUMP_STREAM, MINIDUMP_SYSTEM_INFO_SIZE, MINIDUMP_THREAD_INFO,
-    MINIDUMP_THREAD_INFO_LIST_HEADER, MINIDUMP_THREAD_NAME, MINIDUMP_THREAD_SIZE, MINIDUMP_UNLOADED_MODULE,
+    MINIDUMP_THREAD_INFO_LIST_HEADER, MINIDUMP_THREAD_NAME, MINIDUMP_UNLOADED_MODULE,
     MINIDUMP_UNLOADED_MODULE_LIST_HEADER, PAGE_MODIFIERS, PAGE_PROTECTIONS, TEB_STACK, THREAD_INFO_FLAGS)
-from .base import PAGE_SIZE, Backend, Module, Thread
+from .base import Backend, Module, Thread
 from .dumpfile import DumpFile
+from .filemap import FileMappedRanges
 from .kdump import unpack_context
 
 MAX_STREAMS = 0x10000
 MAX_NAME_BYTES = 0x10000
-PAGE_OFFSET_MASK = PAGE_SIZE - 1
 
 
 def protection_name(value):
@@ -267,12 +266,8 @@ class MinidumpBackend(Backend):
         for start, size, rva in self._entries("MemoryList", "<QII"):
             self._check_range(start, size, rva)
             ranges.append((start, start + size, rva))
-        ranges = [r for r in ranges if r[1] > r[0]]
-        ranges.sort()
-        self._ranges = ranges
-        self._starts = [start for start, _, _ in ranges]
-        self._merged = _merge([(start, end) for start, end, _ in ranges])
-        self._partial = _partial_pages(self._merged)
+        self._memory_list = ranges
+        self._memory = FileMappedRanges(self._file, ranges)
 
     def _check_range(self, start, size, rva):
         if rva + size > self.size:
@@ -285,61 +280,16 @@ class MinidumpBackend(Backend):
     # -- memory -----------------------------------------------------------------------
 
     def read_page(self, page_address):
-        return self.read_pages(page_address, 1)[0]
+        return self._memory.read_pages(page_address, 1)[0]
 
     def read_pages(self, page_address, count):
-        """Pages [page_address, +count pages): bytes or None each.  A stretch one
-        range covers is fetched with one file read."""
-        pages = []
-        starts, ranges = self._starts, self._ranges
-        address = page_address
-        end_address = page_address + count * PAGE_SIZE
-        while address < end_address:
-            index = bisect_right(starts, address) - 1
-            if index >= 0 and ranges[index][1] >= address + PAGE_SIZE:
-                start, end, offset = ranges[index]
-                stop = min(end_address, address + (end - address) // PAGE_SIZE * PAGE_SIZE)
-                data = self._file.read(offset + address - start, stop - address)
-                pages.extend(data[i:i + PAGE_SIZE] for i in range(0, len(data), PAGE_SIZE))
-                address = stop
-            else:
-                pages.append(self._assemble_page(address, max(index, 0)))
-                address += PAGE_SIZE
-        return pages
-
-    def _assemble_page(self, page_address, index):
-        """A page put together from the ranges that touch it, zero-filled where
-        they do not (``partial_pages`` names the real bytes); None when none does."""
-        page = None
-        page_end = page_address + PAGE_SIZE
-        ranges = self._ranges
-        while index < len(ranges) and ranges[index][0] < page_end:
-            start, end, offset = ranges[index]
-            lo, hi = max(start, page_address), min(end, page_end)
-            if lo < hi:
-                if page is None:
-                    page = bytearray(PAGE_SIZE)
-                page[lo - page_address:hi - page_address] = self._file.read(offset + lo - start, hi - lo)
-            index += 1
-        return bytes(page) if page is not None else None
+        return self._memory.read_pages(page_address, count)
 
     def mapped_ranges(self):
-        return list(self._merged)
+        return self._memory.mapped_ranges()
 
     def partial_pages(self):
-        """{page address: ((start, end), ...)}: the pages the dump holds only part
-        of, each with the address ranges of the bytes it does hold."""
-        return dict(self._partial)
-
-    def _virtual(self, address, size):
-        """Bytes [address, address+size) when one captured range holds them all, else None."""
-        index = bisect_right(self._starts, address) - 1
-        if index < 0:
-            return None
-        start, end, offset = self._ranges[index]
-        if address + size > end:
-            return None
-        return self._file.read(offset + address - start, size)
+        return self._memory.partial_pages()
 
     # -- threads ------------------------------------------------------------------------
 
@@ -363,7 +313,7 @@ class MinidumpBackend(Backend):
         stack_base, stack_limit = row["stack_start"] + row["stack_size"], row["stack_start"]
         fields = TEB_STACK[self.arch]
         pair = "<2Q" if self.arch == "x64" else "<2I"
-        tib = self._virtual(row["teb"] + fields["StackBase"], struct.calcsize(pair)) if row["teb"] else None
+        tib = self._memory.read(row["teb"] + fields["StackBase"], struct.calcsize(pair)) if row["teb"] else None
         if tib is not None:
             base, limit = struct.unpack(pair, tib)
             if limit < base:
@@ -406,9 +356,9 @@ class MinidumpBackend(Backend):
             "current_thread_id": current.id if current else None,
             "exception": dict(self.exception) if self.exception else None,
             "registers": dict(current.registers) if current else {},
-            "memory_ranges": len(self._ranges),
-            "captured_bytes": sum(end - start for start, end in self._merged),
-            "partial_pages": len(self._partial),
+            "memory_ranges": len(self._memory_list),
+            "captured_bytes": sum(end - start for start, end in self._memory.mapped_ranges()),
+            "partial_pages": len(self._memory.partial_pages()),
             "memory_info": self.memory_info_summary(),
             "unloaded_modules": [dict(module) for module in self.unloaded_modules],
         }
@@ -422,24 +372,3 @@ def _add(totals, key, size):
     totals[key] = totals.get(key, 0) + size
 
 
-def _merge(ranges):
-    """Sorted (start, end) ranges with touching and overlapping ones joined."""
-    merged = []
-    for start, end in ranges:
-        if merged and merged[-1][1] >= start:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-        else:
-            merged.append((start, end))
-    return merged
-
-
-def _partial_pages(merged):
-    """{page: ((start, end), ...)} of the pages that merged ranges cover only in part."""
-    partial = {}
-    for start, end in merged:
-        first, last = start & ~PAGE_OFFSET_MASK, (end - 1) & ~PAGE_OFFSET_MASK
-        for page in {first, last}:
-            lo, hi = max(start, page), min(end, page + PAGE_SIZE)
-            if hi - lo < PAGE_SIZE:
-                partial.setdefault(page, []).append((lo, hi))
-    return {page: tuple(sorted(pieces)) for page, pieces in partial.items()}

@@ -31,9 +31,9 @@ from ..layouts.dump_formats import (
     CONTEXT_AMD64, DUMP_DRIVER_ENTRY64, EXCEPTION_RECORD64, DUMP_MM_STORAGE64, DUMP_UNLOADED_DRIVERS64, KDDEBUGGER_DATA64_MAX_SIZE,
     TRIAGE_DATA_BLOCK, TRIAGE_DATA_BLOCK_SIZE, TRIAGE_DUMP64, TRIAGE_FORMAT, TRIAGE_OPTION_OVERFLOWED,
     TRIAGE_VALID)
-from .base import PAGE_SIZE, Module
+from .base import Module
+from .filemap import FileMappedRanges
 from .kdump import KernelDumpBase, debugger_module_name, unpack_context, unpack_exception
-from .minidump import _partial_pages  # the one partial-page rule, shared with minidumps
 
 TRIAGE_FIELDS = sorted((name for name in TRIAGE_DUMP64 if name not in ("offset", "size")),
                        key=lambda name: TRIAGE_DUMP64[name])
@@ -62,6 +62,7 @@ class TriageDumpBackend(KernelDumpBase):
         self.triage = dict(zip(TRIAGE_FIELDS, values))
         self._starts = []
         self._regions = []   # sorted, non-overlapping [start, end, file offset, part name]
+        self._memory = FileMappedRanges(self.file, [])
         self.parts = []      # what was mapped (or why not), for dumpinfo
         self._check_end_marker()
         self._map_parts()
@@ -139,6 +140,7 @@ class TriageDumpBackend(KernelDumpBase):
             part["mapped"] += hi - lo
         self._regions.sort()
         self._starts = [region[0] for region in self._regions]
+        self._memory = FileMappedRanges(self.file, [(start, end, offset) for start, end, offset, _ in self._regions])
 
     def _map_parts(self):
         triage = self.triage
@@ -208,40 +210,21 @@ class TriageDumpBackend(KernelDumpBase):
 
     def _read_mapped(self, address, size):
         """Bytes at ``address`` when a mapped part holds all of them, else None."""
-        index = bisect_right(self._starts, address) - 1
-        if index >= 0:
-            start, end, offset, _ = self._regions[index]
-            if address + size <= end:
-                return self.file.read(offset + address - start, size)
-        return None
+        return self._memory.read(address, size)
 
     def read_page(self, page_address):
-        end = page_address + PAGE_SIZE
-        index = bisect_right(self._starts, end - 1) - 1
-        page = None
-        while index >= 0 and self._regions[index][1] > page_address:
-            start, stop, offset, _ = self._regions[index]
-            lo, hi = max(start, page_address), min(stop, end)
-            if page is None:
-                page = bytearray(PAGE_SIZE)
-            page[lo - page_address:hi - page_address] = self.file.read(offset + lo - start, hi - lo)
-            index -= 1
-        return bytes(page) if page is not None else None
+        return self._memory.read_pages(page_address, 1)[0]
+
+    def read_pages(self, page_address, count):
+        return self._memory.read_pages(page_address, count)
 
     def mapped_ranges(self):
-        merged = []
-        for start, end, _, _ in self._regions:
-            if merged and merged[-1][1] == start:
-                merged[-1] = (merged[-1][0], end)
-            else:
-                merged.append((start, end))
-        return merged
+        return self._memory.mapped_ranges()
 
     def partial_pages(self):
-        """{page address: ((start, end), ...)}: the pages the dump holds only part
-        of (a stack copy starts at the stack pointer, data blocks anywhere), with
-        the ranges it does hold; ``read_page`` zero-fills the rest."""
-        return _partial_pages(self.mapped_ranges())
+        """The pages the dump holds only part of (a stack copy starts at the stack
+        pointer, data blocks anywhere), with the ranges it does hold."""
+        return self._memory.partial_pages()
 
     # -- what the dump says ------------------------------------------------------------
 
