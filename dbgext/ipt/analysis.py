@@ -221,6 +221,11 @@ class FlowBuffer(object):
     def instruction_count(self):
         return self.decode.instruction_count
 
+    @property
+    def listing(self):
+        """View instructions: how much of the flow the listing holds."""
+        return {"listed": len(self.rows), "limit": self.listing_limit, "truncated": self.decode.truncated}
+
     def as_dict(self):
         document = {"source": self.source.describe(), "instruction_count": self.decode.instruction_count,
                     "blocks": self.decode.blocks_built, "events": self.events,
@@ -228,8 +233,7 @@ class FlowBuffer(object):
         if not self.stats:
             if self.view == "instructions":
                 document["instructions"] = self.rows
-                document["listing"] = {"listed": len(self.rows), "limit": self.listing_limit,
-                                       "truncated": self.decode.truncated}
+                document["listing"] = self.listing
             else:
                 document[self.view] = self.view_data
         return document

@@ -107,7 +107,7 @@ def _instructions(out, buffer, windbg):
             links[(len(table), 0)] = "u %s L1" % address
         table.append((address, row["symbol"], row["text"]))
     out.table(table, headers=("address", "symbol", "instruction"), links=links)
-    listing = buffer.as_dict()["listing"]
+    listing = buffer.listing
     if listing["truncated"]:
         out.line("(listed %d of %d instructions: --max-insns N lists more; --stats and the other views cover "
                  "them all)" % (listing["listed"], buffer.instruction_count))
