@@ -149,3 +149,45 @@ def test_symbols_name_functions_of_a_pe_file(driver_file, tmp_path):
     code, text = run("stackuse", "chain", "CopyLeaf", "--pe", path, "--symbols", str(directory), "--json")
     assert code == 0
     assert json.loads(text)["frames"][0]["function"] == "CopyLeaf"
+
+
+def test_every_json_document_starts_with_its_schema_version(driver_file):
+    path, _ = driver_file
+    for argv in (["functions", "--pe", path, "--json"], ["chain", "DriverEntry", "--pe", path, "--json"],
+                 ["hogs", "--pe", path, "--json"]):
+        code, text = run("stackuse", *argv)
+        assert code == 0
+        assert list(json.loads(text))[0] == "schema_version" and json.loads(text)["schema_version"] == 1
+
+
+def test_problems_are_objects_with_a_kind_and_an_address(driver_file, tmp_path):
+    path, built = driver_file
+    with open(path, "rb") as handle:
+        data = handle.read()
+    cut = tmp_path / "cut.sys"
+    cut.write_bytes(data[:built.rvas["DriverEntry"] + 0x10])
+    code, text = run("stackuse", "functions", "--pe", str(cut), "--json")
+    problems = json.loads(text)["problems"]
+    assert problems and all(set(problem) == {"kind", "severity", "address", "offset", "message"}
+                            for problem in problems)
+    assert problems[0]["kind"] == "pe_truncated" and isinstance(problems[0]["address"], int)
+
+
+def test_options_and_subjects_in_any_order_with_the_address_grammar(tmp_path):
+    from dbgext.stackuse.fixtures import add_sample_driver
+    from dbgext.testing.scenario import Scenario
+    scenario = Scenario("x64", "kernel")
+    info = add_sample_driver(scenario)
+    dump = str(tmp_path / "sample.dmp")
+    scenario.write_kernel_dump(dump)
+    scenario.write_symbols(dump + ".symbols")
+    thread = "%x" % info["thread"]
+    first = run("stackuse", "thread", "--dump", dump, thread, "--json")
+    second = run("stackuse", "thread", thread, "--json", "--dump", dump)
+    assert first[0] == 0 and first == second
+    # module!symbol+offset, module+offset and backticked hex all name the same function.
+    entry = info["functions"]["DriverEntry"]
+    texts = ["sampledrv!DriverEntry", "sampledrv!DriverEntry+0", "sampledrv+%x" % (entry - info["base"]),
+             "%08x`%08x" % (entry >> 32, entry & 0xFFFFFFFF)]
+    documents = [json.loads(run("stackuse", "chain", text, "--dump", dump, "--json")[1]) for text in texts]
+    assert all(document["frames"][0]["rva"] == documents[0]["frames"][0]["rva"] for document in documents)

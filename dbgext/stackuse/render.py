@@ -79,13 +79,9 @@ def render_chain(out, result, as_json=False):
     render_problems(out, result.problems)
 
 
-def thread_document(stack):
-    return stack.as_dict()
-
-
 def render_thread(out, stack, target, as_json=False):
     if as_json:
-        out.json(thread_document(stack))
+        out.json(stack.as_dict())
         return
     fmt = target.format_address
     out.line("thread %s (%s)" % (fmt(stack.thread) if stack.thread is not None else "?", stack.thread_source))
