@@ -41,8 +41,9 @@ def test_a_crash_record_has_identity_the_named_bugcheck_and_the_faulting_functio
     assert record.bugcheck_labels[0] == "memory referenced"
     assert record.bugcheck_labels[3] == "address of the instruction that referenced the memory"
     faulting = record.faulting
-    assert (faulting.how, faulting.function, faulting.module, faulting.image) == (
-        "bugcheck_argument", "mydrv!DispatchIoctl", "mydrv", "mydrv.sys")
+    # The bug check's Arg4 names the instruction, and the stack has a frame there.
+    assert faulting.address == record.bugcheck_parameters[3] and faulting.how in ("unwind", "scan")
+    assert (faulting.function, faulting.module, faulting.image) == ("mydrv!DispatchIoctl", "mydrv", "mydrv.sys")
     assert (faulting.module_timestamp, faulting.module_size) == (DRIVER_TIMESTAMP, 0x10000)
     assert faulting.module_offset == faulting.address - DRIVER_BASE and faulting.function_offset == 0x41
     assert (record.bucket, record.bucket_basis) == ("0xD1_mydrv!DispatchIoctl", "symbol")
@@ -80,11 +81,26 @@ def test_a_module_without_its_pe_headers_in_the_dump_keeps_its_loader_size_and_n
     assert (record.faulting.module_timestamp, record.faulting.module_size) == (None, 0x10000)
 
 
-def test_a_faulting_address_outside_every_module_is_an_unknown_module_bucket():
+def test_a_named_faulting_address_the_stack_does_not_have_is_noted_and_the_stack_decides():
     scenario = crash_scenario()
     code, p1, p2, p3, _ = scenario.bugcheck
     scenario.bugcheck = (code, p1, p2, p3, 0x4141414141410000)
     record = build_record(scenario.target(), analyses=[])
+    assert (record.bucket, record.bucket_basis) == ("0xD1_mydrv!DispatchIoctl", "symbol")
+    notes = [p for p in record.problems["signature"] if p.kind == "faulting_address_elsewhere"]
+    assert notes[0].address == 0x4141414141410000 and notes[0].severity == "note"
+    assert "mydrv!DispatchIoctl+0x40" in notes[0].message
+
+
+def test_without_a_stack_the_named_faulting_address_decides_even_outside_every_module():
+    scenario = crash_scenario(stack_readable=False)
+    scenario.registers = {"rip": 0, "rsp": 0}
+    code, p1, p2, p3, _ = scenario.bugcheck
+    scenario.bugcheck = (code, p1, p2, p3, 0x4141414141410000)
+    target = scenario.target()
+    target.backend.current_thread = lambda: None     # a target that holds no context at all
+    record = build_record(target, analyses=[])
+    assert record.frames == [] and record.faulting.how == "bugcheck_argument"
     assert (record.bucket, record.bucket_basis) == ("0xD1_UNKNOWN_MODULE", "unknown")
 
 

@@ -119,8 +119,8 @@ def render_report(out, report):
     out.table([[f["path"], f["reason"]] for f in report["failures"]], ["dump", "reason"], title="Failed dumps")
 
 
-HOW_FOUND = {"bugcheck_argument": "named by the bug check's arguments",
-             "exception_record": "the exception record's address"}
+HOW_FOUND = {"bugcheck_argument": "named by the bug check's arguments (no stack frame)",
+             "exception_record": "the exception record's address (no stack frame)"}
 
 
 def render_record(out, record, pointer_size=8):
@@ -149,8 +149,7 @@ def render_record(out, record, pointer_size=8):
     faulting = record.faulting
     if faulting is not None:
         out.line("FAULTING_IP:      %s (%s), %s" % (faulting.name, address(faulting.address),
-                                                   HOW_FOUND.get(faulting.how, "first frame past the bug check "
-                                                                 "(found by %s)" % faulting.how)))
+                                                   HOW_FOUND.get(faulting.how, "stack frame found by %s" % faulting.how)))
         out.line("MODULE_NAME:      %s" % (faulting.module or "-"))
         out.line("IMAGE_NAME:       %s" % (faulting.image or "-"))
         out.line("IMAGE_TIMESTAMP:  %s, size 0x%x" % (_timestamp(faulting.module_timestamp), faulting.module_size or 0))

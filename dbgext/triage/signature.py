@@ -2,13 +2,20 @@
 
 The faulting thread's frames come from the one unwinder (:func:`dbgext.stacks.analyze`:
 unwind data, frame chains, and a scan only as the last resort, each frame saying how it
-was found).  The *faulting frame* is then, in this order:
+was found).  The crash may also name its faulting instruction itself: the bug check
+argument documented as the faulting address (Arg4 of 0xD1, Arg2 of 0x7E…,
+:data:`~dbgext.triage.bugchecks.FAULTING_ADDRESS_ARGUMENT`) or a user-mode dump's
+exception address.  The *faulting frame* is, in this order:
 
-1. the instruction a bug check names in its arguments (Arg4 of 0xD1, Arg2 of 0x7E…,
-   see :data:`~dbgext.triage.bugchecks.FAULTING_ADDRESS_ARGUMENT`), or a user-mode
-   dump's exception address — !analyze's FAULTING_IP;
-2. else the first frame of the stack that is not bug-check or exception-dispatch
-   plumbing (:data:`PLUMBING`).
+1. the frame at that named address, when the stack has it (the stack confirms the
+   crash's own account, and every frame above it is how the system stopped — even
+   when nt's symbols are missing and its plumbing has no names);
+2. the first frame that is not bug-check or exception-dispatch plumbing
+   (:data:`PLUMBING`);
+3. the named address itself, when the stack gives no frame (no context, an
+   unreadable stack).
+
+When a named address exists and is not the faulting frame, a note says so.
 
 The bucket key is ``<code>_<module>!<function>`` when the module's symbols (PDB,
 ISF or the debugger's; not exports alone) name the function, else
@@ -181,12 +188,18 @@ def crash_signature(target, info, code, parameters):
     result.problems.extend(problems)
     result.frames = [place(target, address, how, identities) for address, how in addresses]
     named = faulting_address(info, code, parameters)
-    if named is not None:
+    confirmed = [frame for frame in result.frames if named is not None and frame.address == named[0]]
+    result.faulting = confirmed[0] if confirmed else next(
+        (frame for frame in result.frames if not is_plumbing(frame)), None)
+    if result.faulting is None and named is not None:
         result.faulting = place(target, named[0], named[1], identities)
-    else:
-        result.faulting = next((frame for frame in result.frames if not is_plumbing(frame)), None)
-        if result.faulting is None and result.frames:
-            result.faulting = result.frames[0]
+    elif result.faulting is None and result.frames:
+        result.faulting = result.frames[0]
+    elif named is not None and named[0] != result.faulting.address:
+        result.problems.add("faulting_address_elsewhere", named[0], "the %s names %s as the faulting instruction; "
+                            "the stack's first frame past the bug check is %s"
+                            % ("exception record" if named[1] == "exception_record" else "bug check",
+                               target.symbolize(named[0]), result.faulting.name), "note")
     result.bucket, result.basis = bucket_key(code, result.faulting)
     return result
 
