@@ -3,6 +3,7 @@ function that runs off its section, code that loops.  Clear messages naming the
 address, the rest still analysed, bounded time."""
 
 import io
+import json
 
 import pytest
 
@@ -142,3 +143,23 @@ def test_mutual_recursion_is_reported_as_a_cycle():
     assert bound.status == "unbounded"
     assert bound.reasons[0] == "recursion: ping -> pong -> ping"
     assert [step[0].name for step in graph.chain(function_named(module, "ping"))] == ["ping", "pong", "ping"]
+
+
+def test_module_claiming_a_4_gb_size_in_a_minidump_costs_what_its_pages_cost(tmp_path):
+    import tracemalloc
+    built = build_pe("x64", sample_driver_functions(), image_base=0x7FF600000000, name="claims.dll",
+                     imports=["ntoskrnl.exe!KeQueryTimeIncrement"])
+    scenario = Scenario("x64", "user")
+    scenario.add_module("claims", 0x7FF600000000, built.size, image="claims.dll", content=built.data)
+    scenario.modules[-1].size = 0xFFFFFFFF  # what the module list says; the dump holds a few pages
+    dump = str(tmp_path / "claims.dmp")
+    scenario.write_minidump(dump)
+    tracemalloc.start()
+    try:
+        code, text = run("stackuse", "functions", "--dump", dump, "--module", "claims", "--json")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert code == 0
+    assert {record["name"] for record in json.loads(text)["functions"]} >= {"DriverEntry", "Dispatch"}
+    assert peak < 64 << 20
