@@ -254,16 +254,35 @@ class Case(object):
         return [[word.format(input=path, dir=self.seed_directory) for word in argv] for argv in self.commands]
 
 
-def _kernel_dump_seed(bitmap):
+def _kernel_dump_seed(bitmap=False, dump_type=None):
     def build(directory):
         from dbgext.sample import build_sample_scenario
         scenario, _ = build_sample_scenario()
         path = os.path.join(directory, "seed.dmp")
-        scenario.write_kernel_dump(path, bitmap=bitmap)
+        scenario.write_kernel_dump(path, bitmap=bitmap, dump_type=dump_type)
         # The mutated dump is written as input.dmp: its symbols sit beside it.
         scenario.write_symbols(os.path.join(directory, "input.dmp.symbols"))
         return _read(path)
     return build
+
+
+def _small_dump_seed(directory):
+    from dumps_support import small_dump
+    path = os.path.join(directory, "seed.dmp")
+    small_dump().write(path)
+    return _read(path)
+
+
+def _x86_kernel_dump_seed(directory):
+    from test_dumps_kernel_x86 import write_x86, x86_memory
+    path = os.path.join(directory, "seed.dmp")
+    write_x86(path, x86_memory(), dump_type=5)
+    return _read(path)
+
+
+def _compressed_etl_seed(directory):
+    from xpress_support import compress_etl
+    return compress_etl(_etl_seed(directory))
 
 
 def _minidump_seed(arch):
@@ -415,11 +434,21 @@ KERNEL_COMMANDS = [["lm", "--dump", "{input}", "--json"], ["dps", "--dump", "{in
                    ["rtltrace", "--dump", "{input}", "--find", "--json"],
                    ["etwstacks", "--dump", "{input}", "--validate", "--json"],
                    ["stackuse", "thread", "--dump", "{input}", "--json"],
-                   ["triage", "--dump", "{input}", "--json"]]
+                   ["triage", "--dump", "{input}", "--json"], ["k", "--dump", "{input}", "--json"],
+                   ["dumpinfo", "--dump", "{input}", "--json"]]
+SMALL_DUMP_COMMANDS = [["lm", "--dump", "{input}", "--json"], ["dps", "--dump", "{input}", "@rsp", "L10"],
+                       ["k", "--dump", "{input}", "--json"], ["stackuse", "thread", "--dump", "{input}", "--json"],
+                       ["dumpinfo", "--dump", "{input}", "--json"], ["triage", "--dump", "{input}", "--json"]]
 
 CASES = [
-    Case("kernel-full", ".dmp", _kernel_dump_seed(False), KERNEL_COMMANDS, [open_and_read_dump]),
-    Case("kernel-bitmap", ".dmp", _kernel_dump_seed(True), KERNEL_COMMANDS, [open_and_read_dump]),
+    Case("kernel-full", ".dmp", _kernel_dump_seed(), KERNEL_COMMANDS, [open_and_read_dump]),
+    Case("kernel-bitmap", ".dmp", _kernel_dump_seed(bitmap=True), KERNEL_COMMANDS, [open_and_read_dump]),
+    Case("kernel-summary", ".dmp", _kernel_dump_seed(dump_type=2), KERNEL_COMMANDS, [open_and_read_dump]),
+    Case("kernel-rdmp", ".dmp", _kernel_dump_seed(dump_type=8), KERNEL_COMMANDS, [open_and_read_dump]),
+    Case("kernel-small", ".dmp", _small_dump_seed, SMALL_DUMP_COMMANDS, [open_and_read_dump]),
+    Case("kernel-x86", ".dmp", _x86_kernel_dump_seed, [["lm", "--dump", "{input}", "--json"],
+                                                       ["dumpinfo", "--dump", "{input}", "--json"]],
+         [open_and_read_dump]),
     Case("minidump-x64", ".mdmp", _minidump_seed("x64"),
          [["lm", "--dump", "{input}", "--json"], ["rtltrace", "--dump", "{input}", "--find", "--json"],
           ["triage", "--dump", "{input}", "--json"]], [open_and_read_dump]),
@@ -435,6 +464,9 @@ CASES = [
     Case("pe-mingw-x86", ".dll", _mingw_pe_seed,
          [["stackuse", "functions", "--pe", "{input}", "--depth", "--json"]], [parse_pe]),
     Case("etl", ".etl", _etl_seed,
+         [["etwstacks", "--simulate", "--etl", "{input}", "--json"], ["ipt", "scan", "--etl", "{input}", "--json"]],
+         [read_etl]),
+    Case("etl-compressed", ".etl", _compressed_etl_seed,
          [["etwstacks", "--simulate", "--etl", "{input}", "--json"], ["ipt", "scan", "--etl", "{input}", "--json"]],
          [read_etl]),
     Case("isf", ".json", _isf_seed,

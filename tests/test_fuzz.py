@@ -2,7 +2,7 @@
 or symbol file, every command that reads it ends with a clean exit code (0, 1, 2
 or 4) within its time budget — never an internal error, never a traceback.
 
-The example count is bounded for CI (``DBGEXT_FUZZ_EXAMPLES``, default 12 per
+The example count is bounded for CI (``DBGEXT_FUZZ_EXAMPLES``, default 25 per
 kind); ``scripts/fuzz.py`` runs the long campaigns over the same cases."""
 
 import os
@@ -14,11 +14,7 @@ from hypothesis import strategies as st
 
 import fuzzing
 
-EXAMPLES = int(os.environ.get("DBGEXT_FUZZ_EXAMPLES", "12"))
-
-operations = st.lists(st.tuples(st.sampled_from(sorted(fuzzing.MUTATIONS)), st.integers(0, 2 ** 31 - 1),
-                                st.integers(0, 2 ** 32 - 1)), min_size=1, max_size=4)
-
+EXAMPLES = int(os.environ.get("DBGEXT_FUZZ_EXAMPLES", "25"))
 
 @pytest.fixture(scope="module")
 def seeds(tmp_path_factory):
@@ -45,12 +41,12 @@ def test_mutated_input_never_ends_in_an_internal_error_or_over_budget(case, seed
 
     @settings(max_examples=EXAMPLES, deadline=None, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-    @given(operations=operations, json_seed=st.integers(0, 2 ** 32 - 1))
-    def check(operations, json_seed):
-        if case.structured and json_seed % 2:
-            data = fuzzing.mutate_json_text(seed.decode("utf-8"), random.Random(json_seed)).encode("utf-8")
-        else:
-            data = fuzzing.mutate(seed, operations)
+    # The input is drawn from a random number, not built from Hypothesis' own
+    # values: those favour 0 and small numbers, which would mutate only headers.
+    # A failure names the number; scripts/fuzz.py rebuilds the same input from it.
+    @given(number=st.integers(0, 2 ** 32 - 1))
+    def check(number):
+        data = fuzzing.mutated_input(case, seed, random.Random(number))
         assert fuzzing.run_input(case, data, directory) == []
 
     check()

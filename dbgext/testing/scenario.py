@@ -248,9 +248,9 @@ class Scenario(object):
         os.makedirs(directory, exist_ok=True)
         return [write_isf_file(ms, directory) for ms in self.module_symbols.values() if ms.symbols or ms.types]
 
-    def write_kernel_dump(self, path, bitmap=False):
+    def write_kernel_dump(self, path, bitmap=False, dump_type=None):
         from .kdump_writer import write_kernel_dump
-        return write_kernel_dump(self, path, bitmap=bitmap)
+        return write_kernel_dump(self, path, bitmap=bitmap, dump_type=dump_type)
 
     def write_minidump(self, path, memory_list="memory64"):
         from .minidump_writer import write_minidump
