@@ -17,6 +17,7 @@ from dbgext.stackuse import analyze
 from stackuse_corpus import BUILDS, COMPILER_LOW, EXACT, MISSED, WRONG, build, compare, generate, missing_tools
 
 CORPUS = generate()
+BUILD_DIRECTORY = os.path.join(tempfile.gettempdir(), "dbgext-stackuse-corpus")
 
 
 @pytest.fixture(scope="module", params=BUILDS, ids=["%s-%s" % config for config in BUILDS])
@@ -25,7 +26,7 @@ def built(request):
     missing = missing_tools(toolchain)
     if missing:
         pytest.skip("%s not installed (apt-get install gcc-mingw-w64-i686 clang lld llvm)" % ", ".join(missing))
-    result = build(toolchain, level, CORPUS, os.path.join(tempfile.gettempdir(), "dbgext-stackuse-corpus"))
+    result = build(toolchain, level, CORPUS, BUILD_DIRECTORY)
     return result, analyze(pe=result.path)
 
 
@@ -88,3 +89,19 @@ def test_argument_pushes_are_counted_at_each_call_site_not_in_the_frame(built):
               if site.kind == "call" and site.depth > function.frame_size]
     if result.toolchain == "clang-x86" and result.level != "O0":
         assert deeper and all(extra % 4 == 0 for extra in deeper)
+
+
+def test_a_pdb_names_every_function_and_a_foreign_one_is_refused(built, tmp_path):
+    from dbgext.errors import BadInput
+    result, _ = built
+    if not result.toolchain.startswith("clang"):
+        pytest.skip("only the clang builds have a PDB")
+    pdb = os.path.join(os.path.dirname(result.path), "corpus.pdb")
+    named = analyze(pe=result.path, pdb=pdb)
+    by_rva = {function.rva: function for function in named.functions}
+    for name, rva in result.locations.items():
+        assert by_rva[rva].name is not None
+    assert "symbol" in {function.origin for function in named.functions}
+    other = build(result.toolchain, "O2" if result.level != "O2" else "O1", CORPUS, BUILD_DIRECTORY)
+    with pytest.raises(BadInput, match="does not belong to"):
+        analyze(pe=result.path, pdb=os.path.join(os.path.dirname(other.path), "corpus.pdb"))

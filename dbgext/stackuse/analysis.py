@@ -21,14 +21,17 @@ from .layouts import DEFAULT_BUDGET
 SCHEMA_VERSION = 1
 
 
-def open_module(target=None, pe=None, module=None, symbols=None):
+def open_module(target=None, pe=None, module=None, symbols=None, pdb=None):
     """(Program, ModuleFunctions or None) for a PE file or a target's module.
 
-    ``symbols``: extra function names {name: rva} (an ISF file's, a PDB's), on top
-    of what the image itself names (exports, COFF symbols)."""
+    ``symbols``: extra function names {name: rva} (an ISF file's); ``pdb``: a PDB
+    file whose procedures name functions — both on top of what the image itself
+    names (exports, COFF symbols)."""
     if pe is not None:
         program = Program()
         image = pe if isinstance(pe, PEImage) else PEImage.from_file(pe)
+        if pdb is not None:
+            symbols = dict(symbols or {}, **pdb_functions(pdb, image))
         return program, program.add_image(image, symbols)
     if target is None:
         raise BadInput("give a PE file, or a target with a module name")
@@ -38,7 +41,25 @@ def open_module(target=None, pe=None, module=None, symbols=None):
     loaded = target.module_named(module)
     if loaded is None:
         raise BadInput("no module named %r in the target (loaded: %s)" % (module, _module_names(target)))
+    if pdb is not None:
+        image = PEImage.from_target(target, loaded)
+        return program, program.add_image(image, dict(symbols or {}, **pdb_functions(pdb, image)))
     return program, program.add_target_module(loaded, symbols)
+
+
+def pdb_functions(path, image):
+    """{name: rva} of the procedures in the PDB at ``path``, refused (BadInput) when
+    its GUID and age are not the ones ``image``'s CodeView record names."""
+    from ..symbols.pdb import PdbFile
+    pdb = PdbFile(path)
+    try:
+        codeview = image.codeview
+        if codeview is not None and not pdb.matches(codeview.guid, codeview.age):
+            raise BadInput("%s does not belong to %s (the image wants %s %s, age %d)"
+                           % (path, image.name, codeview.pdb_name, codeview.guid_text, codeview.age))
+        return dict((procedure.name, procedure.rva) for procedure in pdb.procedures())
+    finally:
+        pdb.close()
 
 
 def _module_names(target, limit=12):
@@ -106,10 +127,10 @@ class FunctionsResult(object):
                 "problems": self.problems.as_list()}
 
 
-def analyze(target=None, pe=None, module=None, symbols=None, depth=False):
+def analyze(target=None, pe=None, module=None, symbols=None, pdb=None, depth=False):
     """Every function of ``module`` (or of the PE file ``pe``) with its frame size;
     ``depth=True`` adds each one's worst-case stack depth."""
-    program, functions_of = open_module(target, pe, _require_module(module) if pe is None else None, symbols)
+    program, functions_of = open_module(target, pe, _require_module(module) if pe is None else None, symbols, pdb)
     graph = CallGraph(program)
     graph.analyse_all(functions_of)
     functions = [functions_of.functions[va] for va in sorted(functions_of.functions)]
@@ -152,10 +173,10 @@ class ChainResult(object):
         }
 
 
-def chain(subject, target=None, pe=None, module=None, symbols=None):
+def chain(subject, target=None, pe=None, module=None, symbols=None, pdb=None):
     """The deepest call chain from ``subject``: an address (int), a name
     (``name`` or ``module!name``), searched in exports and symbols."""
-    program, functions_of = open_module(target, pe, module if pe is None else None, symbols)
+    program, functions_of = open_module(target, pe, module if pe is None else None, symbols, pdb)
     function = _resolve(program, functions_of, subject)
     steps = CallGraph(program).chain(function)
     return ChainResult(function, steps, _problems(program, function.module))
@@ -215,8 +236,8 @@ class HogsResult(object):
         }
 
 
-def hogs(target=None, pe=None, module=None, symbols=None, top=20, budget=None):
-    result = analyze(target, pe, module, symbols, depth=True)
+def hogs(target=None, pe=None, module=None, symbols=None, pdb=None, top=20, budget=None):
+    result = analyze(target, pe, module, symbols, pdb, depth=True)
     functions_of = result.module
     if budget is None:
         budget = DEFAULT_BUDGET[functions_of.arch]

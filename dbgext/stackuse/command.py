@@ -58,14 +58,15 @@ def run(ctx, args):
             raise BadInput("give --pe FILE, or --dump FILE with --module NAME")
         target = ctx.target
     if args.action == "functions":
-        result = analysis.analyze(target, args.pe, args.module, symbols, depth=args.depth)
+        result = analysis.analyze(target, args.pe, args.module, symbols, args.pdb, depth=args.depth)
         render_functions(ctx.out, result, jsonl=args.jsonl, as_json=args.json)
     elif args.action == "chain":
-        result = analysis.chain(_subject(ctx, args), target, args.pe, args.module, symbols)
+        result = analysis.chain(_subject(ctx, args), target, args.pe, args.module, symbols, args.pdb)
         render_chain(ctx.out, result, as_json=args.json)
     else:
         budget = parse_number(args.budget) if args.budget is not None else None
-        result = analysis.hogs(target, args.pe, args.module, symbols, top=parse_number(args.top), budget=budget)
+        result = analysis.hogs(target, args.pe, args.module, symbols, args.pdb, top=parse_number(args.top),
+                               budget=budget)
         render_hogs(ctx.out, result, as_json=args.json)
     return 0
 
@@ -88,15 +89,8 @@ def _subject(ctx, args):
 
 
 def _symbols(args):
-    """Function names for the analysed module from ``--pdb`` (its procedures) or,
-    for a PE file, from ``--symbols`` ISF files (the file named after the image)."""
-    if args.pdb:
-        from ..symbols.pdb import PdbFile
-        pdb = PdbFile(args.pdb)
-        try:
-            return {procedure.name: procedure.rva for procedure in pdb.procedures()}
-        finally:
-            pdb.close()
+    """Function names for a PE file from ``--symbols`` ISF files: the file named
+    after the image's stem (a target's modules get theirs from the target)."""
     if not (args.pe and args.symbols):
         return None
     table = load_isf_directory(args.symbols)
