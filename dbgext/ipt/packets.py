@@ -81,9 +81,8 @@ def _build_pattern():
     # bytes skip all of them with one comparison.
     common = [
         ("ip2", _byte_class(ip_opcodes[2]), b".."),
-        ("pad", b"\\x00+", b""),
-        ("ip4", _byte_class(ip_opcodes[4]), b".{4}"),
         ("mtc", b"\\x59", b"."),
+        ("ip4", _byte_class(ip_opcodes[4]), b".{4}"),
         ("cyc", b"(?:" + _byte_class(cyc_last) + b"|" + _byte_class(cyc_more) + _byte_class(odd) + b"{0,7}"
          + _byte_class(even) + b")", b""),
         ("ip6", _byte_class(ip_opcodes[6]), b".{6}"),
@@ -91,6 +90,7 @@ def _build_pattern():
         ("tsc", b"\\x19", b".{7}"),
         ("mode", b"\\x99[\\x00-\\x3f]", b""),
         ("ip8", _byte_class(ip_opcodes[8]), b".{8}"),
+        ("pad", b"\\x00+", b""),
         ("trig", b"\\xd9", b"..."),
     ]
     extended = [
