@@ -6,8 +6,9 @@ Fetches the ``msvc-runtime`` wheel (the VC++ runtime DLLs) for win_amd64 with
 RUNTIME_FUNCTION, compares the frame size found by scanning the prologue with the
 one the unwind codes give.  Chained fragments are counted separately: their frame
 is the parent's and a scan starting at the fragment cannot see it.  It also checks
-the call graph's SP tracking: on x64 every call is made at the full frame depth, so
-the tracked depth at each direct or indirect call must equal the unwind frame size.
+what the x64 analysis assumes (every call is made at the full frame depth): SP
+tracked instruction by instruction at each direct or indirect call must equal the
+unwind frame size.
 
     python scripts/stackuse_msvc_agreement.py [--dir DIR] [--wheel NAME] [DLL ...]
 """
@@ -23,7 +24,7 @@ import zipfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dbgext.stackuse.callgraph import CallGraph, Program  # noqa: E402
+from dbgext.stackuse.callgraph import CallGraph, Program, depths_in  # noqa: E402
 from dbgext.pe import PEImage  # noqa: E402
 
 
@@ -71,17 +72,20 @@ def measure(path):
                 examples[kind].append("%s+0x%x: prologue %s, unwind %d" % (
                     module.name, function.rva, function.prologue_size, function.unwind_size))
     CallGraph(program).analyse_all(module)
-    for function in module.functions.values():
+    for function in list(module.functions.values()):
         if function.unwind_size is None or function.fragment_of is not None or function.dynamic:
             continue
+        # The analysis takes every x64 call to be made at the full frame depth;
+        # follow SP instruction by instruction to check that.
+        depths = depths_in(program, function)
         for site in function.call_sites:
-            if site.kind in ("call", "indirect"):
+            if site.kind in ("call", "indirect") and site.address in depths:
                 counts["call sites"] += 1
-                if site.depth == function.unwind_size:
+                if depths[site.address] == function.unwind_size:
                     counts["call sites at the unwind depth"] += 1
                 elif len(examples["call site depth"]) < 3:
                     examples["call site depth"].append("%s+0x%x: call at 0x%x tracked %d, unwind %d" % (
-                        module.name, function.rva, site.address, site.depth, function.unwind_size))
+                        module.name, function.rva, site.address, depths[site.address], function.unwind_size))
     return counts, examples
 
 

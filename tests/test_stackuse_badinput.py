@@ -8,7 +8,6 @@ import json
 import pytest
 
 from dbgext.cli import main
-from dbgext.errors import BadInput
 from dbgext.stackuse.callgraph import CallGraph, Program
 from dbgext.stackuse.fixtures import Function, add_sample_driver, alloc_slots, build_pe, sample_driver_functions
 from dbgext.pe import PEImage
