@@ -89,6 +89,11 @@ def _stored_offsets(problems, buffer):
     return problems
 
 
+def _need_target(target, what):
+    if target is None:
+        raise BadInput("%s needs a target (--dump FILE, or inside WinDbg)" % what)
+
+
 # -- trace buffers ---------------------------------------------------------------------
 
 def load_buffers(target=None, trace=None, data=None, address=None, size=None, format="raw", position=None):
@@ -107,8 +112,7 @@ def load_buffers(target=None, trace=None, data=None, address=None, size=None, fo
             return [sources.event_from_bytes(raw, origin, position)]
         return sources.process_trace_buffers(raw, origin=os.path.basename(origin))
     if address is not None:
-        if target is None:
-            raise BadInput("--address needs a target (--dump FILE, or inside WinDbg)")
+        _need_target(target, "--address")
         if format == "event":
             return [sources.event_from_target(target, address, position)]
         if format == "process":
@@ -338,8 +342,7 @@ class EventResult(object):
 def _event(target, trace=None, address=None, etl=None, index=None, position=None, force=False, max_insns=None,
            progress=None):
     if address is not None:
-        if target is None:
-            raise BadInput("--address needs a target (--dump FILE, or inside WinDbg)")
+        _need_target(target, "--address")
         raw = target.read(address, sources.EVENT_HEADER.size)
         if not force:
             check_event_header(sources.parse_event_header(raw), raw, None, address)
@@ -383,8 +386,7 @@ def _scan(target, etl=None, start=None, length=None, max_events=1000):
     problems = ProblemLog()
     if etl is not None:
         return ScanResult(etl, _scan_etl(etl, max_events, problems), problems)
-    if target is None:
-        raise BadInput("scan needs a target (--dump FILE, or inside WinDbg) or --etl FILE")
+    _need_target(target, "scan without --etl")
     end = None
     if start is not None:
         end = start + (length if length is not None else 0x100000)
