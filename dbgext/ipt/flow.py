@@ -5,19 +5,36 @@ instructions up to and including one branch) is disassembled once with capstone 
 cached per execution mode, so the steady state is "look up block, append its
 addresses, take one TNT bit or TIP for its branch".
 
-Conventions follow libipt's instruction decoder so the two outputs compare line for
-line:
+Conventions follow libipt's instruction decoder (2.0.5) so the two outputs compare
+line for line (tests/test_ipt_differential.py checks each class against it):
 
-* instructions are reported only up to the last one whose outcome consumed trace
-  data (a TNT bit, a TIP, or the FUP of an asynchronous event); instructions walked
-  after it are dropped at the end of the trace and at an OVF;
+* events are bound only once the TNT bits are used up, as libipt's query decoder
+  signals them only then;
+* end of trace: instructions are reported up to the last one whose outcome
+  consumed trace data (a TNT bit, a TIP, an event), plus the first instruction
+  after an event that moved the IP when it needs no trace data;
+* a TIP.PGD binds to the next branch: a direct call/jmp only when it goes to the
+  TIP.PGD's IP ("disabled at <target>": the branch is reported, its target is not
+  executed), any indirect branch, return or conditional branch; with the IP
+  suppressed, a far transfer (syscall into an untraced kernel);
+* OVF drops what was walked past the last trace data; tracing resumes at the FUP
+  (or TIP.PGE) that binds the overflow;
+* a deferred TIP: an indirect branch whose TNT cache is empty takes one TNT packet
+  for the branches after it, then its TIP;
+* MODE.TSX + FUP is a transaction event at the FUP address; an abort's FUP is also
+  an asynchronous transfer to the TIP that follows; in PSB+ MODE.TSX only restates;
 * a compressed RET takes a TNT bit that must be taken and returns to the most recent
   call's successor (64-entry return stack, like the hardware's);
 * ``call $+5`` (a call to the next instruction) is not pushed on the return stack;
 * an asynchronous transfer (FUP then TIP / TIP.PGD) happens at the FUP address,
   which did not execute;
+* errata workarounds keyed by the CPU (errata.py);
 * every error is reported with its trace offset (and code address) and decoding
   resumes at the next PSB.
+
+Where libipt stops, dbgext goes on: code that cannot be read (a module not in the
+dump, not given as an image) is a reported gap, and decoding resumes at the next
+packet that names an IP (libipt resumes only at the next PSB).
 """
 
 import os
