@@ -23,6 +23,7 @@ MAX_PROLOGUE_INSTRUCTIONS = 80
 MAX_PROLOGUE_PATHS = 4
 DECODE_WINDOW = 256
 DECODE_COUNT = 8  # instructions decoded per cache miss (capstone decodes eagerly)
+PRIMED_INSTRUCTIONS = 16  # of a swept function, kept for its prologue scan (most prologues are shorter)
 STACK_PROBE_MINIMUM = 0x1000
 
 SP = {"x64": "rsp", "x86": "esp"}
@@ -83,7 +84,7 @@ class Decoder(object):
         code = self.image.read_partial(start_va - self.image.image_base, end_va - start_va)
         instructions = list(self._disassembler.decode(code, start_va))
         if keep:
-            self._insns.update((insn[0], insn) for insn in instructions[:MAX_PROLOGUE_INSTRUCTIONS])
+            self._insns.update((insn[0], insn) for insn in instructions[:PRIMED_INSTRUCTIONS])
         reached = instructions[-1][0] + instructions[-1][1] if instructions else start_va
         return instructions, (reached if reached < end_va else None)
 
