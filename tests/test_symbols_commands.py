@@ -262,3 +262,31 @@ def test_bare_names_search_every_module_unless_that_could_download(kernel, x64, 
     assert remote.symbol_address("kernel_shapes!CopyLeaf") == DRIVER_BASE + rva(x64, "CopyLeaf")
     assert remote.symbol_address("CopyLeaf") == DRIVER_BASE + rva(x64, "CopyLeaf")   # now known
     remote.close()
+
+
+def test_a_module_whose_headers_the_dump_lost_gets_its_pdb_through_the_stores_image(tmp_path, x64):
+    """Minidumps and small dumps often lack a module's header page: the loader's
+    TimeDateStamp and SizeOfImage name the image in the store, and its CodeView
+    record names the PDB, as WinDbg finds them."""
+    from dbgext.testing.scenario import Scenario
+    from symbols_support import mapped_image
+    image = x64.image
+    data = mapped_image(x64.dll)
+    scenario = Scenario("x64", "user")
+    base = 0x7FF800000000
+    scenario.add_module("kernel_shapes", base, len(data), image="kernel_shapes.dll", content=data,
+                        timestamp=image.timestamp)
+    scenario.unmap(base, 0x1000)
+    dump = str(tmp_path / "headerless.mdmp")
+    scenario.write_minidump(dump)
+    store = tmp_path / "store"
+    for name, source, key in (("kernel_shapes.dll", x64.dll, "%08X%x" % (image.timestamp, image.size_of_image)),
+                              (os.path.basename(x64.pdb), x64.pdb, image.codeview.symbol_server_key)):
+        (store / name / key).mkdir(parents=True)
+        shutil.copy(source, str(store / name / key / name))
+    leaf = base + rva(x64, "CopyLeaf")
+    code, out, err = run(["ln", "%x" % (leaf + 2), "--dump", dump, "--symbols", "srv*%s" % store])
+    assert code == 0, err
+    assert "kernel_shapes!CopyLeaf+0x2" in out
+    code, out, _ = run(["ln", "%x" % (leaf + 2), "--dump", dump, "--symbols", str(tmp_path / "empty")])
+    assert "CopyLeaf" not in out

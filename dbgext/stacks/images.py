@@ -185,18 +185,19 @@ class Images(object):
 
 def images_from_symbol_store(target):
     """An image loader asking the target's symbol path for the module's image by
-    the TimeDateStamp and SizeOfImage in its headers, or None without a symbol path."""
+    its TimeDateStamp and SizeOfImage (from its headers, else the loader's list),
+    or None without a symbol path."""
     symbols = target.symbols
     locator = getattr(symbols, "locator", None)
     if locator is None:
         return None
-    from ..symbols.match import image_headers
+    from ..symbols.match import image_identity
 
     def load(module):
-        headers = image_headers(target, module)
-        if headers is None:
+        identity = image_identity(target, module)
+        if identity is None:
             return None
-        path = locator.find_image(module.image, headers.timestamp, headers.size_of_image, symbols.report)
+        path = locator.find_image(module.image, identity[0], identity[1], symbols.report)
         return PEImage.from_file(path, module.name) if path else None
     return load
 

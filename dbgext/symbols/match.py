@@ -29,6 +29,18 @@ def image_headers(target, module):
         return None
 
 
+def image_identity(target, module, headers=None):
+    """(TimeDateStamp, SizeOfImage) that name the module's image in a symbol store:
+    from its headers in memory, else from the loader's list (a small dump's driver
+    list, a minidump's module list); None when neither has them."""
+    headers = headers or image_headers(target, module)
+    if headers is not None:
+        return headers.timestamp, headers.size_of_image
+    if module.timestamp is not None:
+        return module.timestamp, module.size
+    return None
+
+
 def codeview_in_memory(target, module, headers=None):
     """The module's RSDS record (:class:`dbgext.pe.CodeView`) read from target memory, or None."""
     headers = headers or image_headers(target, module)
@@ -168,23 +180,25 @@ class ExportSymbols(ModuleSymbols):
 def locate_module_symbols(target, module, locator, table):
     """The best symbols for ``module``: its matching PDB, else its exports, else None."""
     headers = image_headers(target, module)
-    if headers is None:
-        return None
     if locator is not None:
-        codeview = codeview_in_memory(target, module, headers) or _codeview_from_image_file(
-            locator, module, headers, table.report)
+        codeview = (codeview_in_memory(target, module, headers) if headers is not None else None) or \
+            _codeview_from_image_file(locator, module, image_identity(target, module, headers), table.report)
         if codeview is not None:
             pdb = locator.find_pdb(codeview, table.report)
             if pdb is not None:
                 return PdbModuleSymbols(module.name, pdb, table.report)
+    if headers is None:
+        return None
     rva, size = headers.directory(DIRECTORY_EXPORT)
     return ExportSymbols(target, module, headers.pointer_size) if rva and size else None
 
 
-def _codeview_from_image_file(locator, module, headers, report):
+def _codeview_from_image_file(locator, module, identity, report):
     """The RSDS record from the module's image file in the symbol store, when the
     dump lost the pages holding it (paged out, a small dump)."""
-    path = locator.find_image(module.image, headers.timestamp, headers.size_of_image, report)
+    if identity is None:
+        return None
+    path = locator.find_image(module.image, identity[0], identity[1], report)
     if path is None:
         return None
     try:

@@ -50,15 +50,18 @@ def _scalar_reader(codec):
 
 
 class Module(object):
-    """A loaded image: debugger name (``nt``, ``ntdll``), base, size, file name."""
+    """A loaded image: debugger name (``nt``, ``ntdll``), base, size, file name, and
+    the TimeDateStamp the loader recorded (None when the source has none): with
+    the size it names the image in a symbol store when the dump lacks its headers."""
 
-    __slots__ = ("name", "base", "size", "image")
+    __slots__ = ("name", "base", "size", "image", "timestamp")
 
-    def __init__(self, name, base, size, image=None):
+    def __init__(self, name, base, size, image=None, timestamp=None):
         self.name = name
         self.base = base
         self.size = size
         self.image = image or name
+        self.timestamp = timestamp
 
     @property
     def end(self):

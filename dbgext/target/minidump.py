@@ -190,10 +190,11 @@ class MinidumpBackend(Backend):
 
     def _parse_modules(self):
         modules = []
-        for base, size, _, _, name_rva in self._entries("ModuleList", "<QIIII%dx" % (MINIDUMP_MODULE_SIZE - 24)):
+        for base, size, _, timestamp, name_rva in self._entries("ModuleList",
+                                                                "<QIIII%dx" % (MINIDUMP_MODULE_SIZE - 24)):
             file_name = self._string(name_rva).replace("/", "\\").rpartition("\\")[2]
             stem, dot, _ = file_name.rpartition(".")
-            modules.append(Module(stem if dot else file_name, base, size, file_name))
+            modules.append(Module(stem if dot else file_name, base, size, file_name, timestamp))
         return modules
 
     def _context(self, size, rva):

@@ -252,7 +252,7 @@ class TriageDumpBackend(KernelDumpBase):
     def modules(self):
         if self._modules is None:
             self._modules = [Module(debugger_module_name(driver["name"]), driver["base"], driver["size"],
-                                    driver["name"]) for driver in self.drivers()]
+                                    driver["name"], driver.get("timestamp")) for driver in self.drivers()]
         return list(self._modules)
 
     def drivers(self):

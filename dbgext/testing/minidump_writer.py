@@ -197,7 +197,7 @@ class _MinidumpLayout(object):
         for module in self.scenario.modules:
             name_rva = self._string(module.image)
             version_info = struct.pack("<II", VS_FIXEDFILEINFO_SIGNATURE, 0x10000) + bytes(44)
-            entry = struct.pack("<QIIII", module.base, module.size, 0, 0, name_rva) + version_info + bytes(32)
+            entry = struct.pack("<QIIII", module.base, module.size, 0, module.timestamp or 0, name_rva) + version_info + bytes(32)
             assert len(entry) == MINIDUMP_MODULE_SIZE
             entries.append(entry)
         self._stream("ModuleList", struct.pack("<I", len(entries)) + b"".join(entries))

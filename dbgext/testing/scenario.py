@@ -132,9 +132,10 @@ class Scenario(object):
 
     # -- modules, symbols, types --------------------------------------------------
 
-    def add_module(self, name, base, size, image=None, content=None):
-        """Declare a loaded module (and map its pages); ``content`` bytes go at base."""
-        module = Module(name, base, size, image or name)
+    def add_module(self, name, base, size, image=None, content=None, timestamp=None):
+        """Declare a loaded module (and map its pages); ``content`` bytes go at base;
+        ``timestamp`` is the TimeDateStamp the loader's list records."""
+        module = Module(name, base, size, image or name, timestamp)
         self.modules.append(module)
         self.module_symbols.setdefault(name, ModuleSymbols(name))
         self.map(base, size)
