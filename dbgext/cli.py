@@ -195,9 +195,6 @@ def main(argv=None, windbg=False, stream=None, target=None, error_stream=None):
     except BrokenPipeError:  # the reader went away (| head): not dbgext's failure
         raise
     except Exception as error:  # a bug in dbgext: one line unless asked for more
-        if _interrupted(error):
-            err.line("interrupted")
-            return EXIT_INTERRUPTED
         if args.debug:
             err.lines(traceback.format_exc().rstrip().split("\n"))
         else:
@@ -207,12 +204,6 @@ def main(argv=None, windbg=False, stream=None, target=None, error_stream=None):
     finally:
         if target is None:
             ctx.close()
-
-
-def _interrupted(error):
-    """Libraries that catch SIGINT themselves (DuckDB: "Query interrupted") turn
-    Ctrl-C into their own exception; it is still the user's Ctrl-C."""
-    return "interrupted" in str(error).lower() and type(error).__name__ in ("RuntimeError", "InterruptException")
 
 
 def console_main():
