@@ -43,20 +43,13 @@ SWITCH_FRAME_SIZE = 0x40
 
 
 def selected_thread(target, problems):
-    """The target's selected thread; for a backend that does not list threads yet
-    (the live pykd session), a thread made of the context registers its info()
-    reports, as WinDbg's current register context.  On a kernel target whose
-    thread says neither its KTHREAD nor its stack bounds, the processor block's
-    CurrentThread is taken (its KTHREAD holds the bounds)."""
+    """The target's selected thread.  On a kernel target whose thread says neither
+    its KTHREAD nor its stack bounds, the processor block's CurrentThread is taken
+    (its KTHREAD holds the bounds)."""
     info = target.info() or {}
     thread = target.thread
     if thread is None:
-        registers = info.get("registers") or {}
-        if not any(isinstance(value, int) and value for value in registers.values()):
-            return None
-        current = info.get("current_thread") if info.get("mode") == "kernel" else None
-        thread = Thread(0, dict((str(name).lower(), value) for name, value in registers.items()),
-                        kernel_thread=current or None, name="current thread")
+        return None
     if thread.kernel_thread is None and thread.stack_base is None and info.get("mode") == "kernel":
         kernel_thread = current_kernel_thread(target, problems)
         if kernel_thread:

@@ -16,7 +16,7 @@ space — finders running inside WinDbg must be given a range to search.
 import re
 
 from ..errors import DbgextError
-from .base import PAGE_SIZE, Backend, Module, Target
+from .base import PAGE_SIZE, Backend, Module, Target, Thread
 from .symbols import EXPORT_SYMBOLS, NO_SYMBOLS, PDB_SYMBOLS, ModuleSymbols, SymbolTable
 
 # One loadBytes call covers at most this many pages (pykd's count is 32-bit and a
@@ -153,6 +153,24 @@ class PykdBackend(Backend):
         info["registers"] = registers
         return info
 
+
+    def current_thread(self):
+        """The thread WinDbg's register context is on (``r`` shows its registers);
+        None when the session has no register context."""
+        info = self.info()
+        registers = dict((name.lower(), value) for name, value in (info.get("registers") or {}).items())
+        if not any(registers.values()):
+            return None
+        current = info.get("current_thread") or None
+        if info["mode"] == "kernel":
+            return Thread(info.get("processor", 0), registers, kernel_thread=current, name="current thread")
+        return Thread(info.get("processor", 0), registers, teb=current, name="current thread")
+
+    def threads(self):
+        # Other threads' registers would mean switching WinDbg's thread: a walk of
+        # another thread starts from its KTHREAD (kernel) instead.
+        thread = self.current_thread()
+        return [thread] if thread is not None else []
 
     def _user_threads(self):
         pykd = self.pykd
