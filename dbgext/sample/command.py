@@ -26,7 +26,8 @@ def demo_steps(dump_path, manifest):
     """(title, argv) of every demo step the sample's contents allow."""
     contents = manifest["contents"]
     dump = ["--dump", dump_path]
-    steps = [("Loaded modules", ["lm"] + dump)]
+    steps = [("What the dump holds", ["dumpinfo"] + dump), ("Loaded modules", ["lm"] + dump),
+             ("The crashing thread's stack", ["k"] + dump)]
     if "rtltrace" in contents:
         steps.append(("Stack-trace database", ["rtltrace"] + dump + ["0x%x" % contents["rtltrace"], "--limit", "5"]))
         steps.append(("Trace database validation", ["rtltrace"] + dump + ["0x%x" % contents["rtltrace"], "--validate"]))
@@ -36,7 +37,7 @@ def demo_steps(dump_path, manifest):
         ipt = contents["ipt"]
         steps.append(("Intel PT event", ["ipt", "event"] + dump + ["--address", "0x%x" % ipt["event_address"]]))
         steps.append(("Intel PT flow", ["ipt", "flow"] + dump + ["--address", "0x%x" % ipt["trace_address"],
-                                                                  "--size", str(ipt["trace_size"]), "--view", "calltree"]))
+                                                                  "--size", "0x%x" % ipt["trace_size"], "--view", "calltree"]))
     if "stackuse" in contents:
         steps.append(("Kernel stack usage of the crashing thread", ["stackuse", "thread"] + dump))
     steps.append(("Triage record of the whole dump", ["triage"] + dump))

@@ -716,6 +716,12 @@ class Target(object):
     def close(self):
         self.backend.close()
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
     def format_address(self, address):
         """WinDbg style: 64-bit as ``fffff800`00001000``, 32-bit as ``80001000``."""
         return hexaddr(address, self.pointer_size)
