@@ -311,7 +311,8 @@ EXACT, UNKNOWN, WRONG, MISSED = "exact", "unknown", "wrong", "missed"
 # clang's -fstack-usage figure for a frame that realigns the stack (`and esp, -8`)
 # is 4 bytes below what the prologue's own instructions move ESP by, padding aside:
 # `push ebp; mov ebp, esp; push esi; and esp, -8; sub esp, 80` moves it 88 bytes
-# and more, the .su file says 84.  stackuse reports 88.
+# and more, the .su file says 84 (its CodeView S_FRAMEPROC record carries the same
+# layout figure).  stackuse reports the 88 the instructions move.
 COMPILER_LOW = "compiler_low"
 CLANG_REALIGNED_SHORTFALL = 4
 
