@@ -339,8 +339,7 @@ class EventResult(object):
         return _document("event", body, self.problems)
 
 
-def _event(target, trace=None, address=None, etl=None, index=None, position=None, force=False, max_insns=None,
-           progress=None):
+def _event(target, trace=None, address=None, etl=None, index=None, position=None, force=False, progress=None):
     if address is not None:
         _need_target(target, "--address")
         raw = target.read(address, sources.EVENT_HEADER.size)
@@ -362,7 +361,7 @@ def _event(target, trace=None, address=None, etl=None, index=None, position=None
     if target is not None:
         code = Code(target)
         decoder = FlowDecoder(code.image, code.suspicious)
-        flow = _decode_buffer(decoder, code, buffer, "path", max_insns, False, progress)
+        flow = _decode_buffer(decoder, code, buffer, "path", 0, False, progress)
     return EventResult(buffer, stats, flow)
 
 
