@@ -1,6 +1,6 @@
 """Benchmark: dbgext's Intel PT decoders next to libipt's, side by side in one run.
 
-    python scripts/bench_ipt.py [--mb 8.5] [--repeat 1] [--only mixed,tnt,tip]
+    python scripts/bench_ipt.py [--mb 8.5] [--repeat 1] [--only mixed,tnt,tip] [--ctypes]
 
 Three traces of about 8.5 MB each, written by the fixture tracer over a synthetic
 code image (hundreds of small functions: loops, if/else, direct, indirect and
@@ -24,7 +24,7 @@ instruction:
 libipt runs in a small C harness compiled here (cc -lipt), timed inside the
 harness, so its figures carry no ctypes call overhead (through ctypes every
 ``pt_insn_next`` costs a Python call, which makes libipt look 5-10x slower than it
-is).  Without a compiler it falls back to ctypes and says so.  dbgext runs in this
+is).  Without a compiler, or with --ctypes, it times libipt through ctypes and says so.  dbgext runs in this
 process; its start-up is not timed.  Both sides are timed in CPU time of their
 process (the machine may be shared), best of --repeat runs.
 """
@@ -242,12 +242,14 @@ def main():
     parser.add_argument("--mb", type=float, default=8.5, help="size of each trace in MB")
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--only", default=",".join(name for name, _ in TRACES))
+    parser.add_argument("--ctypes", action="store_true", help="time libipt through ctypes (tests/ipt_support.py), "
+                        "not the C harness")
     options = parser.parse_args()
     program = fixtures.random_program(BASE, functions=300, seed=2, syscalls=True)
     wanted = options.only.split(",")
     rows = []
     with tempfile.TemporaryDirectory() as folder:
-        binary = build_harness(folder)
+        binary = None if options.ctypes else build_harness(folder)
         for name, trace_options in TRACES:
             if name not in wanted:
                 continue
