@@ -336,6 +336,7 @@ class _Walk(object):
         self.skip_fup = False    # the next FUP belongs to a PTW or EXSTOP, not to control flow
         self.tsx = None          # after MODE.TSX: tsx_begin, tsx_commit or tsx_abort (its FUP comes next)
         self.in_psb = False      # between PSB and PSBEND
+        self.in_status = False   # reading a PSB+ as status (skip_status_psb)
         self.mode = MODE_64
         self.retstack = []
         self.bits = ""
@@ -357,13 +358,16 @@ class _Walk(object):
         FUP that belongs to a PTW or EXSTOP (not to a control transfer) is dropped
         too.  MODE.TSX and the FUP that binds it become one F_TSX item (value: the
         IP and tsx_begin, tsx_commit or tsx_abort); as in libipt, the FUP of an
-        abort also stays, as an asynchronous transfer to the TIP that follows."""
+        abort also stays, as an asynchronous transfer to the TIP that follows.
+        A packet that does not decode is reported and, while walking, abandons the
+        walk (_Resync); a PSB+ while walking is read as status (skip_status_psb)."""
         item = self.queued
         if item is not None:
             self.queued = None
             return item
         for item in self.tokens:
             kind = item[0]
+            self.last_offset = item[1]
             if kind == P.K_TNT8_RUN:
                 run = item[2]
                 bits = _TNT8_BITS.get(run[0], "") if len(run) == 1 else P.tnt_bits_of_run(run)
@@ -389,15 +393,29 @@ class _Walk(object):
                     return F_MODE, item[1], EXEC_MODES.get(fields["mode"])
                 if not self.in_psb:  # in PSB+ MODE.TSX is status, and the FUP is PSB+'s
                     self.tsx = "tsx_abort" if fields["abort"] else "tsx_begin" if fields["intx"] else "tsx_commit"
-            elif kind == F_PSB or kind == F_PSBEND:
-                self.in_psb = kind == F_PSB
+            elif kind == F_PSB:
+                self.in_psb = True
+                if not self.walking or self.in_status:
+                    return item
+                self.skip_status_psb()
+                if self.lookahead is not None:
+                    item, self.lookahead = self.lookahead, None
+                    return item
+            elif kind == F_PSBEND:
+                self.in_psb = False
                 return item
+            elif kind == F_ERROR:
+                self.problems.add("ipt_packet_error", None, item[2], offset=item[1])
+                self.reset()
+                if self.walking:
+                    raise _Resync()
             elif kind == P.K_OTHER:
                 name, fields = item[2]
                 if name in ("ptw", "exstop") and fields["ip"]:
                     self.skip_fup = True
-            elif kind != P.K_PAD_RUN:  # PSB, PSBEND, OVF, errors
+            elif kind != P.K_PAD_RUN:  # OVF
                 return item
+        self.ended = True
         return None
 
     def next_item(self):
@@ -405,51 +423,34 @@ class _Walk(object):
         if item is not None:
             self.lookahead = None
             return item
-        while True:
-            item = self.item()
-            if item is None:
-                self.ended = True
-                return None
-            self.last_offset = item[1]
-            kind = item[0]
-            if kind == F_ERROR:
-                self.problems.add("ipt_packet_error", None, item[2], offset=item[1])
-                self.reset()
-                if self.walking:
-                    raise _Resync()
-            elif kind == F_PSB and self.walking:
-                self.skip_status_psb()
-            else:
-                return item
+        return self.item()
 
     def peek(self):
         if self.lookahead is None and not self.ended:
-            self.lookahead = self.next_item()
+            self.lookahead = self.item()
         return self.lookahead
 
     def skip_status_psb(self):
-        """A PSB+ in the middle of a traced stretch only restates the state (IP, mode).
-        Like any event libipt processes, it makes the next instruction one reported
-        at the end of the trace (see drop_uncommitted)."""
+        """A PSB+ in the middle of a traced stretch only restates the state (IP, mode);
+        the first item after it is left in lookahead.  Like any event libipt
+        processes, it makes the next instruction one reported at the end of the
+        trace (see drop_uncommitted)."""
         if self.committed == len(self.out):
             self.resumed_at = self.committed
-        while True:
-            item = self.item()
-            if item is None:
-                self.ended = True
-                return
-            kind, offset, value = item
-            self.last_offset = offset
-            if kind == F_PSBEND:
-                return
-            if kind == F_MODE and value is not None:
-                self.mode = value
-            elif kind == F_ERROR:
-                self.problems.add("ipt_packet_error", None, value, offset=offset)
-                raise _Resync()
-            elif kind != F_FUP:
-                self.lookahead = item
-                return
+        self.in_status = True
+        try:
+            while True:
+                item = self.item()
+                if item is None or item[0] == F_PSBEND:
+                    return
+                kind, value = item[0], item[2]
+                if kind == F_MODE and value is not None:
+                    self.mode = value
+                elif kind != F_FUP and kind != F_PSB:
+                    self.lookahead = item
+                    return
+        finally:
+            self.in_status = False
 
     def event(self, kind, offset, ip):
         """Record an event before the next instruction: (instruction index, kind, trace offset, IP)."""
@@ -837,7 +838,7 @@ class _Walk(object):
         if item is None:
             if self.ended:
                 return None, -1
-            item = self.lookahead = self.next_item()
+            item = self.lookahead = self.item()
             if item is None:
                 return None, -1
         kind = item[0]
