@@ -724,8 +724,8 @@ class _Walk(object):
                     # The common uncompressed RET: the TIP is already read ahead.
                     self.lookahead = None
                     ip = tip[2]
-                    committed = len(out)
-                    save()
+                    committed = self.committed = len(out)
+                    self.bits, self.bit_index = bits, bi
                     async_ip, disable_target = self.pending_event()
                     idle_blocks = 0
                     continue
@@ -761,23 +761,24 @@ class _Walk(object):
                 idle_blocks = 0
             else:  # indirect and far transfers
                 extend(block.insns)
-                save()
                 # TNT bits still cached stay for the branches after this one, as in libipt.
                 tip = self.lookahead
                 if tip is not None and tip[0] == F_TIP and tip[2] is not None and committed < FLUSH_SIZE:
                     self.lookahead = None  # the TIP is already read ahead
                     ip = tip[2]
+                    self.bits, self.bit_index = bits, bi
                 else:
+                    save()
                     ip = self.take_ip(block.end, "indirect branch")
-                if ip is None:
-                    self.finish_segment(block)
-                    return
+                    if ip is None:
+                        self.finish_segment(block)
+                        return
+                    bits, bi = self.bits, self.bit_index
+                    nbits = len(bits)
                 if kind == B_INDIRECT_CALL:
                     retstack.append(block.fallthrough)
                     if len(retstack) > RETSTACK_DEPTH:
                         del retstack[0]
-                bits, bi = self.bits, self.bit_index
-                nbits = len(bits)
                 committed = self.committed = len(out)
                 async_ip, disable_target = self.pending_event()
                 idle_blocks = 0
