@@ -114,7 +114,7 @@ def test_flow_with_an_image_file_json_contract(files):
     buffer = only_buffer(document)
     assert listed_ips(document) == files["expected"]
     assert buffer["instruction_count"] == len(files["expected"])
-    assert buffer["listing"] == {"listed": len(files["expected"]), "limit": 1000000, "truncated": False}
+    assert buffer["listing"] == {"listed": len(files["expected"]), "limit": 100000, "truncated": False}
     assert buffer["instructions"][0] == {"index": 0, "ip": BASE, "symbol": "code+0x0", "text": "sub rsp, 0x28"}
     assert document["problems"] == []
 

@@ -29,7 +29,7 @@ SCHEMA_VERSION = 1
 ACTIONS = ("packets", "flow", "event", "scan")
 FORMATS = ("raw", "event", "process")
 FLOW_VIEWS = ("instructions", "path", "calltree", "functions")
-DEFAULT_MAX_INSNS = 1000000
+DEFAULT_MAX_INSNS = 100000
 DEFAULT_MAX_PACKETS = 100000
 SUSPICIOUS_FUNCTIONS = ("nt!KeBugCheckEx", "nt!KeBugCheck2", "nt!KeBugCheck")
 # Known file magics, to say what an input that is not an IPT event is.
