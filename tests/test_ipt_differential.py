@@ -186,3 +186,24 @@ if __name__ == "__main__":
     print("%-42s %7s %9s %5s" % ("class", "match", "exercised", "cases"))
     for name, good, exercised, total in counts(int(sys.argv[1]) if len(sys.argv) > 1 else 50):
         print("%-42s %7d %9d %5d" % (name, good, exercised, total))
+
+
+@pytest.mark.parametrize("pgd_ip", [None, BASE + 6])
+@pytest.mark.parametrize("cpu", [None, (6, 0x4E, 3)])
+def test_erratum_skd022_a_vm_entry_that_stops_tracing_ran(cpu, pgd_ip):
+    """FUP + TIP.PGD at VMLAUNCH: an asynchronous disable, unless the CPU has SKD022,
+    where the VM entry ran and tracing stopped after it (libipt's workaround)."""
+    code = b"\x90\x85\xc0\x0f\x01\xc2\x90\x90"  # nop; test eax, eax; vmlaunch; nop; nop
+    program = type("Program", (), {"base": BASE, "code": code})
+    writer = F.PacketWriter()
+    writer.psb_plus(BASE)
+    writer.fup(BASE + 3)
+    writer.pgd(pgd_ip)
+    trace = writer.bytes()
+    events = []
+    segments = libipt.instruction_segments(trace, {BASE: code}, cpu, events=events)
+    result = ours(program, trace, cpu)
+    assert result.instructions == segments[0][0] == ([BASE, BASE + 1, BASE + 3] if cpu else [BASE, BASE + 1])
+    if cpu:
+        assert [(index, ip) for index, kind, ip in events if kind == "disabled"] == [
+            (index, ip) for index, kind, _, ip in result.events if kind == "disabled"] == [(3, pgd_ip)]

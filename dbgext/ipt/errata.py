@@ -5,16 +5,18 @@ The flow decoder applies the workarounds that change the instruction flow:
 
 * APL11 (and SKD010's overflow handling): a TIP.PGD right after an OVF is an
   artefact of the overflow and is ignored; without the erratum it is an error,
-  as in libipt.
+  as in libipt;
+* SKD022: FUP + TIP.PGD at a VMLAUNCH/VMRESUME is the VM entry clearing TraceEn:
+  the instruction ran and tracing stopped after it (libipt turns the asynchronous
+  disable into a synchronous one).
 
 The others are listed so ``--cpu`` names them, but decoding does not depend on them
-(BDM70, BDM64, SKD007, SKD022, SKL014, APL12, SKL168, SKZ84).
+(BDM70, BDM64, SKD007, SKL014, APL12, SKL168, SKZ84).
 """
 
 from ..errors import BadInput
 
 ERRATA = ("bdm70", "bdm64", "skd007", "skd022", "skd010", "skl014", "apl12", "apl11", "skl168", "skz84")
-APPLIED = frozenset(("apl11", "skd010"))
 
 # Family 6 model -> errata, as libipt 2.0.5's pt_cpu_errata.
 _FAMILY6 = {}

@@ -876,7 +876,13 @@ class _Walk(object):
             return value
         if kind == F_PGD:
             self.lookahead = None
-            self.event("disabled", offset, address)
+            if "skd022" in self.errata and self.cache.disassemble(address).startswith(("vmlaunch", "vmresume")):
+                # Erratum SKD022: the VM entry cleared TraceEn; it ran, and tracing stopped after it.
+                self.out.append(address)
+                self.committed = len(self.out)
+                self.event("disabled", offset, value)
+            else:
+                self.event("disabled", offset, address)
             return None
         if kind == F_OVF:
             return None
