@@ -17,10 +17,11 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
 from dbgext.target.base import PAGE_MASK, PAGE_SIZE  # noqa: E402
 from dbgext.target.pykd_backend import open_pykd_target  # noqa: E402
-from dbgext.testing.fake_pykd import make_fake_pykd  # noqa: E402
+from fake_pykd import make_fake_pykd  # noqa: E402
 from dbgext.testing.scenario import Scenario  # noqa: E402
 
 
@@ -67,7 +68,6 @@ def sequential_scan(scenario, region, size, cache_pages):
 
 
 def db_command(scenario, region):
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
     from pykd_support import run_windbg_script
     (text, pykd), seconds = timed(lambda: run_windbg_script("db", ["%x" % region, "L?10000"], scenario))
     return pykd.fake_calls["loadBytes"], seconds, text.count("\n")
@@ -77,7 +77,6 @@ def etwstacks_cache():
     """``etwstacks --cache ADDR --validate`` over a 3 MB cache (half used after
     evictions) through commands/etwstacks.py, next to the anchor: the same pages
     read one loadBytes each, as the walker did before it read runs."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
     from etwcache_support import kernel_scenario, random_stacks
     from pykd_support import memory_engine_calls, run_windbg_script
     from dbgext.etwcache import layouts

@@ -17,12 +17,14 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
 from dbgext.cli import main  # noqa: E402
 from dbgext.rtltrace.fixtures import DEBUG_HEAP_BUCKETS, build_database  # noqa: E402
 from dbgext.rtltrace import analyze  # noqa: E402
 from dbgext.target import open_dump  # noqa: E402
 from dbgext.testing.scenario import Scenario  # noqa: E402
+from minidump_writer import write_minidump
 
 MODULES = [("ntdll", 0x7FFA10000000, 0x1F0000, "ntdll.dll"), ("kernel32", 0x7FFA0F000000, 0xC0000, "kernel32.dll"),
            ("app", 0x7FF6A0000000, 0x80000, "app.exe"), ("netio", 0x7FFA0E000000, 0x40000, "netio.dll")]
@@ -75,7 +77,7 @@ def main_bench():
     try:
         path = os.path.join(directory, "heap.dmp")
         start = time.perf_counter()
-        scenario.write_minidump(path)
+        write_minidump(scenario, path)
         scenario.write_symbols(path + ".symbols")
         print("wrote %s (%.1f MiB) in %.2f s" % (path, os.path.getsize(path) / 1048576.0, time.perf_counter() - start))
         dump_target = open_dump(path)

@@ -22,11 +22,12 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
 from dbgext.target import open_dump  # noqa: E402
 from dbgext.target.base import PAGE_SIZE, Target  # noqa: E402
 from dbgext.testing.kdump_writer import write_kernel_dump  # noqa: E402
-from dbgext.testing.minidump_writer import write_minidump  # noqa: E402
+from minidump_writer import write_minidump  # noqa: E402
 from dbgext.testing.scenario import Scenario, Thread  # noqa: E402
 
 CHUNK = 16 << 20

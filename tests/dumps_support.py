@@ -185,7 +185,7 @@ def small_dump(seed=41):
     copies pointing at each other, three drivers, two unloaded drivers and the Mm
     information."""
     from dbgext.testing.kdump_writer import KernelDumpHeader, pack_debugger_data
-    from dbgext.testing.triage_writer import SmallDump
+    from triage_writer import SmallDump
     rng = random.Random(seed)
     registers = {"rip": DRIVER_BASE + 0x1234, "rsp": STACK_POINTER, "rbp": STACK_POINTER + 0x80,
                  "rax": 0xC0FFEE, "efl": 0x40286}

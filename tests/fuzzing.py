@@ -24,6 +24,7 @@ import time
 
 from dbgext.cli import main
 from dbgext.errors import EXIT_ERROR, EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, DbgextError
+from minidump_writer import write_minidump
 
 CLEAN_EXIT_CODES = (EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_PROBLEMS)
 
@@ -289,7 +290,7 @@ def _minidump_seed(arch):
     def build(directory):
         from dumps_support import user_scenario
         path = os.path.join(directory, "seed-%s.mdmp" % arch)
-        user_scenario(arch).write_minidump(path)
+        write_minidump(user_scenario(arch), path)
         return _read(path)
     return build
 

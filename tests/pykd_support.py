@@ -12,7 +12,7 @@ recursion limit 500, a ``sys.stdout`` that only takes ``str`` (``write``,
 import os
 import sys
 
-from dbgext.testing.fake_pykd import make_fake_pykd
+from fake_pykd import make_fake_pykd
 
 COMMANDS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "commands")
 

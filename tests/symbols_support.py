@@ -12,6 +12,7 @@ import pytest
 from dbgext.pe import PEImage
 from dbgext.symbols.pdb import PdbFile
 from dbgext.symbols.types import pdb_type_text, pdb_type_view
+from minidump_writer import write_minidump
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join(HERE, "data", "symbols", "kernel_shapes.c")
@@ -90,7 +91,7 @@ def minidump_with_dll(built, path, name="kernel_shapes"):
     data = mapped_image(built.dll)
     base = DLL_BASE_X86 if built.arch == "x86" else 0x7FF800000000
     scenario.add_module(name, base, len(data), image=name + ".dll", content=data)
-    scenario.write_minidump(path)
+    write_minidump(scenario, path)
     return scenario, base
 
 

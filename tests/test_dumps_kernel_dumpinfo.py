@@ -12,6 +12,7 @@ from dbgext.dumpinfo import DumpInfoResult, analyze
 from dbgext.testing.kdump_writer import write_kernel_dump
 
 from dumps_support import DRIVER_BASE, kernel_scenario, small_dump, user_scenario
+from minidump_writer import write_minidump
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +86,7 @@ def test_problems_of_a_damaged_small_dump_are_listed(small, tmp_path):
 
 def test_a_minidump_gets_the_facts_it_has(tmp_path):
     path = str(tmp_path / "user.mdmp")
-    user_scenario("x64", seed=72, blobs=1).write_minidump(path)
+    write_minidump(user_scenario("x64", seed=72, blobs=1), path)
     code, text, _ = run(["dumpinfo", "--dump", path])
     assert code == 0 and "minidump (user mode)" in text
     assert "Structure offsets" not in text

@@ -16,6 +16,7 @@ from dbgext.target.kdump import KernelDumpBackend
 from dbgext.target.minidump import MinidumpBackend
 
 from dumps_support import NT_BASE, kernel_scenario, user_scenario
+from minidump_writer import write_minidump
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +34,7 @@ def test_a_page_signature_opens_the_kernel_dump_backend(kernel_dump):
 
 def test_an_mdmp_signature_opens_the_minidump_backend(tmp_path):
     path = str(tmp_path / "user.mdmp")
-    user_scenario("x86", seed=32, blobs=1).write_minidump(path)
+    write_minidump(user_scenario("x86", seed=32, blobs=1), path)
     target = dbgext.open(path)
     assert isinstance(target.backend, MinidumpBackend)
     assert target.arch == "x86" and target.pointer_size == 4
@@ -100,7 +101,7 @@ def test_the_cli_dumps_bytes_from_a_kernel_dump_with_symbols_beside_it(kernel_du
 
 def test_the_cli_lists_minidump_modules_as_json(tmp_path):
     path = str(tmp_path / "user.mdmp")
-    user_scenario("x64", seed=33, blobs=1).write_minidump(path)
+    write_minidump(user_scenario("x64", seed=33, blobs=1), path)
     stream = io.StringIO()
     assert main(["lm", "--dump", path, "--json"], stream=stream) == 0
     document = json.loads(stream.getvalue())

@@ -9,7 +9,7 @@ from dbgext.etwcache.fixtures import PIECE_STRIDE, StackCacheBuilder
 from dbgext.etwcache.walk import MAX_READ_AHEAD
 from dbgext.target.base import PAGE_SIZE
 from dbgext.target.pykd_backend import open_pykd_target
-from dbgext.testing.fake_pykd import make_fake_pykd
+from fake_pykd import make_fake_pykd
 
 from etwcache_support import kernel_scenario, random_stacks
 from pykd_support import memory_engine_calls, run_windbg_script

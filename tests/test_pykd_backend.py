@@ -7,9 +7,10 @@ import pytest
 from dbgext.errors import DbgextError, UnreadableMemory
 from dbgext.target.base import PAGE_SIZE
 from dbgext.target.pykd_backend import PykdBackend, open_pykd_target
-from dbgext.testing.fake_pykd import make_fake_pykd
+from fake_pykd import make_fake_pykd
 from dbgext.testing.scenario import Scenario
 from pykd_support import DRIVER_BASE, NT_BASE, kernel_scenario
+from minidump_writer import write_minidump
 
 
 @pytest.fixture
@@ -176,7 +177,7 @@ def test_the_backend_reads_a_user_minidump_through_the_fake(tmp_path):
     s.threads.append(Thread(0x1234, teb=0x300000, stack_base=0x200000, stack_size=0x1000,
                             registers=dict(s.registers)))
     path = str(tmp_path / "u.mdmp")
-    s.write_minidump(path)
+    write_minidump(s, path)
     s.write_symbols(path + ".symbols")
     pykd = make_fake_pykd(path)
     assert not pykd.isKernelDebugging()

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from dbgext.testing import fake_pykd
-from dbgext.testing.fake_pykd import make_fake_pykd
+import fake_pykd
+from fake_pykd import make_fake_pykd
 from dbgext.testing.scenario import Scenario
 from pykd_support import DRIVER_BASE, NT_BASE, DebuggerOutput, kernel_scenario
 

@@ -12,6 +12,7 @@ import pytest
 
 from dbgext.cli import load_commands, main
 from dbgext.sample import build_sample_scenario
+from minidump_writer import write_minidump
 
 # Every command, with arguments that make it read the dump.  A new command must be
 # added here: the coverage test below fails otherwise.
@@ -33,7 +34,7 @@ def dumps(tmp_path_factory):
     scenario.write_kernel_dump(kernel)
     from dumps_support import user_scenario
     user = str(directory / "user.mdmp")
-    user_scenario("x64").write_minidump(user)
+    write_minidump(user_scenario("x64"), user)
     return [kernel, user]
 
 

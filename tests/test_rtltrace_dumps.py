@@ -12,8 +12,10 @@ from dbgext.rtltrace.fixtures import add_sample_database
 from dbgext.testing.scenario import Scenario
 
 from rtltrace_support import database
+from dbgext.testing.kdump_writer import write_kernel_dump
+from minidump_writer import write_minidump
 
-CASES = [("kernel-x64", "write_kernel_dump"), ("user-x64", "write_minidump"), ("user-x86", "write_minidump")]
+CASES = [("kernel-x64", write_kernel_dump), ("user-x64", write_minidump), ("user-x86", write_minidump)]
 
 
 def cli(argv):
@@ -27,7 +29,7 @@ def dump(request, tmp_path_factory):
     layout, writer = request.param
     scenario, builder = database(layout, distinct=150, adds=450)
     path = str(tmp_path_factory.mktemp(layout) / "db.dmp")
-    getattr(scenario, writer)(path)
+    writer(scenario, path)
     scenario.write_symbols(path + ".symbols")
     return layout, path, builder
 

@@ -13,6 +13,7 @@ from stacks_support import build, run
 from dbgext.cli import main
 from dbgext.stackuse.fixtures import KTHREAD_FIELDS, KTHREAD_SIZE, add_sample_driver
 from dbgext.testing.scenario import Scenario, Thread
+from minidump_writer import write_minidump
 
 
 def k(*args):
@@ -31,7 +32,7 @@ def minidump_with_two_threads(tmp_path):
     scenario.threads.append(Thread(7, stack_base=first.stack_base, stack_size=first.stack_size,
                                    registers={"rip": expected[2][0], "rsp": expected[2][1]}))
     path = str(tmp_path / "user.mdmp")
-    scenario.write_minidump(path)
+    write_minidump(scenario, path)
     return path, expected
 
 
@@ -82,7 +83,7 @@ def minidump_without_pdata(tmp_path):
     base = stopped.address("leaf") - stopped.image.exports_by_name["leaf"]
     scenario.unmap(base + stopped.image.directory(3)[0], 1)
     path = str(tmp_path / "no-pdata.mdmp")
-    scenario.write_minidump(path)
+    write_minidump(scenario, path)
     return path, stopped.expected_frames()
 
 

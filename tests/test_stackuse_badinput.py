@@ -14,6 +14,7 @@ from dbgext.pe import PEImage
 from dbgext.testing.scenario import Scenario
 
 from stackuse_support import analyse_built, function_named
+from minidump_writer import write_minidump
 
 
 def run(*argv):
@@ -152,7 +153,7 @@ def test_module_claiming_a_4_gb_size_in_a_minidump_costs_what_its_pages_cost(tmp
     scenario.add_module("claims", 0x7FF600000000, built.size, image="claims.dll", content=built.data)
     scenario.modules[-1].size = 0xFFFFFFFF  # what the module list says; the dump holds a few pages
     dump = str(tmp_path / "claims.dmp")
-    scenario.write_minidump(dump)
+    write_minidump(scenario, dump)
     tracemalloc.start()
     try:
         code, text = run("stackuse", "functions", "--dump", dump, "--module", "claims", "--json")

@@ -12,6 +12,7 @@ from symbols_support import DRIVER_BASE, build_dll, kernel_dump_with_driver, min
 
 from dbgext.cli import main
 from dbgext.target import open_dump
+from minidump_writer import write_minidump
 
 
 @pytest.fixture(scope="module")
@@ -278,7 +279,7 @@ def test_a_module_whose_headers_the_dump_lost_gets_its_pdb_through_the_stores_im
                         timestamp=image.timestamp)
     scenario.unmap(base, 0x1000)
     dump = str(tmp_path / "headerless.mdmp")
-    scenario.write_minidump(dump)
+    write_minidump(scenario, dump)
     store = tmp_path / "store"
     for name, source, key in (("kernel_shapes.dll", x64.dll, "%08X%x" % (image.timestamp, image.size_of_image)),
                               (os.path.basename(x64.pdb), x64.pdb, image.codeview.symbol_server_key)):

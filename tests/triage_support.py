@@ -21,7 +21,7 @@ import struct
 import time
 
 from dbgext.testing.kdump_writer import write_kernel_dump
-from dbgext.testing.minidump_writer import write_minidump
+from minidump_writer import write_minidump
 from dbgext.testing.scenario import Scenario, Thread
 from dbgext.problems import Problem
 from dbgext.triage.record import register_analysis

@@ -12,7 +12,6 @@ read through the in-memory backend, a kernel crash dump, or a minidump.
     s.write(addr, b"...")
     target = s.target()                       # unit tests
     s.write_kernel_dump("x.dmp")              # real PAGEDU64 dump (kernel mode)
-    s.write_minidump("x.mdmp")                # real MDMP (user mode)
     s.write_symbols("symbols/")               # ISF, one file per module
 """
 
@@ -252,7 +251,3 @@ class Scenario(object):
     def write_kernel_dump(self, path, bitmap=False, dump_type=None):
         from .kdump_writer import write_kernel_dump
         return write_kernel_dump(self, path, bitmap=bitmap, dump_type=dump_type)
-
-    def write_minidump(self, path, memory_list="memory64"):
-        from .minidump_writer import write_minidump
-        return write_minidump(self, path, memory_list=memory_list)

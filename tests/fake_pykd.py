@@ -25,8 +25,8 @@ import sys
 import types
 from collections import Counter
 
-from ..errors import DbgextError
-from ..target.base import Target
+from dbgext.errors import DbgextError
+from dbgext.target.base import Target
 
 VERSION = "0.3.4.15"
 
@@ -680,7 +680,7 @@ def make_fake_pykd(source, mode=None, dump=True, registers=None, threads=None, b
 
 
 def _open_source(source, symbols):
-    from .scenario import Scenario
+    from dbgext.testing.scenario import Scenario
     if isinstance(source, Scenario):
         facts = source.info()
         facts["threads"] = source.threads
@@ -688,7 +688,7 @@ def _open_source(source, symbols):
     if isinstance(source, Target):
         return source, dict(source.info())
     if isinstance(source, str):
-        from ..target import open_dump
+        from dbgext.target import open_dump
         target = open_dump(source, symbols=symbols)
         return target, dict(target.info())
     raise DbgextError("fake pykd needs a Scenario, a Target or a dump path, not %r" % (source,))
@@ -994,7 +994,7 @@ def _build_module(session):
 
     @export
     def expr(expression, cplusplus=False):
-        from ..address import evaluate
+        from dbgext.address import evaluate
         try:
             return evaluate(_text(expression), _SessionSymbols(session))
         except DbgextError:
