@@ -123,7 +123,3 @@ def parse_range(tokens, start, unit, default_count, resolver):
     if end < start:
         raise BadInput("range end %s is below the start address 0x%x" % (text, start))
     return (end - start) // unit + 1
-
-
-# Transitional name while the capability commands move to ctx.address()/ctx.count().
-parse_hex = parse_number

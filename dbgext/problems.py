@@ -23,10 +23,6 @@ class Problem(object):
         self.severity = severity
         self.offset = offset
 
-    @property
-    def detail(self):  # transitional alias of ``message`` while callers move over
-        return self.message
-
     def as_dict(self):
         return {"kind": self.kind, "severity": self.severity, "address": self.address,
                 "offset": self.offset, "message": self.message}
@@ -104,17 +100,3 @@ class ProblemLog(list):
 
     def as_list(self):
         return [problem.as_dict() for problem in self]
-
-
-class CollectsProblems(object):
-    """Transitional base for walkers that call ``self.problem(...)``; being replaced
-    by holding a :class:`ProblemLog` directly."""
-
-    def __init__(self):
-        self.problems = ProblemLog()
-
-    def problem(self, kind, address, message, severity="error"):
-        self.problems.add(kind, address, message, severity)
-
-    def finish_problems(self):
-        self.problems.finish()
