@@ -406,31 +406,23 @@ class PdbFile(object):
             if module.symbol_bytes > len(data):
                 self.fail(what, "%d symbol bytes in a stream of %d" % (module.symbol_bytes, len(data)))
             data = data[:module.symbol_bytes]
-            at = 4  # CV_SIGNATURE_C13
-            limit = len(data)
             unpack_from = struct.unpack_from
-            while at + 4 <= limit:
-                length, kind = unpack_from("<HH", data, at)
-                end = at + 2 + length
-                if length < 2 or end > limit:
-                    self.fail(what, "record at offset %d runs past the stream" % at)
-                if kind in PROCEDURE_KINDS and end - at >= 39:
-                    (_, proc_end, _, code_size, _, _, type_index, offset,
-                     segment) = unpack_from("<IIIIIIIIH", data, at + 4)
+            # Records follow the CV_SIGNATURE_C13 word; a procedure's body (locals,
+            # blocks) is skipped to the S_END the procedure names.
+            for kind, payload, end in _records(data, self, what, start=4, skip_procedure_bodies=True):
+                if kind in PROCEDURE_KINDS and end - payload >= 35:
+                    (_, _, _, code_size, _, _, type_index, offset,
+                     segment) = unpack_from("<IIIIIIIIH", data, payload)
                     rva = self.rva(segment, offset)
                     if rva is not None:
-                        procedures.append(Procedure(_name(data, at + 39, end), rva, code_size,
+                        procedures.append(Procedure(_name(data, payload + 35, end), rva, code_size,
                                                     PROCEDURE_KINDS[kind], type_index))
-                    # Skip the body (locals, blocks) to the S_END the record names.
-                    if end < proc_end + 4 <= limit:
-                        end = proc_end + 2 + unpack_from("<H", data, proc_end)[0]
-                elif kind in DATA_KINDS and end - at >= 14:
-                    type_index, offset, segment = unpack_from("<IIH", data, at + 4)
+                elif kind in DATA_KINDS and end - payload >= 10:
+                    type_index, offset, segment = unpack_from("<IIH", data, payload)
                     rva = self.rva(segment, offset)
                     if rva is not None:
-                        data_symbols.append(DataSymbol(_name(data, at + 14, end), rva, type_index,
+                        data_symbols.append(DataSymbol(_name(data, payload + 10, end), rva, type_index,
                                                        DATA_KINDS[kind]))
-                at = end
         self._procedures, self._module_data = procedures, data_symbols
 
     def procedures(self):
@@ -468,9 +460,11 @@ class PdbFile(object):
         self.msf.close()
 
 
-def _records(data, pdb, what):
-    """(kind, payload start, end) of each record in a symbol stream."""
-    at = 0
+def _records(data, pdb, what, start=0, skip_procedure_bodies=False):
+    """(kind, payload start, end) of each record in a symbol stream; with
+    ``skip_procedure_bodies``, the records after a procedure up to its S_END are
+    passed over."""
+    at = start
     limit = len(data)
     unpack_from = struct.unpack_from
     while at + 4 <= limit:
@@ -479,6 +473,10 @@ def _records(data, pdb, what):
         if length < 2 or end > limit:
             pdb.fail(what, "record at offset %d runs past the stream" % at)
         yield kind, at + 4, end
+        if skip_procedure_bodies and kind in PROCEDURE_KINDS and end - at >= 12:
+            proc_end = unpack_from("<I", data, at + 8)[0]
+            if end < proc_end + 4 <= limit:
+                end = proc_end + 2 + unpack_from("<H", data, proc_end)[0]
         at = end
 
 

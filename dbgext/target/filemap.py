@@ -80,6 +80,24 @@ class FileMappedRanges(object):
         return dict(self._partial)
 
 
+class ReadsFileMappedRanges(object):
+    """For a backend whose memory is a :class:`FileMappedRanges` in ``self._memory``."""
+
+    def read_page(self, page_address):
+        return self._memory.read_pages(page_address, 1)[0]
+
+    def read_pages(self, page_address, count):
+        return self._memory.read_pages(page_address, count)
+
+    def mapped_ranges(self):
+        return self._memory.mapped_ranges()
+
+    def partial_pages(self):
+        """The pages the dump holds only part of (a minidump's 256-byte windows, a
+        small dump's stack copy from the stack pointer up), with the ranges held."""
+        return self._memory.partial_pages()
+
+
 def merge_ranges(ranges):
     """Sorted (start, end) ranges with touching and overlapping ones joined."""
     merged = []

@@ -33,7 +33,7 @@ from ..layouts.dump_formats import (
     MINIDUMP_UNLOADED_MODULE_LIST_HEADER, PAGE_MODIFIERS, PAGE_PROTECTIONS, TEB_STACK, THREAD_INFO_FLAGS)
 from .base import Backend, Module, Thread
 from .dumpfile import DumpFile
-from .filemap import FileMappedRanges
+from .filemap import FileMappedRanges, ReadsFileMappedRanges
 from .kdump import unpack_context
 
 MAX_STREAMS = 0x10000
@@ -88,7 +88,7 @@ class MemoryRegion(object):
                 "protect": self.protect_name, "protect_value": self.protect, "type": self.type_name}
 
 
-class MinidumpBackend(Backend):
+class MinidumpBackend(ReadsFileMappedRanges, Backend):
     kind = "minidump"
 
     def __init__(self, path):
@@ -277,20 +277,6 @@ class MinidumpBackend(Backend):
         if start + size > 1 << 64:
             raise BadInput("%s: memory range 0x%x (+0x%x) runs past the end of the address space"
                            % (self.path, start, size))
-
-    # -- memory -----------------------------------------------------------------------
-
-    def read_page(self, page_address):
-        return self._memory.read_pages(page_address, 1)[0]
-
-    def read_pages(self, page_address, count):
-        return self._memory.read_pages(page_address, count)
-
-    def mapped_ranges(self):
-        return self._memory.mapped_ranges()
-
-    def partial_pages(self):
-        return self._memory.partial_pages()
 
     # -- threads ------------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ from ..layouts.dump_formats import (
     TRIAGE_DATA_BLOCK, TRIAGE_DATA_BLOCK_SIZE, TRIAGE_DUMP64, TRIAGE_FORMAT, TRIAGE_OPTION_OVERFLOWED,
     TRIAGE_VALID)
 from .base import Module
-from .filemap import FileMappedRanges
+from .filemap import FileMappedRanges, ReadsFileMappedRanges
 from .kdump import KernelDumpBase, debugger_module_name, unpack_context, unpack_exception
 
 TRIAGE_FIELDS = sorted((name for name in TRIAGE_DUMP64 if name not in ("offset", "size")),
@@ -44,7 +44,7 @@ WHY_SMALL = ("a small memory dump holds only the crashing thread's stack, its KP
              "the driver list and the few data blocks the kernel chose to save")
 
 
-class TriageDumpBackend(KernelDumpBase):
+class TriageDumpBackend(ReadsFileMappedRanges, KernelDumpBase):
     """A small memory dump, mapped as described in the module docstring."""
 
     # Why commands that scan memory (trace databases, ETW buffers, IPT buffers)
@@ -211,20 +211,6 @@ class TriageDumpBackend(KernelDumpBase):
     def _read_mapped(self, address, size):
         """Bytes at ``address`` when a mapped part holds all of them, else None."""
         return self._memory.read(address, size)
-
-    def read_page(self, page_address):
-        return self._memory.read_pages(page_address, 1)[0]
-
-    def read_pages(self, page_address, count):
-        return self._memory.read_pages(page_address, count)
-
-    def mapped_ranges(self):
-        return self._memory.mapped_ranges()
-
-    def partial_pages(self):
-        """The pages the dump holds only part of (a stack copy starts at the stack
-        pointer, data blocks anywhere), with the ranges it does hold."""
-        return self._memory.partial_pages()
 
     # -- what the dump says ------------------------------------------------------------
 
