@@ -198,7 +198,7 @@ def test_json_output_of_memory_displays(world):
     target, at = world
     code, text = run(target, "dd", "%x" % (at.hole - 8), "L4", "--json")
     document = json.loads(text)
-    assert document == {"command": "dd", "address": at.hole - 8, "unit": 4, "count": 4,
+    assert document == {"schema_version": 1, "command": "dd", "address": at.hole - 8, "unit": 4, "count": 4,
                         "values": [0xFBFAF9F8, 0xFFFEFDFC, None, None], "clamped_from": None}
 
 

@@ -41,9 +41,7 @@ def _run_units(name):
         target, address, count = _start_and_count(ctx, args, unit, default_count)
         display = read_units(target, address, unit, count)
         if args.json:
-            document = display.as_dict()
-            document["command"] = name
-            ctx.out.json(document)
+            ctx.out.json(display.as_dict())
             return 0
         if display.clamped:
             ctx.out.line(layout.clamp_note(display.requested, len(display.values), unit))
@@ -56,15 +54,14 @@ def _run_units(name):
 def _run_dps(ctx, args):
     unit, default_count = ctx.target.pointer_size, DISPLAYS["dps"][1]
     target, address, count = _start_and_count(ctx, args, unit, default_count)
-    entries, requested = read_pointers(target, address, count)
+    display = read_pointers(target, address, count)
     if args.json:
-        ctx.out.json({"command": "dps", "address": address, "pointer_size": unit,
-                      "entries": [entry.as_dict() for entry in entries], "clamped_from": requested})
+        ctx.out.json(display.as_dict())
         return 0
     out = ctx.out
-    if requested is not None:
-        out.line(layout.clamp_note(requested, len(entries), unit))
-    for entry in entries:
+    if display.requested is not None:
+        out.line(layout.clamp_note(display.requested, len(display.entries), unit))
+    for entry in display.entries:
         where, value, symbol = layout.pointer_line_parts(entry, unit, target.format_address)
         if not out.dml or entry.value is None:
             out.line(("%s  %s %s" % (where, value, symbol)).rstrip())
@@ -89,28 +86,22 @@ def _run_lm(ctx, args):
             raise BadInput("lm takes no arguments or 'm PATTERN' (got '%s')" % " ".join(args.filter))
         pattern = args.filter[1]
     target = ctx.target
-    modules = list_modules(target, pattern)
-    symbols = target.symbols
+    listing = list_modules(target, pattern)
     if args.json:
-        documents = []
-        for module in modules:
-            document = module.as_dict()
-            document.update(symbols=symbols.status(module.name), symbol_file=symbols.symbol_file(module.name))
-            documents.append(document)
-        ctx.out.json({"command": "lm", "modules": documents})
+        ctx.out.json(listing.as_dict())
         return 0
+    modules = listing.modules
     rows = [[target.format_address(m.start), target.format_address(m.end), m.name, m.image,
-             _symbol_column(symbols, m.name)] for m in modules]
+             _symbol_column(m)] for m in modules]
     links = {(index, 2): "lmvm %s" % m.name for index, m in enumerate(modules)}
     ctx.out.table(rows, ["start", "end", "module name", "image", "symbols"], links=links)
     return 0
 
 
-def _symbol_column(symbols, module_name):
+def _symbol_column(module):
     """WinDbg's ``(pdb symbols)  C:\\sym\\nt.pdb`` / ``(export symbols)`` / ``(no symbols)``."""
-    path = symbols.symbol_file(module_name)
-    status = "(%s)" % symbols.status(module_name)
-    return "%s  %s" % (status, path) if path else status
+    status = "(%s)" % module.symbols
+    return "%s  %s" % (status, module.symbol_file) if module.symbol_file else status
 
 
 COMMANDS = [

@@ -11,23 +11,43 @@ MAX_DISPLAY_BYTES = 0x10000
 UNIT_FORMATS = {1: "<B", 2: "<H", 4: "<I", 8: "<Q"}
 
 
+SCHEMA_VERSION = 1
+
+
 class MemoryDisplay(object):
     """``count`` units of ``unit`` bytes from ``address``; ``values[i]`` is an int
     or None (unreadable).  ``requested`` is the count asked for when it was clamped."""
 
-    def __init__(self, address, unit, values, requested=None):
+    def __init__(self, address, unit, values, requested=None, command=None):
         self.address = address
         self.unit = unit
         self.values = values
         self.requested = requested
+        self.command = command or {1: "db", 4: "dd", 8: "dq"}.get(unit)
 
     @property
     def clamped(self):
         return self.requested is not None
 
     def as_dict(self):
-        return {"address": self.address, "unit": self.unit, "count": len(self.values),
-                "values": self.values, "clamped_from": self.requested}
+        return {"schema_version": SCHEMA_VERSION, "command": self.command, "address": self.address,
+                "unit": self.unit, "count": len(self.values), "values": self.values,
+                "clamped_from": self.requested}
+
+
+class PointerDisplay(object):
+    """``dps``: :class:`PointerEntry` lines from ``address``."""
+
+    def __init__(self, address, pointer_size, entries, requested=None):
+        self.address = address
+        self.pointer_size = pointer_size
+        self.entries = entries
+        self.requested = requested
+
+    def as_dict(self):
+        return {"schema_version": SCHEMA_VERSION, "command": "dps", "address": self.address,
+                "pointer_size": self.pointer_size, "entries": [entry.as_dict() for entry in self.entries],
+                "clamped_from": self.requested}
 
 
 class PointerEntry(object):
@@ -44,15 +64,29 @@ class PointerEntry(object):
 
 
 class ModuleEntry(object):
-    def __init__(self, name, start, end, image):
+    """One ``lm`` line; ``symbols`` is WinDbg's status (``pdb symbols``, ``export
+    symbols``, ``no symbols``…) and ``symbol_file`` the file that gave them."""
+
+    def __init__(self, name, start, end, image, symbols, symbol_file):
         self.name = name
         self.start = start
         self.end = end
         self.image = image
+        self.symbols = symbols
+        self.symbol_file = symbol_file
 
     def as_dict(self):
-        return {"name": self.name, "start": self.start, "end": self.end,
-                "size": self.end - self.start, "image": self.image}
+        return {"name": self.name, "start": self.start, "end": self.end, "size": self.end - self.start,
+                "image": self.image, "symbols": self.symbols, "symbol_file": self.symbol_file}
+
+
+class ModuleList(object):
+    def __init__(self, modules):
+        self.modules = modules
+
+    def as_dict(self):
+        return {"schema_version": SCHEMA_VERSION, "command": "lm",
+                "modules": [module.as_dict() for module in self.modules]}
 
 
 def clamp_count(count, unit):
@@ -83,7 +117,7 @@ def read_units(target, address, unit, count):
 
 
 def read_pointers(target, address, count):
-    """``dps``: pointer-sized values with what they point into."""
+    """``dps``: a :class:`PointerDisplay` of pointer-sized values with what they point into."""
     display = read_units(target, address, target.pointer_size, count)
     entries = []
     for index, value in enumerate(display.values):
@@ -91,14 +125,17 @@ def read_pointers(target, address, count):
         if value is not None and target.module_at(value) is not None:
             symbol = target.symbolize(value)
         entries.append(PointerEntry(address + index * target.pointer_size, value, symbol))
-    return entries, display.requested
+    return PointerDisplay(address, target.pointer_size, entries, display.requested)
 
 
 def list_modules(target, pattern=None):
-    """Loaded modules in address order, optionally filtered by a wildcard on the name."""
+    """A :class:`ModuleList` of the loaded modules in address order (optionally
+    those whose name matches a wildcard), each with its symbol status."""
+    symbols = target.symbols
     modules = []
     for module in target.modules():
         if pattern and not fnmatch.fnmatch(module.name.lower(), pattern.lower()):
             continue
-        modules.append(ModuleEntry(module.name, module.base, module.end, module.image))
-    return modules
+        modules.append(ModuleEntry(module.name, module.base, module.end, module.image,
+                                   symbols.status(module.name), symbols.symbol_file(module.name)))
+    return ModuleList(modules)
