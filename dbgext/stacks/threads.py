@@ -59,9 +59,13 @@ def selected_thread(target, problems):
 
 
 def current_kernel_thread(target, problems):
-    """nt!KiProcessorBlock[processor] -> _KPRCB.CurrentThread, via type information."""
+    """nt!KiProcessorBlock[processor] -> _KPRCB.CurrentThread, the offset from type
+    information or the dump's KDDEBUGGER_DATA64."""
     block = target.symbol_address(PROCESSOR_BLOCK_SYMBOL)
-    offset = target.field_offset(KPRCB_TYPE, KPRCB_CURRENT_THREAD)
+    try:
+        offset = lookup_layout(target, KPRCB_TYPE, None, fields=(KPRCB_CURRENT_THREAD,)).offset(KPRCB_CURRENT_THREAD)
+    except LayoutNotFound:
+        offset = None
     if block is None or offset is None:
         problems.add("layout_missing", None, "no %s / %s.%s in the symbols: the current thread's KTHREAD is "
                      "unknown" % (PROCESSOR_BLOCK_SYMBOL, KPRCB_TYPE, KPRCB_CURRENT_THREAD), "note")
