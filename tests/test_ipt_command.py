@@ -447,3 +447,22 @@ def test_scripts_use_the_public_api(files):
 def test_a_raw_trace_given_as_an_event_is_named_as_such(files):
     code, text = run("ipt", "event", "--trace", files["trace"])
     assert code == 1 and "found a raw trace starting with a PSB" in text
+
+
+def test_events_are_counted_past_the_ones_kept_and_the_call_tree_sees_them_all(files, tmp_path, monkeypatch):
+    import dbgext.ipt.flow
+    monkeypatch.setattr(dbgext.ipt.flow, "MAX_EVENTS", 3)
+    trace, expected = F.trace_program(PROGRAM, 2000, seed=8, interrupt_every=30)
+    (tmp_path / "irqs.bin").write_bytes(trace)
+    document = run_json("ipt", "flow", "--trace", tmp_path / "irqs.bin", "--image", files["image"], "--view",
+                        "calltree")
+    buffer = only_buffer(document)
+    assert len(buffer["events"]) == 3 and buffer["event_count"] > 3
+
+    def handler_calls(node):
+        own = node["calls"] if node["via"] == "interrupt" else 0
+        return own + sum(handler_calls(child) for child in node["children"])
+
+    assert handler_calls(buffer["calltree"]) == buffer["event_count"] - 1  # every event but the sync
+    code, text = run("ipt", "flow", "--trace", tmp_path / "irqs.bin", "--image", files["image"], "--stats")
+    assert "(listed 3 of %d events)" % buffer["event_count"] in text

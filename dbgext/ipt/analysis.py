@@ -233,7 +233,7 @@ class FlowBuffer(object):
     def as_dict(self):
         document = {"source": self.source.describe(), "instruction_count": self.decode.instruction_count,
                     "blocks": self.decode.blocks_built, "events": self.events,
-                    "problem_count": self.problems.count()}
+                    "event_count": self.decode.event_count, "problem_count": self.problems.count()}
         if not self.stats:
             if self.view == "instructions":
                 document["instructions"] = self.rows
@@ -261,7 +261,7 @@ class FlowAnalysis(object):
 def _decode_buffer(decoder, code, buffer, view, max_insns, stats, progress):
     """Decode one buffer to its end, feeding the view; returns a FlowBuffer."""
     result = FlowResult()
-    consumer = None if stats else make_view(view, code.namer, decoder.cache, result.events)
+    consumer = None if stats else make_view(view, code.namer, decoder.cache, result)
     listing = max_insns if view == "instructions" and not stats else 0
     size = max(len(buffer.data), 1)
 

@@ -71,6 +71,8 @@ ERRATA_OVF_PGD = frozenset(("apl11", "skd010"))
 MAX_BLOCK_BYTES = 0x1000
 # Committed instructions are handed on in chunks of at least this many.
 FLUSH_SIZE = 1 << 16
+# Events kept in a result (a trace can hold millions of interrupts); the rest are counted.
+MAX_EVENTS = 100000
 # Blocks walked without consuming any trace before we call it a runaway path.
 MAX_BLOCKS_WITHOUT_TRACE = 100000
 
@@ -265,10 +267,13 @@ class FlowResult(object):
     of them when the caller capped the listing (``truncated`` then says so);
     ``instruction_count``: all of them, always decoded to the end of the trace;
     ``events``: (instruction index, kind, trace offset, IP) of enabled, disabled,
-    sync, overflow, resumed, interrupt, gap and resync, in order; ``problems``: a
-    ProblemLog (trace offsets are offsets in the decoded data)."""
+    sync, overflow, resumed, interrupt, gap, resync and transaction events, in
+    order, the first MAX_EVENTS of them (``event_count`` counts them all; every one
+    goes to the ``listeners``); ``problems``: a ProblemLog (trace offsets are
+    offsets in the decoded data)."""
 
-    __slots__ = ("instructions", "instruction_count", "truncated", "problems", "events", "blocks_built")
+    __slots__ = ("instructions", "instruction_count", "truncated", "problems", "events", "event_count",
+                 "listeners", "blocks_built")
 
     def __init__(self):
         self.instructions = []
@@ -276,7 +281,16 @@ class FlowResult(object):
         self.truncated = False
         self.problems = ProblemLog()
         self.events = []
+        self.event_count = 0
+        self.listeners = []
         self.blocks_built = 0
+
+    def add_event(self, event):
+        self.event_count += 1
+        if len(self.events) < MAX_EVENTS:
+            self.events.append(event)
+        for listener in self.listeners:
+            listener(event)
 
 
 class _Resync(Exception):
@@ -298,8 +312,8 @@ class FlowDecoder(object):
         """Decode ``data[start:end]`` to the end.  Committed instructions go, in chunks,
         to ``sink(chunk)`` when given; the first ``max_insns`` (all when None) are also
         kept in ``result.instructions``.  ``progress(trace offset, instructions)`` is
-        called after each chunk.  ``result``: a FlowResult to fill (a view reading its
-        events as they come holds it before the decode starts)."""
+        called after each chunk.  ``result``: a FlowResult to fill (a view listening to
+        its events holds it before the decode starts)."""
         result = result if result is not None else FlowResult()
         listing = result.instructions
         limit = max_insns
@@ -454,7 +468,7 @@ class _Walk(object):
 
     def event(self, kind, offset, ip):
         """Record an event before the next instruction: (instruction index, kind, trace offset, IP)."""
-        self.result.events.append((self.flushed + len(self.out), kind, offset, ip))
+        self.result.add_event((self.flushed + len(self.out), kind, offset, ip))
 
     def flush(self):
         """Hand the committed instructions to the sink (in chunks of FLUSH_SIZE or more,

@@ -156,8 +156,14 @@ def _event_list(out, events):
             out.line("  before instruction %d: %s" % (event["index"], event_text(event)))
 
 
+def _events_cut(out, buffer):
+    if buffer.decode.event_count > len(buffer.events):
+        out.line("(listed %d of %d events)" % (len(buffer.events), buffer.decode.event_count))
+
+
 def flow_buffer(out, buffer, windbg, view):
     source_lines(out, buffer.source)
+    _events_cut(out, buffer)
     if buffer.stats:
         out.line("instructions: %d" % buffer.instruction_count)
         out.line("blocks: %d" % buffer.decode.blocks_built)

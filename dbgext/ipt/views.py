@@ -4,7 +4,7 @@
 Each view is fed the committed instructions chunk by chunk (``feed``), so a trace
 of any size is viewed without holding its instructions; ``finish`` returns the
 view's data.  Events (enabled, disabled, sync, overflow, interrupt, gap, resync...)
-come from the decode's event list, by instruction index.
+reach the call tree as the decode reports them (``on_event``), by instruction index.
 
 * :class:`FunctionPath`: one entry per stretch of instructions in one function;
 * :class:`CallTree`: who called whom, with call and instruction counts; an
@@ -17,7 +17,7 @@ and derives the function (``module!symbol``) from it.
 """
 
 import bisect
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 
 from .flow import B_CALL, B_FAR_CALL, B_FAR_RET, B_INDIRECT_CALL, B_RET
 
@@ -116,21 +116,24 @@ class FunctionPath(object):
 
 class CallTree(object):
     """Who called whom.  ``ends``: {address of a block's last instruction: block kind}
-    (BlockCache.ends); ``events``: the decode's event list (read as it grows).
+    (BlockCache.ends).  Events arrive through ``on_event`` before the instructions
+    they precede are fed.
 
     The root is the function the trace starts in.  Depth and node count are
     bounded: past them, instructions are counted in the deepest node allowed."""
 
-    def __init__(self, namer, ends, events):
+    def __init__(self, namer, ends):
         self.namer = namer
         self.ends = ends
-        self.events = events
-        self.next_event = 0
+        self.events = deque()  # reported, not yet reached by the instructions fed
         self.index = 0
         self.root = None
         self.stack = []
         self.nodes = 0
         self.pending = None  # what the last instruction started: "call" or "interrupt"
+
+    def on_event(self, event):
+        self.events.append(event)
 
     def _enter(self, ip, how):
         parent = self.stack[-1]
@@ -149,9 +152,8 @@ class CallTree(object):
 
     def _apply_events(self, index):
         events = self.events
-        while self.next_event < len(events) and events[self.next_event][0] <= index:
-            event = events[self.next_event]
-            self.next_event += 1
+        while events and events[0][0] <= index:
+            event = events.popleft()
             kind = event[1]
             if self.stack and len(self.stack[-1]["events"]) < MAX_NODE_EVENTS:
                 self.stack[-1]["events"].append(event_row(event))
@@ -226,10 +228,13 @@ class FunctionCounts(object):
 VIEWS = {"path": FunctionPath, "functions": FunctionCounts}
 
 
-def make_view(view, namer, cache, events):
-    """The consumer for ``view`` ("instructions" needs none: the listing is the decode's)."""
+def make_view(view, namer, cache, result):
+    """The consumer for ``view`` over the decode filling ``result`` (a flow.FlowResult);
+    None for "instructions", whose listing is the decode's own."""
     if view == "calltree":
-        return CallTree(namer, cache.ends, events)
+        tree = CallTree(namer, cache.ends)
+        result.listeners.append(tree.on_event)
+        return tree
     if view in VIEWS:
         return VIEWS[view](namer)
     return None
