@@ -18,7 +18,7 @@ import time
 from dbgext.cli import main
 from dbgext.etwcache import fixtures, layouts, replay
 from dbgext.stackhash import stack_trace_hash_frames
-from dbgext.testing.scenario import Scenario
+from dbgext.sample.scenario import Scenario
 
 NT_BASE = 0xFFFFF80000000000
 

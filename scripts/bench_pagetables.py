@@ -28,9 +28,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from dbgext.cli import load_commands, main  # noqa: E402
-from dbgext.testing.kdump_writer import (  # noqa: E402
+from dbgext.sample.kdump_writer import (  # noqa: E402
     KernelDumpHeader, build_physical_memory, write_physical_dump)
-from dbgext.testing.scenario import Scenario  # noqa: E402
+from dbgext.sample.scenario import Scenario  # noqa: E402
 
 PAGE = 0x1000
 POOL = 0xFFFFC08000000000

@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from dbgext.target.base import PAGE_MASK, PAGE_SIZE  # noqa: E402
 from dbgext.target.pykd_backend import open_pykd_target  # noqa: E402
 from fake_pykd import make_fake_pykd  # noqa: E402
-from dbgext.testing.scenario import Scenario  # noqa: E402
+from dbgext.sample.scenario import Scenario  # noqa: E402
 
 
 def build(scan_bytes):

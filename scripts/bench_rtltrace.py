@@ -23,7 +23,7 @@ from dbgext.cli import main  # noqa: E402
 from dbgext.rtltrace.fixtures import DEBUG_HEAP_BUCKETS, build_database  # noqa: E402
 from dbgext.rtltrace import analyze  # noqa: E402
 from dbgext.target import open_dump  # noqa: E402
-from dbgext.testing.scenario import Scenario  # noqa: E402
+from dbgext.sample.scenario import Scenario  # noqa: E402
 from minidump_writer import write_minidump
 
 MODULES = [("ntdll", 0x7FFA10000000, 0x1F0000, "ntdll.dll"), ("kernel32", 0x7FFA0F000000, 0xC0000, "kernel32.dll"),

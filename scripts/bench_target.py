@@ -26,9 +26,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 from dbgext.target import open_dump  # noqa: E402
 from dbgext.target.base import PAGE_SIZE, Target  # noqa: E402
-from dbgext.testing.kdump_writer import write_kernel_dump  # noqa: E402
+from dbgext.sample.kdump_writer import write_kernel_dump  # noqa: E402
 from minidump_writer import write_minidump  # noqa: E402
-from dbgext.testing.scenario import Scenario, Thread  # noqa: E402
+from dbgext.sample.scenario import Scenario, Thread  # noqa: E402
 
 CHUNK = 16 << 20
 WORKING_SET_PAGES = 256

@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import dbgext  # noqa: E402
 from dbgext.sample import build_sample_scenario  # noqa: E402
-from dbgext.testing.kdump_writer import write_kernel_dump  # noqa: E402
+from dbgext.sample.kdump_writer import write_kernel_dump  # noqa: E402
 from dbgext.triage.record import build_record, content_hash, load_plugins, select_analyses  # noqa: E402
 from dbgext.triage.run import run_batch  # noqa: E402
 from dbgext.triage.store import TriageStore  # noqa: E402

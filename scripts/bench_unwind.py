@@ -35,7 +35,7 @@ from dbgext.stacks.images import Images  # noqa: E402
 from dbgext.stacks.scan import ReturnAddresses, scan_for_return  # noqa: E402
 from dbgext.stackuse.fixtures import Function, alloc_slots, build_pe, push_slot  # noqa: E402
 from dbgext.target import open_dump  # noqa: E402
-from dbgext.testing.scenario import Scenario  # noqa: E402
+from dbgext.sample.scenario import Scenario  # noqa: E402
 from dbgext.problems import ProblemLog  # noqa: E402
 
 SCAN_FRAMES = 64  # the scan's frame cap for the comparison (triage kept 8)

@@ -1,6 +1,12 @@
 """Settings every test runs under."""
 
 import pytest
+from hypothesis import settings
+
+# Property tests run the same examples on every run: a red CI run is a change's
+# doing, never luck.  scripts/fuzz.py is where new inputs are tried.
+settings.register_profile("dbgext", derandomize=True)
+settings.load_profile("dbgext")
 
 
 @pytest.fixture(autouse=True)

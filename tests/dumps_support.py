@@ -10,7 +10,7 @@ import random
 import struct
 
 from dbgext.layouts.dump_formats import DUMP_HEADER64, PAGE_SIZE
-from dbgext.testing.scenario import Scenario, Thread
+from dbgext.sample.scenario import Scenario, Thread
 
 KERNEL_POOL = 0xFFFFC08000000000
 NT_BASE = 0xFFFFF80000000000          # 2 MiB-aligned and fully mapped: one large page
@@ -184,7 +184,7 @@ def small_dump(seed=41):
     (one holding KiProcessorBlock), KDDEBUGGER_DATA64, the KPRCB/ETHREAD/EPROCESS
     copies pointing at each other, three drivers, two unloaded drivers and the Mm
     information."""
-    from dbgext.testing.kdump_writer import KernelDumpHeader, pack_debugger_data
+    from dbgext.sample.kdump_writer import KernelDumpHeader, pack_debugger_data
     from triage_writer import SmallDump
     rng = random.Random(seed)
     registers = {"rip": DRIVER_BASE + 0x1234, "rsp": STACK_POINTER, "rbp": STACK_POINTER + 0x80,

@@ -6,7 +6,7 @@ import random
 
 from dbgext.cli import main
 from dbgext.etwcache import fixtures
-from dbgext.testing.scenario import Scenario
+from dbgext.sample.scenario import Scenario
 
 NT_BASE = 0xFFFFF80000000000
 DRIVER_BASE = 0xFFFFF80012340000

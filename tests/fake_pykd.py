@@ -680,7 +680,7 @@ def make_fake_pykd(source, mode=None, dump=True, registers=None, threads=None, b
 
 
 def _open_source(source, symbols):
-    from dbgext.testing.scenario import Scenario
+    from dbgext.sample.scenario import Scenario
     if isinstance(source, Scenario):
         facts = source.info()
         facts["threads"] = source.threads
@@ -695,7 +695,7 @@ def _open_source(source, symbols):
 
 
 def _build_module(session):
-    fake = types.ModuleType("pykd", "Fake pykd %s for tests (dbgext.testing.fake_pykd)" % VERSION)
+    fake = types.ModuleType("pykd", "Fake pykd %s for tests (dbgext.sample.fake_pykd)" % VERSION)
     api = {}
 
     def export(function):

@@ -104,7 +104,7 @@ class Layout(object):
 def kernel_scenario():
     """nt and a driver with symbols and ISF types, a page of data followed by an
     unmapped page, a 3-entry LIST_ENTRY list of _WIDGETs, strings, one thread."""
-    from dbgext.testing.scenario import Scenario, Thread
+    from dbgext.sample.scenario import Scenario, Thread
     s = Scenario("x64", "kernel", build=19045)
     at = Layout()
     s.add_module("nt", NT_BASE, 0x20000, image="ntoskrnl.exe")

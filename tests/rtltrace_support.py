@@ -5,7 +5,7 @@ import json
 
 from dbgext.cli import main
 from dbgext.rtltrace.fixtures import build_database
-from dbgext.testing.scenario import Scenario
+from dbgext.sample.scenario import Scenario
 
 USER_MODULES = {
     "x64": [("ntdll", 0x7FFA10000000, 0x1F0000, "ntdll.dll"),

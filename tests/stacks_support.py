@@ -7,7 +7,7 @@ it runs, every ``call``/``ret`` (and the interrupt we deliver) is tracked on a
 shadow stack, so each live frame's return address and where it was pushed are
 known from the execution itself — not from the unwind data the tested unwinder
 reads.  The stopped machine (registers, stack, image) becomes a kernel-mode
-:class:`~dbgext.testing.scenario.Scenario`.
+:class:`~dbgext.sample.scenario.Scenario`.
 """
 
 import glob
@@ -20,7 +20,7 @@ import tempfile
 import pytest
 
 from dbgext.pe import PEImage
-from dbgext.testing.scenario import Scenario, Thread
+from dbgext.sample.scenario import Scenario, Thread
 
 SOURCES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "stacks")
 IMAGE_BASE = 0x140000000  # Unicorn fetches no code from canonical high addresses

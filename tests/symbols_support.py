@@ -73,7 +73,7 @@ DLL_BASE_X86 = 0x10000000
 def kernel_dump_with_driver(built, path, name="kernel_shapes"):
     """An x64 kernel dump (written by dbgext's writer) with ``built``'s DLL loaded
     as ``<name>.sys`` and an nt module; the DLL's PDB is not beside it."""
-    from dbgext.testing.scenario import Scenario
+    from dbgext.sample.scenario import Scenario
     scenario = Scenario("x64", "kernel")
     data = mapped_image(built.dll)
     scenario.add_module("nt", 0xFFFFF80000000000, 0x10000, image="ntoskrnl.exe")
@@ -86,7 +86,7 @@ def kernel_dump_with_driver(built, path, name="kernel_shapes"):
 
 def minidump_with_dll(built, path, name="kernel_shapes"):
     """A user-mode minidump (x86 or x64 after ``built``) with the DLL loaded."""
-    from dbgext.testing.scenario import Scenario
+    from dbgext.sample.scenario import Scenario
     scenario = Scenario(built.arch, "user")
     data = mapped_image(built.dll)
     base = DLL_BASE_X86 if built.arch == "x86" else 0x7FF800000000

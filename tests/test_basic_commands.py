@@ -10,7 +10,7 @@ from dbgext.address import TargetResolver, evaluate, parse_range
 from dbgext.basic.memory import MAX_DISPLAY_BYTES
 from dbgext.cli import main
 from dbgext.errors import BadInput, SymbolNotFound
-from dbgext.testing.scenario import Scenario
+from dbgext.sample.scenario import Scenario
 from pykd_support import DRIVER_BASE, NT_BASE, kernel_scenario
 
 

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from dbgext.testing.scenario import Scenario
+from dbgext.sample.scenario import Scenario
 from pykd_support import COMMANDS_DIR, NT_BASE, kernel_scenario, run_windbg_script
 
 ENTRY_SCRIPTS = ["db", "dd", "dq", "dps", "lm", "rtltrace", "etwstacks", "ipt", "stackuse", "triage"]

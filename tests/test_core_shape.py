@@ -11,7 +11,7 @@ from dbgext.address import TargetResolver, evaluate
 from dbgext.errors import EXIT_PROBLEMS, BadInput, LayoutNotFound, SymbolNotFound, WrongSignature
 from dbgext.layouts import BuiltinLayouts, lookup_layout
 from dbgext.problems import Problem, ProblemLog
-from dbgext.testing.scenario import Scenario
+from dbgext.sample.scenario import Scenario
 
 
 # -- problems ------------------------------------------------------------------
@@ -87,7 +87,7 @@ def test_a_register_needs_a_context():
 def test_threads_are_selected_by_id_or_index():
     scenario = Scenario("x64", "user")
     scenario.threads = []
-    from dbgext.testing.scenario import Thread
+    from dbgext.sample.scenario import Thread
     scenario.threads.append(Thread(0x1A4, registers={"rsp": 0x1000}))
     scenario.threads.append(Thread(0x2B8, registers={"rsp": 0x2000}))
     target = scenario.target()

@@ -7,7 +7,7 @@ import pytest
 from dbgext.errors import BadInput
 from dbgext.target.base import Module
 from dbgext.target.symbols import load_isf_directory, load_isf_file
-from dbgext.testing.scenario import Scenario
+from dbgext.sample.scenario import Scenario
 
 
 def test_isf_files_round_trip_symbols_and_types(tmp_path):

@@ -6,7 +6,7 @@ import pytest
 
 from dbgext.errors import BadInput, UnreadableMemory
 from dbgext.target.base import PAGE_SIZE
-from dbgext.testing.scenario import Scenario
+from dbgext.sample.scenario import Scenario
 
 NT_BASE = 0xFFFFF80000000000
 

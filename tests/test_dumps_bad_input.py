@@ -14,7 +14,7 @@ from dbgext.cli import main
 from dbgext.errors import BadInput
 from dbgext.layouts.dump_formats import (
     DUMP_HEADER64, MINIDUMP_STREAM, PAGE_SIZE, RDMP_HEADER64, SUMMARY_DUMP64, SUMMARY_DUMP_OLD)
-from dbgext.testing.kdump_writer import write_kernel_dump
+from dbgext.sample.kdump_writer import write_kernel_dump
 from minidump_writer import write_minidump
 
 from dumps_support import kernel_scenario, user_scenario

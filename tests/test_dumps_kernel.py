@@ -12,9 +12,9 @@ from dbgext.render.text import hexaddr
 from dbgext.layouts.dump_formats import (
     PAGE_SIZE, PTE_LARGE, PTE_PRESENT, PTE_PROTOTYPE, PTE_TRANSITION, PTE_WRITE)
 from dbgext.target.kdump import KernelDumpBackend, debugger_module_name
-from dbgext.testing.kdump_writer import (
+from dbgext.sample.kdump_writer import (
     DEFAULT_DTB, KernelDumpHeader, write_kernel_dump, write_physical_dump)
-from dbgext.testing.scenario import KLDR_X64, Scenario
+from dbgext.sample.scenario import KLDR_X64, Scenario
 
 from dumps_support import (
     NON_CANONICAL, NT_BASE, UNMAPPED_KERNEL, USER_BLOB, kdmp_loaded_modules, kdmp_read, kernel_scenario,
@@ -375,7 +375,7 @@ def test_a_dump_without_a_module_list_has_no_modules(tmp_path):
 def fragmented(request, tmp_path_factory):
     """A dump whose consecutive virtual pages sit in physical runs of 5 pages with
     holes between them, so bulk reads keep crossing run boundaries."""
-    import dbgext.testing.kdump_writer as writer
+    import dbgext.sample.kdump_writer as writer
     scenario = Scenario("x64", "kernel")
     region = scenario.alloc_pages(40 * PAGE_SIZE)
     scenario.write(region, random_bytes(random.Random(40), 40 * PAGE_SIZE))
@@ -426,7 +426,7 @@ def test_scan_finds_patterns_straddling_chunk_and_page_boundaries(tmp_path):
 
 
 def test_big_scenarios_stay_within_the_42_runs_of_the_header(monkeypatch, tmp_path):
-    import dbgext.testing.kdump_writer as writer
+    import dbgext.sample.kdump_writer as writer
     monkeypatch.setattr(writer, "PAGES_PER_DATA_RUN", 1)
     scenario = Scenario("x64", "kernel")
     region = scenario.alloc_pages(100 * PAGE_SIZE)

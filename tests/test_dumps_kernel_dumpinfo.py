@@ -9,7 +9,7 @@ import pytest
 import dbgext
 from dbgext.cli import main
 from dbgext.dumpinfo import DumpInfoResult, analyze
-from dbgext.testing.kdump_writer import write_kernel_dump
+from dbgext.sample.kdump_writer import write_kernel_dump
 
 from dumps_support import DRIVER_BASE, kernel_scenario, small_dump, user_scenario
 from minidump_writer import write_minidump

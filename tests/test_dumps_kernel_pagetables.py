@@ -16,7 +16,7 @@ from dbgext.layouts.dump_formats import DUMP_TYPE_BITMAP, DUMP_TYPE_FULL, PAGE_S
 from dbgext.target import kdump
 from dbgext.target.dumpfile import DumpFileChanged
 from dbgext.target.kdump import KernelDumpBackend
-from dbgext.testing.kdump_writer import (
+from dbgext.sample.kdump_writer import (
     KernelDumpHeader, build_physical_memory, write_kernel_dump, write_physical_dump)
 
 from dumps_support import KERNEL_POOL, NT_BASE, USER_BLOB, kernel_scenario

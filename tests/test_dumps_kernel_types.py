@@ -14,7 +14,7 @@ import dbgext
 from dbgext.layouts import BuiltinLayouts, lookup_layout
 from dbgext.layouts.dump_formats import DUMP_HEADER64, PAGE_SIZE, RDMP_HEADER64, SUMMARY_DUMP_OLD
 from dbgext.target.kdump import KernelDumpBackend
-from dbgext.testing.kdump_writer import pack_debugger_data, write_kernel_dump
+from dbgext.sample.kdump_writer import pack_debugger_data, write_kernel_dump
 
 from dumps_support import (
     NT_BASE, SMALL_DUMP_OFFSETS, UNMAPPED_KERNEL, kernel_scenario, open_kdmp, probe_addresses)

@@ -11,7 +11,7 @@ import pytest
 
 import dbgext
 from dbgext.layouts.dump_formats import DUMP_HEADER32, PAGE_SIZE, PTE_LARGE
-from dbgext.testing.kdump_writer import (
+from dbgext.sample.kdump_writer import (
     KernelDumpHeader, build_physical_memory_x86, pack_debugger_data, write_physical_dump)
 
 KERNEL = 0x80400000

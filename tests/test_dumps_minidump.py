@@ -13,7 +13,7 @@ import dbgext
 from dbgext.layouts.dump_formats import PAGE_SIZE
 from dbgext.target.minidump import MinidumpBackend
 from minidump_writer import memory_ranges, write_minidump
-from dbgext.testing.scenario import Scenario, Thread
+from dbgext.sample.scenario import Scenario, Thread
 
 from dumps_support import minidump_read, minidump_reader, probe_addresses, scenario_bytes, user_scenario
 

@@ -17,7 +17,7 @@ from dbgext.errors import BadInput, UnreadableMemory
 from dbgext.layouts.dump_formats import PAGE_SIZE
 from dbgext.target.minidump import MinidumpBackend, protection_name
 from minidump_writer import write_minidump
-from dbgext.testing.scenario import Scenario
+from dbgext.sample.scenario import Scenario
 
 from dumps_support import minidump_read, minidump_reader, user_scenario
 

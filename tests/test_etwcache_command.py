@@ -241,7 +241,7 @@ def test_an_unreadable_logger_name_is_a_problem_of_that_logger():
 
 
 def test_x86_targets_are_refused_with_a_message():
-    from dbgext.testing.scenario import Scenario
+    from dbgext.sample.scenario import Scenario
     scenario = Scenario("x86", "user")
     code, text = run(["etwstacks", "--cache", "1000"], scenario.target())
     assert code == 1 and "x64" in text

@@ -10,7 +10,7 @@ from dbgext.cli import main
 from dbgext.ipt import fixtures as F
 from dbgext.ipt import sources
 from dbgext.ipt.packets import PACKET_TYPES, PSB
-from dbgext.testing.scenario import Scenario
+from dbgext.sample.scenario import Scenario
 
 BASE = 0xFFFFF80012341000
 PROGRAM = F.sample_program(BASE)

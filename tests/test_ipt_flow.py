@@ -6,7 +6,7 @@ import ipt_support as libipt
 from dbgext.ipt import fixtures as F
 from dbgext.ipt.flow import CodeImage, FlowDecoder, decode_flow
 from dbgext.ipt.packets import PSB
-from dbgext.testing.scenario import Scenario
+from dbgext.sample.scenario import Scenario
 
 needs_libipt = pytest.mark.skipif(libipt.LIB is None, reason=libipt.SKIP_REASON)
 

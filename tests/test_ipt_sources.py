@@ -10,7 +10,7 @@ from dbgext.ipt import fixtures as F
 from dbgext.ipt import sources
 from dbgext.ipt.flow import CodeImage, decode_flow
 from dbgext.ipt.packets import PSB, decode_packets
-from dbgext.testing.scenario import Scenario
+from dbgext.sample.scenario import Scenario
 
 BASE = 0xFFFFF80012341000
 PROGRAM = F.random_program(BASE, functions=30, seed=8)

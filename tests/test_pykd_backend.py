@@ -8,7 +8,7 @@ from dbgext.errors import DbgextError, UnreadableMemory
 from dbgext.target.base import PAGE_SIZE
 from dbgext.target.pykd_backend import PykdBackend, open_pykd_target
 from fake_pykd import make_fake_pykd
-from dbgext.testing.scenario import Scenario
+from dbgext.sample.scenario import Scenario
 from pykd_support import DRIVER_BASE, NT_BASE, kernel_scenario
 from minidump_writer import write_minidump
 
@@ -166,7 +166,7 @@ def test_the_backend_reads_a_real_kernel_dump_through_the_fake(tmp_path):
 
 
 def test_the_backend_reads_a_user_minidump_through_the_fake(tmp_path):
-    from dbgext.testing.scenario import Thread
+    from dbgext.sample.scenario import Thread
     s = Scenario("x64", "user")
     s.add_module("app", 0x7FF700000000, 0x3000, image="app.exe")
     s.add_symbol("app", "main", 0x1000)

@@ -9,7 +9,7 @@ import pytest
 
 import fake_pykd
 from fake_pykd import make_fake_pykd
-from dbgext.testing.scenario import Scenario
+from dbgext.sample.scenario import Scenario
 from pykd_support import DRIVER_BASE, NT_BASE, DebuggerOutput, kernel_scenario
 
 SURFACE = "/work/shared/reference/pykd-0.3.4.15-surface.json"

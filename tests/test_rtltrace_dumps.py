@@ -9,10 +9,10 @@ import pytest
 from dbgext.cli import main
 from dbgext.errors import EXIT_PROBLEMS
 from dbgext.rtltrace.fixtures import add_sample_database
-from dbgext.testing.scenario import Scenario
+from dbgext.sample.scenario import Scenario
 
 from rtltrace_support import database
-from dbgext.testing.kdump_writer import write_kernel_dump
+from dbgext.sample.kdump_writer import write_kernel_dump
 from minidump_writer import write_minidump
 
 CASES = [("kernel-x64", write_kernel_dump), ("user-x64", write_minidump), ("user-x86", write_minidump)]

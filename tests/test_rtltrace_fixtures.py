@@ -8,7 +8,7 @@ from dbgext.rtltrace.fixtures import TraceDatabaseBuilder, add_sample_database
 from dbgext.rtltrace.hashing import pointer_sum_hash
 from dbgext.stackhash import stack_trace_hash, stack_trace_hash_frames
 from dbgext.rtltrace.layouts import BLOCK_MAGIC, DATABASE_MAGIC, SEGMENT_MAGIC, layout_named
-from dbgext.testing.scenario import Scenario
+from dbgext.sample.scenario import Scenario
 
 from rtltrace_support import database, scenario_for
 

@@ -12,7 +12,7 @@ from stacks_support import build, run
 
 from dbgext.cli import main
 from dbgext.stackuse.fixtures import KTHREAD_FIELDS, KTHREAD_SIZE, add_sample_driver
-from dbgext.testing.scenario import Scenario, Thread
+from dbgext.sample.scenario import Scenario, Thread
 from minidump_writer import write_minidump
 
 

@@ -12,7 +12,7 @@ from dbgext.pe import PEImage
 from dbgext.stacks import FOUND_BY, Unwinder, analyze
 from dbgext.stackuse.fixtures import Function, alloc_slots, build_pe, push_slot, unwind_slot
 from dbgext.target.base import Thread
-from dbgext.testing.scenario import Scenario
+from dbgext.sample.scenario import Scenario
 
 BASE = 0xFFFFF80123400000
 RBX, RBP = 3, 5
@@ -228,6 +228,16 @@ def test_a_stack_pointer_outside_the_threads_stack_is_reported():
     assert kinds(result) == ["sp_outside_stack"]
     assert result.problems[0].address == outside
     assert len(result.frames) == 1
+
+
+def test_a_stack_base_without_a_limit_is_no_bound():
+    """A small dump's damaged KTHREAD copy can give InitialStack and no StackLimit
+    (found by the fuzz harness): the walk goes on unbounded."""
+    placed = Placed(chained())
+    sp0 = placed.stack_base - 0x100
+    thread = Thread(1, {"rip": placed.at("Leaf"), "rsp": sp0}, stack_base=placed.stack_base, stack_limit=None)
+    result = analyze(placed.scenario.target(), thread=thread)
+    assert "sp_outside_stack" not in kinds(result) and result.frames
 
 
 def test_unwinding_out_of_the_threads_stack_stops_the_walk():

@@ -11,7 +11,7 @@ from dbgext.cli import main
 from dbgext.stackuse.callgraph import CallGraph, Program
 from dbgext.stackuse.fixtures import Function, add_sample_driver, alloc_slots, build_pe, sample_driver_functions
 from dbgext.pe import PEImage
-from dbgext.testing.scenario import Scenario
+from dbgext.sample.scenario import Scenario
 
 from stackuse_support import analyse_built, function_named
 from minidump_writer import write_minidump

@@ -94,7 +94,7 @@ def test_hogs_lists_largest_frames_and_chains_over_budget(driver_file):
 
 def test_sample_driver_in_a_kernel_dump_follows_the_import_into_nt(tmp_path):
     from dbgext.stackuse.fixtures import add_sample_driver
-    from dbgext.testing.scenario import Scenario
+    from dbgext.sample.scenario import Scenario
     scenario = Scenario("x64", "kernel")
     add_sample_driver(scenario)
     dump = str(tmp_path / "sample.dmp")
@@ -175,7 +175,7 @@ def test_problems_are_objects_with_a_kind_and_an_address(driver_file, tmp_path):
 
 def test_options_and_subjects_in_any_order_with_the_address_grammar(tmp_path):
     from dbgext.stackuse.fixtures import add_sample_driver
-    from dbgext.testing.scenario import Scenario
+    from dbgext.sample.scenario import Scenario
     scenario = Scenario("x64", "kernel")
     info = add_sample_driver(scenario)
     dump = str(tmp_path / "sample.dmp")

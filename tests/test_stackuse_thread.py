@@ -12,7 +12,7 @@ from dbgext.cli import main
 from dbgext.stackuse.callgraph import CallGraph, Program
 from dbgext.stackuse.fixtures import KTHREAD_FIELDS, KTHREAD_SIZE, add_sample_driver
 from dbgext.stackuse.thread import walk_thread
-from dbgext.testing.scenario import Scenario
+from dbgext.sample.scenario import Scenario
 
 
 @pytest.fixture

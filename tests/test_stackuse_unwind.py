@@ -6,7 +6,7 @@ import struct
 from dbgext.stackuse.fixtures import Function, alloc_slots, build_pe, push_slot, unwind_slot
 from dbgext.stackuse.functions import ModuleFunctions
 from dbgext.pe import PEImage
-from dbgext.stackuse.unwind import frame_from_unwind, parse_unwind_info
+from dbgext.stacks.unwind_data import frame_from_unwind, parse_unwind_info
 
 RET = b"\xc3"
 

@@ -6,7 +6,7 @@ import json
 from pykd_support import run_windbg_script
 
 from dbgext.stackuse.fixtures import add_sample_driver
-from dbgext.testing.scenario import Scenario
+from dbgext.sample.scenario import Scenario
 
 
 def sample():

@@ -212,7 +212,7 @@ def test_a_pe_on_disk_gets_its_pdb_symbols_for_stackuse(x64, tmp_path):
 
 def test_a_codeview_record_missing_from_the_dump_comes_from_the_image_in_the_store(x64, tmp_path):
     from dbgext.pe import DIRECTORY_DEBUG
-    from dbgext.testing.scenario import Scenario
+    from dbgext.sample.scenario import Scenario
     from symbols_support import mapped_image
     scenario = Scenario("x64", "kernel")
     data = mapped_image(x64.dll)
@@ -269,7 +269,7 @@ def test_a_module_whose_headers_the_dump_lost_gets_its_pdb_through_the_stores_im
     """Minidumps and small dumps often lack a module's header page: the loader's
     TimeDateStamp and SizeOfImage name the image in the store, and its CodeView
     record names the PDB, as WinDbg finds them."""
-    from dbgext.testing.scenario import Scenario
+    from dbgext.sample.scenario import Scenario
     from symbols_support import mapped_image
     image = x64.image
     data = mapped_image(x64.dll)

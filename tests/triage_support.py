@@ -20,9 +20,9 @@ import os
 import struct
 import time
 
-from dbgext.testing.kdump_writer import write_kernel_dump
+from dbgext.sample.kdump_writer import write_kernel_dump
 from minidump_writer import write_minidump
-from dbgext.testing.scenario import Scenario, Thread
+from dbgext.sample.scenario import Scenario, Thread
 from dbgext.problems import Problem
 from dbgext.triage.record import register_analysis
 

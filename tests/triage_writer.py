@@ -17,7 +17,7 @@ import struct
 from dbgext.layouts.dump_formats import (
     CONTEXT_AMD64, DUMP_DRIVER_ENTRY64, DUMP_MM_STORAGE64, DUMP_TYPE_TRIAGE, DUMP_UNLOADED_DRIVERS64,
     MINIDUMP_FIELDS, TRIAGE_DATA_BLOCK, TRIAGE_DUMP64, TRIAGE_FORMAT, TRIAGE_VALID)
-from dbgext.testing.kdump_writer import KernelDumpHeader, dump_header, exception_record, pack_context
+from dbgext.sample.kdump_writer import KernelDumpHeader, dump_header, exception_record, pack_context
 
 FIELD_BITS = dict((name, bit) for bit, name in MINIDUMP_FIELDS)
 

@@ -1,7 +1,8 @@
 """Layouts of the Windows dump file structures and thread contexts.
 
-One table per structure, shared by the fixture writers (``dbgext.testing``) and
-the dump readers (``dbgext.target.kdump`` / ``dbgext.target.minidump``).  Because
+One table per structure, shared by the dump writers (``dbgext.sample.kdump_writer``
+and the tests' minidump and small-dump writers) and the dump readers
+(``dbgext.target.kdump`` / ``dbgext.target.minidump``).  Because
 writer and reader share these numbers, the tests cross-check every file through
 independent parsers (kdmp-parser, ``minidump``) — a wrong offset here cannot hide.
 Facts: /work/shared/reference/dump-formats.md (DUMP_HEADER64, _SUMMARY_DUMP64,

@@ -13,7 +13,7 @@ import io
 import json
 import os
 
-from ..testing.scenario import Scenario
+from .scenario import Scenario
 
 NT_BASE = 0xFFFFF80000000000
 NT_SIZE = 0x100000

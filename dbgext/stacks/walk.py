@@ -104,7 +104,8 @@ class Unwinder(object):
         if ip is None or sp is None:
             result.problems.add("no_context", None, "the thread's context has no %s/%s" % (self.ip_name, self.sp_name))
             return
-        bounds = (result.stack_limit, result.stack_base) if result.stack_base else None
+        known = result.stack_base is not None and result.stack_limit is not None
+        bounds = (result.stack_limit, result.stack_base) if known else None
         if bounds and not bounds[0] <= sp <= bounds[1]:
             result.problems.add("sp_outside_stack", sp, "the stack pointer lies outside the thread's stack "
                                 "%s-%s" % (self.target.format_address(bounds[0]),

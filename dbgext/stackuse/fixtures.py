@@ -4,7 +4,7 @@
 hand-assembled functions, ``.rdata`` with UNWIND_INFO, exports and imports,
 ``.pdata`` with RUNTIME_FUNCTIONs — so no compiler is needed when the sample is
 built.  :func:`add_sample_driver` places such a driver in a kernel-mode
-:class:`~dbgext.testing.scenario.Scenario` together with a thread (a ``_KTHREAD``
+:class:`~dbgext.sample.scenario.Scenario` together with a thread (a ``_KTHREAD``
 with its stack bounds) whose stack runs through the driver, so the same fixture
 serves the in-memory target and the dump files written from the scenario.
 """

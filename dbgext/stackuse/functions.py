@@ -12,7 +12,7 @@ import bisect
 from ..disasm import parse_int
 from .layouts import FRAME_HELPER_EPILOGS, FRAME_HELPERS, HELPER_CODE
 from .prologue import STACK_PROBE_NAMES, Decoder, is_named, scan_prologue
-from .unwind import frame_from_unwind
+from ..stacks.unwind_data import frame_from_unwind
 
 MAX_JUMP_TABLE = 4096
 # Epilogs first: "SEH_epilog4" must not match a prolog's fragment.

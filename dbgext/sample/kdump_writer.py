@@ -9,7 +9,7 @@ dump (DumpType 1: run table + pages) or a bitmap dump (DumpType 5/6: a
 
 Every physical-memory type is written: 1 (run table), 2 (the older summary
 bitmap), 5 and 6 (bitmap), 8, 9 and 10 (RDMP page ranges).  Small dumps (type 4)
-have their own writer, :mod:`dbgext.testing.triage_writer`.
+have their own writer, :mod:`dbgext.sample.triage_writer`.
 
 Two levels:
 - :func:`write_kernel_dump` (what ``Scenario.write_kernel_dump`` calls);
