@@ -80,6 +80,8 @@ def add_target_options(parser, default=None):
                 "then _NT_SYMBOL_PATH)")
     _add_option(parser, "--no-download", action="store_true", default=default or False,
                 help="never download from a symbol server in the symbol path")
+    _add_option(parser, "--thread", dest="select_thread", metavar="ID", default=default,
+                help="the thread whose registers @reg means (like ~Ns): a thread id, ~N, or a KTHREAD address")
 
 
 def _add_option(parser, flag, **options):
@@ -122,8 +124,8 @@ def build_parser(commands, prog="dbgext", stream=None, command_prog=None):
     for command in commands:
         extra = {"prog": command_prog} if command_prog else {}
         command_parser = sub.add_parser(command.name, help=command.help, description=command.help, **extra)
-        _add_common_options(command_parser, command, default=argparse.SUPPRESS)
         command.add_arguments(command_parser)
+        _add_common_options(command_parser, command, default=argparse.SUPPRESS)
         for leaf in _leaf_parsers(command_parser):
             _add_common_options(leaf, command, default=argparse.SUPPRESS)
         command_parser.set_defaults(_command=command)
@@ -131,8 +133,8 @@ def build_parser(commands, prog="dbgext", stream=None, command_prog=None):
 
 
 def _fill_defaults(args, command):
-    for name, value in (("dump", None), ("symbols", None), ("no_download", False), ("json", False),
-                        ("debug", False)):
+    for name, value in (("dump", None), ("symbols", None), ("no_download", False), ("select_thread", None),
+                        ("json", False), ("debug", False)):
         if not hasattr(args, name):
             setattr(args, name, value)
 

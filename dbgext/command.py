@@ -54,6 +54,9 @@ class Context(object):
     def target(self):
         if self._target is None:
             self._target = self._target_factory(self.args)
+            wanted = getattr(self.args, "select_thread", None)
+            if wanted is not None:
+                self._target.select_thread(wanted)
         return self._target
 
     def has_target_source(self):

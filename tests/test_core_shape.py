@@ -2,6 +2,7 @@
 registers, layouts from one lookup, and the command surface's streams and exit
 codes."""
 
+import json
 import subprocess
 import sys
 
@@ -160,3 +161,23 @@ def test_debug_and_target_options_work_anywhere_on_the_line(tmp_path):
     for argv in (["--debug", "lm", "--dump", missing], ["lm", "--dump", missing, "--debug"]):
         result = subprocess.run([sys.executable, "-m", "dbgext"] + argv, capture_output=True, text=True)
         assert result.returncode == 1 and "cannot open" in result.stderr, argv
+
+
+def test_thread_selects_whose_registers_an_address_means(tmp_path):
+    import io
+    from dumps_support import user_scenario
+    from minidump_writer import write_minidump
+    from dbgext.cli import main
+    scenario = user_scenario("x64")
+    path = str(tmp_path / "two-threads.mdmp")
+    write_minidump(scenario, path)
+    first, second = scenario.threads[:2]
+    answers = []
+    for selection in ([], ["--thread", "~1"], ["--thread", "0x%x" % second.thread_id]):
+        out = io.StringIO()
+        assert main(["dq", "--dump", path, "@rsp", "L1", "--json"] + selection, stream=out) == 0
+        answers.append(json.loads(out.getvalue())["address"])
+    assert answers == [first.registers["rsp"], second.registers["rsp"], second.registers["rsp"]]
+    out = io.StringIO()
+    assert main(["dq", "--dump", path, "@rsp", "--thread", "~7"], stream=out) == 1
+    assert "no thread '~7'" in out.getvalue()
