@@ -325,6 +325,26 @@ def test_scan_an_etl_file(files, tmp_path):
     assert code == 1 and "no IntelProcessorTrace event with index 99" in text
 
 
+def test_a_compressed_etl_is_decoded_and_undecodable_buffers_are_counted_once(files, tmp_path):
+    from xpress_support import compress_etl
+    from dbgext.etl import INTEL_PT_GUID, EtlWriter
+    trace = files["trace"].read_bytes()
+    payload = sources.encode_event_header(1, 4, 8, 0x1000001, len(trace), len(trace)) + trace
+    writer = EtlWriter(buffer_size=0x1000)
+    for _ in range(120):  # events spread over several buffers
+        writer.add_classic_event(INTEL_PT_GUID, 32, payload, thread_id=8, process_id=4)
+    plain = writer.to_bytes()
+    buffers = len(plain) // 0x1000
+    path = tmp_path / "compressed.etl"
+    path.write_bytes(compress_etl(plain, corrupt=(2, 3)))
+    document = run_json("ipt", "scan", "--etl", path)
+    assert 0 < len(document["events"]) < 120
+    undecodable = [p for p in document["problems"] if p["kind"] == "etl_buffers_undecodable"]
+    assert len(undecodable) == 1 and ("2 of %d buffers could not be decoded" % buffers) in undecodable[0]["message"]
+    code, text = run("ipt", "scan", "--etl", path)
+    assert code == 0 and text.count("could not be decoded") == 1
+
+
 def test_windbg_event_and_flow_over_the_live_target(files):
     from pykd_support import run_windbg_script
     info = files["info"]

@@ -399,11 +399,11 @@ def _scan(target, etl=None, start=None, length=None, max_events=1000):
     return ScanResult("memory", rows, problems)
 
 
-def _etl_ipt_events(path):
-    """(index, event) of the IntelProcessorTrace events in an .etl file; index counts
+def _etl_ipt_events(reader):
+    """(index, event) of the IntelProcessorTrace events of an EtlReader; index counts
     every event of the file, so it names one event for ``ipt event --etl --index``."""
     from ..etl import INTEL_PT_GUID, iter_events
-    for index, event in enumerate(iter_events(path)):
+    for index, event in enumerate(iter_events(reader)):
         if event.provider == INTEL_PT_GUID and event.opcode == sources.IPT_EVENT_TYPE:
             yield index, event
         elif event.provider is None and sources.looks_like_event(event.payload):
@@ -412,17 +412,25 @@ def _etl_ipt_events(path):
 
 
 def etl_event_payload(path, wanted):
+    from ..etl import EtlReader
     if wanted is None:
         raise BadInput("--etl needs --index N (ipt scan --etl FILE lists the events)")
-    for index, event in _etl_ipt_events(path):
+    reader = EtlReader(path)
+    for index, event in _etl_ipt_events(reader):
         if index == wanted:
             return event.payload
-    raise BadInput("%s has no IntelProcessorTrace event with index %d" % (path, wanted))
+    skipped = reader.summary.finish().note()
+    raise BadInput("%s has no IntelProcessorTrace event with index %d%s"
+                   % (path, wanted, " (%s)" % skipped if skipped else ""))
 
 
 def _scan_etl(path, max_events, problems):
+    """The IntelProcessorTrace events of an .etl file; buffers the reader could not
+    decode become one problem with their count and an example."""
+    from ..etl import EtlReader
+    reader = EtlReader(path)
     rows = []
-    for index, event in _etl_ipt_events(path):
+    for index, event in _etl_ipt_events(reader):
         if len(rows) >= max_events:
             problems.add("ipt_scan_stopped", None, "stopped after %d events" % max_events, "note")
             break
@@ -436,6 +444,7 @@ def _scan_etl(path, max_events, problems):
         rows.append({"index": index, "process": header["Process"], "thread": header["Thread"],
                      "trace_size": header["TraceSize"], "trace_position": header["TracePosition"],
                      "packets": stats.packets, "errors": stats.problems.count(), "notes": list(buffer.notes)})
+    problems.extend(reader.summary.finish().problems)
     return rows
 
 
