@@ -327,6 +327,14 @@ class PEImage(object):
     def describe(self, rva):
         return "%s+0x%x (0x%x)" % (self.name, rva, self.image_base + rva)
 
+    def backed_code_ranges(self):
+        """The parts of the code sections backed by bytes the file (or target
+        memory) holds, for sweeps over all code: a section's zero-filled tail is
+        not code, and a corrupt header may claim gigabytes of it."""
+        return [(max(low, segment.rva), min(high, segment.rva + segment.filled))
+                for low, high in self.code_ranges for segment in self._segments
+                if max(low, segment.rva) < min(high, segment.rva + segment.filled)]
+
     # -- headers ------------------------------------------------------------------------------
 
     def _parse_headers(self):

@@ -38,6 +38,23 @@ def test_file_truncated_inside_its_sections_is_analysed_as_far_as_it_goes(driver
     assert "pe_directory_unreadable" in text and "the exception directory" in text
 
 
+def test_a_code_section_claiming_gigabytes_costs_only_the_bytes_the_file_holds():
+    """A mutated MinGW x86 DLL the fuzz harness found (tests/data/fuzz): its section
+    headers claim code sections of up to 1.8 GiB past 4 KiB of file, and the gap
+    sweep (x86 has no .pdata) decoded and kept all that zero fill: 24 GB and more
+    than five minutes.  Now it costs what the file holds."""
+    import os
+    import subprocess
+    import sys
+    path = os.path.join(os.path.dirname(__file__), "data", "fuzz", "pe-huge-code-section.dll")
+    limited = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30)); "
+               "from dbgext.cli import main; sys.exit(main(sys.argv[1:]))")
+    result = subprocess.run([sys.executable, "-c", limited, "stackuse", "functions", "--pe", path, "--json"],
+                            capture_output=True, text=True, timeout=300)  # a hang guard, not a speed check
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["schema_version"] == 1
+
+
 @pytest.mark.parametrize("content, message", [
     (b"", "truncated before the DOS header ends (0x0 bytes)"),
     (b"MZ" + b"\0" * 10, "truncated before the DOS header ends (0xc bytes)"),

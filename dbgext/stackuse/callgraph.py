@@ -164,7 +164,7 @@ class CallGraph(object):
         function of its own ("gap")."""
         base = module.image.image_base
         starts = sorted(module.functions)
-        for low, high in module.image.code_ranges:
+        for low, high in module.image.backed_code_ranges():
             low, high = base + low, base + high
             first = bisect.bisect_left(starts, low)
             # [(where uncovered code may begin, where the next known function starts)]
