@@ -132,7 +132,7 @@ def build_parser(commands, prog="dbgext", stream=None, command_prog=None):
     return parser
 
 
-def _fill_defaults(args, command):
+def _fill_defaults(args):
     for name, value in (("dump", None), ("symbols", None), ("no_download", False), ("select_thread", None),
                         ("json", False), ("debug", False)):
         if not hasattr(args, name):
@@ -153,8 +153,8 @@ def main(argv=None, windbg=False, stream=None, target=None, error_stream=None):
     """Run one command; returns the exit code (``dbgext.errors.EXIT_*``).  Results
     go to ``stream`` (default stdout); errors, warnings and progress to
     ``error_stream`` (default stderr).  Inside WinDbg, and for a caller that passes
-    only ``stream``, both go to that one stream, as the debugger shows them.  Never lets a traceback reach the
-    user unless --debug is given.  ``target``: an already open Target to run the
+    only ``stream``, both go to that one stream, as the debugger shows them.
+    Never lets a traceback reach the user unless --debug is given.  ``target``: an already open Target to run the
     command on instead of opening one (tests over in-memory scenarios); the caller
     keeps ownership and closes it."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -181,7 +181,7 @@ def main(argv=None, windbg=False, stream=None, target=None, error_stream=None):
     if not getattr(args, "_command", None):
         err.lines(parser.format_help().rstrip().split("\n"))
         return EXIT_USAGE
-    _fill_defaults(args, args._command)
+    _fill_defaults(args)
     if target is not None:
         ctx = Context(args, out=out, err=err, windbg=windbg, target_factory=lambda a: target)
     else:

@@ -86,6 +86,7 @@ class Module(object):
 # it claims.  Bigger regions are read in pieces (``scan``, ``readable_ranges``).
 MAX_READ = 128 << 20
 _PROBE_PAGES = 64
+_UNASKED = object()
 _TOO_LARGE = "a single read of 0x%x bytes is larger than dbgext reads at once (128 MiB)"
 
 
@@ -259,6 +260,7 @@ class Target(object):
         self._modules = None
         self._symbols = symbols
         self._thread = None
+        self._build = _UNASKED
         # Partly captured pages never enter the cache, so the cached fast paths
         # only ever serve whole pages; reads that touch them check their holes.
         self._partial = backend.partial_pages()
@@ -662,8 +664,11 @@ class Target(object):
 
     @property
     def build(self):
-        """The Windows build number, or None when the source doesn't say."""
-        return self.backend.info().get("build")
+        """The Windows build number, or None when the source doesn't say (asked
+        once: a live session answers info() with many engine calls)."""
+        if self._build is _UNASKED:
+            self._build = self.backend.info().get("build")
+        return self._build
 
     # -- threads and registers ------------------------------------------------------
 
