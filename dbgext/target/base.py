@@ -14,6 +14,7 @@ that returns what it could read plus the holes (Fay's TryRead).
 import struct
 from collections import OrderedDict
 
+from ..address import parse_number
 from ..errors import BadInput, NeedsBiggerDump, UnreadableMemory
 from ..render.text import hexaddr
 from .symbols import SymbolTable
@@ -684,19 +685,21 @@ class Target(object):
         return self._thread
 
     def select_thread(self, wanted):
-        """Select a thread by id, by index (``~N``: ``"~3"`` or an int below the
-        thread count when no thread has that id) or by KTHREAD address."""
+        """Select a thread by id or KTHREAD address (hex by default, as every number
+        dbgext takes), or by WinDbg's decimal index ``~N`` (``~Ns`` too)."""
         threads = self.threads()
         text = str(wanted).strip()
-        if text.startswith("~"):
-            text = text[1:].rstrip("s")
+        if isinstance(wanted, int):
+            number, by_index = wanted, False
+        elif text.startswith("~"):
             by_index = True
+            try:
+                number = int(text[1:].rstrip("s"), 10)
+            except ValueError:
+                raise BadInput("'%s' is not a thread index (~N, decimal)" % wanted)
         else:
             by_index = False
-        try:
-            number = int(text, 0)
-        except ValueError:
-            raise BadInput("'%s' is not a thread id, ~index or KTHREAD address" % wanted)
+            number = parse_number(text)
         if not by_index:
             for thread in threads:
                 if thread.id == number or (thread.kernel_thread is not None and thread.kernel_thread == number):
