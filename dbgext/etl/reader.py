@@ -25,6 +25,9 @@ from ..problems import Problem, ProblemLog
 from . import format as fmt
 from .xpress import decompress
 
+# LogFileMode in the logfile header event that opens the first buffer.
+_LOGFILE_MODE_OFFSET = fmt.BUFFER_HEADER_SIZE + fmt.SYSTEM_HEADER_SIZES[fmt.SYSTEM64] + fmt.LOGFILE_HEADER_MODE
+
 
 class ReadSummary(object):
     """What one pass over an .etl file read and what it had to skip.
@@ -194,7 +197,7 @@ class EtlReader(object):
             self.path = source
         self.max_buffers = max_buffers
         self.summary = ReadSummary(self.path)
-        head = self._file.read(0, fmt.SIGNATURE_SIZE + fmt.LOGFILE_HEADER_MODE + 4 + 0x20)
+        head = self._file.read(0, _LOGFILE_MODE_OFFSET + 4)
         if len(head) < fmt.BUFFER_HEADER_SIZE:
             raise BadInput("%s is not an .etl file (%d bytes)" % (self.path, self._file.size))
         first_size = fmt.BUFFER_HEADER.unpack_from(head)[0]
@@ -210,9 +213,8 @@ class EtlReader(object):
     def _compression_format(head):
         """The COMPRESSION_FORMAT_* the logfile header announces; XPRESS Huffman
         (what every known writer uses) when it announces none."""
-        mode_offset = fmt.BUFFER_HEADER_SIZE + fmt.SYSTEM_HEADER_SIZES[fmt.SYSTEM64] + fmt.LOGFILE_HEADER_MODE
-        if fmt.looks_like_etl(head) and len(head) >= mode_offset + 4:
-            mode = struct.unpack_from("<I", head, mode_offset)[0]
+        if fmt.looks_like_etl(head) and len(head) >= _LOGFILE_MODE_OFFSET + 4:
+            mode = struct.unpack_from("<I", head, _LOGFILE_MODE_OFFSET)[0]
             if mode & fmt.EVENT_TRACE_COMPRESSED_MODE:
                 return struct.unpack_from("<H", head, fmt.BUFFER_STATE_OFFSET)[0]
         return fmt.COMPRESSION_FORMAT_XPRESS_HUFF

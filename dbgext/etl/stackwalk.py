@@ -12,8 +12,9 @@ import struct
 from . import format as fmt
 from .reader import EtlReader
 
-STACKWALK_OPCODES = (fmt.STACK_WALK, fmt.STACK_DELETE_DEFINITION, fmt.STACK_RUNDOWN_DEFINITION,
-                     fmt.STACK_KEY_KERNEL, fmt.STACK_KEY_USER)
+KIND_NAMES = {fmt.STACK_WALK: "walk", fmt.STACK_DELETE_DEFINITION: "delete_definition",
+              fmt.STACK_RUNDOWN_DEFINITION: "rundown_definition", fmt.STACK_KEY_KERNEL: "kernel_reference",
+              fmt.STACK_KEY_USER: "user_reference"}
 
 
 class StackWalkRecord(object):
@@ -32,9 +33,7 @@ class StackWalkRecord(object):
 
     @property
     def kind(self):
-        return {fmt.STACK_WALK: "walk", fmt.STACK_DELETE_DEFINITION: "delete_definition",
-                fmt.STACK_RUNDOWN_DEFINITION: "rundown_definition", fmt.STACK_KEY_KERNEL: "kernel_reference",
-                fmt.STACK_KEY_USER: "user_reference"}[self.opcode]
+        return KIND_NAMES[self.opcode]
 
 
 def decode(event):
@@ -71,8 +70,7 @@ def stack_walk_records(source):
     reader = EtlReader(source)
     records = []
     for event in reader.events():
-        if event.group == fmt.STACKWALK_GROUP or event.provider == fmt.STACKWALK_GUID:
-            record = decode(event)
-            if record is not None:
-                records.append(record)
+        record = decode(event)
+        if record is not None:
+            records.append(record)
     return records, reader.summary

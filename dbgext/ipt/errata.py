@@ -16,8 +16,6 @@ The others are listed so ``--cpu`` names them, but decoding does not depend on t
 
 from ..errors import BadInput
 
-ERRATA = ("bdm70", "bdm64", "skd007", "skd022", "skd010", "skl014", "apl12", "apl11", "skl168", "skz84")
-
 # Family 6 model -> errata, as libipt 2.0.5's pt_cpu_errata.
 _FAMILY6 = {}
 for _models, _errata in [

@@ -19,7 +19,6 @@ from ..errors import BadInput, UnreadableMemory
 from ..render.text import hexaddr
 from .packets import PSB
 
-IPT_PROVIDER_GUID = "ff1fd2fd-6008-42bb-9e75-00a20051f3be"
 IPT_EVENT_TYPE = 32
 
 EVENT_HEADER = struct.Struct("<QIIQII")  # EventTimeStamp, Process, Thread, IptOption, TraceSize, TracePosition
