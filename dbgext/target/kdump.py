@@ -46,6 +46,7 @@ from ..layouts.dump_formats import (
 from ..problems import ProblemLog
 from .base import PAGE_SIZE, Backend, Module, Target, Thread
 from .dumpfile import DumpFile
+from .filemap import merge_ranges
 
 MAX_MODULES = 4096
 # Translations are cached per 2 MiB of virtual space; the bound keeps a scan of
@@ -68,7 +69,8 @@ def mapped_page_budget(physical_pages):
     Scans cost what they map, so garbage that aliases memory costs at most ~1.5x
     the clean dump."""
     return physical_pages + physical_pages // 2 + MIN_MAPPED_PAGE_BUDGET
-_U64 = struct.Struct("<Q")
+
+
 _NONZERO_BYTES = re.compile(b"[^\\x00]+")
 
 
@@ -163,8 +165,7 @@ class KernelDumpHeader(object):
             "system_uptime": self.u64("SystemUpTime"),
             "comment": comment.decode("latin-1") if comment != b"PAGE" * 32 else "",
             "registers": dict(self.registers),
-            "exception": (unpack_exception(data, layout["Exception"]) if self.arch == "x64"
-                          else unpack_exception32(data, layout["Exception"])),
+            "exception": unpack_exception(data, layout["Exception"], self._pointer[1]),
             "directory_table_base": self.dtb,
             "paging": self.paging,
             "pfn_database": self.pointer("PfnDataBase"),
@@ -744,14 +745,8 @@ class KernelDumpBackend(KernelDumpBase):
             self.problems.add("page_table_budget", None, "the page tables reach more than %d distinct table pages "
                               "or %d range pieces; the walk stopped there (corrupt tables?)"
                               % (walk.table_budget, walk.work_budget))
-        merged = []
-        for start, end in sorted(ranges):
-            if merged and merged[-1][1] == start:
-                merged[-1][1] = end
-            else:
-                merged.append([start, end])
         page_budget = mapped_page_budget(self.physical_pages)
-        kept, cut = _within_page_budget([(start, end) for start, end in merged], page_budget)
+        kept, cut = _within_page_budget(merge_ranges(ranges), page_budget)
         if cut:
             self.problems.add("mapped_page_budget", None, "the page tables map more than %d pages of a dump holding "
                               "%d; %d more were left out (aliased or corrupt tables?)"
@@ -895,18 +890,12 @@ def _within_page_budget(ranges, budget):
     return kept, cut
 
 
-def unpack_exception(data, offset):
-    """An EXCEPTION_RECORD64 at ``data[offset:]`` as a dict."""
-    code, flags, _, address, parameter_count = struct.unpack_from("<IIQQI", data, offset)
-    parameters = struct.unpack_from("<15Q", data, offset + EXCEPTION_RECORD64["ExceptionInformation"])
-    return {"code": code, "flags": flags, "address": address,
-            "parameters": list(parameters[:min(parameter_count, 15)])}
-
-
-def unpack_exception32(data, offset):
-    """An EXCEPTION_RECORD32 at ``data[offset:]`` as a dict."""
-    code, flags, _, address, parameter_count = struct.unpack_from(EXCEPTION_RECORD32["format"], data, offset)
-    parameters = struct.unpack_from("<15I", data, offset + EXCEPTION_RECORD32["ExceptionInformation"])
+def unpack_exception(data, offset, pointer="Q"):
+    """An EXCEPTION_RECORD64 (``pointer`` "Q") or EXCEPTION_RECORD32 ("I") at
+    ``data[offset:]`` as a dict."""
+    layout = EXCEPTION_RECORD64 if pointer == "Q" else EXCEPTION_RECORD32
+    code, flags, _, address, parameter_count = struct.unpack_from("<II2%sI" % pointer, data, offset)
+    parameters = struct.unpack_from("<15" + pointer, data, offset + layout["ExceptionInformation"])
     return {"code": code, "flags": flags, "address": address,
             "parameters": list(parameters[:min(parameter_count, 15)])}
 

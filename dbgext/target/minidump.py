@@ -26,7 +26,7 @@ import struct
 
 from ..errors import BadInput
 from ..layouts.dump_formats import (
-    ARCH_OF_PROCESSOR, CONTEXTS, EXCEPTION_RECORD64, MEMORY_STATES, MEMORY_TYPES, MINIDUMP_DIRECTORY_ENTRY_SIZE,
+    ARCH_OF_PROCESSOR, CONTEXTS, MEMORY_STATES, MEMORY_TYPES, MINIDUMP_DIRECTORY_ENTRY_SIZE,
     MINIDUMP_EXCEPTION_STREAM, MINIDUMP_HEADER_SIZE, MINIDUMP_MEMORY_INFO, MINIDUMP_MEMORY_INFO_LIST_HEADER,
     MINIDUMP_MODULE_SIZE, MINIDUMP_SIGNATURE, MINIDUMP_STREAM, MINIDUMP_SYSTEM_INFO_SIZE, MINIDUMP_THREAD_INFO,
     MINIDUMP_THREAD_INFO_LIST_HEADER, MINIDUMP_THREAD_NAME, MINIDUMP_UNLOADED_MODULE,
@@ -34,7 +34,7 @@ from ..layouts.dump_formats import (
 from .base import Backend, Module, Thread
 from .dumpfile import DumpFile
 from .filemap import FileMappedRanges, ReadsFileMappedRanges
-from .kdump import unpack_context
+from .kdump import unpack_context, unpack_exception
 
 MAX_STREAMS = 0x10000
 MAX_NAME_BYTES = 0x10000
@@ -233,13 +233,11 @@ class MinidumpBackend(ReadsFileMappedRanges, Backend):
             return None
         layout = MINIDUMP_EXCEPTION_STREAM
         thread_id = struct.unpack_from("<I", data, layout["ThreadId"])[0]
-        record = layout["ExceptionRecord"]
-        code, flags, _, address, parameter_count = struct.unpack_from("<IIQQI", data, record)
-        parameters = struct.unpack_from("<15Q", data, record + EXCEPTION_RECORD64["ExceptionInformation"])
         context_size, context_rva = struct.unpack_from("<II", data, layout["ThreadContext"])
-        return {"thread_id": thread_id, "code": code, "flags": flags, "address": address,
-                "parameters": list(parameters[:min(parameter_count, 15)]),
-                "registers": self._context(context_size, context_rva)}
+        exception = {"thread_id": thread_id}
+        exception.update(unpack_exception(data, layout["ExceptionRecord"]))
+        exception["registers"] = self._context(context_size, context_rva)
+        return exception
 
     def _parse_unloaded_modules(self):
         return [{"name": self._string(name_rva), "base": base, "size": size, "checksum": checksum,
