@@ -165,9 +165,11 @@ class CallTree(object):
 
     def feed(self, chunk):
         ends = self.ends
+        events = self.events
         index = self.index
         for ip in chunk:
-            self._apply_events(index)
+            if events and events[0][0] <= index:
+                self._apply_events(index)
             if self.root is None:
                 self.root = _node(self.namer.function(ip), "root")
                 self.root["calls"] = 1
