@@ -52,6 +52,7 @@ DIRECTORY_DEBUG = 6
 DIRECTORY_LOAD_CONFIG = 10
 
 DEBUG_TYPE_CODEVIEW = 2
+DEBUG_ENTRY = struct.Struct("<IIHHIIII")  # IMAGE_DEBUG_DIRECTORY
 RELOC_HIGHLOW = 3
 RELOC_DIR64 = 10
 COFF_SYMBOL_SIZE = 18
@@ -76,6 +77,7 @@ MAX_IMPORT_DESCRIPTORS = 4096
 MAX_IMPORTS_PER_DLL = 65536
 MAX_COFF_SYMBOLS = 1 << 22
 MAX_DEBUG_ENTRIES = 64
+MAX_RSDS = 24 + MAX_NAME
 
 
 class Section(object):
@@ -97,9 +99,6 @@ class Section(object):
     def end(self):
         return self.rva + self.size
 
-    def contains(self, rva):
-        return self.rva <= rva < self.rva + self.size
-
     def __repr__(self):
         return "Section(%r, 0x%x, 0x%x)" % (self.name, self.rva, self.size)
 
@@ -113,6 +112,16 @@ class CodeView(object):
         self.guid = guid              # the 16 GUID bytes as stored
         self.age = age
         self.pdb_name = pdb_name
+
+    @classmethod
+    def from_record(cls, data):
+        """The CodeView of an RSDS record's bytes, or None when they are not one."""
+        if len(data) < 24 or data[:4] != b"RSDS":
+            return None
+        name = data[24:]
+        end = name.find(b"\0")
+        return cls(bytes(data[4:20]), struct.unpack_from("<I", data, 20)[0],
+                   bytes(name if end < 0 else name[:end]).decode("utf-8", "replace"))
 
     @property
     def guid_text(self):
@@ -310,12 +319,6 @@ class PEImage(object):
         for start, end in self.holes:
             if start < rva + size and rva < end:
                 return max(start, rva)
-        return None
-
-    def section_of(self, rva):
-        for section in self.sections:
-            if section.contains(rva):
-                return section
         return None
 
     def is_code(self, rva):
@@ -532,26 +535,23 @@ class PEImage(object):
         return self._cached("codeview", self._parse_codeview)
 
     def _parse_codeview(self):
-        found = self._directory_ok("debug", DIRECTORY_DEBUG, 28)
+        found = self._directory_ok("debug", DIRECTORY_DEBUG, DEBUG_ENTRY.size)
         if found is None:
             return None
         rva, size = found
-        for index in range(min(size // 28, MAX_DEBUG_ENTRIES)):
-            entry = self.unpack("<IIHHIIII", rva + 28 * index)
+        for index in range(min(size // DEBUG_ENTRY.size, MAX_DEBUG_ENTRIES)):
+            entry = self.unpack(DEBUG_ENTRY.format, rva + DEBUG_ENTRY.size * index)
             if entry is None:
                 break
             debug_type, data_size, data_rva, data_offset = entry[4:8]
             if debug_type != DEBUG_TYPE_CODEVIEW or data_size < 24:
                 continue
-            data = self.read(data_rva, min(data_size, 24 + MAX_NAME)) if data_rva else None
+            data = self.read(data_rva, min(data_size, MAX_RSDS)) if data_rva else None
             if data is None and self._file is not None:
-                data = bytes(self._file[data_offset:data_offset + min(data_size, 24 + MAX_NAME)])
-            if not data or data[:4] != b"RSDS" or len(data) < 24:
-                continue
-            name = data[24:]
-            end = name.find(b"\0")
-            return CodeView(bytes(data[4:20]), struct.unpack_from("<I", data, 20)[0],
-                            (name if end < 0 else name[:end]).decode("utf-8", "replace"))
+                data = bytes(self._file[data_offset:data_offset + min(data_size, MAX_RSDS)])
+            codeview = CodeView.from_record(data) if data else None
+            if codeview is not None:
+                return codeview
         return None
 
     @property
@@ -580,9 +580,9 @@ class PEImage(object):
 
     @property
     def guard_functions(self):
-        extra = (self.load_config.get("guard_flags", 0) >> GUARD_ENTRY_EXTRA_SHIFT) & 0xF
-        return self._cached("guard", lambda: self._va_table("guard_function_table", "guard_function_count",
-                                                              4 + extra))
+        return self._cached("guard", lambda: self._va_table(
+            "guard_function_table", "guard_function_count",
+            4 + ((self.load_config.get("guard_flags", 0) >> GUARD_ENTRY_EXTRA_SHIFT) & 0xF)))
 
     def _va_table(self, table_field, count_field, entry_size):
         """A load-config table of 32-bit RVAs (plus ``entry_size - 4`` flag bytes each)."""
@@ -638,9 +638,7 @@ def _parse_header_fields(raw, name, origin):
     def fail(why):
         raise BadInput("%s is not a usable PE image: %s" % (name, why))
 
-    if len(raw) < 2 or (len(raw) < 0x40 and raw[:2] == b"MZ"):
-        fail("truncated before the DOS header ends (0x%x bytes)" % len(raw))
-    if raw[:2] != b"MZ":
+    if len(raw) >= 2 and raw[:2] != b"MZ":
         fail("no MZ header")
     if len(raw) < 0x40:
         fail("truncated before the DOS header ends (0x%x bytes)" % len(raw))

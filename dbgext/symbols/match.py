@@ -4,18 +4,14 @@ The CodeView (RSDS) record is read from the image in target memory: the header
 page, the debug directory, the record — three small reads, never the whole image.
 """
 
-import struct
-
 from ..errors import BadInput, DbgextError
-from ..pe import DIRECTORY_DEBUG, DIRECTORY_EXPORT, CodeView, PEImage, undecorate
+from ..pe import (DEBUG_ENTRY, DEBUG_TYPE_CODEVIEW, DIRECTORY_DEBUG, DIRECTORY_EXPORT, MAX_DEBUG_ENTRIES,
+                  MAX_RSDS, CodeView, PEImage, undecorate)
 from ..target.symbols import EXPORT_SYMBOLS, PDB_SYMBOLS, ModuleSymbols
 from .pdb import PdbError
 from .types import pdb_type_view
 
 HEADER_BYTES = 0x1000
-DEBUG_ENTRY = struct.Struct("<IIHHIIII")
-MAX_DEBUG_ENTRIES = 32
-MAX_RSDS = 24 + 512
 
 
 def image_headers(target, module):
@@ -56,14 +52,12 @@ def codeview_in_memory(target, module, headers=None):
         if not entries.readable(module.base + rva + at, DEBUG_ENTRY.size):
             continue
         debug_type, data_size, data_rva = DEBUG_ENTRY.unpack_from(entries.data, at)[4:7]
-        if debug_type != 2 or data_size < 24 or not data_rva:
+        if debug_type != DEBUG_TYPE_CODEVIEW or data_size < 24 or not data_rva:
             continue
         record = target.try_read(module.base + data_rva, min(data_size, MAX_RSDS))
-        if not record.readable(module.base + data_rva, 24) or record.data[:4] != b"RSDS":
-            continue
-        name = record.data[24:].split(b"\0", 1)[0]
-        return CodeView(bytes(record.data[4:20]), struct.unpack_from("<I", record.data, 20)[0],
-                        name.decode("utf-8", "replace"))
+        codeview = CodeView.from_record(record.data) if record.readable(module.base + data_rva, 24) else None
+        if codeview is not None:
+            return codeview
     return None
 
 
