@@ -8,6 +8,9 @@ import struct
 
 from ..errors import BadInput, SymbolNotFound
 from ..problems import ProblemLog
+from ..target.symbols import ISF_SYMBOLS, PDB_SYMBOLS
+
+SCHEMA_VERSION = 1
 
 MAX_DT_BYTES = 0x10000   # the most one dt reads: a structure claiming more is shown as far as this
 MAX_DT_DEPTH = 9         # WinDbg's -r takes a digit
@@ -60,7 +63,7 @@ class NearestResult(object):
         return self.address - hit.address
 
     def as_dict(self):
-        return {"schema_version": 1, "command": "ln", "address": self.address, "module": self.module,
+        return {"schema_version": SCHEMA_VERSION, "command": "ln", "address": self.address, "module": self.module,
                 "symbols": self.status,
                 "before": [dict(hit.as_dict(), displacement=self.displacement(hit)) for hit in self.before],
                 "after": [hit.as_dict() for hit in self.after],
@@ -79,9 +82,8 @@ def nearest_symbols(target, address):
         return NearestResult(address, module.name, status, [], [])
     rvas, _ = table.sorted_symbols()
     rva = address - module.base
-    index = bisect.bisect_right(rvas, rva) - 1
-    before = _hits_at(table, module, rvas[index]) if index >= 0 else []
     following = bisect.bisect_right(rvas, rva)
+    before = _hits_at(table, module, rvas[following - 1]) if following > 0 else []
     after = _hits_at(table, module, rvas[following]) if following < len(rvas) else []
     return NearestResult(address, module.name, status, before, after)
 
@@ -97,7 +99,7 @@ class MatchResult(object):
         self.problems = ProblemLog()
 
     def as_dict(self):
-        return {"schema_version": 1, "command": "x", "pattern": self.pattern, "count": len(self.hits),
+        return {"schema_version": SCHEMA_VERSION, "command": "x", "pattern": self.pattern, "count": len(self.hits),
                 "truncated": self.truncated, "symbols": [hit.as_dict() for hit in self.hits],
                 "modules_without_symbols": self.modules_without_symbols, "problems": self.problems.as_list()}
 
@@ -163,7 +165,7 @@ class TypeResult(object):
         self.problems = ProblemLog()
 
     def as_dict(self):
-        document = {"schema_version": 1, "command": "dt", "type": self.type_name, "size": self.size,
+        document = {"schema_version": SCHEMA_VERSION, "command": "dt", "type": self.type_name, "size": self.size,
                     "source": self.source, "address": self.address,
                     "members": [line.as_dict() for line in self.lines], "problems": self.problems.as_list()}
         if self.type_names is not None:
@@ -291,6 +293,6 @@ def _type_sources(target):
     sources = []
     for module in target.modules():
         status = target.symbols.status(module.name)
-        if status in ("pdb symbols", "isf symbols"):
+        if status in (PDB_SYMBOLS, ISF_SYMBOLS):
             sources.append("%s: %s" % (module.name, status))
     return "types known from " + ", ".join(sources) if sources else "no module has PDB or ISF types"
