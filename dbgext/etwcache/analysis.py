@@ -222,7 +222,7 @@ def _look_up(target, caches, key):
         entry = report.state.find(key)
         if entry is not None:
             return KeyLookup(key, report, entry, [target.symbolize(frame) for frame in entry.frames])
-    if any(key in set(report.state.free_pieces) for report in caches):
+    if any(key in report.state.free_pieces for report in caches):
         return KeyLookup(key, detail="it is on the free list (evicted; look for its Delete Definition event)")
     return KeyLookup(key, detail="it is not the first piece of any cached stack")
 
