@@ -62,8 +62,9 @@ class TriageDumpBackend(ReadsFileMappedRanges, KernelDumpBase):
         self.triage = dict(zip(TRIAGE_FIELDS, values))
         self._starts = []
         self._regions = []   # sorted, non-overlapping [start, end, file offset, part name]
-        self._memory = FileMappedRanges(self.file, [])
         self.parts = []      # what was mapped (or why not), for dumpinfo
+        self._drivers = None
+        self._current_context = None
         self._check_end_marker()
         self._map_parts()
 
@@ -75,9 +76,11 @@ class TriageDumpBackend(ReadsFileMappedRanges, KernelDumpBase):
         if valid + 4 > self.file.size:
             self.problems.add("triage_valid_offset", None, "ValidOffset 0x%x lies past the end of the file "
                               "(%d bytes): the dump was cut short" % (valid, self.file.size), offset=valid)
-        elif self.file.read(valid, 4) != TRIAGE_VALID:
-            self.problems.add("triage_valid_marker", None, "no DGRT end marker at ValidOffset 0x%x (found %r)"
-                              % (valid, self.file.read(valid, 4)), offset=valid)
+        else:
+            marker = self.file.read(valid, 4)
+            if marker != TRIAGE_VALID:
+                self.problems.add("triage_valid_marker", None, "no DGRT end marker at ValidOffset 0x%x (found %r)"
+                                  % (valid, marker), offset=valid)
         if triage["SizeOfDump"] > self.file.size:
             self.problems.add("triage_size_of_dump", None, "SizeOfDump says %d bytes, the file has %d"
                               % (triage["SizeOfDump"], self.file.size), "warning")
@@ -136,10 +139,13 @@ class TriageDumpBackend(ReadsFileMappedRanges, KernelDumpBase):
                 pieces.append((cursor, end))
                 cursor = end
         for lo, hi in pieces:
-            self._regions.append([lo, hi, offset + (lo - address), what])
+            at = bisect_right(self._starts, lo)
+            self._starts.insert(at, lo)
+            self._regions.insert(at, [lo, hi, offset + (lo - address), what])
             part["mapped"] += hi - lo
-        self._regions.sort()
-        self._starts = [region[0] for region in self._regions]
+
+    def _build_memory(self):
+        """The parts mapped so far as the memory that reads serve."""
         self._memory = FileMappedRanges(self.file, [(start, end, offset) for start, end, offset, _ in self._regions])
 
     def _map_parts(self):
@@ -149,6 +155,7 @@ class TriageDumpBackend(ReadsFileMappedRanges, KernelDumpBase):
         self._map_data_blocks()
         self._map("KDDEBUGGER_DATA64", self.header.pointer("KdDebuggerDataBlock"), triage["DebuggerDataOffset"],
                   min(triage["DebuggerDataSize"], KDDEBUGGER_DATA64_MAX_SIZE))
+        self._build_memory()  # KiProcessorBlock is read through the parts mapped so far
         data = self.debugger_data()
         prcb = self._copy_address("KPRCB", triage["PrcbOffset"], self._prcb_address(data))
         self._map_copy("KPRCB", prcb, triage["PrcbOffset"], data.get("SizePrcb"))
@@ -158,6 +165,7 @@ class TriageDumpBackend(ReadsFileMappedRanges, KernelDumpBase):
         process = self._pointer_in_copy(triage["ThreadOffset"], data.get("OffsetKThreadApcProcess"))
         process = self._copy_address("EPROCESS", triage["ProcessOffset"], process)
         self._map_copy("EPROCESS", process, triage["ProcessOffset"], data.get("SizeEProcess"))
+        self._build_memory()
 
     def _map_data_blocks(self):
         triage = self.triage
@@ -203,14 +211,10 @@ class TriageDumpBackend(ReadsFileMappedRanges, KernelDumpBase):
         number = self.file.read_within(self.triage["PrcbOffset"] + number_offset, 2)
         if len(number) != 2:
             return None
-        entry = self._read_mapped(block + 8 * struct.unpack("<H", number)[0], 8)
+        entry = self._memory.read(block + 8 * struct.unpack("<H", number)[0], 8)
         if entry is None:
             return None
         return struct.unpack("<Q", entry)[0] or None
-
-    def _read_mapped(self, address, size):
-        """Bytes at ``address`` when a mapped part holds all of them, else None."""
-        return self._memory.read(address, size)
 
     # -- what the dump says ------------------------------------------------------------
 
@@ -226,13 +230,17 @@ class TriageDumpBackend(ReadsFileMappedRanges, KernelDumpBase):
     def current_thread(self):
         """The header's context; the TRIAGE_DUMP64's copy when the header has none."""
         thread = KernelDumpBase.current_thread(self)
-        context = self._part_bytes("the context", self.triage["ContextOffset"], CONTEXT_AMD64["size"])
-        if not self.header.has_context and len(context) == CONTEXT_AMD64["size"]:
-            thread.registers = unpack_context(CONTEXT_AMD64, context, 0)
-        data = self.debugger_data()
-        copy = self.triage["ThreadOffset"]
-        for attribute, field in (("stack_base", "OffsetKThreadInitialStack"), ("stack_limit", "OffsetKThreadStackLimit")):
-            setattr(thread, attribute, self._pointer_in_copy(copy, data.get(field)))
+        if self._current_context is None:  # read once: a cut-short part is reported once
+            context = self._part_bytes("the context", self.triage["ContextOffset"], CONTEXT_AMD64["size"])
+            copied = not self.header.has_context and len(context) == CONTEXT_AMD64["size"]
+            data = self.debugger_data()
+            copy = self.triage["ThreadOffset"]
+            self._current_context = (unpack_context(CONTEXT_AMD64, context, 0) if copied else None,
+                                     self._pointer_in_copy(copy, data.get("OffsetKThreadInitialStack")),
+                                     self._pointer_in_copy(copy, data.get("OffsetKThreadStackLimit")))
+        registers, thread.stack_base, thread.stack_limit = self._current_context
+        if registers is not None:
+            thread.registers = dict(registers)
         return thread
 
     def modules(self):
@@ -244,7 +252,7 @@ class TriageDumpBackend(ReadsFileMappedRanges, KernelDumpBase):
     def drivers(self):
         """The driver list: name, base, size, TimeDateStamp, CheckSum (what a symbol
         store lookup needs: ``name/<TimeDateStamp:08X><SizeOfImage:X>/name``)."""
-        if getattr(self, "_drivers", None) is None:
+        if self._drivers is None:
             self._drivers = self._read_driver_list()
         return self._drivers
 
