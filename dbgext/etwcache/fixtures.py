@@ -14,8 +14,7 @@ import struct
 
 from . import layouts
 from ..stackhash import stack_trace_hash_frames
-
-PIECE_STRIDE = (layouts.PIECE_SIZE + 15) & ~15
+from .layouts import PIECE_STRIDE
 LOGGER_CONTEXT_SIZE = 0x550
 SILO_STATE_SIZE = 0x1000
 SAMPLE_LOGGER_ID = 0x11

@@ -12,6 +12,8 @@ data, the logger context and silo state looked up through
 from ..layouts import BuiltinLayouts, Layout
 
 PIECE_SIZE = 0x128
+# Free pieces are SLIST entries, 16-byte aligned: a pool's stride is at most this (the sample's is this).
+PIECE_STRIDE = (PIECE_SIZE + 15) & ~15
 FRAMES_PER_PIECE = 32
 MAX_BUCKET_ENTRIES = 4
 BUCKET_SIZE = 0x18

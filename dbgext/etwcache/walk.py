@@ -25,8 +25,6 @@ from . import layouts
 WALK_LIMIT = 64  # entries followed per bucket (a sane bucket holds at most 4)
 _PIECE_HEAD = struct.Struct("<QQQiII")  # Flink, Blink, Next, RefCount, Hash, FrameCount
 _U64 = struct.Struct("<Q")
-# Free pieces are SLIST entries, 16-byte aligned: the pool's stride is at most this.
-MAX_PIECE_STRIDE = (layouts.PIECE_SIZE + 15) & ~15
 # Pages between two wanted ones that are read too, to make one run of both.
 MAX_GAP_PAGES = 4
 # Read-ahead along the free list starts at this many pages and doubles per miss.
@@ -502,10 +500,10 @@ class _PoolWindow(object):
     def span(self, piece):
         """(start, end) of the window, first widened to cover ``piece``."""
         self.low, self.high = min(self.low, piece), max(self.high, piece)
-        while (self.high - self.low + layouts.PIECE_SIZE > self.pieces * MAX_PIECE_STRIDE
+        while (self.high - self.low + layouts.PIECE_SIZE > self.pieces * layouts.PIECE_STRIDE
                and self.pieces < layouts.MAX_PIECES):
             self.pieces += layouts.SLIST_DEPTH_MASK + 1
-        size = min(self.pieces, layouts.MAX_PIECES) * MAX_PIECE_STRIDE
+        size = min(self.pieces, layouts.MAX_PIECES) * layouts.PIECE_STRIDE
         return self.high + layouts.PIECE_SIZE - size, self.low + size
 
 
