@@ -31,7 +31,6 @@ from ..target.symbols import EXPORT_SYMBOLS, NO_SYMBOLS
 from .bugchecks import FAULTING_ADDRESS_ARGUMENT
 
 MAX_FRAMES = 16
-HEADER_BYTES = 0x1000
 
 NOT_FUNCTION_SYMBOLS = (EXPORT_SYMBOLS, NO_SYMBOLS)
 
@@ -112,16 +111,12 @@ class CrashSignature(object):
 def module_identity(target, module):
     """(TimeDateStamp, SizeOfImage) from the module's PE header in target memory;
     the loader's size and no timestamp when the header is not in the dump."""
-    from ..pe import PEImage
+    from ..symbols.match import image_headers
 
-    header = target.try_read(module.base, HEADER_BYTES)
-    if not header.readable(module.base, 0x200):
+    headers = image_headers(target, module)
+    if headers is None:
         return None, module.size
-    try:
-        image = PEImage.from_bytes(bytes(header.data), module.image)
-    except DbgextError:
-        return None, module.size
-    return image.timestamp, image.size_of_image or module.size
+    return headers.timestamp, headers.size_of_image or module.size
 
 
 def place(target, address, how, identities):
