@@ -488,8 +488,7 @@ def _cstring(data, at):
 
 
 def _name(data, at, end):
-    stop = data.find(b"\0", at, end)
-    return data[at:stop if stop >= 0 else end].decode("utf-8", "replace")
+    return _cstring_until(data, at, end)[0]
 
 
 # -- types ------------------------------------------------------------------------------------
@@ -509,7 +508,7 @@ class CvType(object):
     attributes of its kind are set (the others stay None)."""
 
     __slots__ = ("index", "kind", "name", "size", "element", "fields", "enumerators", "bit_position",
-                 "bit_length", "forward", "field_list", "arguments", "fmt", "modifiers")
+                 "bit_length", "forward", "field_list", "fmt")
 
     def __init__(self, index, kind, name=None, size=None, element=None):
         self.index = index
@@ -523,9 +522,7 @@ class CvType(object):
         self.bit_length = None
         self.forward = False
         self.field_list = None
-        self.arguments = None
         self.fmt = None
-        self.modifiers = None
 
     def __repr__(self):
         return "CvType(0x%x, %s, %r, size=%r)" % (self.index, self.kind, self.name, self.size)
@@ -633,12 +630,9 @@ class TypeTable(object):
     def _decode_leaf(self, index, kind, data, at, end):
         unpack_from = struct.unpack_from
         if kind in RECORD_KINDS:
-            if kind == LF_UNION:
-                count, properties, field_list = unpack_from("<HHI", data, at)
-                size, cursor = _numeric(data, at + 8, end)
-            else:
-                count, properties, field_list = unpack_from("<HHI", data, at)
-                size, cursor = _numeric(data, at + 16, end)
+            _, properties, field_list = unpack_from("<HHI", data, at)
+            # Classes and structures carry derivation and vshape indices before their size.
+            size, cursor = _numeric(data, at + (8 if kind == LF_UNION else 16), end)
             record = CvType(index, RECORD_KINDS[kind], _name(data, cursor, end), size)
             record.forward = bool(properties & PROPERTY_FORWARD_REF)
             record.field_list = field_list
@@ -654,14 +648,9 @@ class TypeTable(object):
         if kind == LF_POINTER:
             referent, attributes = unpack_from("<II", data, at)
             size = (attributes >> 13) & 0x3F or self.pointer_size
-            record = CvType(index, "pointer", None, size, referent)
-            record.fmt = "P" if size == self.pointer_size else ("Q" if size == 8 else "I")
-            return record
+            return _pointer(index, size, referent, self.pointer_size)
         if kind == LF_MODIFIER:
-            modified, modifiers = unpack_from("<IH", data, at)
-            record = CvType(index, "modifier", None, None, modified)
-            record.modifiers = modifiers
-            return record
+            return CvType(index, "modifier", None, None, unpack_from("<I", data, at)[0])
         if kind == LF_ARRAY:
             element, _ = unpack_from("<II", data, at)
             size, cursor = _numeric(data, at + 8, end)
@@ -681,9 +670,7 @@ class TypeTable(object):
             count = unpack_from("<I", data, at)[0]
             if at + 4 + 4 * count > end:
                 self.fail("type record 0x%x" % index, "argument list of %d entries" % count)
-            record = CvType(index, "arglist")
-            record.arguments = list(unpack_from("<%dI" % count, data, at + 4))
-            return record
+            return CvType(index, "arglist")
         if kind == LF_FIELDLIST:
             record = CvType(index, "fieldlist")
             record.fields, record.enumerators, record.field_list = _field_list(data, at, end, self, index)
@@ -788,10 +775,14 @@ def _simple_type(index, pointer_size):
     kind, mode = index & 0xFF, (index >> 8) & 0xF
     name, size, fmt = SIMPLE_TYPES.get(kind, ("<simple 0x%x>" % kind, None, None))
     if mode:
-        size = SIMPLE_POINTER_SIZE.get(mode, pointer_size)
-        record = CvType(index, "pointer", None, size, kind)
-        record.fmt = "P" if size == pointer_size else ("Q" if size == 8 else "I")
-        return record
+        return _pointer(index, SIMPLE_POINTER_SIZE.get(mode, pointer_size), kind, pointer_size)
     record = CvType(index, "base", name, size)
     record.fmt = fmt
+    return record
+
+
+def _pointer(index, size, referent, pointer_size):
+    """A pointer record; ``fmt`` "P" when it is the target's pointer size."""
+    record = CvType(index, "pointer", None, size, referent)
+    record.fmt = "P" if size == pointer_size else ("Q" if size == 8 else "I")
     return record
