@@ -22,6 +22,7 @@ ARGUMENTS_READ_LIMIT = 0x10000  # frames spanning more (a machine frame onto ano
 STACK_SPAN_GUESS = 1 << 20  # how far above the context's SP a scan may look when the bounds are unknown
 
 NAMES = {"x64": ("rip", "rsp"), "x86": ("eip", "esp")}
+SWITCH_FRAME_SOURCE = "KTHREAD switch frame"  # thread_source of a waiting kernel thread's walk
 
 
 def analyze(target, thread=None, max_frames=MAX_FRAMES, image_loader=None):
@@ -83,7 +84,7 @@ class Unwinder(object):
                 result.thread_source = current.name or "current thread"
                 return current
             chosen = waiting_kernel_thread(target, thread, result.problems)
-            result.thread_source = "KTHREAD switch frame"
+            result.thread_source = SWITCH_FRAME_SOURCE
             return chosen
         result.thread_source = thread.name or "thread %s" % thread.id
         return thread

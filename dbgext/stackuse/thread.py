@@ -10,7 +10,8 @@ static frame-size estimates of the stack analysis and the thread's budget.
 from .. import stacks
 from ..errors import BadInput
 from ..problems import ProblemLog
-from ..stacks.threads import selected_thread, stack_bounds
+from ..stacks.threads import stack_bounds
+from ..stacks.walk import SWITCH_FRAME_SOURCE
 
 SCHEMA_VERSION = 1
 
@@ -91,9 +92,8 @@ def walk_thread(target, program, graph, thread=None, threshold=None):
     result = ThreadStack()
     result.pointer_size = target.pointer_size
     result.threshold = threshold
-    current = selected_thread(target, ProblemLog())
-    waiting = thread is not None and (current is None or current.kernel_thread != thread)
     walked = stacks.analyze(target, thread=thread)
+    waiting = walked.thread_source == SWITCH_FRAME_SOURCE
     if not walked.frames:
         raise BadInput("; ".join(problem.message for problem in walked.problems) or "no frames")
     result.thread = walked.kernel_thread
