@@ -4,6 +4,7 @@ come from on it."""
 import datetime
 
 from ..problems import Problem, ProblemLog
+from .result import DumpInfoResult
 
 # The kernel structures whose offsets analyses look up (dbgext.layouts.lookup_layout).
 KERNEL_TYPES = ("_KTHREAD", "_ETHREAD", "_EPROCESS", "_KPRCB", "_KPCR")
@@ -13,7 +14,6 @@ FILETIME_LIMIT = 0x0800000000000000   # past year 30000: a garbage or "PAGE"-fil
 
 def analyze(target):
     """A :class:`~dbgext.dumpinfo.result.DumpInfoResult` for ``target``."""
-    from .result import DumpInfoResult
     facts = dict(target.info())
     problems = ProblemLog(Problem(p["kind"], p["address"], p["message"], p["severity"], p["offset"])
                           for p in facts.get("problems") or () if isinstance(p, dict))

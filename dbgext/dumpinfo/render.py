@@ -1,8 +1,9 @@
 """Text for a DumpInfoResult, laid out like WinDbg's ``.dumpdebug`` / ``vertarget``."""
 
+from ..layouts.dump_formats import MACHINE_AMD64, MACHINE_I386
 from ..render.text import hexaddr
 
-MACHINES = {0x8664: "x64 (AMD64)", 0x14C: "x86"}
+MACHINES = {MACHINE_AMD64: "x64 (AMD64)", MACHINE_I386: "x86"}
 
 
 def _address(value):

@@ -352,8 +352,6 @@ PTE_LARGE = 0x80                      # PS bit in a PDPTE (1 GiB) or PDE (2 MiB)
 PTE_PROTOTYPE = 0x400                 # Windows software bits of a not-present PTE
 PTE_TRANSITION = 0x800
 PTE_PFN_MASK = 0x000FFFFFFFFFF000
-LARGE_2M_PFN_MASK = 0x000FFFFFFFE00000
-LARGE_1G_PFN_MASK = 0x000FFFFFC0000000
 # Reserved bits the processor checks in large-page entries (a set one faults).
 LARGE_2M_RESERVED = 0x1FE000
 LARGE_1G_RESERVED = 0x3FFFE000
@@ -461,8 +459,6 @@ MINIDUMP_STREAM = {
 MINIDUMP_SYSTEM_INFO_SIZE = 56
 MINIDUMP_MODULE_SIZE = 108
 MINIDUMP_THREAD_SIZE = 48
-MINIDUMP_MEMORY_DESCRIPTOR_SIZE = 16
-MINIDUMP_MEMORY_DESCRIPTOR64_SIZE = 16
 # MINIDUMP_EXCEPTION_STREAM: u32 ThreadId, u32 pad, MINIDUMP_EXCEPTION (EXCEPTION_RECORD64
 # layout), then the thread's context location {u32 DataSize, u32 Rva}.
 MINIDUMP_EXCEPTION_STREAM = {"ThreadId": 0x00, "ExceptionRecord": 0x08, "ThreadContext": 0xA0,

@@ -153,7 +153,6 @@ class PykdBackend(Backend):
         info["registers"] = registers
         return info
 
-
     def current_thread(self):
         """The thread WinDbg's register context is on (``r`` shows its registers);
         None when the session has no register context."""
