@@ -26,7 +26,7 @@ import sys
 
 from ..errors import BadInput, DbgextError
 from ..problems import ProblemLog
-from ..symbols.isf import is_isf_name, parse_isf, read_isf_file
+from ..symbols.isf import is_isf_name, read_isf_file
 from ..symbols.types import isf_type_view
 
 PDB_SYMBOLS, ISF_SYMBOLS, EXPORT_SYMBOLS, NO_SYMBOLS = "pdb symbols", "isf symbols", "export symbols", "no symbols"
@@ -111,11 +111,6 @@ class ModuleSymbols(object):
         return view.size, fields
 
     # -- ISF -----------------------------------------------------------------------------
-
-    @classmethod
-    def from_isf(cls, document, module_name, path="(ISF document)"):
-        parsed = parse_isf(document, path, module_name)
-        return cls(parsed.module_name, parsed.symbols, parsed.types, parsed.base_types or None, path)
 
     def to_isf(self):
         """An ISF document (volatility3 schema 6.x) describing this module."""
