@@ -18,12 +18,12 @@ class MemoryDisplay(object):
     """``count`` units of ``unit`` bytes from ``address``; ``values[i]`` is an int
     or None (unreadable).  ``requested`` is the count asked for when it was clamped."""
 
-    def __init__(self, address, unit, values, requested=None, command=None):
+    def __init__(self, address, unit, values, requested=None):
         self.address = address
         self.unit = unit
         self.values = values
         self.requested = requested
-        self.command = command or {1: "db", 4: "dd", 8: "dq"}.get(unit)
+        self.command = {1: "db", 4: "dd", 8: "dq"}.get(unit)
 
     @property
     def clamped(self):
