@@ -14,10 +14,6 @@ EVENT_WORDS = {"enabled": "tracing enabled at", "disabled": "tracing disabled", 
                "tsx_commit": "transaction commits at", "tsx_abort": "transaction aborts at"}
 
 
-def _address(value):
-    return hexaddr(value) if value is not None else "-"
-
-
 def event_text(event):
     words = EVENT_WORDS.get(event["kind"], event["kind"])
     if event["kind"] == "disabled":
@@ -87,12 +83,13 @@ def packets(out, result, windbg=False):
 def _merged(rows, events, row_index):
     """Rows and event lines in instruction order: [(event or None, row or None)]."""
     merged = []
-    pending = list(events)
+    next_event = 0
     for row in rows:
-        while pending and pending[0]["index"] <= row_index(row):
-            merged.append((pending.pop(0), None))
+        while next_event < len(events) and events[next_event]["index"] <= row_index(row):
+            merged.append((events[next_event], None))
+            next_event += 1
         merged.append((None, row))
-    return merged + [(event, None) for event in pending]
+    return merged + [(event, None) for event in events[next_event:]]
 
 
 def _instructions(out, buffer, windbg):
