@@ -11,7 +11,7 @@ serves the in-memory target and the dump files written from the scenario.
 
 import struct
 
-from .layouts import SWITCH_FRAME_RETURN_OFFSET
+from ..stacks.threads import SWITCH_FRAME_RETURN
 
 SECTION_ALIGNMENT = 0x1000
 TEXT_RVA = 0x1000
@@ -356,7 +356,7 @@ def add_sample_driver(scenario, base=SAMPLE_DRIVER_BASE, name="sampledrv"):
     scenario.pack(kthread + kthread_fields["InitialStack"], "<Q", initial_stack)
     scenario.pack(kthread + kthread_fields["StackLimit"], "<Q", stack_limit)
     # Seen as a waiting thread, its switch frame's return address is the one at RSP.
-    scenario.pack(kthread + kthread_fields["KernelStack"], "<Q", rsp - SWITCH_FRAME_RETURN_OFFSET["x64"])
+    scenario.pack(kthread + kthread_fields["KernelStack"], "<Q", rsp - SWITCH_FRAME_RETURN)
     # The sample thread becomes the current one only when the scenario has neither
     # a processor block nor a context of its own (they would describe another thread).
     current = "KiProcessorBlock" not in scenario.module_symbols["nt"].symbols and \

@@ -1,16 +1,8 @@
-"""Structure layouts and format constants the stack analyses rely on (data, not code).
-
-The kernel fields read through the target's type information, and x86 prologue
-helpers.  The x64 exception-handling format (RUNTIME_FUNCTION and UNWIND_INFO)
-is :mod:`dbgext.stacks.unwind_data`'s.
+"""Constants the stack analyses rely on (data, not code): stack budgets and the
+x86 prologue helpers.  The x64 exception-handling format (RUNTIME_FUNCTION and
+UNWIND_INFO) is :mod:`dbgext.stacks.unwind_data`'s, a kernel thread's switch
+frame :mod:`dbgext.stacks.threads`'.
 """
-
-# -- kernel threads -----------------------------------------------------------------------
-
-# A thread that is not running saved its context by pushing a switch frame at
-# KernelStack; the return address into the scheduler sits at this offset in it
-# (_KSWITCH_FRAME.Return on x64, the last push of KiSwapContext on x86).
-SWITCH_FRAME_RETURN_OFFSET = {"x64": 0x38, "x86": 0x0C}
 
 # Default stack budgets when a thread's real bounds are unknown (kernel stacks).
 DEFAULT_BUDGET = {"x64": 24 * 1024, "x86": 12 * 1024}
