@@ -9,7 +9,7 @@ dump (DumpType 1: run table + pages) or a bitmap dump (DumpType 5/6: a
 
 Every physical-memory type is written: 1 (run table), 2 (the older summary
 bitmap), 5 and 6 (bitmap), 8, 9 and 10 (RDMP page ranges).  Small dumps (type 4)
-have their own writer, :mod:`dbgext.sample.triage_writer`.
+have their own writer, in the tests (``tests/triage_writer.py``).
 
 Two levels:
 - :func:`write_kernel_dump` (what ``Scenario.write_kernel_dump`` calls);
@@ -71,7 +71,6 @@ def write_kernel_dump(scenario, path, bitmap=False, dump_type=None, large_pages=
         registers=scenario.registers,
         system_time=scenario.system_time,
         ps_loaded_module_list=scenario.ps_loaded_module_list,
-        ps_active_process_head=getattr(scenario, "ps_active_process_head", 0),
         kd_debugger_data_block=scenario.kd_debugger_data_block,
     )
     return write_physical_dump(path, physical, header, dump_type)
@@ -329,9 +328,10 @@ def _bitmap_prologue(layout, ordered_pages, start, fill):
     bitmap = _bitmap_bytes(ordered_pages)
     fixed = bytearray(layout["Bitmap"])
     fixed[layout["Signature"]:layout["Signature"] + 8] = b"SDMPDUMP"
-    first_page = _padded(bytes(fixed) + bitmap, start)[1]
-    fill(fixed, first_page, len(bitmap) * 8)
-    return _padded(bytes(fixed) + bitmap, start)[0]
+    body, first_page = _padded(bytes(fixed) + bitmap, start)
+    body = bytearray(body)
+    fill(body, first_page, len(bitmap) * 8)
+    return bytes(body)
 
 
 def _rdmp_header(runs, page_count, dump_type):
@@ -342,8 +342,7 @@ def _rdmp_header(runs, page_count, dump_type):
         raise ValueError("an RDMP range cannot start at PFN 0 (a zero PFN ends the list)")
     layout = RDMP_HEADER64
     ranges = b"".join(struct.pack("<QQ", base, count) for base, count in runs) + bytes(16)
-    fixed = bytearray(layout["Ranges"])
-    body, first_page = _padded(bytes(fixed) + ranges, layout["offset"])
+    body, first_page = _padded(bytes(layout["Ranges"]) + ranges, layout["offset"])
     fixed = bytearray(body)
     struct.pack_into("<I4s4sIQQ", fixed, 0, RDMP_MARKER, b"RDMP", b"DUMP", 0,
                      first_page - layout["offset"] - 0x20, first_page)
