@@ -75,13 +75,20 @@ def split_operands(op_str):
     return [part.strip() for part in op_str.split(",")]
 
 
-def memory_displacement(operand, base):
-    """The displacement of ``[base + d]`` / ``[base - d]`` / ``[base]``, or None when
-    the operand is not exactly that form."""
+def _memory_operand(operand):
+    """What is between the brackets of a memory operand, or None for none."""
     start = operand.find("[")
     if start < 0:
         return None
-    inner = operand[start + 1:operand.rfind("]")].strip()
+    return operand[start + 1:operand.rfind("]")].strip()
+
+
+def memory_displacement(operand, base):
+    """The displacement of ``[base + d]`` / ``[base - d]`` / ``[base]``, or None when
+    the operand is not exactly that form."""
+    inner = _memory_operand(operand)
+    if inner is None:
+        return None
     if inner == base:
         return 0
     if inner.startswith(base + " + "):
@@ -95,10 +102,9 @@ def memory_displacement(operand, base):
 def memory_slot(bits, op_str, next_address):
     """The address a ``call/jmp [mem]`` reads its target from when that is a fixed
     location (``[rip + d]`` in 64-bit code, ``[abs]`` in 32-bit code), else None."""
-    start = op_str.find("[")
-    if start < 0:
+    inner = _memory_operand(op_str)
+    if inner is None:
         return None
-    inner = op_str[start + 1:op_str.rfind("]")].strip()
     if bits == 64:
         if inner.startswith("rip + "):
             value = parse_int(inner[6:])
