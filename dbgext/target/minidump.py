@@ -26,7 +26,7 @@ import struct
 
 from ..errors import BadInput
 from ..layouts.dump_formats import (
-    ARCH_OF_PROCESSOR, CONTEXTS, MEMORY_STATES, MEMORY_TYPES, MINIDUMP_DIRECTORY_ENTRY_SIZE,
+    ARCH_OF_PROCESSOR, CONTEXTS, MEM_COMMIT, MEMORY_STATES, MEMORY_TYPES, MINIDUMP_DIRECTORY_ENTRY_SIZE,
     MINIDUMP_EXCEPTION_STREAM, MINIDUMP_HEADER_SIZE, MINIDUMP_MEMORY_INFO, MINIDUMP_MEMORY_INFO_LIST_HEADER,
     MINIDUMP_MODULE_SIZE, MINIDUMP_SIGNATURE, MINIDUMP_STREAM, MINIDUMP_SYSTEM_INFO_SIZE, MINIDUMP_THREAD_INFO,
     MINIDUMP_THREAD_INFO_LIST_HEADER, MINIDUMP_THREAD_NAME, MINIDUMP_UNLOADED_MODULE,
@@ -80,7 +80,7 @@ class MemoryRegion(object):
     @property
     def protect_name(self):
         # For reserved and free regions the Protect member is undefined.
-        return protection_name(self.protect) if self.state == 0x1000 else ""
+        return protection_name(self.protect) if self.state == MEM_COMMIT else ""
 
     def as_dict(self):
         return {"base": self.base, "size": self.size, "allocation_base": self.allocation_base,
@@ -322,7 +322,7 @@ class MinidumpBackend(ReadsFileMappedRanges, Backend):
         summary = {"regions": len(self.memory_info), "by_state": {}, "by_type": {}, "by_protection": {}}
         for region in self.memory_info:
             _add(summary["by_state"], region.state_name, region.size)
-            if region.state == 0x1000:
+            if region.state == MEM_COMMIT:
                 _add(summary["by_type"], region.type_name or "unknown", region.size)
                 _add(summary["by_protection"], region.protect_name, region.size)
         return summary
