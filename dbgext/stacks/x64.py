@@ -29,7 +29,8 @@ MACHINE_FRAME_RSP = 24
 EPILOGUE_WINDOW = 32  # bytes of code read at RIP to recognise an epilogue
 # What an epilogue's first remaining instruction can start with: REX.W (add/lea
 # rsp), a pop (0x58-0x5F, 0x41 for r8-r15), ret, rep ret, or a jmp.
-EPILOGUE_FIRST_BYTES = frozenset([0x41, 0xC3, 0xC2, 0xF3, 0xE9, 0xEB, 0xFF] + list(range(0x48, 0x50)) + list(range(0x58, 0x60)))
+EPILOGUE_FIRST_BYTES = frozenset([0x41, 0xC3, 0xC2, 0xF3, 0xE9, 0xEB, 0xFF] + list(range(0x48, 0x50))
+                                 + list(range(0x58, 0x60)))
 
 
 class UnwindError(Exception):

@@ -10,9 +10,9 @@ scan otherwise; when both exist they are compared and any disagreement is kept.
 import bisect
 
 from ..disasm import parse_int
+from ..stacks.unwind_data import frame_from_unwind
 from .layouts import FRAME_HELPER_EPILOGS, FRAME_HELPERS, HELPER_CODE
 from .prologue import STACK_PROBE_NAMES, Decoder, is_named, scan_prologue
-from ..stacks.unwind_data import frame_from_unwind
 
 MAX_JUMP_TABLE = 4096
 # Epilogs first: "SEH_epilog4" must not match a prolog's fragment.
@@ -44,7 +44,8 @@ class FunctionInfo(object):
 
     __slots__ = ("module", "va", "rva", "name", "origin", "end", "fragment_of", "unwind_size",
                  "prologue_size", "dynamic", "problem", "analysed_body",
-                 "body_problem", "ret_pop", "max_depth", "call_sites", "sp_lost", "body_end", "moves_sp", "padding", "prolog_end")
+                 "body_problem", "ret_pop", "max_depth", "call_sites", "sp_lost", "body_end", "moves_sp", "padding",
+                 "prolog_end")
 
     def __init__(self, module, va, rva, origin, name=None, end=None):
         self.module = module
@@ -267,9 +268,6 @@ class ModuleFunctions(object):
                 return va
             va += insn[1]
         return None
-
-    def name_of(self, va):
-        return self.names.get(va)
 
     def callee_kind(self, va):
         """What a call to ``va`` does to the caller's stack (see
