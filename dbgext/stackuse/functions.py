@@ -351,11 +351,6 @@ class ModuleFunctions(object):
 
     # -- frames -----------------------------------------------------------------------
 
-    def compute_frames(self, functions=None):
-        """Prologue scans for every function (or the given ones) lacking one."""
-        for function in list(functions if functions is not None else self.functions.values()):
-            self.compute_frame(function)
-
     def compute_frame(self, function):
         if function.prologue_size is not None or function.fragment_of is not None:
             return
