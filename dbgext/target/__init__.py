@@ -37,8 +37,12 @@ def open_dump(path, symbols=None, cache_pages=8192, no_download=False, diagnosti
         backend = MinidumpBackend(path)
     else:
         raise BadInput("%s is not a Windows dump (signature %r)" % (path, magic[:8]))
-    table = open_symbol_table(symbols, symbol_paths_beside(path), no_download, diagnostics=diagnostics)
-    table.bind(backend.modules())
-    target = Target(backend, cache_pages=cache_pages, symbols=table)
-    table.attach(target)
+    try:
+        table = open_symbol_table(symbols, symbol_paths_beside(path), no_download, diagnostics=diagnostics)
+        table.bind(backend.modules())
+        target = Target(backend, cache_pages=cache_pages, symbols=table)
+        table.attach(target)
+    except BaseException:
+        backend.close()  # a bad symbol path must not leave the dump open
+        raise
     return target
