@@ -7,7 +7,9 @@ their parent's frame) add their parent's codes: the frame is the sum along the
 chain.  Chains are followed with a visited set and a depth limit, so a corrupt
 image whose chain loops costs a few steps and one reported problem.
 
-Images are :class:`dbgext.pe.PEImage` objects (a file or a module in target memory).
+Images are :class:`dbgext.pe.PEImage` objects (a file or a module in target memory)
+or the unwinder's :class:`~dbgext.stacks.images.TargetImage`, which answers the
+same calls from target memory on demand.
 """
 
 # -- UNWIND_INFO (the PE/COFF x64 exception-handling format) -----------------------------

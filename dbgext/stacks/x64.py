@@ -65,7 +65,8 @@ def unwind_leaf(registers, read_pointer):
 
 def unwind_function(image, module_base, entry, registers, read_pointer, code, info_cache):
     """Unwind one frame with the RUNTIME_FUNCTION ``entry`` (begin, end, unwind rva)
-    of ``image`` (a :class:`dbgext.pe.PEImage` of the module loaded at
+    of ``image`` (a :class:`dbgext.pe.PEImage`, or the unwinder's
+    :class:`~dbgext.stacks.images.TargetImage`, of the module loaded at
     ``module_base``).  ``read_pointer(address)`` reads the stack (raises
     UnreadableMemory); ``code`` is the code bytes at RIP (for epilogue detection)."""
     rip = registers["rip"]
