@@ -8,8 +8,8 @@ non-PAE page tables as the header's PaeEnabled says.  Small memory dumps
 
 The reader is our own: pages are read from the file with positioned reads (see
 :mod:`dbgext.target.dumpfile`: an mmap dies of SIGBUS when the file shrinks) and
-virtual addresses are translated by walking the x64 page tables from the
-header's DirectoryTableBase.  kdmp-parser reads the same files (except types 2
+virtual addresses are translated by walking the page tables (x64, x86 PAE or
+not) from the header's DirectoryTableBase.  kdmp-parser reads the same files (except types 2
 and 4), and the tests keep it as the independent oracle.
 
 Validation happens before any page is touched: the run table, bitmap or RDMP
@@ -255,7 +255,7 @@ class KernelDumpBase(Backend):
     # -- facts -----------------------------------------------------------------------------------
 
     def info(self):
-        """The dump's facts, gathered once (``Target.build`` asks often); the
+        """The dump's facts, gathered once (analyses ask often); the
         problems are current, since later walks (mapped_ranges) may add some."""
         if self._facts is None:
             self.modules()

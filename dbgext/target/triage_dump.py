@@ -120,8 +120,7 @@ class TriageDumpBackend(ReadsFileMappedRanges, KernelDumpBase):
             self.problems.add("triage_part_address", address, "%s: no usable virtual address" % what, "warning")
             return
         cursor, end = address, address + size
-        index = bisect_right(self._starts, address) - 1
-        index = max(index, 0)
+        index = max(bisect_right(self._starts, address) - 1, 0)
         pieces = []
         while cursor < end:
             while index < len(self._regions) and self._regions[index][1] <= cursor:
