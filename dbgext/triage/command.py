@@ -199,7 +199,7 @@ def _batch(ctx, args):
         result = run_batch(args.paths, store, workers=args.workers, timeout=args.timeout,
                            analyses=_analysis_names(args.analyses), plugins=args.plugin or (),
                            symbols=args.symbols, dask_address=args.dask, retry_failed=args.retry_failed,
-                           progress=progress, exclude=[args.db, args.db + ".wal"])
+                           progress=progress, exclude=[args.db, args.db + ".wal"], expanded=(files, unmatched))
         if args.parquet:
             store.export_parquet(args.parquet, replace=args.force)
     document = result_document(args.db, result)

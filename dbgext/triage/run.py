@@ -418,13 +418,16 @@ class DeferredInterrupt(object):
             raise KeyboardInterrupt()
 
 
-def plan_tasks(paths, store, analyses=None, plugins=(), symbols=None, retry_failed=False, exclude=()):
+def plan_tasks(paths, store, analyses=None, plugins=(), symbols=None, retry_failed=False, exclude=(),
+               expanded=None):
     """Expand ``paths`` and return (tasks for files not known to be recorded,
     BatchResult).  A file is known when its path, size, modification and change
     times are those it had when it was hashed whole, and that hash is recorded.
-    ``exclude``: paths that are never dumps to triage (the database itself)."""
+    ``exclude``: paths that are never dumps to triage (the database itself);
+    ``expanded``: what :func:`expand_paths` gave for ``paths``, when the caller has it."""
     result = BatchResult()
-    files, result.unreadable = expand_paths(paths)
+    files, unmatched = expanded if expanded is not None else expand_paths(paths)
+    result.unreadable = list(unmatched)
     excluded = set(os.path.realpath(path) for path in exclude)
     files = [path for path in files if os.path.realpath(path) not in excluded]
     result.found = len(files)
@@ -447,8 +450,10 @@ def plan_tasks(paths, store, analyses=None, plugins=(), symbols=None, retry_fail
 
 
 def run_batch(paths, store, workers=None, timeout=DEFAULT_TIMEOUT, analyses=None, plugins=(), symbols=None,
-              dask_address=None, retry_failed=False, progress=None, exclude=()):
+              dask_address=None, retry_failed=False, progress=None, exclude=(), expanded=None):
     """Triage every new dump under ``paths`` into ``store``; returns a BatchResult.
+    ``expanded``: (files, messages) of :func:`expand_paths` for ``paths``, when the
+    caller has already expanded them (the directories are not walked again).
 
     KeyboardInterrupt and StorageError end the batch (workers killed); every record
     committed before stays in the store."""
@@ -457,7 +462,8 @@ def run_batch(paths, store, workers=None, timeout=DEFAULT_TIMEOUT, analyses=None
     select_analyses(analyses)  # unknown analysis names fail here, before any work
     with DeferredInterrupt() as interrupts:
         with interrupts.deferred():
-            tasks, result = plan_tasks(paths, store, analyses, plugins, symbols, retry_failed, exclude)
+            tasks, result = plan_tasks(paths, store, analyses, plugins, symbols, retry_failed, exclude,
+                                       expanded)
         pool = None
         if tasks:
             pool = DaskPool(dask_address, timeout) if dask_address else LocalPool(workers, timeout)
