@@ -184,8 +184,8 @@ class PEImage(object):
     def from_bytes(cls, raw, name="image"):
         """A PE file's bytes, mapped section by section without copying them."""
         header = _parse_header_fields(raw, name, "file")
-        segments = [_Segment(0, min(header["size_of_headers"], len(raw)) or len(raw), raw, 0,
-                             min(header["size_of_headers"], len(raw)) or len(raw))]
+        headers_size = min(header["size_of_headers"], len(raw)) or len(raw)
+        segments = [_Segment(0, headers_size, raw, 0, headers_size)]
         holes = []
         for section in header["sections"]:
             if section.size == 0:
