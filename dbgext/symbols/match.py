@@ -25,11 +25,15 @@ def image_headers(target, module):
         return None
 
 
-def image_identity(target, module, headers=None):
+def image_identity(target, module):
     """(TimeDateStamp, SizeOfImage) that name the module's image in a symbol store:
     from its headers in memory, else from the loader's list (a small dump's driver
     list, a minidump's module list); None when neither has them."""
-    headers = headers or image_headers(target, module)
+    return _identity(module, image_headers(target, module))
+
+
+def _identity(module, headers):
+    """:func:`image_identity` from headers already read (None: unreadable)."""
     if headers is not None:
         return headers.timestamp, headers.size_of_image
     if module.timestamp is not None:
@@ -37,11 +41,9 @@ def image_identity(target, module, headers=None):
     return None
 
 
-def codeview_in_memory(target, module, headers=None):
-    """The module's RSDS record (:class:`dbgext.pe.CodeView`) read from target memory, or None."""
-    headers = headers or image_headers(target, module)
-    if headers is None:
-        return None
+def codeview_in_memory(target, module, headers):
+    """The module's RSDS record (:class:`dbgext.pe.CodeView`) read from target
+    memory through its debug directory (``headers``: :func:`image_headers`), or None."""
     rva, size = headers.directory(DIRECTORY_DEBUG)
     count = min(size // DEBUG_ENTRY.size, MAX_DEBUG_ENTRIES)
     if not rva or not count:
@@ -176,7 +178,7 @@ def locate_module_symbols(target, module, locator, table):
     headers = image_headers(target, module)
     if locator is not None:
         codeview = (codeview_in_memory(target, module, headers) if headers is not None else None) or \
-            _codeview_from_image_file(locator, module, image_identity(target, module, headers), table.report)
+            _codeview_from_image_file(locator, module, _identity(module, headers), table.report)
         if codeview is not None:
             pdb = locator.find_pdb(codeview, table.report)
             if pdb is not None:
