@@ -220,14 +220,14 @@ class PartialRead(object):
         return True
 
 
-def _merge_holes(holes):
-    """Sorted (start, end) holes with touching ones joined."""
+def merge_ranges(ranges):
+    """Sorted (start, end) ranges with touching and overlapping ones joined."""
     merged = []
-    for start, stop in sorted(holes):
+    for start, end in sorted(ranges):
         if merged and merged[-1][1] >= start:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], stop))
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
         else:
-            merged.append((start, stop))
+            merged.append((start, end))
     return merged
 
 
@@ -408,7 +408,7 @@ class Target(object):
         first = address - offset
         count = (offset + size + PAGE_SIZE - 1) // PAGE_SIZE
         pages = self._pages(first, count)
-        holes = _merge_holes(self._partial_holes(address, size)) if self._partial else []
+        holes = merge_ranges(self._partial_holes(address, size)) if self._partial else []
         if None not in pages:
             data = b"".join(pages)
             return PartialRead(address, data if offset == 0 and len(data) == size
@@ -422,7 +422,7 @@ class Target(object):
                 start = max(address, first + i * PAGE_SIZE)
                 stop = min(end, first + (i + 1) * PAGE_SIZE)
                 holes.append((start, stop))
-        return PartialRead(address, b"".join(pages)[offset:offset + size], _merge_holes(holes))
+        return PartialRead(address, b"".join(pages)[offset:offset + size], merge_ranges(holes))
 
     def is_readable(self, address, size=1):
         if size <= 0:

@@ -9,7 +9,7 @@ bytes it really holds, so the Target can report the rest as unreadable.
 
 from bisect import bisect_right
 
-from .base import PAGE_SIZE
+from .base import PAGE_SIZE, merge_ranges
 
 PAGE_OFFSET_MASK = PAGE_SIZE - 1
 
@@ -96,17 +96,6 @@ class ReadsFileMappedRanges(object):
         """The pages the dump holds only part of (a minidump's 256-byte windows, a
         small dump's stack copy from the stack pointer up), with the ranges held."""
         return self._memory.partial_pages()
-
-
-def merge_ranges(ranges):
-    """Sorted (start, end) ranges with touching and overlapping ones joined."""
-    merged = []
-    for start, end in sorted(ranges):
-        if merged and merged[-1][1] >= start:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-        else:
-            merged.append((start, end))
-    return merged
 
 
 def _without_overlaps(ranges):

@@ -44,9 +44,8 @@ from ..layouts.dump_formats import (
     PAGING, PTE_LARGE, PTE_PFN_MASK, PTE_PRESENT, PTE_PROTOTYPE, PTE_TRANSITION, RDMP_HEADER64, RDMP_MARKER,
     SUMMARY_DUMP64, SUMMARY_DUMP_OLD, UNSET_U32, UNSET_U64, X86_DUMP_TYPES)
 from ..problems import ProblemLog
-from .base import PAGE_SIZE, Backend, Module, Target, Thread
+from .base import PAGE_SIZE, Backend, Module, Target, Thread, merge_ranges
 from .dumpfile import DumpFile
-from .filemap import merge_ranges
 
 MAX_MODULES = 4096
 # Translations are cached per 2 MiB of virtual space; the bound keeps a scan of
