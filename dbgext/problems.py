@@ -27,6 +27,12 @@ class Problem(object):
         return {"kind": self.kind, "severity": self.severity, "address": self.address,
                 "offset": self.offset, "message": self.message}
 
+    @classmethod
+    def from_dict(cls, item):
+        """A Problem from its :meth:`as_dict` form (a backend's info() carries them so)."""
+        return cls(item["kind"], item.get("address"), item.get("message", ""), item.get("severity", "error"),
+                   item.get("offset"))
+
     def where(self):
         """``at fffff800`00001000`` / ``at offset 0x40`` / empty."""
         if self.address is not None:

@@ -15,8 +15,7 @@ FILETIME_LIMIT = 0x0800000000000000   # past year 30000: a garbage or "PAGE"-fil
 def analyze(target):
     """A :class:`~dbgext.dumpinfo.result.DumpInfoResult` for ``target``."""
     facts = dict(target.info())
-    problems = ProblemLog(Problem(p["kind"], p["address"], p["message"], p["severity"], p["offset"])
-                          for p in facts.get("problems") or () if isinstance(p, dict))
+    problems = ProblemLog(Problem.from_dict(p) for p in facts.get("problems") or () if isinstance(p, dict))
     layouts = [layout_source(target, name) for name in KERNEL_TYPES] if facts.get("mode") == "kernel" else []
     return DumpInfoResult(facts, layouts, filetime_iso(facts.get("system_time")), problems.finish())
 
