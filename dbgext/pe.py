@@ -165,6 +165,14 @@ class PEImage(object):
         self._segments = sorted(segments, key=lambda segment: segment.rva)
         self._starts = [segment.rva for segment in self._segments]
         self.holes = sorted(holes)
+        # The holes' union as sorted disjoint runs, for a bisect on every read.
+        self._hole_starts, self._hole_ends = [], []
+        for start, end in self.holes:
+            if self._hole_ends and start <= self._hole_ends[-1]:
+                self._hole_ends[-1] = max(self._hole_ends[-1], end)
+            else:
+                self._hole_starts.append(start)
+                self._hole_ends.append(end)
         self._file = file_bytes
         self._cache = {}
         self._parse_headers()
@@ -316,9 +324,12 @@ class PEImage(object):
         return done
 
     def _first_hole(self, rva, size):
-        for start, end in self.holes:
-            if start < rva + size and rva < end:
-                return max(start, rva)
+        """The first unreadable rva in [rva, rva + size), or None."""
+        index = bisect.bisect_right(self._hole_starts, rva)
+        if index and rva < self._hole_ends[index - 1]:
+            return rva
+        if index < len(self._hole_starts) and self._hole_starts[index] < rva + size:
+            return self._hole_starts[index]
         return None
 
     def is_code(self, rva):
