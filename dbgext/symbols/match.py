@@ -79,7 +79,7 @@ class PdbModuleSymbols(ModuleSymbols):
         self._sizes = None
         self._sorted = None
         self._views = {}
-        self.pointer_size = 4 if self._guarded(lambda: pdb.machine, 0x8664) == 0x14C else 8
+        self.pointer_size = self._guarded(lambda: pdb.pointer_size, 8)
 
     @property
     def source(self):
@@ -100,7 +100,7 @@ class PdbModuleSymbols(ModuleSymbols):
 
     def _read_symbols(self):
         pdb = self.pdb
-        decorated = pdb.machine == 0x14C
+        decorated = pdb.is_x86
         symbols, sizes = {}, {}
         for procedure in pdb.procedures():
             symbols[procedure.name] = procedure.rva

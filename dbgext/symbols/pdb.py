@@ -35,6 +35,7 @@ MSF_MAGIC = b"Microsoft C/C++ MSF 7.00\r\n\x1aDS\0\0\0"
 NIL_STREAM = 0xFFFFFFFF
 
 STREAM_INFO, STREAM_TPI, STREAM_DBI = 1, 2, 3
+MACHINE_X86 = 0x14C  # the DBI stream's machine (IMAGE_FILE_MACHINE_I386)
 DBI_HEADER = struct.Struct("<iIIHHHHHHiiiiiIiiHHI")
 TPI_HEADER = struct.Struct("<IIIIIHHIIiIiIiI")
 MODULE_INFO = struct.Struct("<I28sHHIIIHHIII")
@@ -267,6 +268,14 @@ class PdbFile(object):
     def machine(self):
         return self.dbi["machine"]
 
+    @property
+    def is_x86(self):
+        return self.machine == MACHINE_X86
+
+    @property
+    def pointer_size(self):
+        return 4 if self.is_x86 else 8
+
     def _read_dbi(self):
         data = self.msf.stream(STREAM_DBI, "DBI stream")
         if len(data) < DBI_HEADER.size:
@@ -448,8 +457,7 @@ class PdbFile(object):
     @property
     def types(self):
         if self._types is None:
-            self._types = TypeTable(self.msf.stream(STREAM_TPI, "TPI stream"), self.path,
-                                    8 if self.machine == 0x8664 else (4 if self.machine == 0x14C else None))
+            self._types = TypeTable(self.msf.stream(STREAM_TPI, "TPI stream"), self.path, self.pointer_size)
         return self._types
 
     @property
@@ -531,9 +539,9 @@ class CvType(object):
 class TypeTable(object):
     """The TPI stream's records, decoded on demand and cached by type index."""
 
-    def __init__(self, data, path, pointer_size=None):
+    def __init__(self, data, path, pointer_size):
         self.path = path
-        self.pointer_size = pointer_size or 8
+        self.pointer_size = pointer_size
         self._data = data
         if len(data) < TPI_HEADER.size:
             raise PdbError(path, "TPI header", "%d bytes" % len(data))
