@@ -139,11 +139,12 @@ def _function_name(text):
 def summarize_stackuse(target):
     """The faulting thread's stack use from its real frames (the unwinder's, the same
     walk ``k`` shows): used and remaining bytes, and the biggest frames.  The walk's
-    problems are the signature's (one walk, reported once)."""
-    from ..stacks import analyze
+    problems are the signature's (reported once, there)."""
+    from ..stacks import MAX_FRAMES
+    from .signature import faulting_thread_stack
 
     try:
-        stack = analyze(target)
+        stack = faulting_thread_stack(target, MAX_FRAMES)
     except BadInput as error:
         return {"skipped": str(error)}
     frames = stack.frames

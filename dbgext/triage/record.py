@@ -22,7 +22,7 @@ from collections import OrderedDict
 from ..errors import BadInput, DbgextError
 from ..problems import Problem, ProblemLog
 from .bugchecks import describe_crash
-from .signature import CrashFrame, crash_signature
+from .signature import CrashFrame, crash_signature, shared_unwinder
 
 SCHEMA_VERSION = 1
 STATUS_OK = "ok"
@@ -328,6 +328,11 @@ def build_record(target, path=None, size=None, content_key=None, analyses=None):
     """The full record for an open target: identity, bug check, faulting frame and
     bucket, then each selected analysis (``analyses``: Analysis objects; None = all
     available)."""
+    with shared_unwinder(target):
+        return _build_record(target, path, size, content_key, analyses)
+
+
+def _build_record(target, path, size, content_key, analyses):
     started = time.time()
     record = DumpRecord(path, size, content_key)
     info = fill_identity(record, target)

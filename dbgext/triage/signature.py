@@ -25,12 +25,17 @@ without symbols into the bucket another dump of the same image build got by name
 (the bucket does not depend on whether symbols happened to be there).
 """
 
+import contextlib
+import weakref
+
 from ..errors import DbgextError
 from ..problems import ProblemLog
 from ..target.symbols import EXPORT_SYMBOLS, NO_SYMBOLS
 from .bugchecks import FAULTING_ADDRESS_ARGUMENT
 
 MAX_FRAMES = 16
+
+_UNWINDERS = weakref.WeakKeyDictionary()  # target -> its Unwinder while a record is built (shared_unwinder)
 
 NOT_FUNCTION_SYMBOLS = (EXPORT_SYMBOLS, NO_SYMBOLS)
 
@@ -199,13 +204,36 @@ def crash_signature(target, info, code, parameters):
     return result
 
 
+@contextlib.contextmanager
+def shared_unwinder(target):
+    """Within the block, walks of ``target``'s crashing thread share one
+    :class:`~dbgext.stacks.Unwinder`: the signature and the stackuse summary of one
+    record load each module's unwind data once, and image problems go to the first
+    walk, the signature's."""
+    _UNWINDERS[target] = None
+    try:
+        yield
+    finally:
+        _UNWINDERS.pop(target, None)
+
+
+def faulting_thread_stack(target, max_frames):
+    """The crashing thread's :class:`~dbgext.stacks.StackResult`."""
+    from ..stacks import Unwinder
+
+    unwinder = _UNWINDERS.get(target)
+    if unwinder is None:
+        unwinder = Unwinder(target)
+        if target in _UNWINDERS:
+            _UNWINDERS[target] = unwinder
+    return unwinder.walk(max_frames=max_frames)
+
+
 def unwind_faulting_thread(target):
     """([(code address, how found)], problems) of the crashing thread's stack, top
     first, from the one unwinder; no frames when the target holds no context."""
-    from ..stacks import analyze
-
     try:
-        stack = analyze(target, max_frames=MAX_FRAMES)
+        stack = faulting_thread_stack(target, MAX_FRAMES)
     except DbgextError as error:
         problems = ProblemLog()
         problems.add("no_stack", None, "the faulting thread's stack cannot be walked: %s" % error, "warning")
