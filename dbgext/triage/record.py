@@ -289,8 +289,7 @@ def as_problem(item):
     """A problem of target.info(): a Problem, or its as_dict() form."""
     if isinstance(item, Problem):
         return item
-    return Problem(item["kind"], item.get("address"), item.get("message", ""), item.get("severity", "error"),
-                   item.get("offset"))
+    return Problem.from_dict(item)
 
 
 def summary_problems(name, problems):
