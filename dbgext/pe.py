@@ -165,14 +165,11 @@ class PEImage(object):
         self._segments = sorted(segments, key=lambda segment: segment.rva)
         self._starts = [segment.rva for segment in self._segments]
         self.holes = sorted(holes)
-        # The holes' union as sorted disjoint runs, for a bisect on every read.
-        self._hole_starts, self._hole_ends = [], []
-        for start, end in self.holes:
-            if self._hole_ends and start <= self._hole_ends[-1]:
-                self._hole_ends[-1] = max(self._hole_ends[-1], end)
-            else:
-                self._hole_starts.append(start)
-                self._hole_ends.append(end)
+        # The holes' union as sorted disjoint runs, for a bisect on every read
+        # (imported here: dbgext.target imports the PDB reader, which imports this module).
+        from .target.base import merge_ranges
+        runs = merge_ranges(self.holes)
+        self._hole_starts, self._hole_ends = [start for start, _ in runs], [end for _, end in runs]
         self._file = file_bytes
         self._cache = {}
         self._parse_headers()
