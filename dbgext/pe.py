@@ -209,10 +209,13 @@ class PEImage(object):
         return image
 
     @classmethod
-    def from_target(cls, target, module):
+    def from_target(cls, target, module, directories=None):
         """``module`` (a target Module) as it is in memory.  Only the pages the
         target can read are read: the header page, then each section's readable
-        runs — never the module's claimed size in one piece."""
+        runs — never the module's claimed size in one piece.  ``directories``
+        (data directory indexes): read only those directories' bytes, for a
+        reader that needs one table (the exports) and not the whole image, which
+        over a live debugger connection costs minutes."""
         first = target.try_read(module.base, MAX_HEADER_READ)
         if not first.readable(module.base, 0x200):
             raise BadInput("the PE headers of %s at %s are not in the target"
@@ -220,9 +223,15 @@ class PEImage(object):
         header = _parse_header_fields(first.data, module.name, "memory")
         span = min(module.size, header["size_of_image"]) if module.size else header["size_of_image"]
         segments = [_Segment(0, len(first.data), first.data, 0, len(first.data))]
-        for section in header["sections"]:
-            start = max(section.rva, len(first.data))
-            end = min(section.end, span)
+        if directories is None:
+            wanted = [(section.rva, section.end) for section in header["sections"]]
+        else:
+            wanted = [(rva, rva + size) for rva, size in
+                      (header["directories"][index] for index in directories if index < len(header["directories"]))
+                      if rva and size]
+        for low_rva, high_rva in wanted:
+            start = max(low_rva, len(first.data))
+            end = min(high_rva, span)
             for low, high in target.readable_ranges(module.base + start, module.base + end):
                 # Each run is read in bounded pieces: a run is what the target holds.
                 at = low

@@ -291,3 +291,24 @@ def test_a_module_whose_headers_the_dump_lost_gets_its_pdb_through_the_stores_im
     assert "kernel_shapes!CopyLeaf+0x2" in out
     code, out, _ = run(["ln", "%x" % (leaf + 2), "--dump", dump, "--symbols", str(tmp_path / "empty")])
     assert "CopyLeaf" not in out
+
+
+def test_export_names_cost_the_header_page_and_the_export_table_only(kernel, x64, tmp_path):
+    """Inside WinDbg a whole module read over the debugger connection takes
+    minutes: naming by exports reads the export directory, not the image."""
+    dump, _ = kernel
+    from dbgext.pe import DIRECTORY_EXPORT, PEImage
+    image = PEImage.from_file(x64.dll)
+    rva, size = image.directory(DIRECTORY_EXPORT)
+    export_pages = set(range((rva >> 12), ((rva + size - 1) >> 12) + 1))
+    with open_dump(dump, symbols=[str(tmp_path)]) as target:
+        target.drop_cache()
+        target.stats.reset()
+        assert target.symbols.status("kernel_shapes") == "export symbols"
+        assert target.symbol_address("kernel_shapes!ExportedEntry") == DRIVER_BASE + rva_of_export(image)
+        assert target.stats.backend_pages <= 1 + len(export_pages) + 1   # + the header page, + one run boundary
+        assert target.stats.backend_pages < image.size_of_image >> 12
+
+
+def rva_of_export(image):
+    return dict((name, rva) for rva, name in image.exports.items())["ExportedEntry"]

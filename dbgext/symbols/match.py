@@ -166,7 +166,7 @@ class ExportSymbols(ModuleSymbols):
     def symbols(self):
         if self._symbols is None:
             try:
-                exports = PEImage.from_target(self._target, self._module).exports
+                exports = PEImage.from_target(self._target, self._module, directories=(DIRECTORY_EXPORT,)).exports
             except DbgextError:
                 exports = {}
             self._symbols = dict((name, rva) for rva, name in exports.items())
