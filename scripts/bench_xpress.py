@@ -91,21 +91,21 @@ def cached_traces(megabytes):
 
 def compressed_buffers(path):
     """(payload, decompressed size) of every compressed buffer."""
-    reader = EtlReader(path)
     found = []
-    for buffer in reader.buffers():
-        if buffer.compressed:
-            found.append((buffer.data[fmt.BUFFER_HEADER_SIZE:], buffer.saved_offset - fmt.BUFFER_HEADER_SIZE))
+    with EtlReader(path) as reader:
+        for buffer in reader.buffers():
+            if buffer.compressed:
+                found.append((buffer.data[fmt.BUFFER_HEADER_SIZE:], buffer.saved_offset - fmt.BUFFER_HEADER_SIZE))
     return found
 
 
 def read_all(path):
-    reader = EtlReader(path)
     events = 0
     payload = 0
-    for event in reader.events():
-        events += 1
-        payload += len(event.payload)
+    with EtlReader(path) as reader:
+        for event in reader.events():
+            events += 1
+            payload += len(event.payload)
     return events, payload, reader.summary
 
 

@@ -1,6 +1,7 @@
 """The .etl reader against files the writer makes: buffers, every header kind,
 StackWalk decoding, provider filtering (IPT events), and damaged files."""
 
+import os
 import struct
 import uuid
 
@@ -79,6 +80,31 @@ def test_a_file_is_read_from_disk(tmp_path):
     writer.add_stack_walk(KERNEL)
     writer.write(path)
     assert len(list(EtlReader(path).events())) == 2
+
+
+def _open_descriptors():
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors through /proc")
+def test_readers_close_their_files(tmp_path):
+    path = str(tmp_path / "t.etl")
+    writer = EtlWriter()
+    writer.add_stack_walk(KERNEL)
+    writer.write(path)
+    not_etl = str(tmp_path / "not.etl")
+    with open(not_etl, "wb") as handle:
+        handle.write(b"MDMP" + bytes(100))
+    before = _open_descriptors()
+    with EtlReader(path) as reader:
+        assert len(list(reader.events())) == 2
+    assert len(list(iter_events(path))) == 2
+    events = iter_events(path)
+    next(events)
+    events.close()                      # a caller that stops early
+    with pytest.raises(BadInput):
+        EtlReader(not_etl)
+    assert _open_descriptors() == before
 
 
 def test_not_an_etl_file_is_bad_input(tmp_path):

@@ -5,9 +5,9 @@ classic / manifest event headers, and the kernel's StackWalk events.
     for event in iter_events("trace.etl", provider=INTEL_PT_GUID, opcode=32):
         event.payload  # bytes after the event header
 
-    reader = EtlReader("trace.etl")       # when the caller reports what was skipped:
-    for event in reader.events(): ...
-    reader.summary.note()                 # one line, or None; .as_dict() for JSON
+    with EtlReader("trace.etl") as reader:   # when the caller reports what was skipped:
+        for event in reader.events(): ...
+    reader.summary.note()                    # one line, or None; .as_dict() for JSON
 """
 
 from .format import INTEL_PT_GUID, STACKWALK_GUID, looks_like_etl

@@ -183,10 +183,14 @@ class _MemoryBytes(object):
     def close(self):
         pass
 
+    def close(self):
+        pass
+
 
 class EtlReader(object):
     """``EtlReader(path_or_bytes)``; iterate :meth:`events` (or :meth:`buffers`);
-    ``summary`` says what was read and skipped."""
+    ``summary`` says what was read and skipped.  A context manager: leaving it
+    closes the file."""
 
     def __init__(self, source, max_buffers=1000000):
         if isinstance(source, (bytes, bytearray)):
@@ -198,12 +202,25 @@ class EtlReader(object):
         self.max_buffers = max_buffers
         self.summary = ReadSummary(self.path)
         head = self._file.read(0, _LOGFILE_MODE_OFFSET + 4)
-        if len(head) < fmt.BUFFER_HEADER_SIZE:
-            raise BadInput("%s is not an .etl file (%d bytes)" % (self.path, self._file.size))
-        first_size = fmt.BUFFER_HEADER.unpack_from(head)[0]
-        if not fmt.BUFFER_HEADER_SIZE < first_size <= fmt.MAX_BUFFER_SIZE:
-            raise BadInput("%s is not an .etl file (first buffer size %d)" % (self.path, first_size))
+        try:
+            if len(head) < fmt.BUFFER_HEADER_SIZE:
+                raise BadInput("%s is not an .etl file (%d bytes)" % (self.path, self._file.size))
+            first_size = fmt.BUFFER_HEADER.unpack_from(head)[0]
+            if not fmt.BUFFER_HEADER_SIZE < first_size <= fmt.MAX_BUFFER_SIZE:
+                raise BadInput("%s is not an .etl file (first buffer size %d)" % (self.path, first_size))
+        except BadInput:
+            self.close()
+            raise
         self.compression_format = self._compression_format(head)
+
+    def close(self):
+        self._file.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
 
     @property
     def problems(self):
@@ -350,10 +367,15 @@ def iter_events(source, provider=None, opcode=None):
     one opcode (event type)."""
     if provider is not None and not isinstance(provider, uuid.UUID):
         provider = uuid.UUID(str(provider))
-    reader = source if isinstance(source, EtlReader) else EtlReader(source)
-    for event in reader.events():
-        if provider is not None and event.provider != provider:
-            continue
-        if opcode is not None and event.opcode != opcode:
-            continue
-        yield event
+    owned = None if isinstance(source, EtlReader) else EtlReader(source)
+    reader = source if owned is None else owned
+    try:
+        for event in reader.events():
+            if provider is not None and event.provider != provider:
+                continue
+            if opcode is not None and event.opcode != opcode:
+                continue
+            yield event
+    finally:
+        if owned is not None:
+            owned.close()

@@ -67,10 +67,10 @@ def decode(event):
 
 def stack_walk_records(source):
     """(records, the reader's ReadSummary) of every StackWalk event in an .etl file."""
-    reader = EtlReader(source)
     records = []
-    for event in reader.events():
-        record = decode(event)
-        if record is not None:
-            records.append(record)
+    with EtlReader(source) as reader:
+        for event in reader.events():
+            record = decode(event)
+            if record is not None:
+                records.append(record)
     return records, reader.summary

@@ -415,10 +415,10 @@ def etl_event_payload(path, wanted):
     from ..etl import EtlReader
     if wanted is None:
         raise BadInput("--etl needs --index N (ipt scan --etl FILE lists the events)")
-    reader = EtlReader(path)
-    for index, event in _etl_ipt_events(reader):
-        if index == wanted:
-            return event.payload
+    with EtlReader(path) as reader:
+        for index, event in _etl_ipt_events(reader):
+            if index == wanted:
+                return event.payload
     skipped = reader.summary.finish().note()
     raise BadInput("%s has no IntelProcessorTrace event with index %d%s"
                    % (path, wanted, " (%s)" % skipped if skipped else ""))
@@ -428,22 +428,23 @@ def _scan_etl(path, max_events, problems):
     """The IntelProcessorTrace events of an .etl file; buffers the reader could not
     decode become one problem with their count and an example."""
     from ..etl import EtlReader
-    reader = EtlReader(path)
     rows = []
-    for index, event in _etl_ipt_events(reader):
-        if len(rows) >= max_events:
-            problems.add("ipt_scan_stopped", None, "stopped after %d events" % max_events, "note")
-            break
-        try:
-            buffer = sources.event_from_bytes(event.payload, "%s event %d" % (path, index))
-        except BadInput as error:
-            problems.add("ipt_event_unreadable", None, "event %d: %s" % (index, error), "warning")
-            continue
-        stats = packet_stats(buffer.data)
-        header = buffer.header
-        rows.append({"index": index, "process": header["Process"], "thread": header["Thread"],
-                     "trace_size": header["TraceSize"], "trace_position": header["TracePosition"],
-                     "packets": stats.packets, "errors": stats.problems.count(), "notes": list(buffer.notes)})
+    with EtlReader(path) as reader:
+        for index, event in _etl_ipt_events(reader):
+            if len(rows) >= max_events:
+                problems.add("ipt_scan_stopped", None, "stopped after %d events" % max_events, "note")
+                break
+            try:
+                buffer = sources.event_from_bytes(event.payload, "%s event %d" % (path, index))
+            except BadInput as error:
+                problems.add("ipt_event_unreadable", None, "event %d: %s" % (index, error), "warning")
+                continue
+            stats = packet_stats(buffer.data)
+            header = buffer.header
+            rows.append({"index": index, "process": header["Process"], "thread": header["Thread"],
+                         "trace_size": header["TraceSize"], "trace_position": header["TracePosition"],
+                         "packets": stats.packets, "errors": stats.problems.count(),
+                         "notes": list(buffer.notes)})
     problems.extend(reader.summary.finish().problems)
     return rows
 
