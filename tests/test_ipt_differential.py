@@ -2,7 +2,10 @@
 
 Each class is a kind of trace the tracer (dbgext.ipt.fixtures) writes over random
 code: both decoders must produce the same instructions (and agree on whether there
-was an error).  Run as a script to print how many cases of each class match:
+was an error).  The erratum classes write an erratum's signature and run with the
+CPU that has it (libipt applies its workaround) and without a CPU (it does not);
+the other classes of COMPARED hold traces libipt fails on.  Run as a script to print
+how many cases of each class match:
 
     python tests/test_ipt_differential.py [CASES_PER_CLASS]
 """
@@ -36,13 +39,38 @@ CLASSES = {
     "erratum_apl11": ({"overflow_every": 150, "overflow_resume": "pgd+pge"}, (6, 0x5C, 9)),
 }
 
+BROADWELL, SKYLAKE, APOLLO_LAKE = (6, 0x3D, 4), (6, 0x4E, 3), (6, 0x5C, 9)
+
+# class -> (tracer options, the --cpu values both decoders run with); errors allowed when
+# both decoders fail alike.  Erratum classes run with the CPU that has the erratum and
+# without one.
+COMPARED = {
+    "erratum_bdm70": ({"disable_every": 6, "psb_while_disabled": True}, (BROADWELL, None)),
+    "erratum_bdm64": ({"tsx_every": 6, "tsx_abort_corrupts_branch": True}, (BROADWELL, None)),
+    "erratum_skd007": ({"overflow_every": 100, "cyc_cut_by_overflow": True, "timing": True}, (SKYLAKE, None)),
+    "erratum_skd010": ({"overflow_every": 100, "overflow_resume": "psb"}, (SKYLAKE, None)),
+    "erratum_skl014": ({"disable_every": 15, "disable_ip_suppressed": True}, (SKYLAKE, None)),
+    "erratum_apl11": ({"overflow_every": 150, "overflow_resume": "pgd+pge"}, (APOLLO_LAKE, None)),
+    "erratum_apl12": ({"overflow_every": 100, "overflow_resume": "fup+pge"}, (APOLLO_LAKE, None)),
+    "tip_pgd_without_ip_at_indirect_call": ({"pgd_without_ip_every": 3, "psb_every": 256}, (None, SKYLAKE)),
+    "fup_in_psb_while_disabled": ({"disable_every": 6, "psb_while_disabled": True, "psb_every": 512},
+                                  (None, SKYLAKE)),
+}
+
 
 def case(name, seed):
     """(program, trace, cpu) of one case."""
     options, cpu = CLASSES[name]
+    program, trace = compared_case(name, seed)
+    return program, trace, cpu
+
+
+def compared_case(name, seed):
+    """(program, trace) of one case of a CLASSES or COMPARED class."""
+    options = (CLASSES.get(name) or COMPARED[name])[0]
     program = F.random_program(BASE, functions=30, seed=seed, syscalls=True)
     trace, _ = F.trace_program(program, 50 + seed * 37 % 600, seed=seed, **options)
-    return program, trace, cpu
+    return program, trace
 
 
 def ours(program, trace, cpu=None, regions=None):
@@ -51,9 +79,11 @@ def ours(program, trace, cpu=None, regions=None):
     return decode_flow(trace, CodeImage(images=sorted(regions.items())), errata=cpu_errata(cpu))
 
 
-def both(name, seed):
-    """(libipt's instructions, errors, events; our FlowResult) for one case."""
-    program, trace, cpu = case(name, seed)
+def both(name, seed, cpu=()):
+    """(libipt's instructions, errors, events; our FlowResult) for one case; ``cpu``: the
+    class's own unless given."""
+    program, trace, own_cpu = case(name, seed) if name in CLASSES else compared_case(name, seed) + (None,)
+    cpu = own_cpu if cpu == () else cpu
     events = []
     segments = libipt.instruction_segments(trace, {program.base: program.code}, cpu, events=events)
     ips = [ip for segment, _ in segments for ip in segment]
@@ -73,8 +103,8 @@ def comparable_events(theirs, result):
             [(index, EVENT_KINDS[kind], ip) for index, kind, offset, ip in result.events if kind in EVENT_KINDS])
 
 
-def matches(name, seed):
-    ips, errors, events, result = both(name, seed)
+def matches(name, seed, cpu=()):
+    ips, errors, events, result = both(name, seed, cpu)
     theirs, mine = comparable_events(events, result)
     return result.instructions == ips and bool(result.problems.errors) == bool(errors) and theirs == mine
 
@@ -96,6 +126,30 @@ def test_events_come_where_libipt_reports_them(name, seed):
     _, _, events, result = both(name, seed)
     theirs, mine = comparable_events(events, result)
     assert theirs == mine
+
+
+COMPARED_RUNS = [(name, cpu) for name, (_, cpus) in sorted(COMPARED.items()) for cpu in cpus]
+
+
+@pytest.mark.parametrize("seed", range(CASES))
+@pytest.mark.parametrize("name,cpu", COMPARED_RUNS)
+def test_errata_and_failures_match_libipt(name, cpu, seed):
+    """Same instructions, events and failing or not, with and without the erratum's CPU."""
+    ips, errors, events, result = both(name, seed, cpu)
+    theirs, mine = comparable_events(events, result)
+    assert result.instructions == ips
+    assert bool(result.problems.errors) == bool(errors)
+    assert theirs == mine
+
+
+@pytest.mark.parametrize("seed", range(CASES))
+@pytest.mark.parametrize("name", sorted(CLASSES))
+def test_clean_traces_decode_alike_with_every_erratum_workaround(name, seed):
+    """A Skylake part has the most errata (BDM70, SKD007, SKD010, SKD022, SKL014,
+    SKL168); traces without their signatures decode as without a CPU."""
+    ips, errors, _, result = both(name, seed, SKYLAKE if CLASSES[name][1] is None else CLASSES[name][1])
+    assert errors == [] and result.problems == []
+    assert result.instructions == ips
 
 
 def gap_case(seed):
@@ -161,6 +215,21 @@ EXERCISED = {
     "interrupts_and_psbs": lambda packets, program: sum(p.type == "psb" for p in packets) > 1,
     "erratum_apl11": lambda packets, program: any(a.type == "ovf" and b.type == "tip.pgd"
                                                   for a, b in _pairs(packets)),
+    "erratum_bdm70": lambda packets, program: any(a.type == "psbend" and b.type == "tip.pge"
+                                                  for a, b in _pairs(packets)),
+    "erratum_bdm64": lambda packets, program: any(p.type == "mode.tsx" and p.fields["abort"] for p in packets),
+    "erratum_skd007": lambda packets, program: any(
+        a.type == "cyc" and a.fields["value"] >> 5 == 1 and b.type == "cyc" and b.fields["value"] == 30
+        and b.offset == a.offset + 2 for a, b in _pairs(packets)),
+    "erratum_skd010": lambda packets, program: any(a.type == "ovf" and b.type == "psb" for a, b in _pairs(packets)),
+    "erratum_skl014": lambda packets, program: any(p.type == "tip.pgd" and p.fields["ip"] is None
+                                                   for p in packets),
+    "erratum_apl12": lambda packets, program: any(a.type == "ovf" and b.type == "fup" and c.type == "tip.pge"
+                                                  for a, b, c in zip(packets, packets[1:], packets[2:])),
+    "tip_pgd_without_ip_at_indirect_call": lambda packets, program: any(
+        p.type == "tip.pgd" and p.fields["ip"] is None for p in packets),
+    "fup_in_psb_while_disabled": lambda packets, program: any(a.type == "psbend" and b.type == "tip.pge"
+                                                              for a, b in _pairs(packets)),
 }
 
 
@@ -168,13 +237,15 @@ def counts(cases):
     """(class, cases that match libipt, cases whose trace holds the class's feature, cases)."""
     from dbgext.ipt.packets import decode_packets
     rows = []
-    for name in CLASSES:
+    runs = [(name, ()) for name in CLASSES] + COMPARED_RUNS
+    for name, cpu in runs:
         good = exercised = 0
         for seed in range(cases):
-            program, trace, _ = case(name, seed)
-            good += matches(name, seed)
+            program, trace = compared_case(name, seed)
+            good += matches(name, seed, cpu)
             exercised += EXERCISED.get(name, lambda packets, program: True)(decode_packets(trace).packets, program)
-        rows.append((name, good, exercised, cases))
+        label = name if cpu == () else "%s --cpu %s" % (name, "/".join(map(str, cpu)) if cpu else "none")
+        rows.append((label, good, exercised, cases))
     gaps = sum(any(event[1] == "gap" for event in ours(*gap_case(seed)[:2], regions=gap_case(seed)[2]).events)
                for seed in range(cases))
     rows.append(("gap_after_unreadable_code", sum(gap_matches(seed) for seed in range(cases)), gaps, cases))
@@ -183,9 +254,9 @@ def counts(cases):
 
 if __name__ == "__main__":
     # match: same instructions, errors and events as libipt; exercised: the trace holds the class's feature
-    print("%-42s %7s %9s %5s" % ("class", "match", "exercised", "cases"))
+    print("%-56s %7s %9s %5s" % ("class", "match", "exercised", "cases"))
     for name, good, exercised, total in counts(int(sys.argv[1]) if len(sys.argv) > 1 else 50):
-        print("%-42s %7d %9d %5d" % (name, good, exercised, total))
+        print("%-56s %7d %9d %5d" % (name, good, exercised, total))
 
 
 @pytest.mark.parametrize("pgd_ip", [None, BASE + 6])

@@ -396,6 +396,9 @@ class _Walk(object):
         self.off_ip = 0          # where libipt's decoder stands while tracing is off (see read_psb_plus)
         self.psb_mode = False    # the last PSB+ read held a MODE.Exec
         self.bdm64_checked = None  # the MODE.TSX abort whose IP was found on the straight-line path
+        self.waiting_fups = []   # FUPs followed by TNT: each binds to a TIP after them (pending_event)
+        self.held = None         # a FUP libipt holds with the items up to its TIP (held_after) until its IP
+        self.held_after = None
 
     # -- items --------------------------------------------------------------------
 
@@ -550,14 +553,20 @@ class _Walk(object):
         self.bits = ""
         self.bit_index = 0
         self.retstack = []
+        self.waiting_fups = []
+        self.held = self.held_after = None
 
     def drop_uncommitted(self, failed_at=None, at_end=False):
         """Drop what was walked past the last trace data.  At the end of the trace,
         like libipt, the first instruction after an event that moved the IP stays when
-        it is not the branch (``failed_at``) that found no data."""
+        it is not the branch (``failed_at``) that found no data; while libipt holds an
+        event (hold_async_branch) it does not see the end coming: everything up to that
+        branch stays."""
         keep = self.committed
         out = self.out
-        if at_end and keep == self.resumed_at and len(out) > keep and out[keep] != failed_at:
+        if at_end and self.held is not None:
+            keep = len(out) - (1 if out and out[-1] == failed_at else 0)
+        elif at_end and keep == self.resumed_at and len(out) > keep and out[keep] != failed_at:
             keep += 1
         del out[keep:]
 
@@ -626,9 +635,8 @@ class _Walk(object):
                     self.mode = value
             elif kind == F_OVF:
                 self.reset()
-                self.event("overflow", offset, None)
                 self.off_ip = 0
-                ip = self.resolve_overflow()
+                ip = self.resolve_overflow(offset)
                 if ip is not None:
                     return ip
             elif kind == F_TNT or kind == F_TIP:
@@ -660,11 +668,12 @@ class _Walk(object):
     def fup_while_disabled(self, ip):
         """A PSB+ with a FUP while tracing is off does not turn tracing on (TIP.PGE does).
         libipt gives its status (MODE.Exec) the FUP's IP, which it then awaits where
-        tracing stopped (``off_ip``): when they differ, it is stuck and fails."""
-        if self.psb_mode and ip != self.off_ip:
-            following = self.peek()
-            self.error(self.last_offset if following is None else following[1],
-                       "FUP at 0x%x in a PSB+ while tracing is off (libipt cannot go on until the next PSB)" % ip)
+        tracing stopped (``off_ip``): when they differ, it is stuck and fails at the next
+        packet."""
+        following = self.peek()
+        if self.psb_mode and ip != self.off_ip and following is not None:
+            self.error(following[1], "FUP at 0x%x in a PSB+ while tracing is off (libipt cannot go on until the next "
+                       "PSB)" % ip)
 
     def bdm70_ignores_fup(self):
         """Erratum BDM70: a PSB+ right before a TIP.PGE may hold a FUP (and MODE.Exec)
@@ -684,33 +693,32 @@ class _Walk(object):
         self.pushed[len(self.pushed) - len(ahead)] = self.ip_from_zero(ahead[-1])
         return True
 
-    def resolve_overflow(self):
+    def resolve_overflow(self, offset):
         """After an OVF (with tracing off): where it resumes, as libipt finds the packet the
         OVF binds to.  A FUP: tracing resumes there (await_enable) unless erratum APL12
         makes it spurious.  No FUP: the overflow resolved with tracing off, unless SKD010
         dropped the FUP (then tracing resumes at the next TIP, FUP or PSB+ FUP); a TIP.PGD,
         TIP or TNT first is an error unless APL11 or SKD010 explain it.  Returns the IP
-        where tracing resumes now, or None."""
+        where tracing resumes now, or None.  An overflow libipt fails on is no event."""
         following = self.peek()
-        if following is None:
-            return None
-        kind, offset, value = following
+        kind = None if following is None else following[0]
         if kind == F_FUP:
+            self.event("overflow", offset, None)
             if "apl12" in self.errata:
                 self.apl12_skip_fup()
             return None
-        if "skd010" in self.errata:
-            resumed = self.skd010_resume()
+        if kind is not None and "skd010" in self.errata:
+            resumed = self.skd010_resume(offset)
             if resumed is not None:
                 return None if resumed == _STAYS_OFF else resumed
-        if kind in (F_TIP, F_PGD, F_TNT, F_PSBEND):
-            if kind == F_PGD and "apl11" in self.errata:
-                self.lookahead = None
-                return None
+        if kind in (F_TIP, F_PGD, F_TNT, F_PSBEND) and not (kind == F_PGD and "apl11" in self.errata):
             # libipt fails the step that ran into the overflow: its instruction goes too
-            self.error(offset, "%s right after an overflow%s" % (
+            self.error(following[1], "%s right after an overflow%s" % (
                 ITEM_NAMES[kind], " (an erratum of some parts: give --cpu to apply its workaround)"
                 if kind == F_PGD else ""), self.out[-1] if self.out else None)
+        self.event("overflow", offset, None)
+        if kind == F_PGD:
+            self.lookahead = None
         return None
 
     def apl12_skip_fup(self):
@@ -737,7 +745,7 @@ class _Walk(object):
         if kind == F_PGE and all(item[0] == F_MODE for item in ahead[:-1]):
             self.pushed[len(self.pushed) - len(ahead)] = self.ip_from_zero(ahead[-1])
 
-    def skd010_resume(self):
+    def skd010_resume(self, overflow_offset):
         """Erratum SKD010: the FUP after an OVF may be dropped.  As libipt, look on for a
         sign of tracing: a TIP.PGD (tracing went off: decoding goes on after it), a TIP, a
         FUP or a PSB+ with a FUP (tracing resumes at its IP).  Returns that IP,
@@ -749,6 +757,8 @@ class _Walk(object):
         for index, (kind, offset, value) in enumerate(ahead):
             if kind == F_MODE:
                 continue
+            if kind in (F_PGD, F_TIP, F_FUP, F_TSX, F_PSB):
+                self.event("overflow", overflow_offset, None)
             if kind in (F_PGD, F_TIP):
                 self.drop_items(index + 1)
                 if kind == F_PGD:
@@ -787,6 +797,8 @@ class _Walk(object):
         while self.bit_index >= len(self.bits):
             item = self.peek()
             if item is None or item[0] != F_TNT:
+                if item is not None and item[0] == F_FUP and (self.fup_waits() or self.hold_async_branch()):
+                    continue
                 return False
             self.lookahead = None
             self.bits = item[2]
@@ -809,14 +821,24 @@ class _Walk(object):
         if self.committed >= FLUSH_SIZE:
             self.flush()
         item = self.peek_past_modes()
+        if item is not None and item[0] == F_FUP and self.hold_async_branch():
+            item = self.peek_past_modes()
         if item is not None and item[0] == F_TNT and self.bit_index >= len(self.bits):
-            # A deferred TIP: the TNT bits of the branches after this one come first.
+            # A deferred TIP: the TNT bits of the branches after this one come first,
+            # one TNT packet of them (libipt fails on a second).
+            first = self.data[item[1]]
+            if first != 0x02 and len(item[2]) > len(_TNT8_BITS.get(first, "")):
+                self.error(item[1], "more than one TNT packet before the TIP of the %s at 0x%x" % (wanted, address),
+                           address)
             self.lookahead = None
             self.bits, self.bit_index = item[2], 0
             item = self.peek_past_modes()
         if item is None:
             return None
         kind, offset, value = item
+        if kind == F_TIP and self.waiting_fups:
+            self.error(offset, "the TIP for the %s at 0x%x is the asynchronous branch of the FUP at 0x%x"
+                       % (wanted, address, self.waiting_fups[0][2]), address)
         if kind == F_TIP and value is not None:
             self.lookahead = None
             return value
@@ -1039,9 +1061,16 @@ class _Walk(object):
         """What the next item means once the TNT bits are used up, as libipt's query
         decoder signals it only then: (address where an asynchronous event binds (FUP,
         MODE.TSX) or None, target of a TIP.PGD that binds to the direct branch going
-        there (-1: none))."""
+        there (-1: none)).
+
+        A FUP followed by TNT (a trace libipt misreads, e.g. past an erratum it does
+        not know) waits, as in libipt, for the TIP it binds to: the TNT bits come first."""
+        if self.held is not None:
+            return self.held[2], -1
         if self.bit_index < len(self.bits):
             return None, -1
+        if self.waiting_fups:
+            self.release_waiting_fup()
         item = self.lookahead
         if item is None:
             if self.ended:
@@ -1051,6 +1080,8 @@ class _Walk(object):
                 return None, -1
         kind = item[0]
         if kind == F_FUP:
+            if self.fup_waits():
+                return None, -1
             return item[2], -1
         if kind == F_TSX:
             return item[2][0], -1
@@ -1060,6 +1091,41 @@ class _Walk(object):
             # libipt handles it as soon as it is due, and tracing is already on.
             self.error(item[1], "tip.pge while tracing is enabled")
         return None, -1
+
+    def hold_async_branch(self):
+        """A due FUP + TIP (an asynchronous branch) where decoding needs TNT or TIP before
+        reaching the FUP's IP (a trace libipt misreads): libipt has taken both as its
+        event and holds it until decoding reaches that IP; the trace for the branches
+        before it comes from the packets after the TIP."""
+        if self.held is not None:
+            return False
+        ahead = self.items_ahead(lambda item: item[0] != F_MODE)
+        if not ahead or ahead[-1][0] != F_TIP or ahead[-1][2] is None:
+            return False
+        self.held, self.held_after = self.lookahead, ahead
+        self.drop_items(len(ahead) + 1)
+        return True
+
+    def fup_waits(self):
+        """The FUP in lookahead is followed by TNT: it waits for the TIP after them."""
+        ahead = self.items_ahead(lambda following: following[0] != F_MODE)
+        if not ahead or ahead[-1][0] != F_TNT:
+            return False
+        self.waiting_fups.append(self.lookahead)
+        self.lookahead = None
+        return True
+
+    def release_waiting_fup(self):
+        """The TNT bits after a waiting FUP are used up: the first one binds to the TIP or
+        TIP.PGD that comes now (put back in front of it); anything else drops them."""
+        following = self.peek()
+        if following is not None and following[0] == F_TNT:
+            return
+        if following is not None and following[0] in (F_TIP, F_PGD, F_MODE):
+            self.pushed.append(following)
+            self.lookahead = self.waiting_fups.pop(0)
+        else:
+            del self.waiting_fups[:]
 
     def disable_at(self, block):
         """A TIP.PGD binds to ``block``'s direct branch: report it and stop."""
@@ -1125,6 +1191,14 @@ class _Walk(object):
         """At the FUP address: consume FUP + TIP (transfer) or FUP + TIP.PGD (tracing
         off); at a MODE.TSX's address: consume it and go on from there."""
         self.committed = self.resumed_at = len(self.out)
+        if self.held is not None:
+            (_, fup_offset, _), ahead = self.held, self.held_after
+            self.held = self.held_after = None
+            for _, _, mode in ahead[:-1]:
+                if mode is not None:
+                    self.mode = mode
+            self.event("interrupt", fup_offset, address)
+            return ahead[-1][2]
         if self.lookahead[0] == F_TSX:
             item, self.lookahead = self.lookahead, None
             self.event(item[2][1], item[1], address)
