@@ -39,7 +39,7 @@ CLASSES = {
     "erratum_apl11": ({"overflow_every": 150, "overflow_resume": "pgd+pge"}, (6, 0x5C, 9)),
 }
 
-BROADWELL, SKYLAKE, APOLLO_LAKE = (6, 0x3D, 4), (6, 0x4E, 3), (6, 0x5C, 9)
+BROADWELL, SKYLAKE, SKYLAKE_SERVER, APOLLO_LAKE = (6, 0x3D, 4), (6, 0x4E, 3), (6, 0x55, 4), (6, 0x5C, 9)
 
 # class -> (tracer options, the --cpu values both decoders run with); errors allowed when
 # both decoders fail alike.  Erratum classes run with the CPU that has the erratum and
@@ -52,6 +52,7 @@ COMPARED = {
     "erratum_skl014": ({"disable_every": 15, "disable_ip_suppressed": True}, (SKYLAKE, None)),
     "erratum_apl11": ({"overflow_every": 150, "overflow_resume": "pgd+pge"}, (APOLLO_LAKE, None)),
     "erratum_apl12": ({"overflow_every": 100, "overflow_resume": "fup+pge"}, (APOLLO_LAKE, None)),
+    "erratum_skz84": ({"corrupted_tma": True, "psb_every": 256}, (SKYLAKE_SERVER, None)),
     "tip_pgd_without_ip_at_indirect_call": ({"pgd_without_ip_every": 3, "psb_every": 256}, (None, SKYLAKE)),
     "fup_in_psb_while_disabled": ({"disable_every": 6, "psb_while_disabled": True, "psb_every": 512},
                                   (None, SKYLAKE)),
@@ -224,6 +225,7 @@ EXERCISED = {
     "erratum_skd010": lambda packets, program: any(a.type == "ovf" and b.type == "psb" for a, b in _pairs(packets)),
     "erratum_skl014": lambda packets, program: any(p.type == "tip.pgd" and p.fields["ip"] is None
                                                    for p in packets),
+    "erratum_skz84": lambda packets, program: True,  # every PSB+ (decode_packets stops at the first)
     "erratum_apl12": lambda packets, program: any(a.type == "ovf" and b.type == "fup" and c.type == "tip.pge"
                                                   for a, b, c in zip(packets, packets[1:], packets[2:])),
     "tip_pgd_without_ip_at_indirect_call": lambda packets, program: any(

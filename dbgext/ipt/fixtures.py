@@ -232,6 +232,7 @@ class PacketWriter(object):
         self.use_tnt64 = use_tnt64
         self.long_bits = 47 if use_tnt64 else 6
         self.deferred = None
+        self.corrupted_tma = False  # PSB+ holds TSC and a TMA with reserved bits set, then a bogus byte (SKZ84)
 
     def psb_plus(self, ip, mode_64=True, intx=None):
         """PSB+: MODE.Exec, MODE.TSX when ``intx`` is given (parts with TSX restate the
@@ -239,6 +240,8 @@ class PacketWriter(object):
         self.flush()
         self.out += PSB
         self.last_ip = 0
+        if self.corrupted_tma:
+            self.out += b"\x19" + bytes(7) + b"\x02\x73\x34\x12\x00\x56\xfe" + b"\x59"
         self.out += b"\x99" + bytes([1 if mode_64 else 2])
         if intx is not None:
             self.out += b"\x99" + bytes([0x20 | intx])
@@ -558,7 +561,7 @@ TRACE_DEFAULTS = {"taken_probability": 0.5, "interrupt_every": 0, "psb_every": 4
                   "overflow_every": 0, "overflow_resume": "fup", "deferred_tip_every": 0, "tsx_every": 0,
                   "kernel_traced": True, "stretch": False, "disable_ip_suppressed": False,
                   "psb_while_disabled": False, "cyc_cut_by_overflow": False, "tsx_abort_corrupts_branch": False,
-                  "pgd_without_ip_every": 0}
+                  "pgd_without_ip_every": 0, "corrupted_tma": False}
 
 
 def trace_program(program, max_insns, seed=0, **options):
@@ -581,6 +584,8 @@ def trace_program(program, max_insns, seed=0, **options):
     SKD007); ``deferred_tip_every`` (TNT before the TIP of an indirect branch);
     ``tsx_every`` (MODE.TSX begin/commit/abort; ``tsx_abort_corrupts_branch``: a
     conditional branch right before an abort is traced the wrong way, as erratum BDM64);
+    ``corrupted_tma`` (each PSB+ holds a TMA with reserved bits set and a bogus byte
+    after it, as erratum SKZ84);
     ``kernel_traced`` (False: a syscall disables tracing, sysret's return enables it);
     ``stretch`` (one stretch of tracing: TIP.PGE at the entry, FUP + TIP.PGD at the
     end, so copies of the trace concatenate into a valid trace).
@@ -592,6 +597,7 @@ def trace_program(program, max_insns, seed=0, **options):
         raise TypeError("unknown trace options: %s" % ", ".join(sorted(unknown)))
     settings = dict(TRACE_DEFAULTS, **options)
     writer = PacketWriter(settings["use_tnt64"])
+    writer.corrupted_tma = settings["corrupted_tma"]
     if settings["stretch"]:
         writer.psb_plus(None)
         writer.pge(program.entry)

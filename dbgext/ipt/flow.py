@@ -16,11 +16,21 @@ line for line (tests/test_ipt_differential.py checks each class against it):
 * a TIP.PGD binds to the next branch: a direct call/jmp only when it goes to the
   TIP.PGD's IP ("disabled at <target>": the branch is reported, its target is not
   executed), any indirect branch, return or conditional branch; with the IP
-  suppressed, a far transfer (syscall into an untraced kernel);
+  suppressed, a far transfer (syscall into an untraced kernel) or a MOV CR3, and a
+  near branch that needs trace finds it instead: libipt fails there;
+* a PSB+ with FUP while tracing is off does not turn it on (only TIP.PGE does); when
+  its status (MODE.Exec) and where tracing stopped differ, libipt cannot go on and
+  fails until the next PSB;
+* a TIP.PGE while tracing is on is an error as soon as it is due;
 * OVF drops what was walked past the last trace data; tracing resumes at the FUP
-  (or TIP.PGE) that binds the overflow;
+  (or TIP.PGE) that binds the overflow; a TIP, TIP.PGD or TNT right after it is an
+  error (an overflow libipt fails on is no event);
+* a FUP followed by TNT waits for the TIP after them, and a due FUP + TIP that
+  decoding has not reached when it needs trace is held until it does, the trace
+  for the branches before it coming from the packets after the TIP (libipt's query
+  decoder reads a trace that is out of step with the code that way);
 * a deferred TIP: an indirect branch whose TNT cache is empty takes one TNT packet
-  for the branches after it, then its TIP;
+  for the branches after it, then its TIP (a second TNT packet is an error);
 * MODE.TSX + FUP is a transaction event at the FUP address; an abort's FUP is also
   an asynchronous transfer to the TIP that follows; in PSB+ MODE.TSX only restates;
 * a compressed RET takes a TNT bit that must be taken and returns to the most recent
@@ -71,6 +81,8 @@ ERRATA_OVF_PGD = frozenset(("apl11", "skd010"))
 # Erratum BDM64: how far libipt looks for a transaction abort's IP along straight-line code.
 BDM64_MAX_STEPS = 0x100
 # Erratum SKD007: a CYC's first byte with more bytes to come, then an OVF (02 F3).
+# Erratum SKZ84: a TMA whose reserved bits are set (its reserved byte, or FC above bit 8).
+_SKZ84_CANDIDATE = re.compile(b"\\x02\\x73(?:..[^\\x00]|....[^\\x00\\x01])", re.DOTALL)
 _SKD007_CANDIDATE = re.compile(b"[" + b"".join(re.escape(bytes([byte])) for byte in range(7, 256, 8)) + b"]\x02\xf3")
 
 MAX_BLOCK_BYTES = 0x1000
@@ -338,6 +350,8 @@ class FlowDecoder(object):
 
         if "skd007" in self.errata:
             data = _cyc_cut_by_overflow_to_pad(data, start, end)
+        if "skz84" in self.errata:
+            data = _corrupted_tma_to_pad(data, start, end)
         _Walk(self, result, P.tokens(data, start, end, P.FLOW_RE), keep, progress, data).run()
         result.blocks_built = self.cache.blocks_built
         return result
@@ -359,6 +373,29 @@ def _cyc_cut_by_overflow_to_pad(data, start, end):
                 patched = bytearray(data)
             patched[offset] = 0
     return data if patched is None else bytes(patched)
+
+
+def _corrupted_tma_to_pad(data, start, end):
+    """Erratum SKZ84: with VMX TSC offsetting or scaling a TMA is corrupted and a bogus
+    byte follows it.  As libipt, a TMA with reserved bits set is skipped with the byte
+    after it (here: the 8 bytes become PADs, so offsets stay as they are)."""
+    end = len(data) if end is None else min(end, len(data))
+    if not _SKZ84_CANDIDATE.search(data, start, end):
+        return data
+    patched = bytearray(data)
+    position = start
+    while position is not None:
+        segment, position = position, None
+        for kind, offset, value in P.tokens(patched, segment, end):
+            if kind == P.K_PSB:
+                segment = offset
+            corrupted = (kind == P.K_OTHER and value[0] == "tma" and patched[offset + 4]) or \
+                (kind == P.K_ERROR and value.startswith("tma packet with reserved bits"))
+            if corrupted and offset + 8 <= end:
+                patched[offset:offset + 8] = bytes(8)
+                position = segment  # decode that stretch again past the PADs
+                break
+    return bytes(patched)
 
 
 class _Walk(object):
