@@ -280,3 +280,162 @@ def test_erratum_skd022_a_vm_entry_that_stops_tracing_ran(cpu, pgd_ip):
     if cpu:
         assert [(index, ip) for index, kind, ip in events if kind == "disabled"] == [
             (index, ip) for index, kind, _, ip in result.events if kind == "disabled"] == [(3, pgd_ip)]
+
+
+# -- hand-built traces: the other shapes of each erratum's signature ---------------------
+
+NOPS = b"\x90" * 32 + b"\xff\xe0"  # and jmp rax: the straight line ends where trace is needed
+
+
+def decode_alike(trace, code, cpu):
+    """Decode ``trace`` over ``code`` at BASE with both decoders; assert they agree on the
+    instructions, the events and whether decoding failed.  Returns (instructions, failed,
+    libipt's events)."""
+    program = type("Program", (), {"base": BASE, "code": code})
+    events = []
+    segments = libipt.instruction_segments(trace, {BASE: code}, cpu, events=events)
+    ips = [ip for segment, _ in segments for ip in segment]
+    failed = any(error is not None for _, error in segments)
+    result = ours(program, trace, cpu)
+    assert result.instructions == ips
+    assert bool(result.problems.errors) == failed
+    # libipt's asynchronous disable is a disable too (its IP field is the TIP.PGD's)
+    kinds = {"async_disabled": "disabled", "disabled": "disabled", "enabled": "enabled",
+             "async_branch": "interrupt", "overflow": "overflow"}
+    assert [(index, kinds[kind]) for index, kind, _ in events if kind in kinds] == [
+        (index, kind) for index, kind, _, _ in result.events if kind in kinds.values()]
+    return ips, failed, events
+
+
+def writer_at(ip):
+    writer = F.PacketWriter()
+    writer.psb_plus(ip)
+    return writer
+
+
+def async_disable(writer, ip):
+    writer.fup(ip)
+    writer.pgd(None)
+    return writer.bytes()
+
+
+@pytest.mark.parametrize("cpu", [None, BROADWELL])
+def test_erratum_bdm70_a_psb_fup_right_before_tip_pge_is_ignored(cpu):
+    """Syncing at a PSB+ whose FUP precedes TIP.PGE: with BDM70 tracing starts at the
+    TIP.PGE; without, libipt fails (tracing is already on)."""
+    writer = writer_at(BASE + 2)
+    writer.pge(BASE + 4, uncompressed=True)
+    ips, failed, _ = decode_alike(async_disable(writer, BASE + 6), NOPS, cpu)
+    assert (ips, failed) == (([BASE + 4, BASE + 5], False) if cpu else ([], True))
+
+
+def test_erratum_bdm70_the_ignored_fup_does_not_count_for_ip_compression():
+    """libipt skips the FUP's IP too: a TIP.PGE compressed against it gets the upper bits
+    of no IP, in both decoders."""
+    writer = writer_at(BASE + 2)
+    writer.pge(BASE + 4)  # two bytes: 0x1004 once the FUP is ignored
+    trace = async_disable(writer, BASE + 6)
+    events = []
+    libipt.instruction_segments(trace, {BASE: NOPS}, BROADWELL, events=events)
+    result = ours(type("Program", (), {"base": BASE, "code": NOPS}), trace, BROADWELL)
+    assert [ip for _, kind, ip in events if kind == "enabled"] == [0x1004]
+    assert [ip for _, kind, _, ip in result.events if kind == "enabled"] == [0x1004]
+
+
+@pytest.mark.parametrize("cpu", [None, BROADWELL])
+def test_a_psb_fup_while_tracing_is_off_does_not_turn_it_on(cpu):
+    """After TIP.PGD, a PSB+ with FUP (not followed by TIP.PGE): libipt is stuck and
+    fails (its status update carries the FUP's IP, not where tracing stopped)."""
+    writer = writer_at(BASE)
+    writer.fup(BASE + 1)
+    writer.pgd(BASE + 3)
+    writer.psb_plus(BASE + 6)
+    writer.tnt(True)
+    writer.psb_plus(BASE + 8)  # decoding starts again here
+    ips, failed, _ = decode_alike(writer.bytes(), NOPS, cpu)
+    assert (ips, failed) == ([BASE, BASE + 8], True)
+
+
+def test_a_psb_fup_where_tracing_stopped_is_only_status():
+    """The FUP names the IP where tracing stopped: libipt goes on waiting for TIP.PGE."""
+    writer = writer_at(BASE)
+    writer.fup(BASE + 1)
+    writer.pgd(None)
+    writer.psb_plus(BASE + 1)
+    writer.pge(BASE + 8, uncompressed=True)
+    ips, failed, _ = decode_alike(async_disable(writer, BASE + 10), NOPS, None)
+    assert (ips, failed) == ([BASE, BASE + 8, BASE + 9], False)
+
+
+def overflow_then(*packets):
+    """A trace that overflows at BASE + 1, then ``packets`` (writer method, arguments)."""
+    writer = writer_at(BASE)
+    writer.ovf()
+    for name, arguments in packets:
+        getattr(writer, name)(*arguments)
+    return writer
+
+
+@pytest.mark.parametrize("cpu", [None, SKYLAKE])
+@pytest.mark.parametrize("shape,resumes_at", [
+    ([("tip", (BASE + 8,))], BASE + 8),
+    ([("raw", (b"\x99\x01",)), ("tip", (BASE + 8,))], BASE + 8),
+    ([("psb_plus", (BASE + 8,))], BASE + 8),
+    ([("pgd", (None,)), ("pge", (BASE + 6,))], BASE + 6),
+])
+def test_erratum_skd010_an_overflow_that_lost_its_fup(cpu, shape, resumes_at):
+    """OVF without FUP, then a TIP, a PSB+ with FUP or a TIP.PGD: with SKD010 tracing
+    resumes there (after the TIP.PGD: at the TIP.PGE); without, a TIP or TIP.PGD right
+    after the OVF fails, and a PSB+ FUP does not resume tracing."""
+    trace = async_disable(overflow_then(*shape), BASE + 12)
+    ips, failed, _ = decode_alike(trace, NOPS, cpu)
+    if cpu:
+        assert (ips, failed) == (list(range(resumes_at, BASE + 12)), False)
+    elif shape[0][0] == "psb_plus":
+        assert (ips, failed) == ([], True)
+
+
+@pytest.mark.parametrize("cpu", [None, APOLLO_LAKE])
+@pytest.mark.parametrize("then,applies", [
+    ([("pge", (BASE + 6, True))], True),
+    ([("psb_plus", (None,)), ("pge", (BASE + 6, True))], True),
+    ([("tnt", (True,))], False),
+])
+def test_erratum_apl12_a_fup_after_an_overflow_while_tracing_is_off(cpu, then, applies):
+    """OVF + FUP, then TIP.PGE or a PSB+ without FUP (tracing was off): with APL12 the
+    FUP is skipped and tracing resumes at the TIP.PGE; followed by TNT the FUP stands."""
+    trace = async_disable(overflow_then(("fup", (BASE + 2,)), *then), BASE + 12)
+    ips, failed, _ = decode_alike(trace, NOPS, cpu)
+    if cpu and applies:
+        assert (ips, failed) == (list(range(BASE + 6, BASE + 12)), False)
+
+
+@pytest.mark.parametrize("cpu", [None, SKYLAKE])
+def test_a_tip_pgd_without_ip_binds_to_mov_cr3(cpu):
+    """nop; mov cr3, rax; nop; jmp rax: tracing stopped after the MOV CR3."""
+    code = b"\x90\x0f\x22\xd8\x90\xff\xe0" + NOPS
+    writer = writer_at(BASE)
+    writer.pgd(None)
+    writer.pge(BASE + 7)
+    ips, failed, events = decode_alike(async_disable(writer, BASE + 9), code, cpu)
+    assert (ips, failed) == ([BASE, BASE + 1, BASE + 7, BASE + 8], False)
+    assert [(index, kind) for index, kind, _ in events if kind in ("disabled", "enabled")] == [
+        (2, "disabled"), (2, "enabled")]
+
+
+@pytest.mark.parametrize("followed", [False, True])
+@pytest.mark.parametrize("branch", [b"\xff\xe0", b"\xc3", b"\xff\x20", b"\xff\x28", b"\x48\xff\x28", b"\xff\x18"])
+def test_a_tip_pgd_without_ip_binds_to_far_branches_only(branch, followed):
+    """At a near indirect jmp (jmp rax, jmp qword ptr [rax]) or ret libipt fails the
+    branch (silently when the TIP.PGD ends the trace); at a far jmp or call through
+    memory (jmp ptr [rax], ljmp [rax], call ptr [rax]) tracing stops."""
+    writer = writer_at(BASE)
+    writer.pgd(None)
+    if followed:
+        writer.pge(BASE + 8)
+        writer.fup(BASE + 9)
+        writer.pgd(None)
+    ips, failed, _ = decode_alike(writer.bytes(), b"\x90" + branch + NOPS, None)
+    far = branch in (b"\xff\x28", b"\x48\xff\x28", b"\xff\x18")
+    assert ips[:2] == ([BASE, BASE + 1] if far else [BASE])
+    assert failed == (followed and not far)

@@ -1174,8 +1174,10 @@ class _Walk(object):
     def is_far_transfer(self, address):
         """Far branches (and with them the CPL changes), where a TIP.PGD without an IP binds."""
         kind = self.cache.ends.get(address)
-        return kind == B_FAR_CALL or kind == B_FAR_RET or \
-            (kind == B_INDIRECT and self.cache.disassemble(address).startswith("ljmp"))
+        if kind == B_INDIRECT or kind == B_INDIRECT_CALL:
+            # jmp/call through a far pointer: "ljmp [rax]", or "jmp ptr [rax]" without a size
+            return self.cache.disassemble(address).startswith(("ljmp", "lcall", "jmp ptr", "call ptr"))
+        return kind == B_FAR_CALL or kind == B_FAR_RET
 
     def unbound_disable(self, offset, address, what):
         """A TIP.PGD without an IP found by a branch that needs trace (``address``).  libipt
