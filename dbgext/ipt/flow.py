@@ -76,13 +76,11 @@ _FAR_RETURNS = {"iret", "iretd", "iretq", "retf", "retfq", "sysret", "sysretq", 
                 "vmlaunch", "vmresume"}
 _COND_EXTRA = {"loop", "loope", "loopne", "jrcxz", "jecxz", "jcxz"}
 
-# Errata whose workaround ignores a TIP.PGD right after an OVF (see errata.py).
-ERRATA_OVF_PGD = frozenset(("apl11", "skd010"))
 # Erratum BDM64: how far libipt looks for a transaction abort's IP along straight-line code.
 BDM64_MAX_STEPS = 0x100
-# Erratum SKD007: a CYC's first byte with more bytes to come, then an OVF (02 F3).
 # Erratum SKZ84: a TMA whose reserved bits are set (its reserved byte, or FC above bit 8).
 _SKZ84_CANDIDATE = re.compile(b"\\x02\\x73(?:..[^\\x00]|....[^\\x00\\x01])", re.DOTALL)
+# Erratum SKD007: a CYC's first byte with more bytes to come, then an OVF (02 F3).
 _SKD007_CANDIDATE = re.compile(b"[" + b"".join(re.escape(bytes([byte])) for byte in range(7, 256, 8)) + b"]\x02\xf3")
 
 MAX_BLOCK_BYTES = 0x1000
@@ -384,6 +382,7 @@ def _corrupted_tma_to_pad(data, start, end):
         return data
     patched = bytearray(data)
     position = start
+    changed = False
     while position is not None:
         segment, position = position, None
         for kind, offset, value in P.tokens(patched, segment, end):
@@ -393,9 +392,10 @@ def _corrupted_tma_to_pad(data, start, end):
                 (kind == P.K_ERROR and value.startswith("tma packet with reserved bits"))
             if corrupted and offset + 8 <= end:
                 patched[offset:offset + 8] = bytes(8)
+                changed = True
                 position = segment  # decode that stretch again past the PADs
                 break
-    return bytes(patched)
+    return bytes(patched) if changed else data
 
 
 class _Walk(object):
@@ -430,7 +430,7 @@ class _Walk(object):
         self.warned = set()
         self.walking = False     # inside walk(): PSB+ is then status only
         self.synced = False      # a PSB+ was read since decoding (re)started: tracing off is then "disabled"
-        self.off_ip = 0          # where libipt's decoder stands while tracing is off (see read_psb_plus)
+        self.off_ip = 0          # where libipt's decoder stands while tracing is off (fup_while_disabled)
         self.psb_mode = False    # the last PSB+ read held a MODE.Exec
         self.bdm64_checked = None  # the MODE.TSX abort whose IP was found on the straight-line path
         self.waiting_fups = []   # FUPs followed by TNT: each binds to a TIP after them (pending_event)
