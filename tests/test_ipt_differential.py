@@ -60,10 +60,8 @@ COMPARED = {
 
 
 def case(name, seed):
-    """(program, trace, cpu) of one case."""
-    options, cpu = CLASSES[name]
-    program, trace = compared_case(name, seed)
-    return program, trace, cpu
+    """(program, trace, cpu) of one case of a CLASSES class."""
+    return compared_case(name, seed) + (CLASSES[name][1],)
 
 
 def compared_case(name, seed):
@@ -83,8 +81,8 @@ def ours(program, trace, cpu=None, regions=None):
 def both(name, seed, cpu=()):
     """(libipt's instructions, errors, events; our FlowResult) for one case; ``cpu``: the
     class's own unless given."""
-    program, trace, own_cpu = case(name, seed) if name in CLASSES else compared_case(name, seed) + (None,)
-    cpu = own_cpu if cpu == () else cpu
+    program, trace = compared_case(name, seed)
+    cpu = CLASSES[name][1] if cpu == () else cpu
     events = []
     segments = libipt.instruction_segments(trace, {program.base: program.code}, cpu, events=events)
     ips = [ip for segment, _ in segments for ip in segment]
