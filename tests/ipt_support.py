@@ -263,7 +263,7 @@ def instruction_segments(trace, regions, cpu=None, max_insns=10 ** 7, events=Non
     """libipt's instruction flow decoder, one segment per synchronization:
     [(instruction IPs, (offset, status) of the error that ended it or None)].
 
-    Errors resync at the next PSB, as ptxed does.  ``cpu``: (family, model,
+    Errors (of an instruction or of an event) resync at the next PSB, as ptxed does.  ``cpu``: (family, model,
     stepping) whose errata workarounds libipt applies (pt_cpu_errata).  ``events``:
     a list to append (instructions before it, type name, IP) of each event to."""
     buffer = (ctypes.c_uint8 * max(len(trace), 1)).from_buffer_copy(trace or b"\0")
@@ -289,21 +289,23 @@ def instruction_segments(trace, regions, cpu=None, max_insns=10 ** 7, events=Non
 
     try:
         status = LIB.pt_insn_sync_forward(decoder)
-        while status >= 0 and total < max_insns:
+        while total < max_insns:
+            if status < 0:
+                if status == -PTE_EOS:
+                    break
+                failed(status)
+                ips = []
+                status = LIB.pt_insn_sync_forward(decoder)
+                continue
             while status & PTS_EVENT_PENDING:
                 status = LIB.pt_insn_event(decoder, event, EVENT_SIZE)
                 if status < 0:
                     break
                 if events is not None:
                     events.append((total,) + _event_ip(event))
+            if status >= 0:
+                status = LIB.pt_insn_next(decoder, ctypes.byref(insn), ctypes.sizeof(Insn))
             if status < 0:
-                break
-            status = LIB.pt_insn_next(decoder, ctypes.byref(insn), ctypes.sizeof(Insn))
-            if status < 0:
-                if status != -PTE_EOS:
-                    failed(status)
-                    ips = []
-                    status = LIB.pt_insn_sync_forward(decoder)
                 continue
             ips.append(insn.ip)
             total += 1
@@ -311,10 +313,7 @@ def instruction_segments(trace, regions, cpu=None, max_insns=10 ** 7, events=Non
                 # The last instruction that consumed trace data (libipt would go on with
                 # straight-line code until it needs trace again).
                 break
-        if status < 0 and status != -PTE_EOS and total < max_insns:
-            failed(status)
-        else:
-            segments.append((ips, None))
+        segments.append((ips, None))
     finally:
         LIB.pt_insn_free_decoder(decoder)
     return segments

@@ -2,7 +2,10 @@
 
 Each class is a kind of trace the tracer (dbgext.ipt.fixtures) writes over random
 code: both decoders must produce the same instructions (and agree on whether there
-was an error).  Run as a script to print how many cases of each class match:
+was an error).  The erratum classes write an erratum's signature and run with the
+CPU that has it (libipt applies its workaround) and without a CPU (it does not);
+the other classes of COMPARED hold traces libipt fails on.  Run as a script to print
+how many cases of each class match:
 
     python tests/test_ipt_differential.py [CASES_PER_CLASS]
 """
@@ -36,13 +39,37 @@ CLASSES = {
     "erratum_apl11": ({"overflow_every": 150, "overflow_resume": "pgd+pge"}, (6, 0x5C, 9)),
 }
 
+BROADWELL, SKYLAKE, SKYLAKE_SERVER, APOLLO_LAKE = (6, 0x3D, 4), (6, 0x4E, 3), (6, 0x55, 4), (6, 0x5C, 9)
+
+# class -> (tracer options, the --cpu values both decoders run with); errors allowed when
+# both decoders fail alike.  Erratum classes run with the CPU that has the erratum and
+# without one.
+COMPARED = {
+    "erratum_bdm70": ({"disable_every": 6, "psb_while_disabled": True}, (BROADWELL, None)),
+    "erratum_bdm64": ({"tsx_every": 6, "tsx_abort_corrupts_branch": True}, (BROADWELL, None)),
+    "erratum_skd007": ({"overflow_every": 100, "cyc_cut_by_overflow": True, "timing": True}, (SKYLAKE, None)),
+    "erratum_skd010": ({"overflow_every": 100, "overflow_resume": "psb"}, (SKYLAKE, None)),
+    "erratum_skl014": ({"disable_every": 15, "disable_ip_suppressed": True}, (SKYLAKE, None)),
+    "erratum_apl11": ({"overflow_every": 150, "overflow_resume": "pgd+pge"}, (APOLLO_LAKE, None)),
+    "erratum_apl12": ({"overflow_every": 100, "overflow_resume": "fup+pge"}, (APOLLO_LAKE, None)),
+    "erratum_skz84": ({"corrupted_tma": True, "psb_every": 256}, (SKYLAKE_SERVER, None)),
+    "tip_pgd_without_ip_at_indirect_call": ({"pgd_without_ip_every": 3, "psb_every": 256}, (None, SKYLAKE)),
+    "fup_in_psb_while_disabled": ({"disable_every": 6, "psb_while_disabled": True, "psb_every": 512},
+                                  (None, SKYLAKE)),
+}
+
 
 def case(name, seed):
-    """(program, trace, cpu) of one case."""
-    options, cpu = CLASSES[name]
+    """(program, trace, cpu) of one case of a CLASSES class."""
+    return compared_case(name, seed) + (CLASSES[name][1],)
+
+
+def compared_case(name, seed):
+    """(program, trace) of one case of a CLASSES or COMPARED class."""
+    options = (CLASSES.get(name) or COMPARED[name])[0]
     program = F.random_program(BASE, functions=30, seed=seed, syscalls=True)
     trace, _ = F.trace_program(program, 50 + seed * 37 % 600, seed=seed, **options)
-    return program, trace, cpu
+    return program, trace
 
 
 def ours(program, trace, cpu=None, regions=None):
@@ -51,9 +78,11 @@ def ours(program, trace, cpu=None, regions=None):
     return decode_flow(trace, CodeImage(images=sorted(regions.items())), errata=cpu_errata(cpu))
 
 
-def both(name, seed):
-    """(libipt's instructions, errors, events; our FlowResult) for one case."""
-    program, trace, cpu = case(name, seed)
+def both(name, seed, cpu=()):
+    """(libipt's instructions, errors, events; our FlowResult) for one case; ``cpu``: the
+    class's own unless given."""
+    program, trace = compared_case(name, seed)
+    cpu = CLASSES[name][1] if cpu == () else cpu
     events = []
     segments = libipt.instruction_segments(trace, {program.base: program.code}, cpu, events=events)
     ips = [ip for segment, _ in segments for ip in segment]
@@ -73,8 +102,8 @@ def comparable_events(theirs, result):
             [(index, EVENT_KINDS[kind], ip) for index, kind, offset, ip in result.events if kind in EVENT_KINDS])
 
 
-def matches(name, seed):
-    ips, errors, events, result = both(name, seed)
+def matches(name, seed, cpu=()):
+    ips, errors, events, result = both(name, seed, cpu)
     theirs, mine = comparable_events(events, result)
     return result.instructions == ips and bool(result.problems.errors) == bool(errors) and theirs == mine
 
@@ -96,6 +125,30 @@ def test_events_come_where_libipt_reports_them(name, seed):
     _, _, events, result = both(name, seed)
     theirs, mine = comparable_events(events, result)
     assert theirs == mine
+
+
+COMPARED_RUNS = [(name, cpu) for name, (_, cpus) in sorted(COMPARED.items()) for cpu in cpus]
+
+
+@pytest.mark.parametrize("seed", range(CASES))
+@pytest.mark.parametrize("name,cpu", COMPARED_RUNS)
+def test_errata_and_failures_match_libipt(name, cpu, seed):
+    """Same instructions, events and failing or not, with and without the erratum's CPU."""
+    ips, errors, events, result = both(name, seed, cpu)
+    theirs, mine = comparable_events(events, result)
+    assert result.instructions == ips
+    assert bool(result.problems.errors) == bool(errors)
+    assert theirs == mine
+
+
+@pytest.mark.parametrize("seed", range(CASES))
+@pytest.mark.parametrize("name", sorted(CLASSES))
+def test_clean_traces_decode_alike_with_every_erratum_workaround(name, seed):
+    """A Skylake part has the most errata (BDM70, SKD007, SKD010, SKD022, SKL014,
+    SKL168); traces without their signatures decode as without a CPU."""
+    ips, errors, _, result = both(name, seed, SKYLAKE if CLASSES[name][1] is None else CLASSES[name][1])
+    assert errors == [] and result.problems == []
+    assert result.instructions == ips
 
 
 def gap_case(seed):
@@ -161,6 +214,22 @@ EXERCISED = {
     "interrupts_and_psbs": lambda packets, program: sum(p.type == "psb" for p in packets) > 1,
     "erratum_apl11": lambda packets, program: any(a.type == "ovf" and b.type == "tip.pgd"
                                                   for a, b in _pairs(packets)),
+    "erratum_bdm70": lambda packets, program: any(a.type == "psbend" and b.type == "tip.pge"
+                                                  for a, b in _pairs(packets)),
+    "erratum_bdm64": lambda packets, program: any(p.type == "mode.tsx" and p.fields["abort"] for p in packets),
+    "erratum_skd007": lambda packets, program: any(
+        a.type == "cyc" and a.fields["value"] >> 5 == 1 and b.type == "cyc" and b.fields["value"] == 30
+        and b.offset == a.offset + 2 for a, b in _pairs(packets)),
+    "erratum_skd010": lambda packets, program: any(a.type == "ovf" and b.type == "psb" for a, b in _pairs(packets)),
+    "erratum_skl014": lambda packets, program: any(p.type == "tip.pgd" and p.fields["ip"] is None
+                                                   for p in packets),
+    "erratum_skz84": lambda packets, program: True,  # every PSB+ (decode_packets stops at the first)
+    "erratum_apl12": lambda packets, program: any(a.type == "ovf" and b.type == "fup" and c.type == "tip.pge"
+                                                  for a, b, c in zip(packets, packets[1:], packets[2:])),
+    "tip_pgd_without_ip_at_indirect_call": lambda packets, program: any(
+        p.type == "tip.pgd" and p.fields["ip"] is None for p in packets),
+    "fup_in_psb_while_disabled": lambda packets, program: any(a.type == "psbend" and b.type == "tip.pge"
+                                                              for a, b in _pairs(packets)),
 }
 
 
@@ -168,13 +237,15 @@ def counts(cases):
     """(class, cases that match libipt, cases whose trace holds the class's feature, cases)."""
     from dbgext.ipt.packets import decode_packets
     rows = []
-    for name in CLASSES:
+    runs = [(name, ()) for name in CLASSES] + COMPARED_RUNS
+    for name, cpu in runs:
         good = exercised = 0
         for seed in range(cases):
-            program, trace, _ = case(name, seed)
-            good += matches(name, seed)
+            program, trace = compared_case(name, seed)
+            good += matches(name, seed, cpu)
             exercised += EXERCISED.get(name, lambda packets, program: True)(decode_packets(trace).packets, program)
-        rows.append((name, good, exercised, cases))
+        label = name if cpu == () else "%s --cpu %s" % (name, "/".join(map(str, cpu)) if cpu else "none")
+        rows.append((label, good, exercised, cases))
     gaps = sum(any(event[1] == "gap" for event in ours(*gap_case(seed)[:2], regions=gap_case(seed)[2]).events)
                for seed in range(cases))
     rows.append(("gap_after_unreadable_code", sum(gap_matches(seed) for seed in range(cases)), gaps, cases))
@@ -183,9 +254,9 @@ def counts(cases):
 
 if __name__ == "__main__":
     # match: same instructions, errors and events as libipt; exercised: the trace holds the class's feature
-    print("%-42s %7s %9s %5s" % ("class", "match", "exercised", "cases"))
+    print("%-56s %7s %9s %5s" % ("class", "match", "exercised", "cases"))
     for name, good, exercised, total in counts(int(sys.argv[1]) if len(sys.argv) > 1 else 50):
-        print("%-42s %7d %9d %5d" % (name, good, exercised, total))
+        print("%-56s %7d %9d %5d" % (name, good, exercised, total))
 
 
 @pytest.mark.parametrize("pgd_ip", [None, BASE + 6])
@@ -207,3 +278,162 @@ def test_erratum_skd022_a_vm_entry_that_stops_tracing_ran(cpu, pgd_ip):
     if cpu:
         assert [(index, ip) for index, kind, ip in events if kind == "disabled"] == [
             (index, ip) for index, kind, _, ip in result.events if kind == "disabled"] == [(3, pgd_ip)]
+
+
+# -- hand-built traces: the other shapes of each erratum's signature ---------------------
+
+NOPS = b"\x90" * 32 + b"\xff\xe0"  # and jmp rax: the straight line ends where trace is needed
+
+
+def decode_alike(trace, code, cpu):
+    """Decode ``trace`` over ``code`` at BASE with both decoders; assert they agree on the
+    instructions, the events and whether decoding failed.  Returns (instructions, failed,
+    libipt's events)."""
+    program = type("Program", (), {"base": BASE, "code": code})
+    events = []
+    segments = libipt.instruction_segments(trace, {BASE: code}, cpu, events=events)
+    ips = [ip for segment, _ in segments for ip in segment]
+    failed = any(error is not None for _, error in segments)
+    result = ours(program, trace, cpu)
+    assert result.instructions == ips
+    assert bool(result.problems.errors) == failed
+    # libipt's asynchronous disable is a disable too (its IP field is the TIP.PGD's)
+    kinds = {"async_disabled": "disabled", "disabled": "disabled", "enabled": "enabled",
+             "async_branch": "interrupt", "overflow": "overflow"}
+    assert [(index, kinds[kind]) for index, kind, _ in events if kind in kinds] == [
+        (index, kind) for index, kind, _, _ in result.events if kind in kinds.values()]
+    return ips, failed, events
+
+
+def writer_at(ip):
+    writer = F.PacketWriter()
+    writer.psb_plus(ip)
+    return writer
+
+
+def async_disable(writer, ip):
+    writer.fup(ip)
+    writer.pgd(None)
+    return writer.bytes()
+
+
+@pytest.mark.parametrize("cpu", [None, BROADWELL])
+def test_erratum_bdm70_a_psb_fup_right_before_tip_pge_is_ignored(cpu):
+    """Syncing at a PSB+ whose FUP precedes TIP.PGE: with BDM70 tracing starts at the
+    TIP.PGE; without, libipt fails (tracing is already on)."""
+    writer = writer_at(BASE + 2)
+    writer.pge(BASE + 4, uncompressed=True)
+    ips, failed, _ = decode_alike(async_disable(writer, BASE + 6), NOPS, cpu)
+    assert (ips, failed) == (([BASE + 4, BASE + 5], False) if cpu else ([], True))
+
+
+def test_erratum_bdm70_the_ignored_fup_does_not_count_for_ip_compression():
+    """libipt skips the FUP's IP too: a TIP.PGE compressed against it gets the upper bits
+    of no IP, in both decoders."""
+    writer = writer_at(BASE + 2)
+    writer.pge(BASE + 4)  # two bytes: 0x1004 once the FUP is ignored
+    trace = async_disable(writer, BASE + 6)
+    events = []
+    libipt.instruction_segments(trace, {BASE: NOPS}, BROADWELL, events=events)
+    result = ours(type("Program", (), {"base": BASE, "code": NOPS}), trace, BROADWELL)
+    assert [ip for _, kind, ip in events if kind == "enabled"] == [0x1004]
+    assert [ip for _, kind, _, ip in result.events if kind == "enabled"] == [0x1004]
+
+
+@pytest.mark.parametrize("cpu", [None, BROADWELL])
+def test_a_psb_fup_while_tracing_is_off_does_not_turn_it_on(cpu):
+    """After TIP.PGD, a PSB+ with FUP (not followed by TIP.PGE): libipt is stuck and
+    fails (its status update carries the FUP's IP, not where tracing stopped)."""
+    writer = writer_at(BASE)
+    writer.fup(BASE + 1)
+    writer.pgd(BASE + 3)
+    writer.psb_plus(BASE + 6)
+    writer.tnt(True)
+    writer.psb_plus(BASE + 8)  # decoding starts again here
+    ips, failed, _ = decode_alike(writer.bytes(), NOPS, cpu)
+    assert (ips, failed) == ([BASE, BASE + 8], True)
+
+
+def test_a_psb_fup_where_tracing_stopped_is_only_status():
+    """The FUP names the IP where tracing stopped: libipt goes on waiting for TIP.PGE."""
+    writer = writer_at(BASE)
+    writer.fup(BASE + 1)
+    writer.pgd(None)
+    writer.psb_plus(BASE + 1)
+    writer.pge(BASE + 8, uncompressed=True)
+    ips, failed, _ = decode_alike(async_disable(writer, BASE + 10), NOPS, None)
+    assert (ips, failed) == ([BASE, BASE + 8, BASE + 9], False)
+
+
+def overflow_then(*packets):
+    """A trace that overflows at BASE + 1, then ``packets`` (writer method, arguments)."""
+    writer = writer_at(BASE)
+    writer.ovf()
+    for name, arguments in packets:
+        getattr(writer, name)(*arguments)
+    return writer
+
+
+@pytest.mark.parametrize("cpu", [None, SKYLAKE])
+@pytest.mark.parametrize("shape,resumes_at", [
+    ([("tip", (BASE + 8,))], BASE + 8),
+    ([("raw", (b"\x99\x01",)), ("tip", (BASE + 8,))], BASE + 8),
+    ([("psb_plus", (BASE + 8,))], BASE + 8),
+    ([("pgd", (None,)), ("pge", (BASE + 6,))], BASE + 6),
+])
+def test_erratum_skd010_an_overflow_that_lost_its_fup(cpu, shape, resumes_at):
+    """OVF without FUP, then a TIP, a PSB+ with FUP or a TIP.PGD: with SKD010 tracing
+    resumes there (after the TIP.PGD: at the TIP.PGE); without, a TIP or TIP.PGD right
+    after the OVF fails, and a PSB+ FUP does not resume tracing."""
+    trace = async_disable(overflow_then(*shape), BASE + 12)
+    ips, failed, _ = decode_alike(trace, NOPS, cpu)
+    if cpu:
+        assert (ips, failed) == (list(range(resumes_at, BASE + 12)), False)
+    elif shape[0][0] == "psb_plus":
+        assert (ips, failed) == ([], True)
+
+
+@pytest.mark.parametrize("cpu", [None, APOLLO_LAKE])
+@pytest.mark.parametrize("then,applies", [
+    ([("pge", (BASE + 6, True))], True),
+    ([("psb_plus", (None,)), ("pge", (BASE + 6, True))], True),
+    ([("tnt", (True,))], False),
+])
+def test_erratum_apl12_a_fup_after_an_overflow_while_tracing_is_off(cpu, then, applies):
+    """OVF + FUP, then TIP.PGE or a PSB+ without FUP (tracing was off): with APL12 the
+    FUP is skipped and tracing resumes at the TIP.PGE; followed by TNT the FUP stands."""
+    trace = async_disable(overflow_then(("fup", (BASE + 2,)), *then), BASE + 12)
+    ips, failed, _ = decode_alike(trace, NOPS, cpu)
+    if cpu and applies:
+        assert (ips, failed) == (list(range(BASE + 6, BASE + 12)), False)
+
+
+@pytest.mark.parametrize("cpu", [None, SKYLAKE])
+def test_a_tip_pgd_without_ip_binds_to_mov_cr3(cpu):
+    """nop; mov cr3, rax; nop; jmp rax: tracing stopped after the MOV CR3."""
+    code = b"\x90\x0f\x22\xd8\x90\xff\xe0" + NOPS
+    writer = writer_at(BASE)
+    writer.pgd(None)
+    writer.pge(BASE + 7)
+    ips, failed, events = decode_alike(async_disable(writer, BASE + 9), code, cpu)
+    assert (ips, failed) == ([BASE, BASE + 1, BASE + 7, BASE + 8], False)
+    assert [(index, kind) for index, kind, _ in events if kind in ("disabled", "enabled")] == [
+        (2, "disabled"), (2, "enabled")]
+
+
+@pytest.mark.parametrize("followed", [False, True])
+@pytest.mark.parametrize("branch", [b"\xff\xe0", b"\xc3", b"\xff\x20", b"\xff\x28", b"\x48\xff\x28", b"\xff\x18"])
+def test_a_tip_pgd_without_ip_binds_to_far_branches_only(branch, followed):
+    """At a near indirect jmp (jmp rax, jmp qword ptr [rax]) or ret libipt fails the
+    branch (silently when the TIP.PGD ends the trace); at a far jmp or call through
+    memory (jmp ptr [rax], ljmp [rax], call ptr [rax]) tracing stops."""
+    writer = writer_at(BASE)
+    writer.pgd(None)
+    if followed:
+        writer.pge(BASE + 8)
+        writer.fup(BASE + 9)
+        writer.pgd(None)
+    ips, failed, _ = decode_alike(writer.bytes(), b"\x90" + branch + NOPS, None)
+    far = branch in (b"\xff\x28", b"\x48\xff\x28", b"\xff\x18")
+    assert ips[:2] == ([BASE, BASE + 1] if far else [BASE])
+    assert failed == (followed and not far)

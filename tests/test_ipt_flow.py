@@ -357,3 +357,35 @@ def test_transactions_begin_commit_and_abort_as_events():
     assert [(kind, ip) for _, kind, _, ip in result.events] == [
         ("sync", SAMPLE.entry), ("tsx_begin", validate), ("tsx_commit", validate + 1), ("tsx_begin", validate + 3),
         ("tsx_abort", validate + 6), ("interrupt", validate + 6)]
+
+
+def test_erratum_skd007_takes_only_a_cyc_cut_by_an_overflow_for_an_overflow():
+    """With SKD007 a CYC whose second byte starts an OVF (07 02 F3) is the OVF; the same
+    bytes inside another packet (a TSC's payload) stay what they are."""
+    plain, expected = F.trace_program(SAMPLE, 200, seed=3)
+    inside_tsc = plain.replace(b"\x02\x23", b"\x02\x23\x19\x07\x02\xf3\x00\x00\x00\x00", 1)
+    assert ours(inside_tsc, errata={"skd007"}).instructions == expected
+
+    def overflowing(cyc_byte):
+        writer = writer_at(SAMPLE.entry)
+        writer.tnt(True)
+        writer.raw(cyc_byte)
+        writer.ovf()
+        writer.fup(SAMPLE.labels["Dispatch_skip"])
+        writer.tnt(False)
+        return writer.bytes()
+
+    cut, whole = ours(overflowing(b"\x07"), errata={"skd007"}), ours(overflowing(b""))
+    assert cut.problems == [] and cut.instructions == whole.instructions
+    assert [(index, kind) for index, kind, _, _ in cut.events] == [(index, kind) for index, kind, _, _ in whole.events]
+    assert "overflow" not in [kind for _, kind, _, _ in ours(overflowing(b"\x07")).events]
+
+
+def test_erratum_skz84_skips_a_corrupted_tma_and_the_byte_after_it():
+    """A TMA with reserved bits set stops decoding until the next PSB; with SKZ84 it and
+    the bogus byte after it are skipped."""
+    plain, expected = F.trace_program(SAMPLE, 200, seed=3)
+    corrupted = plain.replace(b"\x02\x23", b"\x19" + bytes(7) + b"\x02\x73\x01\x00\x00\x05\xfe\x59\x02\x23", 1)
+    assert ours(corrupted).problems.errors
+    result = ours(corrupted, errata={"skz84"})
+    assert result.problems == [] and result.instructions == expected

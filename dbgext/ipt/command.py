@@ -38,7 +38,8 @@ def add_arguments(parser):
                       help="instructions with disassembly (default), path (one line per function entered), "
                       "calltree, functions")
     flow.add_argument("--cpu", metavar="F/M[/S]", help="the traced CPU's family/model/stepping, for libipt's "
-                      "errata workarounds (e.g. 6/92/9)")
+                      "errata workarounds (e.g. 6/92/9); the flow applies all of them but SKL168 (timing only) "
+                      "and SKL014 (it needs address filters, which the flow is not given)")
     event = sub.add_parser("event", help="an ETW IntelProcessorTrace event: header, IptOption, decoded path")
     event.add_argument("--address", metavar="ADDR", help="address of the event payload (its header) in the target")
     event.add_argument("--trace", metavar="FILE", help="a file holding the event payload (header + trace)")

@@ -1,17 +1,34 @@
 """Intel PT errata workarounds keyed by the traced CPU (``--cpu FAMILY/MODEL[/STEPPING]``),
 with the same CPU-to-erratum table as libipt's ``pt_cpu_errata`` (libipt 2.0.5).
 
-The flow decoder applies the workarounds that change the instruction flow:
+The flow decoder (flow.py) applies each workaround where and as libipt 2.0.5's
+instruction flow shows it (checked against libipt with and without the CPU,
+tests/test_ipt_differential.py):
 
-* APL11 (and SKD010's overflow handling): a TIP.PGD right after an OVF is an
-  artefact of the overflow and is ignored; without the erratum it is an error,
-  as in libipt;
-* SKD022: FUP + TIP.PGD at a VMLAUNCH/VMRESUME is the VM entry clearing TraceEn:
-  the instruction ran and tracing stopped after it (libipt turns the asynchronous
-  disable into a synchronous one).
+* BDM70 (query layer): a PSB+ while tracing is off holds a FUP (and MODE.Exec) right
+  before a TIP.PGE: the FUP is ignored, IP and all (the TIP.PGE's IP builds on no
+  earlier IP); without the erratum it is an error;
+* BDM64 (instruction layer): a transaction abort right after a branch whose IP cannot
+  be reached from that branch's destination along straight-line code (0x100
+  instructions): the branch went to the abort IP;
+* SKD007 (packet layer): an OVF after the first byte of a multi-byte CYC: a 2-byte CYC
+  whose second byte starts an OVF (02 F3) is that first byte, and the OVF counts;
+* SKD010 (query layer): an OVF without its FUP: tracing resumes after a TIP.PGD, at a
+  TIP, at a FUP or at a PSB+ FUP that follows;
+* SKD022 (instruction layer): FUP + TIP.PGD at a VMLAUNCH/VMRESUME is the VM entry
+  clearing TraceEn: the instruction ran and tracing stopped after it;
+* APL11 (query layer, with SKD010's overflow handling): a TIP.PGD right after an OVF
+  is an artefact of the overflow and is ignored; without the erratum it is an error;
+* APL12 (query layer): an OVF, then a FUP although tracing was off (a TIP.PGE or a PSB+
+  without FUP follows): the FUP is skipped;
+* SKZ84 (packet layer): a TMA with reserved bits set and the bogus byte after it are
+  skipped; without the erratum the TMA is an error.
 
-The others are listed so ``--cpu`` names them, but decoding does not depend on them
-(BDM70, BDM64, SKD007, SKL014, APL12, SKL168, SKZ84).
+Two change nothing here, as in libipt's instruction flow: SKL014 (a TIP.PGD without
+its IP after a direct branch) applies only with an address-filter configuration,
+which libipt is not given by default and the flow has none of; SKL168 (a CYC/MTC
+dropped before a PSB) only corrects time calibration, and the flow reconstructs no
+timing.  The packet listing (``ipt packets``) decodes without errata.
 """
 
 from ..errors import BadInput

@@ -232,6 +232,7 @@ class PacketWriter(object):
         self.use_tnt64 = use_tnt64
         self.long_bits = 47 if use_tnt64 else 6
         self.deferred = None
+        self.corrupted_tma = False  # PSB+ holds TSC and a TMA with reserved bits set, then a bogus byte (SKZ84)
 
     def psb_plus(self, ip, mode_64=True, intx=None):
         """PSB+: MODE.Exec, MODE.TSX when ``intx`` is given (parts with TSX restate the
@@ -239,6 +240,8 @@ class PacketWriter(object):
         self.flush()
         self.out += PSB
         self.last_ip = 0
+        if self.corrupted_tma:
+            self.out += b"\x19" + bytes(7) + b"\x02\x73\x34\x12\x00\x56\xfe" + b"\x59"
         self.out += b"\x99" + bytes([1 if mode_64 else 2])
         if intx is not None:
             self.out += b"\x99" + bytes([0x20 | intx])
@@ -294,8 +297,15 @@ class PacketWriter(object):
     def fup(self, ip):
         self.ip_packet(0x1D, ip)
 
-    def pge(self, ip):
-        self.ip_packet(0x11, ip)
+    def pge(self, ip, uncompressed=False):
+        """``uncompressed``: the IP in full (IPBytes 011), as libipt's own erratum tests
+        write the TIP.PGE after a FUP its workarounds skip."""
+        if uncompressed:
+            self.flush()
+            self.out += bytes([0x11 | 3 << 5]) + (ip & 0xFFFFFFFFFFFF).to_bytes(6, "little")
+            self.last_ip = ip
+        else:
+            self.ip_packet(0x11, ip)
 
     def pgd(self, ip=None):
         self.ip_packet(0x01, ip)
@@ -368,28 +378,54 @@ class _Tracer(object):
         return ip
 
     def disable_at_direct_branch(self, target):
-        """TIP.PGD after a direct call/jmp: the branch left the traced range."""
-        self.writer.pgd(target)
+        """TIP.PGD after a direct call/jmp: the branch left the traced range (without
+        the target IP: erratum SKL014).  A PSB+ with FUP while tracing is off, before
+        the TIP.PGE: erratum BDM70."""
+        self.writer.pgd(None if self.options["disable_ip_suppressed"] else target)
         self.commit()
         if self.options["end_disabled"]:
             self.ended = True
             return target
         ip = self.untraced(target, self.random.randint(0, 20))
+        if self.options["psb_while_disabled"]:
+            self.writer.psb_plus(ip)
+            self.writer.pge(ip, uncompressed=True)
+        else:
+            self.writer.pge(ip)
+        return ip
+
+    def disable_at_near_branch(self, ip):
+        """TIP.PGD without an IP for an indirect call or uncompressed RET (it binds only to
+        far transfers): tracing is back on at ``ip``."""
+        self.writer.pgd(None)
         self.writer.pge(ip)
+        self.compression = []
         return ip
 
     def overflow(self, ip):
         """Packets lost: OVF, then FUP where tracing resumes (after untraced code)."""
         del self.executed[self.committed:]
         ip = self.untraced(ip, self.random.randint(0, 20))
+        if self.options["cyc_cut_by_overflow"]:
+            # erratum SKD007: the OVF comes in place of a CYC's second byte
+            self.writer.raw(bytes([0x07 | self.random.getrandbits(5) << 3]))
         self.writer.ovf()
         resume = self.options["overflow_resume"]
         if resume == "fup":
             self.writer.fup(ip)
             return ip
+        if resume == "psb":
+            # erratum SKD010: the FUP was dropped; the next PSB+ says where tracing is
+            self.writer.psb_plus(ip)
+            return ip
         if resume == "pgd+pge":
             # erratum APL11: the OVF comes with a TIP.PGD
             self.writer.pgd(None)
+        if resume == "fup+pge":
+            # erratum APL12: a FUP although tracing was off when the overflow resolved
+            self.writer.fup(ip)
+            self.writer.pge(ip, uncompressed=True)
+            return ip
         self.writer.pge(ip)  # tracing was off when the overflow resolved; TIP.PGE turns it on
         return ip
 
@@ -405,6 +441,10 @@ class _Tracer(object):
             writer.fup(ip)
             self.in_transaction = False
         else:
+            if self.options["tsx_abort_corrupts_branch"] and writer.bits and \
+                    self.program.by_address[self.executed[-1]].kind == I_COND:
+                # erratum BDM64: the conditional branch right before the abort traced wrong
+                writer.bits[-1] = not writer.bits[-1]
             writer.tsx(0, abort=True)
             writer.fup(ip)
             # The abort handler: the driver loop, which never returns (the stack is abandoned).
@@ -477,6 +517,9 @@ class _Tracer(object):
             self.compression.append(following)
             if len(self.compression) > RETSTACK_DEPTH:
                 del self.compression[0]
+            if self.chance(options["pgd_without_ip_every"]):
+                self.commit()
+                return self.disable_at_near_branch(instruction.target)
             writer.tip(instruction.target, deferred)
             self.commit()
             return instruction.target
@@ -516,7 +559,9 @@ class _Tracer(object):
 TRACE_DEFAULTS = {"taken_probability": 0.5, "interrupt_every": 0, "psb_every": 4096, "uncompressed_ret_every": 0,
                   "timing": False, "use_tnt64": False, "disable_every": 0, "end_disabled": False,
                   "overflow_every": 0, "overflow_resume": "fup", "deferred_tip_every": 0, "tsx_every": 0,
-                  "kernel_traced": True, "stretch": False}
+                  "kernel_traced": True, "stretch": False, "disable_ip_suppressed": False,
+                  "psb_while_disabled": False, "cyc_cut_by_overflow": False, "tsx_abort_corrupts_branch": False,
+                  "pgd_without_ip_every": 0, "corrupted_tma": False}
 
 
 def trace_program(program, max_insns, seed=0, **options):
@@ -527,11 +572,20 @@ def trace_program(program, max_insns, seed=0, **options):
     ``interrupt_every`` N (an interrupt, FUP + TIP, about every N instructions);
     ``psb_every`` bytes; ``uncompressed_ret_every``; ``timing`` (MTC packets);
     ``use_tnt64``; ``disable_every`` (TIP.PGD after a direct call/jmp, then TIP.PGE
-    further on, or the end of the trace with ``end_disabled``); ``overflow_every``
-    (OVF after some untraced code, then ``overflow_resume``: ``fup`` (tracing was on),
-    ``pge`` (tracing comes back on with TIP.PGE) or ``pgd+pge`` (erratum APL11: a
-    TIP.PGD first)); ``deferred_tip_every`` (TNT before the TIP
-    of an indirect branch); ``tsx_every`` (MODE.TSX begin/commit/abort);
+    further on, or the end of the trace with ``end_disabled``; ``disable_ip_suppressed``:
+    that TIP.PGD without the target, as erratum SKL014; ``psb_while_disabled``: a PSB+
+    with FUP before the TIP.PGE, as erratum BDM70); ``pgd_without_ip_every`` (an
+    indirect call ends in TIP.PGD without an IP, then TIP.PGE at its target);
+    ``overflow_every`` (OVF after some untraced code, then ``overflow_resume``: ``fup``
+    (tracing was on), ``pge`` (tracing comes back on with TIP.PGE), ``pgd+pge``
+    (erratum APL11: a TIP.PGD first), ``fup+pge`` (erratum APL12: a FUP although
+    tracing was off) or ``psb`` (erratum SKD010: the FUP is dropped, a PSB+ follows);
+    ``cyc_cut_by_overflow``: the OVF comes after a CYC's first byte, as erratum
+    SKD007); ``deferred_tip_every`` (TNT before the TIP of an indirect branch);
+    ``tsx_every`` (MODE.TSX begin/commit/abort; ``tsx_abort_corrupts_branch``: a
+    conditional branch right before an abort is traced the wrong way, as erratum BDM64);
+    ``corrupted_tma`` (each PSB+ holds a TMA with reserved bits set and a bogus byte
+    after it, as erratum SKZ84);
     ``kernel_traced`` (False: a syscall disables tracing, sysret's return enables it);
     ``stretch`` (one stretch of tracing: TIP.PGE at the entry, FUP + TIP.PGD at the
     end, so copies of the trace concatenate into a valid trace).
@@ -543,6 +597,7 @@ def trace_program(program, max_insns, seed=0, **options):
         raise TypeError("unknown trace options: %s" % ", ".join(sorted(unknown)))
     settings = dict(TRACE_DEFAULTS, **options)
     writer = PacketWriter(settings["use_tnt64"])
+    writer.corrupted_tma = settings["corrupted_tma"]
     if settings["stretch"]:
         writer.psb_plus(None)
         writer.pge(program.entry)

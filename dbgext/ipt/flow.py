@@ -16,11 +16,21 @@ line for line (tests/test_ipt_differential.py checks each class against it):
 * a TIP.PGD binds to the next branch: a direct call/jmp only when it goes to the
   TIP.PGD's IP ("disabled at <target>": the branch is reported, its target is not
   executed), any indirect branch, return or conditional branch; with the IP
-  suppressed, a far transfer (syscall into an untraced kernel);
+  suppressed, a far transfer (syscall into an untraced kernel) or a MOV CR3, and a
+  near branch that needs trace finds it instead: libipt fails there;
+* a PSB+ with FUP while tracing is off does not turn it on (only TIP.PGE does); when
+  its status (MODE.Exec) and where tracing stopped differ, libipt cannot go on and
+  fails until the next PSB;
+* a TIP.PGE while tracing is on is an error as soon as it is due;
 * OVF drops what was walked past the last trace data; tracing resumes at the FUP
-  (or TIP.PGE) that binds the overflow;
+  (or TIP.PGE) that binds the overflow; a TIP, TIP.PGD or TNT right after it is an
+  error (an overflow libipt fails on is no event);
+* a FUP followed by TNT waits for the TIP after them, and a due FUP + TIP that
+  decoding has not reached when it needs trace is held until it does, the trace
+  for the branches before it coming from the packets after the TIP (libipt's query
+  decoder reads a trace that is out of step with the code that way);
 * a deferred TIP: an indirect branch whose TNT cache is empty takes one TNT packet
-  for the branches after it, then its TIP;
+  for the branches after it, then its TIP (a second TNT packet is an error);
 * MODE.TSX + FUP is a transaction event at the FUP address; an abort's FUP is also
   an asynchronous transfer to the TIP that follows; in PSB+ MODE.TSX only restates;
 * a compressed RET takes a TNT bit that must be taken and returns to the most recent
@@ -38,6 +48,7 @@ packet that names an IP (libipt resumes only at the next PSB).
 """
 
 import os
+import re
 
 from ..disasm import Disassembler, base_mnemonic
 from ..errors import BadInput, UnreadableMemory
@@ -65,8 +76,12 @@ _FAR_RETURNS = {"iret", "iretd", "iretq", "retf", "retfq", "sysret", "sysretq", 
                 "vmlaunch", "vmresume"}
 _COND_EXTRA = {"loop", "loope", "loopne", "jrcxz", "jecxz", "jcxz"}
 
-# Errata whose workaround ignores a TIP.PGD right after an OVF (see errata.py).
-ERRATA_OVF_PGD = frozenset(("apl11", "skd010"))
+# Erratum BDM64: how far libipt looks for a transaction abort's IP along straight-line code.
+BDM64_MAX_STEPS = 0x100
+# Erratum SKZ84: a TMA whose reserved bits are set (its reserved byte, or FC above bit 8).
+_SKZ84_CANDIDATE = re.compile(b"\\x02\\x73(?:..[^\\x00]|....[^\\x00\\x01])", re.DOTALL)
+# Erratum SKD007: a CYC's first byte with more bytes to come, then an OVF (02 F3).
+_SKD007_CANDIDATE = re.compile(b"[" + b"".join(re.escape(bytes([byte])) for byte in range(7, 256, 8)) + b"]\x02\xf3")
 
 MAX_BLOCK_BYTES = 0x1000
 # Committed instructions are handed on in chunks of at least this many.
@@ -258,6 +273,10 @@ F_TNT, F_MODE, F_TSX = 20, 21, 22  # value: bits "TNT..."; mode (16/32/64 or Non
 ITEM_NAMES = {F_TNT: "tnt", F_TIP: "tip", F_PGE: "tip.pge", F_PGD: "tip.pgd", F_FUP: "fup", F_MODE: "mode.exec",
               F_PSB: "psb", F_PSBEND: "psbend", F_OVF: "ovf", F_ERROR: "error", F_TSX: "mode.tsx"}
 _TNT8_BITS = P.TNT8_BITS
+# skd010_resume: the overflow resolved with tracing off after all.
+_STAYS_OFF = -1
+# IPBytes of a compressed IP -> the bits its payload gives (the rest comes from the last IP).
+_IP_BYTES_KEPT = {1: 0xFFFF, 2: 0xFFFFFFFF, 4: 0xFFFFFFFFFFFF}
 
 
 class FlowResult(object):
@@ -327,15 +346,62 @@ class FlowDecoder(object):
             if sink is not None:
                 sink(chunk)
 
-        _Walk(self, result, P.tokens(data, start, end, P.FLOW_RE), keep, progress).run()
+        if "skd007" in self.errata:
+            data = _cyc_cut_by_overflow_to_pad(data, start, end)
+        if "skz84" in self.errata:
+            data = _corrupted_tma_to_pad(data, start, end)
+        _Walk(self, result, P.tokens(data, start, end, P.FLOW_RE), keep, progress, data).run()
         result.blocks_built = self.cache.blocks_built
         return result
+
+
+def _cyc_cut_by_overflow_to_pad(data, start, end):
+    """Erratum SKD007: an OVF may come after the first byte of a multi-byte CYC, in place of
+    its other bytes.  As libipt's query decoder, a 2-byte CYC whose second byte and the
+    byte after it read 02 F3 is taken for that first byte: it becomes a PAD here, so the OVF
+    decodes (offsets stay as they are)."""
+    end = len(data) if end is None else min(end, len(data))
+    if not _SKD007_CANDIDATE.search(data, start, end):
+        return data
+    patched = None
+    for kind, offset, value in P.tokens(data, start, end):
+        if kind == P.K_OTHER and value[0] == "cyc" and data[offset] & 4 and offset + 2 < end \
+                and data[offset + 1] == 0x02 and data[offset + 2] == 0xF3:
+            if patched is None:
+                patched = bytearray(data)
+            patched[offset] = 0
+    return data if patched is None else bytes(patched)
+
+
+def _corrupted_tma_to_pad(data, start, end):
+    """Erratum SKZ84: with VMX TSC offsetting or scaling a TMA is corrupted and a bogus
+    byte follows it.  As libipt, a TMA with reserved bits set is skipped with the byte
+    after it (here: the 8 bytes become PADs, so offsets stay as they are)."""
+    end = len(data) if end is None else min(end, len(data))
+    if not _SKZ84_CANDIDATE.search(data, start, end):
+        return data
+    patched = bytearray(data)
+    position = start
+    changed = False
+    while position is not None:
+        segment, position = position, None
+        for kind, offset, value in P.tokens(patched, segment, end):
+            if kind == P.K_PSB:
+                segment = offset
+            corrupted = (kind == P.K_OTHER and value[0] == "tma" and patched[offset + 4]) or \
+                (kind == P.K_ERROR and value.startswith("tma packet with reserved bits"))
+            if corrupted and offset + 8 <= end:
+                patched[offset:offset + 8] = bytes(8)
+                changed = True
+                position = segment  # decode that stretch again past the PADs
+                break
+    return bytes(patched) if changed else data
 
 
 class _Walk(object):
     """The state of one decode: trace position, IP, mode, TNT bits, return stack."""
 
-    def __init__(self, decoder, result, tokens, sink, progress=None):
+    def __init__(self, decoder, result, tokens, sink, progress=None, data=b""):
         self.cache = decoder.cache
         self.suspicious = decoder.suspicious
         self.errata = decoder.errata
@@ -346,7 +412,8 @@ class _Walk(object):
         self.sink = sink
         self.progress = progress
         self.tokens = tokens
-        self.queued = None       # an item made by the same packet as the last one (item())
+        self.data = data         # the trace the tokens come from (for errata that re-read a packet)
+        self.pushed = []         # items to hand out again before reading on (last first): item(), items_ahead()
         self.skip_fup = False    # the next FUP belongs to a PTW or EXSTOP, not to control flow
         self.tsx = None          # after MODE.TSX: tsx_begin, tsx_commit or tsx_abort (its FUP comes next)
         self.in_psb = False      # between PSB and PSBEND
@@ -362,6 +429,13 @@ class _Walk(object):
         self.last_offset = 0
         self.warned = set()
         self.walking = False     # inside walk(): PSB+ is then status only
+        self.synced = False      # a PSB+ was read since decoding (re)started: tracing off is then "disabled"
+        self.off_ip = 0          # where libipt's decoder stands while tracing is off (fup_while_disabled)
+        self.psb_mode = False    # the last PSB+ read held a MODE.Exec
+        self.bdm64_checked = None  # the MODE.TSX abort whose IP was found on the straight-line path
+        self.waiting_fups = []   # FUPs followed by TNT: each binds to a TIP after them (pending_event)
+        self.held = None         # a FUP libipt holds with the items up to its TIP (held_after) until its IP
+        self.held_after = None
 
     # -- items --------------------------------------------------------------------
 
@@ -375,10 +449,9 @@ class _Walk(object):
         abort also stays, as an asynchronous transfer to the TIP that follows.
         A packet that does not decode is reported and, while walking, abandons the
         walk (_Resync); a PSB+ while walking is read as status (skip_status_psb)."""
-        item = self.queued
-        if item is not None:
-            self.queued = None
-            return item
+        pushed = self.pushed
+        if pushed:
+            return pushed.pop()
         for item in self.tokens:
             kind = item[0]
             self.last_offset = item[1]
@@ -395,7 +468,7 @@ class _Walk(object):
                 elif self.tsx is not None:
                     state, self.tsx = self.tsx, None
                     if state == "tsx_abort":
-                        self.queued = item
+                        self.pushed.append(item)
                     return F_TSX, item[1], (item[2], state)
                 else:
                     return item
@@ -444,6 +517,33 @@ class _Walk(object):
             self.lookahead = self.item()
         return self.lookahead
 
+    def items_ahead(self, last):
+        """The items after the lookahead up to the first one for which ``last(item)`` is
+        true (or the end of the trace), read and put back: errata workarounds look ahead
+        as libipt's do, and decoding then goes on from where it was."""
+        ahead = []
+        while True:
+            item = self.item()
+            if item is None:
+                break
+            ahead.append(item)
+            if last(item):
+                break
+        if ahead:
+            self.pushed.extend(reversed(ahead))
+            self.ended = False
+        return ahead
+
+    def ip_from_zero(self, item):
+        """``item`` (an IP packet) with its IP built on no earlier IP, as libipt decodes the
+        first IP packet after a PSB or OVF when an erratum workaround skipped the FUP
+        before it (the tokenizer built it on that FUP's IP)."""
+        kind, offset, ip = item
+        ipbytes = self.data[offset] >> 5
+        if ip is not None and ipbytes in _IP_BYTES_KEPT:
+            ip &= _IP_BYTES_KEPT[ipbytes]
+        return kind, offset, ip
+
     def skip_status_psb(self):
         """A PSB+ in the middle of a traced stretch only restates the state (IP, mode);
         the first item after it is left in lookahead.  Like any event libipt
@@ -490,14 +590,20 @@ class _Walk(object):
         self.bits = ""
         self.bit_index = 0
         self.retstack = []
+        self.waiting_fups = []
+        self.held = self.held_after = None
 
     def drop_uncommitted(self, failed_at=None, at_end=False):
         """Drop what was walked past the last trace data.  At the end of the trace,
         like libipt, the first instruction after an event that moved the IP stays when
-        it is not the branch (``failed_at``) that found no data."""
+        it is not the branch (``failed_at``) that found no data; while libipt holds an
+        event (hold_async_branch) it does not see the end coming: everything up to that
+        branch stays."""
         keep = self.committed
         out = self.out
-        if at_end and keep == self.resumed_at and len(out) > keep and out[keep] != failed_at:
+        if at_end and self.held is not None:
+            keep = len(out) - (1 if out and out[-1] == failed_at else 0)
+        elif at_end and keep == self.resumed_at and len(out) > keep and out[keep] != failed_at:
             keep += 1
         del out[keep:]
 
@@ -532,6 +638,7 @@ class _Walk(object):
                 self.walk(ip)
             except _Resync:
                 self.walking = False
+                self.synced = False
                 self.skip_to_psb()
             self.walking = False
         self.committed = len(self.out)
@@ -547,9 +654,13 @@ class _Walk(object):
             kind, offset, value = item
             if kind == F_PSB:
                 ip = self.read_psb_plus()
-                if ip is not None:
-                    self.event("sync", offset, ip)
-                    return ip
+                if ip is not None and not self.bdm70_ignores_fup():
+                    if not self.synced:
+                        self.synced = True
+                        self.event("sync", offset, ip)
+                        return ip
+                    self.fup_while_disabled(ip)
+                self.synced = True
             elif kind == F_PGE or kind == F_FUP:
                 # FUP with tracing off: the resume point after an OVF.
                 if value is None:
@@ -561,19 +672,17 @@ class _Walk(object):
                     self.mode = value
             elif kind == F_OVF:
                 self.reset()
-                self.event("overflow", offset, None)
-                following = self.peek()
-                if following is not None and following[0] == F_PGD:
-                    if not self.errata & ERRATA_OVF_PGD:
-                        # libipt fails the step that ran into the overflow: its instruction goes too
-                        self.error(following[1], "tip.pgd right after an overflow (an erratum of some parts: "
-                                   "give --cpu to apply its workaround)", self.out[-1] if self.out else None)
-                    self.lookahead = None
+                self.off_ip = 0
+                ip = self.resolve_overflow(offset)
+                if ip is not None:
+                    return ip
             elif kind == F_TNT or kind == F_TIP:
                 self.error(offset, "%s while tracing is disabled" % ITEM_NAMES[kind])
 
     def read_psb_plus(self):
+        """The PSB+ after its PSB: applies its MODE.Exec, returns its FUP's IP (None without)."""
         ip = None
+        self.psb_mode = False
         while True:
             item = self.next_item()
             if item is None:
@@ -584,6 +693,7 @@ class _Walk(object):
             if kind == F_FUP:
                 ip = value
             elif kind == F_MODE:
+                self.psb_mode = True
                 if value is not None:
                     self.mode = value
             elif kind == F_OVF:
@@ -592,6 +702,131 @@ class _Walk(object):
             else:
                 self.error(offset, "unexpected %s inside PSB+" % ITEM_NAMES[kind])
 
+    def fup_while_disabled(self, ip):
+        """A PSB+ with a FUP while tracing is off does not turn tracing on (TIP.PGE does).
+        libipt gives its status (MODE.Exec) the FUP's IP, which it then awaits where
+        tracing stopped (``off_ip``): when they differ, it is stuck and fails at the next
+        packet."""
+        following = self.peek()
+        if self.psb_mode and ip != self.off_ip and following is not None:
+            self.error(following[1], "FUP at 0x%x in a PSB+ while tracing is off (libipt cannot go on until the next "
+                       "PSB)" % ip)
+
+    def bdm70_ignores_fup(self):
+        """Erratum BDM70: a PSB+ right before a TIP.PGE may hold a FUP (and MODE.Exec)
+        although tracing is off.  libipt ignores such a FUP, IP and all; without the
+        erratum it is an error."""
+        if "bdm70" not in self.errata:
+            return False
+        following = self.peek()
+        if following is not None and following[0] != F_MODE:
+            if following[0] != F_PGE:
+                return False
+            self.lookahead = self.ip_from_zero(following)
+            return True
+        ahead = self.items_ahead(lambda item: item[0] != F_MODE)
+        if not ahead or ahead[-1][0] != F_PGE:
+            return False
+        self.pushed[len(self.pushed) - len(ahead)] = self.ip_from_zero(ahead[-1])
+        return True
+
+    def resolve_overflow(self, offset):
+        """After an OVF (with tracing off): where it resumes, as libipt finds the packet the
+        OVF binds to.  A FUP: tracing resumes there (await_enable) unless erratum APL12
+        makes it spurious.  No FUP: the overflow resolved with tracing off, unless SKD010
+        dropped the FUP (then tracing resumes at the next TIP, FUP or PSB+ FUP); a TIP.PGD,
+        TIP or TNT first is an error unless APL11 or SKD010 explain it.  Returns the IP
+        where tracing resumes now, or None.  An overflow libipt fails on is no event."""
+        following = self.peek()
+        kind = None if following is None else following[0]
+        if kind == F_FUP:
+            self.event("overflow", offset, None)
+            if "apl12" in self.errata:
+                self.apl12_skip_fup()
+            return None
+        if kind is not None and "skd010" in self.errata:
+            resumed = self.skd010_resume(offset)
+            if resumed is not None:
+                return None if resumed == _STAYS_OFF else resumed
+        if kind in (F_TIP, F_PGD, F_TNT, F_PSBEND) and not (kind == F_PGD and "apl11" in self.errata):
+            # libipt fails the step that ran into the overflow: its instruction goes too
+            self.error(following[1], "%s right after an overflow%s" % (
+                ITEM_NAMES[kind], " (an erratum of some parts: give --cpu to apply its workaround)"
+                if kind == F_PGD else ""), self.out[-1] if self.out else None)
+        self.event("overflow", offset, None)
+        if kind == F_PGD:
+            self.lookahead = None
+        return None
+
+    def apl12_skip_fup(self):
+        """Erratum APL12: an OVF may be followed by a FUP although tracing is off.  libipt
+        looks on for what tracing was (TIP.PGE or a PSB+ without FUP: off; TNT, TIP,
+        TIP.PGD, a PSB+ with FUP, OVF or the end: on) and when it was off skips the FUP."""
+        in_psb = []
+
+        def decides(item):
+            if in_psb:
+                return item[0] in (F_PSBEND, F_FUP, F_OVF)
+            if item[0] == F_PSB:
+                in_psb.append(item)
+                return False
+            return item[0] in (F_PGE, F_TNT, F_TIP, F_PGD, F_OVF)
+
+        ahead = self.items_ahead(decides)
+        if not ahead:
+            return
+        kind = ahead[-1][0]
+        if kind != F_PGE and not (in_psb and kind == F_PSBEND):
+            return
+        self.lookahead = None
+        if kind == F_PGE and all(item[0] == F_MODE for item in ahead[:-1]):
+            self.pushed[len(self.pushed) - len(ahead)] = self.ip_from_zero(ahead[-1])
+
+    def skd010_resume(self, overflow_offset):
+        """Erratum SKD010: the FUP after an OVF may be dropped.  As libipt, look on for a
+        sign of tracing: a TIP.PGD (tracing went off: decoding goes on after it), a TIP, a
+        FUP or a PSB+ with a FUP (tracing resumes at its IP).  Returns that IP,
+        _STAYS_OFF when tracing is off past the TIP.PGD, None when the erratum does not
+        apply."""
+        ahead = [self.lookahead]
+        if ahead[0][0] == F_MODE:
+            ahead += self.items_ahead(lambda item: item[0] != F_MODE)
+        for index, (kind, offset, value) in enumerate(ahead):
+            if kind == F_MODE:
+                continue
+            if kind in (F_PGD, F_TIP, F_FUP, F_TSX, F_PSB):
+                self.event("overflow", overflow_offset, None)
+            if kind in (F_PGD, F_TIP):
+                self.drop_items(index + 1)
+                if kind == F_PGD:
+                    return _STAYS_OFF
+                self.event("resumed", offset, value)
+                return value
+            if kind in (F_FUP, F_TSX):
+                # Decoding goes on from the FUP (or its MODE.TSX): it binds as it would.
+                self.drop_items(index)
+                ip = value if kind == F_FUP else value[0]
+                self.event("resumed", offset, ip)
+                return ip
+            if kind == F_PSB:
+                self.drop_items(index + 1)
+                ip = self.read_psb_plus()
+                if ip is not None:
+                    self.event("resumed", offset, ip)
+                    return ip
+                return _STAYS_OFF
+            return None
+        return None
+
+    def drop_items(self, count):
+        """Drop the lookahead and the ``count - 1`` items after it (put back by items_ahead):
+        libipt skips those packets and decodes on after them."""
+        if count == 0:
+            return
+        self.lookahead = None
+        if count > 1:
+            del self.pushed[len(self.pushed) - (count - 1):]
+
     def refill(self):
         """Make TNT bits available, or leave the next non-TNT item in lookahead."""
         if self.committed >= FLUSH_SIZE:
@@ -599,6 +834,8 @@ class _Walk(object):
         while self.bit_index >= len(self.bits):
             item = self.peek()
             if item is None or item[0] != F_TNT:
+                if item is not None and item[0] == F_FUP and (self.fup_waits() or self.hold_async_branch()):
+                    continue
                 return False
             self.lookahead = None
             self.bits = item[2]
@@ -621,20 +858,32 @@ class _Walk(object):
         if self.committed >= FLUSH_SIZE:
             self.flush()
         item = self.peek_past_modes()
+        if item is not None and item[0] == F_FUP and self.hold_async_branch():
+            item = self.peek_past_modes()
         if item is not None and item[0] == F_TNT and self.bit_index >= len(self.bits):
-            # A deferred TIP: the TNT bits of the branches after this one come first.
+            # A deferred TIP: the TNT bits of the branches after this one come first,
+            # one TNT packet of them (libipt fails on a second).
+            first = self.data[item[1]]
+            if first != 0x02 and len(item[2]) > len(_TNT8_BITS.get(first, "")):
+                self.error(item[1], "more than one TNT packet before the TIP of the %s at 0x%x" % (wanted, address),
+                           address)
             self.lookahead = None
             self.bits, self.bit_index = item[2], 0
             item = self.peek_past_modes()
         if item is None:
             return None
         kind, offset, value = item
+        if kind == F_TIP and self.waiting_fups:
+            self.error(offset, "the TIP for the %s at 0x%x is the asynchronous branch of the FUP at 0x%x"
+                       % (wanted, address, self.waiting_fups[0][2]), address)
         if kind == F_TIP and value is not None:
             self.lookahead = None
             return value
         if kind == F_TIP:
             self.error(offset, "TIP with a suppressed IP for the %s at 0x%x" % (wanted, address), address)
         if kind == F_PGD:
+            if value is None and not self.is_far_transfer(address):
+                return self.unbound_disable(offset, address, wanted)
             self.lookahead = None
             self.committed = len(self.out)
             self.event("disabled", offset, value)
@@ -681,6 +930,9 @@ class _Walk(object):
                                       "it; check the reconstruction" % suspicious[ip], "warning", self.last_offset)
             kind = block.kind
             at_event = async_ip is not None and block.start <= async_ip <= block.end
+            if async_ip is not None and not at_event and self.bdm64_redirects(ip, async_ip):
+                ip = async_ip
+                continue
             if at_event or kind == B_STOP:
                 # The trace moves the IP: an asynchronous event at async_ip, or a gap in the code.
                 if at_event:
@@ -846,9 +1098,16 @@ class _Walk(object):
         """What the next item means once the TNT bits are used up, as libipt's query
         decoder signals it only then: (address where an asynchronous event binds (FUP,
         MODE.TSX) or None, target of a TIP.PGD that binds to the direct branch going
-        there (-1: none))."""
+        there (-1: none)).
+
+        A FUP followed by TNT (a trace libipt misreads, e.g. past an erratum it does
+        not know) waits, as in libipt, for the TIP it binds to: the TNT bits come first."""
+        if self.held is not None:
+            return self.held[2], -1
         if self.bit_index < len(self.bits):
             return None, -1
+        if self.waiting_fups:
+            self.release_waiting_fup()
         item = self.lookahead
         if item is None:
             if self.ended:
@@ -858,23 +1117,127 @@ class _Walk(object):
                 return None, -1
         kind = item[0]
         if kind == F_FUP:
+            if self.fup_waits():
+                return None, -1
             return item[2], -1
         if kind == F_TSX:
             return item[2][0], -1
         if kind == F_PGD and item[2] is not None:
             return None, item[2]
+        if kind == F_PGE:
+            # libipt handles it as soon as it is due, and tracing is already on.
+            self.error(item[1], "tip.pge while tracing is enabled")
         return None, -1
+
+    def hold_async_branch(self):
+        """A due FUP + TIP (an asynchronous branch) where decoding needs TNT or TIP before
+        reaching the FUP's IP (a trace libipt misreads): libipt has taken both as its
+        event and holds it until decoding reaches that IP; the trace for the branches
+        before it comes from the packets after the TIP."""
+        if self.held is not None:
+            return False
+        ahead = self.items_ahead(lambda item: item[0] != F_MODE)
+        if not ahead or ahead[-1][0] != F_TIP or ahead[-1][2] is None:
+            return False
+        self.held, self.held_after = self.lookahead, ahead
+        self.drop_items(len(ahead) + 1)
+        return True
+
+    def fup_waits(self):
+        """The FUP in lookahead is followed by TNT: it waits for the TIP after them."""
+        ahead = self.items_ahead(lambda following: following[0] != F_MODE)
+        if not ahead or ahead[-1][0] != F_TNT:
+            return False
+        self.waiting_fups.append(self.lookahead)
+        self.lookahead = None
+        return True
+
+    def release_waiting_fup(self):
+        """The TNT bits after a waiting FUP are used up: the first one binds to the TIP or
+        TIP.PGD that comes now (put back in front of it); anything else drops them."""
+        following = self.peek()
+        if following is not None and following[0] == F_TNT:
+            return
+        if following is not None and following[0] in (F_TIP, F_PGD, F_MODE):
+            self.pushed.append(following)
+            self.lookahead = self.waiting_fups.pop(0)
+        else:
+            del self.waiting_fups[:]
 
     def disable_at(self, block):
         """A TIP.PGD binds to ``block``'s direct branch: report it and stop."""
         self.lookahead = None
         self.committed = len(self.out)
+        self.off_ip = block.target
         self.event("disabled", self.last_offset, block.target)
+
+    def is_far_transfer(self, address):
+        """Far branches (and with them the CPL changes), where a TIP.PGD without an IP binds."""
+        kind = self.cache.ends.get(address)
+        if kind == B_INDIRECT or kind == B_INDIRECT_CALL:
+            # jmp/call through a far pointer: "ljmp [rax]", or "jmp ptr [rax]" without a size
+            return self.cache.disassemble(address).startswith(("ljmp", "lcall", "jmp ptr", "call ptr"))
+        return kind == B_FAR_CALL or kind == B_FAR_RET
+
+    def unbound_disable(self, offset, address, what):
+        """A TIP.PGD without an IP found by a branch that needs trace (``address``).  libipt
+        binds it only to a far transfer or a MOV CR3: the first MOV CR3 walked since the
+        last trace data is where tracing stopped; else libipt fails the branch, silently
+        when the TIP.PGD ends the trace."""
+        out = self.out
+        for index in range(self.committed, len(out)):
+            if out[index] != address and self.cache.disassemble(out[index]).startswith("mov cr3"):
+                del out[index + 1:]
+                self.lookahead = None
+                self.committed = len(out)
+                self.off_ip = 0
+                self.event("disabled", offset, None)
+                return None
+        if self.items_ahead(lambda item: True):
+            self.error(offset, "tip.pgd without an IP where the %s at 0x%x needs trace (it binds only to a far "
+                       "transfer)" % (what, address), address)
+        if out and out[-1] == address:
+            out.pop()
+        self.lookahead = None
+        self.committed = len(out)
+        return None
+
+    def bdm64_redirects(self, ip, abort_ip):
+        """Erratum BDM64: a transaction abort right after a branch may corrupt that branch's
+        trace.  As libipt: when the abort is due after a branch and its IP cannot be
+        reached from the branch's destination along straight-line code (direct jumps and
+        calls, BDM64_MAX_STEPS instructions), the branch went to the abort IP."""
+        if "bdm64" not in self.errata or len(self.out) == self.resumed_at:
+            return False
+        item = self.lookahead
+        if item is None or item[0] != F_TSX or item[2][1] != "tsx_abort" or item is self.bdm64_checked:
+            return False
+        steps = BDM64_MAX_STEPS
+        blocks = self.cache.blocks(self.mode)
+        while True:
+            block = blocks.get(ip) or self.cache.build(ip, self.mode)
+            if abort_ip in block.insns:
+                if block.insns.index(abort_ip) <= steps:
+                    self.bdm64_checked = item
+                    return False
+                return True
+            steps -= len(block.insns)
+            if steps < 0 or (block.kind != B_JUMP and block.kind != B_CALL):
+                return True
+            ip = block.target
 
     def take_async(self, address):
         """At the FUP address: consume FUP + TIP (transfer) or FUP + TIP.PGD (tracing
         off); at a MODE.TSX's address: consume it and go on from there."""
         self.committed = self.resumed_at = len(self.out)
+        if self.held is not None:
+            (_, fup_offset, _), ahead = self.held, self.held_after
+            self.held = self.held_after = None
+            for _, _, mode in ahead[:-1]:
+                if mode is not None:
+                    self.mode = mode
+            self.event("interrupt", fup_offset, address)
+            return ahead[-1][2]
         if self.lookahead[0] == F_TSX:
             item, self.lookahead = self.lookahead, None
             self.event(item[2][1], item[1], address)
@@ -894,8 +1257,10 @@ class _Walk(object):
                 # Erratum SKD022: the VM entry cleared TraceEn; it ran, and tracing stopped after it.
                 self.out.append(address)
                 self.committed = len(self.out)
+                self.off_ip = 0
                 self.event("disabled", offset, value)
             else:
+                self.off_ip = address
                 self.event("disabled", offset, address)
             return None
         if kind == F_OVF:
@@ -914,8 +1279,12 @@ class _Walk(object):
             return
         kind, offset, value = item
         if kind == F_PGD:
+            if value is None:
+                self.unbound_disable(offset, block.end, what)
+                return
             self.lookahead = None
             self.committed = len(self.out)
+            self.off_ip = 0
             self.event("disabled", offset, value)
             return
         self.error(offset, "expected a TNT bit for the %s at 0x%x, found %s" % (what, block.end, ITEM_NAMES[kind]),
@@ -923,6 +1292,8 @@ class _Walk(object):
 
     def finish_segment(self, block):
         """An indirect transfer found no TIP: the trace ended or overflowed (TIP.PGD was committed)."""
+        # After a TIP.PGD libipt stands after a call (it expects the return there), else nowhere.
+        self.off_ip = block.fallthrough if block.kind in (B_INDIRECT_CALL, B_FAR_CALL) else 0
         if self.lookahead is None:
             self.drop_uncommitted(block.end, at_end=True)
         elif self.lookahead[0] == F_OVF:
