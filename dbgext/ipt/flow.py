@@ -38,6 +38,8 @@ packet that names an IP (libipt resumes only at the next PSB).
 """
 
 import os
+from bisect import bisect_left
+from collections import namedtuple
 
 from ..disasm import Disassembler, base_mnemonic
 from ..errors import BadInput, UnreadableMemory
@@ -77,17 +79,11 @@ MAX_EVENTS = 100000
 MAX_BLOCKS_WITHOUT_TRACE = 100000
 
 
-class Block(object):
-    __slots__ = ("start", "insns", "kind", "target", "fallthrough", "end", "problem")
-
-    def __init__(self, start, insns, kind, target, fallthrough, end, problem=None):
-        self.start = start
-        self.insns = insns            # tuple of instruction addresses
-        self.kind = kind
-        self.target = target          # direct branch target
-        self.fallthrough = fallthrough  # address after the last instruction
-        self.end = end                # address of the last instruction (or of the problem)
-        self.problem = problem        # message for B_STOP
+# A basic block: straight-line instruction addresses (a tuple) up to and including one
+# branch.  ``target``: the direct branch target; ``fallthrough``: the address after the
+# last instruction; ``end``: the address of the last instruction (or of the problem);
+# ``problem``: why a B_STOP block stops.  A tuple, so the walk unpacks it in one step.
+Block = namedtuple("Block", "start insns kind target fallthrough end problem", defaults=(None,))
 
 
 class CodeImage(object):
@@ -650,7 +646,9 @@ class _Walk(object):
         """Follow the code from ``ip`` until the trace ends, tracing stops, or an error.
 
         The hot loop keeps the TNT bits, their index and the committed length in
-        locals; ``save()``/``load()`` hand them to the helpers that need them."""
+        locals; ``save()`` hands them to the helpers that need them.  The common
+        steps run inline (a TNT or TIP already read ahead, a next item that binds
+        no event): on Python 3.8 every call and attribute lookup counts."""
         out = self.out
         cache = self.cache
         mode = self.mode
@@ -658,6 +656,7 @@ class _Walk(object):
         retstack = self.retstack
         suspicious = self.suspicious
         extend = out.extend
+        next_item = self.item
         bits, bi = self.bits, self.bit_index
         nbits = len(bits)
         self.committed = self.resumed_at = len(out)
@@ -679,16 +678,16 @@ class _Walk(object):
                     self.warned.add(ip)
                     self.problems.add("ipt_suspicious_path", ip, "the path enters %s: a real trace rarely runs "
                                       "it; check the reconstruction" % suspicious[ip], "warning", self.last_offset)
-            kind = block.kind
-            at_event = async_ip is not None and block.start <= async_ip <= block.end
+            start, insns, kind, target, fallthrough, end, _ = block
+            at_event = async_ip is not None and start <= async_ip <= end
             if at_event or kind == B_STOP:
                 # The trace moves the IP: an asynchronous event at async_ip, or a gap in the code.
                 if at_event:
-                    extend([a for a in block.insns if a < async_ip])
+                    extend(insns[:bisect_left(insns, async_ip)])
                     save()
                     ip = self.take_async(async_ip)
                 else:
-                    extend(block.insns)
+                    extend(insns)
                     save()
                     ip = self.skip_gap(block)
                 if ip is None:
@@ -700,106 +699,120 @@ class _Walk(object):
                 idle_blocks = 0
                 continue
             if kind == B_COND:
-                extend(block.insns)
+                extend(insns)
                 if bi >= nbits:
-                    save()
-                    if not self.refill():
-                        self.stop_at(block, "conditional branch")
-                        return
-                    bits, bi = self.bits, self.bit_index
-                    nbits = len(bits)
-                ip = block.target if bits[bi] == "T" else block.fallthrough
+                    item = self.lookahead
+                    if item is not None and item[0] == F_TNT and item[2] and committed < FLUSH_SIZE:
+                        self.lookahead = None  # the TNT is already read ahead (refill)
+                        bits, bi = item[2], 0
+                        nbits = len(bits)
+                    else:
+                        save()
+                        if not self.refill():
+                            self.stop_at(block, "conditional branch")
+                            return
+                        bits, bi = self.bits, self.bit_index
+                        nbits = len(bits)
+                ip = target if bits[bi] == "T" else fallthrough
                 bi += 1
                 committed = len(out)
                 idle_blocks = 0
                 if bi >= nbits:
-                    save()
-                    async_ip, disable_target = self.pending_event()
+                    # What the next item binds (pending_event); inline for TIP and TNT: nothing.
+                    item = self.lookahead
+                    if item is None and not self.ended:
+                        self.committed = committed
+                        item = self.lookahead = next_item()
+                    if item is not None and (item[0] == F_TIP or item[0] == F_TNT):
+                        async_ip, disable_target = None, -1
+                    else:
+                        save()
+                        async_ip, disable_target = self.pending_event()
             elif kind == B_JUMP or kind == B_CALL:
-                extend(block.insns)
-                if block.target == disable_target:
+                extend(insns)
+                if target == disable_target:
                     # TIP.PGD bound to this direct branch: its target left the traced
                     # range; the branch is reported, the target is not executed.
                     save()
                     self.disable_at(block)
                     return
-                ip = block.target
-                idle_blocks += 1
+                ip = target
                 if kind == B_CALL:
-                    retstack.append(block.fallthrough)
+                    retstack.append(fallthrough)
                     if len(retstack) > RETSTACK_DEPTH:
                         del retstack[0]
-            elif kind == B_RET:
-                extend(block.insns)
-                compressed = bi < nbits
-                tip = self.lookahead
-                if not compressed and tip is not None and tip[0] == F_TIP and tip[2] is not None \
-                        and committed < FLUSH_SIZE:
-                    # The common uncompressed RET: the TIP is already read ahead.
-                    self.lookahead = None
-                    ip = tip[2]
-                    committed = self.committed = len(out)
-                    self.bits, self.bit_index = bits, bi
-                    async_ip, disable_target = self.pending_event()
-                    idle_blocks = 0
-                    continue
-                if not compressed:
+                idle_blocks += 1
+                if idle_blocks > MAX_BLOCKS_WITHOUT_TRACE:
                     save()
-                    compressed = self.refill()
-                    bits, bi = self.bits, self.bit_index
-                    nbits = len(bits)
-                if compressed:
+                    self.error(self.last_offset, "%d blocks without trace data from 0x%x: the path loops"
+                               % (idle_blocks, ip))
+            else:  # returns, indirect and far transfers
+                extend(insns)
+                item = self.lookahead
+                tip_ready = item is not None and item[0] == F_TIP and item[2] is not None and committed < FLUSH_SIZE
+                if kind == B_RET and bi >= nbits and not tip_ready:
+                    save()
+                    if self.refill():  # a compressed RET after all
+                        bits, bi = self.bits, self.bit_index
+                        nbits = len(bits)
+                if kind == B_RET and bi < nbits:
                     bit = bits[bi]
                     bi += 1
                     if bit != "T":
                         save()
                         self.error(self.last_offset, "compressed RET at 0x%x with a not-taken bit: the "
-                                   "reconstruction went wrong before it" % block.end, block.end)
+                                   "reconstruction went wrong before it" % end, end)
                     if not retstack:
                         save()
-                        self.error(self.last_offset, "compressed RET at 0x%x with an empty return stack" % block.end,
-                                   block.end)
+                        self.error(self.last_offset, "compressed RET at 0x%x with an empty return stack" % end, end)
                     ip = retstack.pop()
                     committed = len(out)
                     if bi >= nbits:
                         save()
                         async_ip, disable_target = self.pending_event()
-                else:
-                    ip = self.take_ip(block.end, "ret")
+                elif tip_ready:
+                    # The TIP is already read ahead.  TNT bits still cached stay for the
+                    # branches after this one, as in libipt.
+                    self.lookahead = None
+                    ip = item[2]
+                    if kind == B_INDIRECT_CALL:
+                        retstack.append(fallthrough)
+                        if len(retstack) > RETSTACK_DEPTH:
+                            del retstack[0]
+                    committed = self.committed = len(out)
+                    if bi < nbits:
+                        async_ip, disable_target = None, -1
+                    else:
+                        # What the next item binds, inline as for a conditional branch.
+                        item = self.lookahead = None if self.ended else next_item()
+                        if item is not None and (item[0] == F_TIP or item[0] == F_TNT):
+                            async_ip, disable_target = None, -1
+                        else:
+                            save()
+                            async_ip, disable_target = self.pending_event()
+                elif kind == B_RET:
+                    ip = self.take_ip(end, "ret")
                     if ip is None:
                         self.finish_segment(block)
                         return
                     committed = len(out)
                     save()
                     async_ip, disable_target = self.pending_event()
-                idle_blocks = 0
-            else:  # indirect and far transfers
-                extend(block.insns)
-                # TNT bits still cached stay for the branches after this one, as in libipt.
-                tip = self.lookahead
-                if tip is not None and tip[0] == F_TIP and tip[2] is not None and committed < FLUSH_SIZE:
-                    self.lookahead = None  # the TIP is already read ahead
-                    ip = tip[2]
-                    self.bits, self.bit_index = bits, bi
                 else:
                     save()
-                    ip = self.take_ip(block.end, "indirect branch")
+                    ip = self.take_ip(end, "indirect branch")
                     if ip is None:
                         self.finish_segment(block)
                         return
                     bits, bi = self.bits, self.bit_index
                     nbits = len(bits)
-                if kind == B_INDIRECT_CALL:
-                    retstack.append(block.fallthrough)
-                    if len(retstack) > RETSTACK_DEPTH:
-                        del retstack[0]
-                committed = self.committed = len(out)
-                async_ip, disable_target = self.pending_event()
+                    if kind == B_INDIRECT_CALL:
+                        retstack.append(fallthrough)
+                        if len(retstack) > RETSTACK_DEPTH:
+                            del retstack[0]
+                    committed = self.committed = len(out)
+                    async_ip, disable_target = self.pending_event()
                 idle_blocks = 0
-            if idle_blocks > MAX_BLOCKS_WITHOUT_TRACE:
-                save()
-                self.error(self.last_offset, "%d blocks without trace data from 0x%x: the path loops"
-                           % (idle_blocks, ip))
 
     def skip_gap(self, block):
         """No code at ``block.end`` (unreadable or undecodable): report a gap and skip
