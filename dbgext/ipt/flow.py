@@ -679,10 +679,9 @@ class _Walk(object):
                     self.problems.add("ipt_suspicious_path", ip, "the path enters %s: a real trace rarely runs "
                                       "it; check the reconstruction" % suspicious[ip], "warning", self.last_offset)
             start, insns, kind, target, fallthrough, end, _ = block
-            at_event = async_ip is not None and start <= async_ip <= end
-            if at_event or kind == B_STOP:
+            if async_ip is not None and start <= async_ip <= end or kind == B_STOP:
                 # The trace moves the IP: an asynchronous event at async_ip, or a gap in the code.
-                if at_event:
+                if async_ip is not None and start <= async_ip <= end:
                     extend(insns[:bisect_left(insns, async_ip)])
                     save()
                     ip = self.take_async(async_ip)
@@ -718,13 +717,15 @@ class _Walk(object):
                 committed = len(out)
                 idle_blocks = 0
                 if bi >= nbits:
-                    # What the next item binds (pending_event); inline for TIP and TNT: nothing.
+                    # What the next item binds (pending_event), inline for the common items.
                     item = self.lookahead
                     if item is None and not self.ended:
                         self.committed = committed
                         item = self.lookahead = next_item()
-                    if item is not None and (item[0] == F_TIP or item[0] == F_TNT):
+                    if item is None or item[0] == F_TIP or item[0] == F_TNT:
                         async_ip, disable_target = None, -1
+                    elif item[0] == F_FUP:
+                        async_ip, disable_target = item[2], -1
                     else:
                         save()
                         async_ip, disable_target = self.pending_event()
@@ -749,8 +750,32 @@ class _Walk(object):
             else:  # returns, indirect and far transfers
                 extend(insns)
                 item = self.lookahead
-                tip_ready = item is not None and item[0] == F_TIP and item[2] is not None and committed < FLUSH_SIZE
-                if kind == B_RET and bi >= nbits and not tip_ready:
+                if item is not None and item[0] == F_TIP and item[2] is not None and committed < FLUSH_SIZE \
+                        and (bi >= nbits or kind != B_RET):
+                    # The TIP is already read ahead.  TNT bits still cached stay for the
+                    # branches after this one, as in libipt.
+                    self.lookahead = None
+                    ip = item[2]
+                    if kind == B_INDIRECT_CALL:
+                        retstack.append(fallthrough)
+                        if len(retstack) > RETSTACK_DEPTH:
+                            del retstack[0]
+                    committed = self.committed = len(out)
+                    if bi < nbits:
+                        async_ip, disable_target = None, -1
+                    else:
+                        # What the next item binds, inline as for a conditional branch.
+                        item = self.lookahead = None if self.ended else next_item()
+                        if item is None or item[0] == F_TIP or item[0] == F_TNT:
+                            async_ip, disable_target = None, -1
+                        elif item[0] == F_FUP:
+                            async_ip, disable_target = item[2], -1
+                        else:
+                            save()
+                            async_ip, disable_target = self.pending_event()
+                    idle_blocks = 0
+                    continue
+                if kind == B_RET and bi >= nbits:
                     save()
                     if self.refill():  # a compressed RET after all
                         bits, bi = self.bits, self.bit_index
@@ -770,26 +795,6 @@ class _Walk(object):
                     if bi >= nbits:
                         save()
                         async_ip, disable_target = self.pending_event()
-                elif tip_ready:
-                    # The TIP is already read ahead.  TNT bits still cached stay for the
-                    # branches after this one, as in libipt.
-                    self.lookahead = None
-                    ip = item[2]
-                    if kind == B_INDIRECT_CALL:
-                        retstack.append(fallthrough)
-                        if len(retstack) > RETSTACK_DEPTH:
-                            del retstack[0]
-                    committed = self.committed = len(out)
-                    if bi < nbits:
-                        async_ip, disable_target = None, -1
-                    else:
-                        # What the next item binds, inline as for a conditional branch.
-                        item = self.lookahead = None if self.ended else next_item()
-                        if item is not None and (item[0] == F_TIP or item[0] == F_TNT):
-                            async_ip, disable_target = None, -1
-                        else:
-                            save()
-                            async_ip, disable_target = self.pending_event()
                 elif kind == B_RET:
                     ip = self.take_ip(end, "ret")
                     if ip is None:
