@@ -642,13 +642,18 @@ class _Walk(object):
 
     # -- the walk -----------------------------------------------------------------
 
-    def walk(self, ip):
+    def walk(self, ip, *, len=len, bisect_left=bisect_left, B_COND=B_COND, B_JUMP=B_JUMP, B_CALL=B_CALL,
+             B_RET=B_RET, B_INDIRECT_CALL=B_INDIRECT_CALL, B_STOP=B_STOP, F_TIP=F_TIP, F_FUP=F_FUP, F_TNT=F_TNT,
+             FLUSH_SIZE=FLUSH_SIZE, RETSTACK_DEPTH=RETSTACK_DEPTH, MAX_BLOCKS_WITHOUT_TRACE=MAX_BLOCKS_WITHOUT_TRACE):
         """Follow the code from ``ip`` until the trace ends, tracing stops, or an error.
 
         The hot loop keeps the TNT bits, their index and the committed length in
         locals; ``save()`` hands them to the helpers that need them.  The common
         steps run inline (a TNT or TIP already read ahead, a next item that binds
-        no event): on Python 3.8 every call and attribute lookup counts."""
+        no event): on Python 3.8 every call and attribute lookup counts.  For the
+        same reason the globals the loop reads are keyword-only defaults (locals):
+        3.8 caches global lookups only for functions called often, not for one
+        frame that loops for a whole trace."""
         out = self.out
         cache = self.cache
         mode = self.mode
@@ -667,7 +672,22 @@ class _Walk(object):
             self.bits, self.bit_index, self.committed = bits, bi, committed
 
         committed = self.committed
+        bits_used_up = False
         while True:
+            if bits_used_up:
+                # What the next item binds now (pending_event), inline for the common items.
+                bits_used_up = False
+                item = self.lookahead
+                if item is None and not self.ended:
+                    self.committed = committed
+                    item = self.lookahead = next_item()
+                if item is None or item[0] == F_TIP or item[0] == F_TNT:
+                    async_ip, disable_target = None, -1
+                elif item[0] == F_FUP:
+                    async_ip, disable_target = item[2], -1
+                else:
+                    save()
+                    async_ip, disable_target = self.pending_event()
             if self.mode != mode:
                 mode = self.mode
                 blocks = cache.blocks(mode)
@@ -694,7 +714,7 @@ class _Walk(object):
                 retstack = self.retstack
                 bits, bi, committed = self.bits, self.bit_index, self.committed
                 nbits = len(bits)
-                async_ip, disable_target = self.pending_event()
+                bits_used_up = True  # an event comes only with the bits used up; a gap drops them
                 idle_blocks = 0
                 continue
             if kind == B_COND:
@@ -716,19 +736,7 @@ class _Walk(object):
                 bi += 1
                 committed = len(out)
                 idle_blocks = 0
-                if bi >= nbits:
-                    # What the next item binds (pending_event), inline for the common items.
-                    item = self.lookahead
-                    if item is None and not self.ended:
-                        self.committed = committed
-                        item = self.lookahead = next_item()
-                    if item is None or item[0] == F_TIP or item[0] == F_TNT:
-                        async_ip, disable_target = None, -1
-                    elif item[0] == F_FUP:
-                        async_ip, disable_target = item[2], -1
-                    else:
-                        save()
-                        async_ip, disable_target = self.pending_event()
+                bits_used_up = bi >= nbits
             elif kind == B_JUMP or kind == B_CALL:
                 extend(insns)
                 if target == disable_target:
@@ -760,19 +768,11 @@ class _Walk(object):
                         retstack.append(fallthrough)
                         if len(retstack) > RETSTACK_DEPTH:
                             del retstack[0]
-                    committed = self.committed = len(out)
+                    committed = len(out)
                     if bi < nbits:
                         async_ip, disable_target = None, -1
                     else:
-                        # What the next item binds, inline as for a conditional branch.
-                        item = self.lookahead = None if self.ended else next_item()
-                        if item is None or item[0] == F_TIP or item[0] == F_TNT:
-                            async_ip, disable_target = None, -1
-                        elif item[0] == F_FUP:
-                            async_ip, disable_target = item[2], -1
-                        else:
-                            save()
-                            async_ip, disable_target = self.pending_event()
+                        bits_used_up = True
                     idle_blocks = 0
                     continue
                 if kind == B_RET and bi >= nbits:
@@ -792,9 +792,7 @@ class _Walk(object):
                         self.error(self.last_offset, "compressed RET at 0x%x with an empty return stack" % end, end)
                     ip = retstack.pop()
                     committed = len(out)
-                    if bi >= nbits:
-                        save()
-                        async_ip, disable_target = self.pending_event()
+                    bits_used_up = bi >= nbits
                 elif kind == B_RET:
                     ip = self.take_ip(end, "ret")
                     if ip is None:
