@@ -307,8 +307,7 @@ def tokens(data, start=0, end=None, pattern=PACKET_RE):
             offset = match.start()
             if group == G_TNT8:
                 yield K_TNT8_RUN, offset, match.group()
-            # The IP packets: the group says how many IP bytes the packet updates.
-            elif group == G_IP2:
+            elif group == G_IP2:  # an IP packet: its group says how many IP bytes it updates
                 ip = last_ip = (last_ip & ~0xFFFF) | _U16(data, offset + 1)[0]
                 yield IP_KIND_OF_OPCODE[data[offset]], offset, ip
             elif group == G_IP4:
