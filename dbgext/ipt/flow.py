@@ -49,6 +49,8 @@ packet that names an IP (libipt resumes only at the next PSB).
 
 import os
 import re
+from bisect import bisect_left
+from collections import namedtuple
 
 from ..disasm import Disassembler, base_mnemonic
 from ..errors import BadInput, UnreadableMemory
@@ -92,17 +94,11 @@ MAX_EVENTS = 100000
 MAX_BLOCKS_WITHOUT_TRACE = 100000
 
 
-class Block(object):
-    __slots__ = ("start", "insns", "kind", "target", "fallthrough", "end", "problem")
-
-    def __init__(self, start, insns, kind, target, fallthrough, end, problem=None):
-        self.start = start
-        self.insns = insns            # tuple of instruction addresses
-        self.kind = kind
-        self.target = target          # direct branch target
-        self.fallthrough = fallthrough  # address after the last instruction
-        self.end = end                # address of the last instruction (or of the problem)
-        self.problem = problem        # message for B_STOP
+# A basic block: straight-line instruction addresses (a tuple) up to and including one
+# branch.  ``target``: the direct branch target; ``fallthrough``: the address after the
+# last instruction; ``end``: the address of the last instruction (or of the problem);
+# ``problem``: why a B_STOP block stops.  A tuple, so the walk unpacks it in one step.
+Block = namedtuple("Block", "start insns kind target fallthrough end problem", defaults=(None,))
 
 
 class CodeImage(object):
@@ -895,11 +891,18 @@ class _Walk(object):
 
     # -- the walk -----------------------------------------------------------------
 
-    def walk(self, ip):
+    def walk(self, ip, *, len=len, bisect_left=bisect_left, B_COND=B_COND, B_JUMP=B_JUMP, B_CALL=B_CALL,
+             B_RET=B_RET, B_INDIRECT_CALL=B_INDIRECT_CALL, B_STOP=B_STOP, F_TIP=F_TIP, F_TNT=F_TNT,
+             FLUSH_SIZE=FLUSH_SIZE, RETSTACK_DEPTH=RETSTACK_DEPTH, MAX_BLOCKS_WITHOUT_TRACE=MAX_BLOCKS_WITHOUT_TRACE):
         """Follow the code from ``ip`` until the trace ends, tracing stops, or an error.
 
         The hot loop keeps the TNT bits, their index and the committed length in
-        locals; ``save()``/``load()`` hand them to the helpers that need them."""
+        locals; ``save()`` hands them to the helpers that need them.  The common
+        steps run inline (a TNT or TIP already read ahead, a next item that binds
+        no event): on Python 3.8 every call and attribute lookup counts.  For the
+        same reason the globals the loop reads are keyword-only defaults (locals):
+        3.8 caches global lookups only for functions called often, not for one
+        frame that loops for a whole trace."""
         out = self.out
         cache = self.cache
         mode = self.mode
@@ -907,17 +910,36 @@ class _Walk(object):
         retstack = self.retstack
         suspicious = self.suspicious
         extend = out.extend
+        next_item = self.item
         bits, bi = self.bits, self.bit_index
         nbits = len(bits)
         self.committed = self.resumed_at = len(out)
         async_ip, disable_target = self.pending_event()
+        bdm64 = "bdm64" in self.errata
         idle_blocks = 0
 
         def save():
             self.bits, self.bit_index, self.committed = bits, bi, committed
 
         committed = self.committed
+        bits_used_up = False
         while True:
+            if bits_used_up:
+                # What the next item binds now (pending_event), inline for the items that
+                # bind nothing (TIP, TNT, the end) while no FUP is held or waiting.
+                bits_used_up = False
+                binds_nothing = False
+                if self.held is None and not self.waiting_fups:
+                    item = self.lookahead
+                    if item is None and not self.ended:
+                        self.committed = committed
+                        item = self.lookahead = next_item()
+                    binds_nothing = item is None or item[0] == F_TIP or item[0] == F_TNT
+                if binds_nothing:
+                    async_ip, disable_target = None, -1
+                else:
+                    save()
+                    async_ip, disable_target = self.pending_event()
             if self.mode != mode:
                 mode = self.mode
                 blocks = cache.blocks(mode)
@@ -928,19 +950,19 @@ class _Walk(object):
                     self.warned.add(ip)
                     self.problems.add("ipt_suspicious_path", ip, "the path enters %s: a real trace rarely runs "
                                       "it; check the reconstruction" % suspicious[ip], "warning", self.last_offset)
-            kind = block.kind
-            at_event = async_ip is not None and block.start <= async_ip <= block.end
-            if async_ip is not None and not at_event and self.bdm64_redirects(ip, async_ip):
+            start, insns, kind, target, fallthrough, end, _ = block
+            at_event = async_ip is not None and start <= async_ip <= end
+            if bdm64 and async_ip is not None and not at_event and self.bdm64_redirects(ip, async_ip):
                 ip = async_ip
                 continue
             if at_event or kind == B_STOP:
                 # The trace moves the IP: an asynchronous event at async_ip, or a gap in the code.
                 if at_event:
-                    extend([a for a in block.insns if a < async_ip])
+                    extend(insns[:bisect_left(insns, async_ip)])
                     save()
                     ip = self.take_async(async_ip)
                 else:
-                    extend(block.insns)
+                    extend(insns)
                     save()
                     ip = self.skip_gap(block)
                 if ip is None:
@@ -948,110 +970,108 @@ class _Walk(object):
                 retstack = self.retstack
                 bits, bi, committed = self.bits, self.bit_index, self.committed
                 nbits = len(bits)
-                async_ip, disable_target = self.pending_event()
+                bits_used_up = True  # an event comes only with the bits used up; a gap drops them
                 idle_blocks = 0
                 continue
             if kind == B_COND:
-                extend(block.insns)
+                extend(insns)
                 if bi >= nbits:
-                    save()
-                    if not self.refill():
-                        self.stop_at(block, "conditional branch")
-                        return
-                    bits, bi = self.bits, self.bit_index
-                    nbits = len(bits)
-                ip = block.target if bits[bi] == "T" else block.fallthrough
+                    item = self.lookahead
+                    if item is not None and item[0] == F_TNT and item[2] and committed < FLUSH_SIZE:
+                        self.lookahead = None  # the TNT is already read ahead (refill)
+                        bits, bi = item[2], 0
+                        nbits = len(bits)
+                    else:
+                        save()
+                        if not self.refill():
+                            self.stop_at(block, "conditional branch")
+                            return
+                        bits, bi = self.bits, self.bit_index
+                        nbits = len(bits)
+                ip = target if bits[bi] == "T" else fallthrough
                 bi += 1
                 committed = len(out)
                 idle_blocks = 0
-                if bi >= nbits:
-                    save()
-                    async_ip, disable_target = self.pending_event()
+                bits_used_up = bi >= nbits
             elif kind == B_JUMP or kind == B_CALL:
-                extend(block.insns)
-                if block.target == disable_target:
+                extend(insns)
+                if target == disable_target:
                     # TIP.PGD bound to this direct branch: its target left the traced
                     # range; the branch is reported, the target is not executed.
                     save()
                     self.disable_at(block)
                     return
-                ip = block.target
-                idle_blocks += 1
+                ip = target
                 if kind == B_CALL:
-                    retstack.append(block.fallthrough)
+                    retstack.append(fallthrough)
                     if len(retstack) > RETSTACK_DEPTH:
                         del retstack[0]
-            elif kind == B_RET:
-                extend(block.insns)
-                compressed = bi < nbits
-                tip = self.lookahead
-                if not compressed and tip is not None and tip[0] == F_TIP and tip[2] is not None \
-                        and committed < FLUSH_SIZE:
-                    # The common uncompressed RET: the TIP is already read ahead.
+                idle_blocks += 1
+                if idle_blocks > MAX_BLOCKS_WITHOUT_TRACE:
+                    save()
+                    self.error(self.last_offset, "%d blocks without trace data from 0x%x: the path loops"
+                               % (idle_blocks, ip))
+            else:  # returns, indirect and far transfers
+                extend(insns)
+                item = self.lookahead
+                if item is not None and item[0] == F_TIP and item[2] is not None and committed < FLUSH_SIZE \
+                        and (bi >= nbits or kind != B_RET):
+                    # The TIP is already read ahead.  TNT bits still cached stay for the
+                    # branches after this one, as in libipt.
                     self.lookahead = None
-                    ip = tip[2]
-                    committed = self.committed = len(out)
-                    self.bits, self.bit_index = bits, bi
-                    async_ip, disable_target = self.pending_event()
+                    ip = item[2]
+                    if kind == B_INDIRECT_CALL:
+                        retstack.append(fallthrough)
+                        if len(retstack) > RETSTACK_DEPTH:
+                            del retstack[0]
+                    committed = len(out)
+                    if bi < nbits:
+                        async_ip, disable_target = None, -1
+                    else:
+                        bits_used_up = True
                     idle_blocks = 0
                     continue
-                if not compressed:
+                if kind == B_RET and bi >= nbits:
                     save()
-                    compressed = self.refill()
-                    bits, bi = self.bits, self.bit_index
-                    nbits = len(bits)
-                if compressed:
+                    if self.refill():  # a compressed RET after all
+                        bits, bi = self.bits, self.bit_index
+                        nbits = len(bits)
+                if kind == B_RET and bi < nbits:
                     bit = bits[bi]
                     bi += 1
                     if bit != "T":
                         save()
                         self.error(self.last_offset, "compressed RET at 0x%x with a not-taken bit: the "
-                                   "reconstruction went wrong before it" % block.end, block.end)
+                                   "reconstruction went wrong before it" % end, end)
                     if not retstack:
                         save()
-                        self.error(self.last_offset, "compressed RET at 0x%x with an empty return stack" % block.end,
-                                   block.end)
+                        self.error(self.last_offset, "compressed RET at 0x%x with an empty return stack" % end, end)
                     ip = retstack.pop()
                     committed = len(out)
-                    if bi >= nbits:
-                        save()
-                        async_ip, disable_target = self.pending_event()
-                else:
-                    ip = self.take_ip(block.end, "ret")
+                    bits_used_up = bi >= nbits
+                elif kind == B_RET:
+                    ip = self.take_ip(end, "ret")
                     if ip is None:
                         self.finish_segment(block)
                         return
                     committed = len(out)
                     save()
                     async_ip, disable_target = self.pending_event()
-                idle_blocks = 0
-            else:  # indirect and far transfers
-                extend(block.insns)
-                # TNT bits still cached stay for the branches after this one, as in libipt.
-                tip = self.lookahead
-                if tip is not None and tip[0] == F_TIP and tip[2] is not None and committed < FLUSH_SIZE:
-                    self.lookahead = None  # the TIP is already read ahead
-                    ip = tip[2]
-                    self.bits, self.bit_index = bits, bi
                 else:
                     save()
-                    ip = self.take_ip(block.end, "indirect branch")
+                    ip = self.take_ip(end, "indirect branch")
                     if ip is None:
                         self.finish_segment(block)
                         return
                     bits, bi = self.bits, self.bit_index
                     nbits = len(bits)
-                if kind == B_INDIRECT_CALL:
-                    retstack.append(block.fallthrough)
-                    if len(retstack) > RETSTACK_DEPTH:
-                        del retstack[0]
-                committed = self.committed = len(out)
-                async_ip, disable_target = self.pending_event()
+                    if kind == B_INDIRECT_CALL:
+                        retstack.append(fallthrough)
+                        if len(retstack) > RETSTACK_DEPTH:
+                            del retstack[0]
+                    committed = self.committed = len(out)
+                    async_ip, disable_target = self.pending_event()
                 idle_blocks = 0
-            if idle_blocks > MAX_BLOCKS_WITHOUT_TRACE:
-                save()
-                self.error(self.last_offset, "%d blocks without trace data from 0x%x: the path loops"
-                           % (idle_blocks, ip))
 
     def skip_gap(self, block):
         """No code at ``block.end`` (unreadable or undecodable): report a gap and skip

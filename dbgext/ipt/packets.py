@@ -33,6 +33,7 @@ K_TIP, K_PGE, K_PGD, K_FUP = 10, 11, 12, 13  # value: the decompressed IP, None 
 
 IP_TYPES = {0x01: "tip.pgd", 0x0D: "tip", 0x11: "tip.pge", 0x1D: "fup"}
 IP_KINDS = {0x01: K_PGD, 0x0D: K_TIP, 0x11: K_PGE, 0x1D: K_FUP}
+IP_KIND_OF_OPCODE = {opcode: IP_KINDS[opcode & 0x1F] for opcode in range(256) if opcode & 0x1F in IP_KINDS}
 IP_KIND_NAMES = {K_PGD: "tip.pgd", K_TIP: "tip", K_PGE: "tip.pge", K_FUP: "fup"}
 # IPBytes -> payload length; 5 and 7 are reserved.
 IP_PAYLOAD = {0: 0, 1: 2, 2: 4, 3: 6, 4: 6, 6: 8}
@@ -149,7 +150,6 @@ G_TNT8, G_PAD, G_IP0, G_IP2, G_IP4, G_IP6, G_IP8 = (
     G["tnt8"], G["pad"], G["ip0"], G["ip2"], G["ip4"], G["ip6"], G["ip8"])
 G_PSB, G_PSBEND, G_OVF, G_MODE, G_TNT64, G_BAD = (
     G["psb"], G["psbend"], G["ovf"], G["mode"], G["tnt64"], G["bad"])
-IP_GROUPS = (G_IP0, G_IP2, G_IP4, G_IP6, G_IP8)
 
 # Size of a well-formed packet from its first bytes, for telling "truncated" from "unknown".
 _MIN_SIZES = [(b"\x02\x82", 16), (b"\x02\xa3", 8), (b"\x02\x43", 8), (b"\x02\x03", 4), (b"\x02\x73", 7),
@@ -273,6 +273,7 @@ def mode_fields(payload):
 
 _SIGN_BIT_47 = 1 << 47
 _LOW_48 = (1 << 48) - 1
+_U16, _U32, _U64 = (struct.Struct(layout).unpack_from for layout in ("<H", "<I", "<Q"))
 
 
 def tnt_bits_of_run(run):
@@ -299,7 +300,6 @@ def tokens(data, start=0, end=None, pattern=PACKET_RE):
         return
     last_ip = 0
     finditer = pattern.finditer
-    unpack_from = struct.unpack_from
     while position >= 0:
         resume = -1
         for match in finditer(data, position, end):
@@ -307,25 +307,25 @@ def tokens(data, start=0, end=None, pattern=PACKET_RE):
             offset = match.start()
             if group == G_TNT8:
                 yield K_TNT8_RUN, offset, match.group()
-            elif group in IP_GROUPS:
-                opcode = data[offset]
-                ipbytes = opcode >> 5
-                if ipbytes == 0:
-                    ip = None
-                elif ipbytes == 1:
-                    ip = last_ip = (last_ip & ~0xFFFF) | unpack_from("<H", data, offset + 1)[0]
-                elif ipbytes == 2:
-                    ip = last_ip = (last_ip & ~0xFFFFFFFF) | unpack_from("<I", data, offset + 1)[0]
-                elif ipbytes == 6:
-                    ip = last_ip = unpack_from("<Q", data, offset + 1)[0]
+            elif group == G_IP2:  # an IP packet: its group says how many IP bytes it updates
+                ip = last_ip = (last_ip & ~0xFFFF) | _U16(data, offset + 1)[0]
+                yield IP_KIND_OF_OPCODE[data[offset]], offset, ip
+            elif group == G_IP4:
+                ip = last_ip = (last_ip & ~0xFFFFFFFF) | _U32(data, offset + 1)[0]
+                yield IP_KIND_OF_OPCODE[data[offset]], offset, ip
+            elif group == G_IP6:
+                payload = int.from_bytes(data[offset + 1:offset + 7], "little")
+                if data[offset] >> 5 == 3:  # sign-extended from bit 47
+                    ip = payload | (0xFFFF << 48) if payload & _SIGN_BIT_47 else payload
                 else:
-                    payload = int.from_bytes(data[offset + 1:offset + 7], "little")
-                    if ipbytes == 3:
-                        ip = payload | (0xFFFF << 48) if payload & _SIGN_BIT_47 else payload
-                    else:
-                        ip = (last_ip & ~_LOW_48) | payload
-                    last_ip = ip
-                yield IP_KINDS[opcode & 0x1F], offset, ip
+                    ip = (last_ip & ~_LOW_48) | payload
+                last_ip = ip
+                yield IP_KIND_OF_OPCODE[data[offset]], offset, ip
+            elif group == G_IP0:
+                yield IP_KIND_OF_OPCODE[data[offset]], offset, None
+            elif group == G_IP8:
+                ip = last_ip = _U64(data, offset + 1)[0]
+                yield IP_KIND_OF_OPCODE[data[offset]], offset, ip
             elif group == G_PAD:
                 yield K_PAD_RUN, offset, match.end() - offset
             elif group == G_PSB:
