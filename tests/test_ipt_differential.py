@@ -437,3 +437,19 @@ def test_a_tip_pgd_without_ip_binds_to_far_branches_only(branch, followed):
     far = branch in (b"\xff\x28", b"\x48\xff\x28", b"\xff\x18")
     assert ips[:2] == ([BASE, BASE + 1] if far else [BASE])
     assert failed == (followed and not far)
+
+
+@pytest.mark.parametrize("call", [b"\xff\x18", b"\x48\xff\x18", b"\xff\x10"])
+def test_only_a_near_call_feeds_ret_compression(call):
+    """call ptr [rax] and lcall [rax] are far calls: they take their TIP but, as in
+    libipt, push nothing for a compressed RET; call qword ptr [rax] is near and does."""
+    handler = BASE + 0x40
+    code = call + b"\x90" * (0x40 - len(call)) + b"\xc3"
+    writer = writer_at(BASE)
+    writer.tip(handler)
+    writer.tnt(True)  # the RET, compressed
+    ips, failed, _ = decode_alike(async_disable(writer, BASE + len(call) + 1), code, None)
+    if call == b"\xff\x10":
+        assert (ips, failed) == ([BASE, handler, BASE + len(call)], False)
+    else:
+        assert (ips, failed) == ([BASE], True)  # the RET finds no call to return to

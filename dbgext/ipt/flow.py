@@ -244,7 +244,10 @@ def _classify(mnemonic, operands):
             return B_JUMP if operands.startswith("0x") else B_INDIRECT
         return B_COND
     if first == "c" and mnemonic == "call":
-        return B_CALL if operands.startswith("0x") else B_INDIRECT_CALL
+        if operands.startswith("0x"):
+            return B_CALL
+        # "call ptr [rax]" (no operand size) is a far call through memory, as "lcall [rax]"
+        return B_FAR_CALL if operands.startswith("ptr ") else B_INDIRECT_CALL
     if first == "r" and mnemonic in ("ret", "retq"):
         return B_RET
     if mnemonic in _COND_EXTRA:
