@@ -3,26 +3,31 @@ Unicorn emulator and what it really does to ESP is measured.
 
 Nothing here uses stackuse or the compilers' figures: the image is mapped at its
 preferred base, ESP points at a pushed return address, and the function runs with
-its real code.  Its callees run too, the first time each is reached, which shows
-what each one pops on return (``ret N``) or that it moves the caller's ESP (a stack
-probe such as ``__chkstk``); afterwards an ordinary callee is skipped as if it had
+its real code.  The callee of its first call always runs too (what it reads
+tells its arguments); deeper callees run the first time each is reached, which
+shows what each pops on return, and afterwards are skipped as if they had
 returned (the corpus calls form a DAG, and this keeps every run short).  Imports
 are stubs that return at once.
 
 The frame — the quantity ``-fstack-usage`` and stackuse report — is pushes plus
 allocation below the return address, without the arguments pushed for a call.
-The referee reads it at the function's first ordinary call: the depth of ESP
-below the return-address slot there, less the stack bytes that call's arguments
-take, which the execution shows as what the callee pops (``ret N``) plus what the
-function itself releases right after the call (``add esp, N``, or ``pop`` into a
-scratch register).  A function that makes no call before it returns has the
-deepest ESP it reached as its frame.
+The referee reads it at the function's first ordinary call (not a stack probe:
+a callee that touches the stack below its own ESP, like ``___chkstk_ms``, or
+moves the caller's ESP, like ``__chkstk``): the depth of ESP below the
+return-address slot there, less what the callee popped (``ret N``), less what the
+function's next ESP move releases of stack it allocated only to store what the
+callee read (``add esp, N`` or ``pop`` into a scratch register; an epilogue
+merged into that release frees frame, which is not counted), plus what gcc takes
+back at once of what the callee popped from an argument area reserved in its
+frame (``sub esp, N``, or pushes of scratch registers still holding what the
+callee left in them).  A function that makes no ordinary call has the deepest
+ESP it reached as its frame.
 
 A frame that realigns the stack (``and esp, -8``) depends on where ESP was on
 entry, so every measurement runs under each incoming alignment (ESP = 0, 4, 8, 12
 modulo 16) and gives the minimum and the maximum.  A function whose frame depends
 on its argument (alloca, VLAs) is caught by running it with two arguments: any
-stack-moving instruction that moves ESP by different amounts makes it dynamic.
+instruction of its own that allocates different amounts makes it dynamic.
 """
 
 import capstone
@@ -81,7 +86,7 @@ class _Run(object):
         self.first_call = None      # depth below the return address when the first ordinary call is made
         self.callee_pops = 0        # what that callee popped on return
         self.released_after = 0     # what the function released right after it returned
-        self.moves = {}             # {address of an own instruction that moved ESP: set of bytes moved}
+        self.moves = {}             # {address of an own instruction that allocated: set of bytes allocated}
         self.problem = None
 
 
@@ -175,12 +180,16 @@ class Referee(object):
         # {slot: (lowest, end) of the own instruction's allocation that made it}
         allocations = {}
         releasable = [0]
+        scratch_at_return = {}
+        skipped = [False]
+        retaken = [0]  # bytes of what the first callee popped taken back by pushes so far
 
         def returned(sp, callee):
             # Back in the measured function from a call (ESP ``sp``).
             if self.callees.get(callee) == PROBE or run.first_call is not None:
                 return
             caller_sp = previous[0][3]
+            scratch_at_return.update((name, machine.reg_read(_register(name))) for name in ("ecx", "edx"))
             if callee == IMPORT_STUBS:
                 run.problem = "its first call goes to an import, whose arguments are unknown"
                 return
@@ -199,13 +208,18 @@ class Referee(object):
                     return_address, caller_sp, _ = calls.pop()
                     uc.reg_write(ESP, caller_sp + pops)
                     uc.reg_write(EIP, return_address)
+                    skipped[0] = True
                     if not calls:
                         returned(caller_sp + pops, address)
                     return
             if address == RETURN_SENTINEL:
                 uc.emu_stop()
                 return
-            if calls and address == calls[-1][0]:
+            if skipped[0]:
+                # Back from a skipped call (a recursive one returns to the same
+                # address as its caller's call: that one has not returned).
+                skipped[0] = False
+            elif calls and address == calls[-1][0]:
                 return_address, caller_sp, callee = calls.pop()
                 pops = sp - caller_sp
                 if callee is not None and self.callees.get(callee) != PROBE:
@@ -220,7 +234,9 @@ class Referee(object):
             # One of the measured function's own instructions.
             if previous[0] is not None:
                 last_address, last_mnemonic, last_operands, last_sp = previous[0]
-                if sp != last_sp:
+                if sp < last_sp:
+                    # What each instruction allocates (releases restore ESP from a
+                    # frame pointer by however far the realignment moved it).
                     # Realignment moves ESP by where it was, not by the code: not a size.
                     run.moves.setdefault(last_address, set()).add(0 if last_mnemonic == "and" else last_sp - sp)
                 if sp < last_sp and last_mnemonic != "call":
@@ -230,6 +246,7 @@ class Referee(object):
                     # The first instruction after the call that moves ESP.
                     watching_release[0] = False
                     moved = sp - last_sp
+                    pushed = int.from_bytes(bytes(uc.mem_read(sp, 4)), "little")
                     if (last_mnemonic == "add" and last_operands.startswith("esp, ")) or (
                             last_mnemonic == "pop" and last_operands in SCRATCH_REGISTERS):
                         # Released after the call: arguments only as far as they were
@@ -238,10 +255,20 @@ class Referee(object):
                         released = min(moved, releasable[0])
                         if any(slot in callee_reads for slot in range(last_sp, last_sp + released, 4)):
                             run.released_after = released
-                    elif last_mnemonic == "sub" and last_operands.startswith("esp, ") and -moved <= run.callee_pops:
-                        # gcc takes back what a callee popped from the argument area
-                        # reserved in its frame.
+                    elif moved == -run.callee_pops and last_mnemonic == "sub" and last_operands.startswith("esp, "):
+                        # gcc takes back exactly what a callee popped from the
+                        # argument area reserved in its frame.
                         run.released_after = moved
+                    elif last_mnemonic == "push" and scratch_at_return.get(last_operands) == pushed and (
+                            retaken[0] - moved <= run.callee_pops):
+                        # The same with pushes (gcc -Os), told from the next call's
+                        # arguments by what they push: a scratch register still
+                        # holding what the callee left in it.
+                        retaken[0] -= moved
+                        if retaken[0] == run.callee_pops:
+                            run.released_after = -retaken[0]
+                        else:
+                            watching_release[0] = True
             if watching_release[0] and previous[0][1] == "call" and mnemonic == "call":
                 watching_release[0] = False  # the next call came first: nothing was released
             elif watching_release[0] and previous[0][1] == "call":
@@ -271,7 +298,7 @@ class Referee(object):
                 for slot in range(address & ~3, address + size, 4):
                     (own_writes if access == unicorn.UC_MEM_WRITE else own_reads).add(slot)
                 return
-            if access == unicorn.UC_MEM_READ:
+            if access == unicorn.UC_MEM_READ and len(calls) == 1:
                 callee_reads.update(range(address & ~3, address + size, 4))
             if calls[-1][2] is not None and address + size <= uc.reg_read(ESP) - PUSH_REACH:
                 self.callees[calls[-1][2]] = PROBE
