@@ -48,7 +48,7 @@ def main(argv=None):
     print("%-18s %9s %7s %8s %13s %8s %6s %7s %6s | %8s %17s %s" % (
         "build", "functions", "exact", "exact %", "compiler low", "agree %", "wrong", "unknown", "missed",
         "measured", "stackuse=measured", ".su below measured"))
-    worst = worst_agreeing = 100.0
+    worst = worst_agreeing = worst_measured = 100.0
     for toolchain, level in BUILDS:
         missing = missing_tools(toolchain)
         if missing:
@@ -63,7 +63,10 @@ def main(argv=None):
         percent = 100.0 * counts[EXACT] / max(len(verdicts), 1)
         agreeing = 100.0 * (counts[EXACT] + counts[COMPILER_LOW]) / max(len(verdicts), 1)
         worst, worst_agreeing = min(worst, percent), min(worst_agreeing, agreeing)
-        referee = "" if args.no_referee else _referee_columns(built, analysed, verdicts)
+        referee = ""
+        if not args.no_referee:
+            referee, measured_share = _referee_columns(built, analysed, verdicts)
+            worst_measured = min(worst_measured, measured_share)
         print("%-18s %9d %7d %7.1f%% %13d %7.1f%% %6d %7d %6d%s" % (
             built.label, len(verdicts), counts[EXACT], percent, counts[COMPILER_LOW], agreeing, counts[WRONG],
             counts[UNKNOWN], counts[MISSED], referee))
@@ -78,6 +81,8 @@ def main(argv=None):
                         verdict, name, built.locations[name], ours, measured))
     print("lowest exact share: %.1f%%; lowest agreeing share (exact + compiler low): %.1f%%"
           % (worst, worst_agreeing))
+    if not args.no_referee:
+        print("lowest share of measured frames stackuse reports exactly as executed: %.1f%%" % worst_measured)
     return 0
 
 
@@ -97,8 +102,8 @@ def _referee_columns(built, analysed, verdicts):
         if value != "dynamic" and not built.expected[name][1] and built.expected[name][0] < value[0])
     below = sum(shortfalls.values())
     detail = ", ".join("%d by %d" % (count, amount) for amount, count in sorted(shortfalls.items()))
-    return " | %8d %9d (%5.1f%%) %4d%s" % (len(frames), exact, 100.0 * exact / max(len(frames), 1), below,
-                                           " (%s)" % detail if detail else "")
+    share = 100.0 * exact / max(len(frames), 1)
+    return " | %8d %9d (%5.1f%%) %4d%s" % (len(frames), exact, share, below, " (%s)" % detail if detail else ""), share
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ except ImportError:  # the tests skip with this reason
 
 STACK_TOP = 0x00A00000
 STACK_SIZE = 0x00200000
+STACK_MARGIN = 0x10000
 SCRATCH_SIZE = 0x00100000  # the low megabyte: small integer arguments are also valid pointers
 RETURN_SENTINEL = 0x00B00000  # where the measured function returns to (mapped, never executed)
 IMPORT_STUBS = 0x00C00000
@@ -309,7 +310,10 @@ class Referee(object):
         try:
             machine.emu_start(va, RETURN_SENTINEL, count=INSTRUCTION_BUDGET)
         except unicorn.UcError as error:
-            run.problem = "%s at 0x%x" % (error, machine.reg_read(EIP))
+            if machine.reg_read(ESP) < STACK_TOP - STACK_SIZE + STACK_MARGIN:
+                run.problem = "ran out of its %d KB stack (unbounded recursion)" % (STACK_SIZE // 1024)
+            else:
+                run.problem = "%s at 0x%x" % (error, machine.reg_read(EIP))
         finally:
             for hook in hooks:
                 machine.hook_del(hook)
