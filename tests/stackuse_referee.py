@@ -191,9 +191,6 @@ class Referee(object):
                 return
             caller_sp = previous[0][3]
             scratch_at_return.update((name, machine.reg_read(_register(name))) for name in ("ecx", "edx"))
-            if callee == IMPORT_STUBS:
-                run.problem = "its first call goes to an import, whose arguments are unknown"
-                return
             run.first_call = return_slot - caller_sp
             run.callee_pops = sp - caller_sp
             watching_release[0] = True
@@ -214,6 +211,12 @@ class Referee(object):
                         returned(caller_sp + pops, address)
                     return
             if address == RETURN_SENTINEL:
+                uc.emu_stop()
+                return
+            if address == IMPORT_STUBS and len(calls) == 1 and run.first_call is None:
+                # The first callee is an import (or a thunk jumping to one): what
+                # it would read and pop is unknown.
+                run.problem = "its first call goes to an import, whose arguments are unknown"
                 uc.emu_stop()
                 return
             if skipped[0]:

@@ -73,3 +73,21 @@ def test_the_referee_agrees_with_the_compiler_on_every_frame_that_does_not_reali
         if frame != ("dynamic" if dynamic else (size, size)):
             disagreeing[name] = (frame, size, dynamic)
     assert disagreeing == {}
+
+
+def test_a_frameless_function_starting_with_a_calls_arguments_has_no_frame():
+    # MSVC: push 48; push 0; push buffer; call memset; add esp, 12; ret — the first
+    # push is an argument like the others (stackuse once counted it as the frame).
+    from dbgext.pe import PEImage
+    from dbgext.stackuse.fixtures import Function, build_pe
+    from stackuse_referee import Referee
+    from stackuse_support import analyse_built, function_named
+
+    body = [b"\x6a\x30", b"\x6a\x00", b"\x68\x00\x10\x00\x00", ("call", "fill"), b"\x83\xc4\x0c", b"\xc3"]
+    # fill reads its three arguments: mov eax, [esp+4]; add eax, [esp+8]; add eax, [esp+12]; ret
+    fill = [b"\x8b\x44\x24\x04", b"\x03\x44\x24\x08", b"\x03\x44\x24\x0c", b"\xc3"]
+    built = build_pe("x86", [Function("clear", body), Function("fill", fill, export=False)])
+    function = function_named(analyse_built(built, "x86")[1], "clear")
+    assert (function.frame_size, function.padding, function.dynamic) == (0, 0, None)
+    measured = Referee(PEImage.from_bytes(built.data, "test.sys")).measure(built.image_base + built.rvas["clear"])
+    assert (measured.minimum, measured.maximum, measured.dynamic) == (0, 0, False)

@@ -423,13 +423,14 @@ def _scan_path(decoder, start, arch, callees):
                 branches.append(target)
             address = next_address
             continue
-        if arch == "x86" and mnemonic == "push" and state.depth > 0 and not (
+        if arch == "x86" and mnemonic == "push" and not (
                 op_str in saves and op_str not in written):
-            # After the frame starts, a push belongs to the prologue when it saves an
-            # untouched callee-saved register, feeds the SEH prologue helper, or
-            # reserves a local (`push ecx` of a scratch register: MSVC's and clang's
-            # 4-byte allocation) — unless it is an outgoing argument of a call that
-            # follows.
+            # A push belongs to the prologue when it saves an untouched callee-saved
+            # register, feeds the SEH prologue helper, or reserves a local (`push
+            # ecx` of a scratch register: MSVC's and clang's 4-byte allocation) —
+            # unless it is an outgoing argument of a call that follows.  That holds
+            # for the first push too: MSVC's frameless functions start straight
+            # with a call's arguments (`push 48; push 0; push buffer; call memset`).
             if not _feeds_frame_helper(decoder, next_address, callees) and not (
                     op_str in SCRATCH and op_str not in written
                     and not _is_argument_push(decoder, next_address, callees, op_str == "eax")):
