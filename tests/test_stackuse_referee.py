@@ -75,19 +75,35 @@ def test_the_referee_agrees_with_the_compiler_on_every_frame_that_does_not_reali
     assert disagreeing == {}
 
 
-def test_a_frameless_function_starting_with_a_calls_arguments_has_no_frame():
-    # MSVC: push 48; push 0; push buffer; call memset; add esp, 12; ret — the first
-    # push is an argument like the others (stackuse once counted it as the frame).
+def _hand_built(body, name):
+    """stackuse's and the referee's view of ``body`` (calling ``takes_one``, which
+    reads the one argument it is given)."""
     from dbgext.pe import PEImage
     from dbgext.stackuse.fixtures import Function, build_pe
     from stackuse_referee import Referee
     from stackuse_support import analyse_built, function_named
 
-    body = [b"\x6a\x30", b"\x6a\x00", b"\x68\x00\x10\x00\x00", ("call", "fill"), b"\x83\xc4\x0c", b"\xc3"]
-    # fill reads its three arguments: mov eax, [esp+4]; add eax, [esp+8]; add eax, [esp+12]; ret
-    fill = [b"\x8b\x44\x24\x04", b"\x03\x44\x24\x08", b"\x03\x44\x24\x0c", b"\xc3"]
-    built = build_pe("x86", [Function("clear", body), Function("fill", fill, export=False)])
-    function = function_named(analyse_built(built, "x86")[1], "clear")
-    assert (function.frame_size, function.padding, function.dynamic) == (0, 0, None)
-    measured = Referee(PEImage.from_bytes(built.data, "test.sys")).measure(built.image_base + built.rvas["clear"])
-    assert (measured.minimum, measured.maximum, measured.dynamic) == (0, 0, False)
+    takes_one = [b"\x8b\x44\x24\x04", b"\xc3"]  # mov eax, [esp+4]; ret
+    built = build_pe("x86", [Function(name, body), Function("takes_one", takes_one, export=False)])
+    function = function_named(analyse_built(built, "x86")[1], name)
+    measured = Referee(PEImage.from_bytes(built.data, "test.sys")).measure(built.image_base + built.rvas[name])
+    return (function.frame_size, function.padding, function.dynamic), (measured.minimum, measured.maximum,
+                                                                        measured.dynamic)
+
+
+def test_a_frameless_function_starting_with_a_calls_argument_has_no_frame():
+    # MSVC: push 48; call f; add esp, 4; ret — the first push is an argument
+    # (stackuse once counted it as the frame).
+    body = [b"\x6a\x30", ("call", "takes_one"), b"\x83\xc4\x04", b"\xc3"]
+    assert _hand_built(body, "forward") == ((0, 0, None), (0, 0, False))
+
+
+def test_msvcs_exception_registration_record_is_part_of_the_frame():
+    # push ebp; mov ebp, esp; push -1; push handler; mov eax, fs:[0]; push eax;
+    # push ecx; push esi; lea eax, [ebp-12]; mov fs:[0], eax; push 16; call f;
+    # add esp, 4; mov ecx, [ebp-12]; mov fs:[0], ecx; pop esi; mov esp, ebp; pop ebp; ret
+    body = [b"\x55", b"\x8b\xec", b"\x6a\xff", b"\x68\x00\x10\x00\x00", b"\x64\xa1\x00\x00\x00\x00", b"\x50",
+            b"\x51", b"\x56", b"\x8d\x45\xf4", b"\x64\xa3\x00\x00\x00\x00", b"\x6a\x10", ("call", "takes_one"),
+            b"\x83\xc4\x04", b"\x8b\x4d\xf4", b"\x64\x89\x0d\x00\x00\x00\x00", b"\x5e", b"\x8b\xe5", b"\x5d",
+            b"\xc3"]
+    assert _hand_built(body, "guarded") == ((24, 0, None), (24, 24, False))

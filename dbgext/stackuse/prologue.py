@@ -44,6 +44,7 @@ MAX_ARGUMENT_LOOKAHEAD = 24
 # ...` is handled as a destination): the stack-probe size survives them.
 KEEPS_ACCUMULATOR = frozenset(["mov", "lea", "push", "test", "cmp", "movzx", "movsx", "nop"])
 PROBE_LOOKAHEAD = 4
+SEH_RECORD_LOOKAHEAD = 12
 # Mnemonics that end a path through a function (besides ret/jmp).
 STOPS = frozenset(["int3", "ud2", "hlt", "iretq", "iretd", "sysret", "sysexit"])
 # Mnemonics that move SP without naming it as an operand.
@@ -426,14 +427,18 @@ def _scan_path(decoder, start, arch, callees):
         if arch == "x86" and mnemonic == "push" and not (
                 op_str in saves and op_str not in written):
             # A push belongs to the prologue when it saves an untouched callee-saved
-            # register, feeds the SEH prologue helper, or reserves a local (`push
-            # ecx` of a scratch register: MSVC's and clang's 4-byte allocation) —
-            # unless it is an outgoing argument of a call that follows.  That holds
+            # register, feeds the SEH prologue helper, builds the exception
+            # registration record MSVC's C++ prologue links into fs:[0] (`push -1;
+            # push handler; mov eax, fs:[0]; push eax; ... mov fs:[0], eax`), or
+            # reserves a local (`push ecx` of a scratch register: MSVC's and
+            # clang's 4-byte allocation) — unless it is an outgoing argument of a
+            # call that follows.  That holds
             # for the first push too: MSVC's frameless functions start straight
             # with a call's arguments (`push 48; push 0; push buffer; call memset`).
             if not _feeds_frame_helper(decoder, next_address, callees) and not (
                     op_str in SCRATCH and op_str not in written
-                    and not _is_argument_push(decoder, next_address, callees, op_str == "eax")):
+                    and not _is_argument_push(decoder, next_address, callees, op_str == "eax")) and not (
+                    _installs_seh_record(decoder, next_address)):
                 break
         if arch == "x86" and body_started and (mnemonic == "push" or (
                 mnemonic == "sub" and op_str.startswith("esp, "))):
@@ -500,6 +505,23 @@ def _argument_bytes_after(decoder, address, callee_pops, pops=True):
         cleaned = 4
     total = cleaned + (callee_pops or 0)
     return total or None
+
+
+def _installs_seh_record(decoder, address):
+    """True when the instructions from ``address`` store into ``fs:[0]`` before
+    any call, jump or return: the pushes before that store build the exception
+    registration record (and the cookie and saves around it) in the frame."""
+    for _ in range(SEH_RECORD_LOOKAHEAD):
+        insn = decoder.at(address)
+        if insn is None:
+            return False
+        mnemonic, op_str = insn[2], insn[3]
+        if mnemonic == "mov" and op_str.startswith("dword ptr fs:[0],"):
+            return True
+        if mnemonic == "call" or mnemonic[0] == "j" or mnemonic.startswith("ret"):
+            return False
+        address += insn[1]
+    return False
 
 
 def _feeds_frame_helper(decoder, address, callees):
