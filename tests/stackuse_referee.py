@@ -57,15 +57,18 @@ PUSH_REACH = 8  # how far below ESP a push or call stores, seen before ESP moves
 class Measurement(object):
     """What the execution showed of one function: ``minimum``/``maximum`` frame
     bytes over the incoming alignments (None when it could not be measured, with
-    ``problem`` saying why), and ``dynamic`` when the frame depends on the argument."""
+    ``problem`` saying why), ``dynamic`` when the frame depends on the argument,
+    and ``at_call`` when every run read it at a call (not as the deepest point of
+    the one path the run took through a function that calls nothing)."""
 
-    __slots__ = ("minimum", "maximum", "dynamic", "problem")
+    __slots__ = ("minimum", "maximum", "dynamic", "problem", "at_call")
 
-    def __init__(self, minimum=None, maximum=None, dynamic=False, problem=None):
+    def __init__(self, minimum=None, maximum=None, dynamic=False, problem=None, at_call=False):
         self.minimum = minimum
         self.maximum = maximum
         self.dynamic = dynamic
         self.problem = problem
+        self.at_call = at_call
 
     @property
     def padding(self):
@@ -137,6 +140,7 @@ class Referee(object):
     def measure(self, va):
         """The :class:`Measurement` of the function at ``va``."""
         frames = []
+        at_call = True
         moves_by_argument = []
         for argument in ARGUMENTS:
             moves = {}
@@ -145,6 +149,7 @@ class Referee(object):
                 if run.problem:
                     return Measurement(problem=run.problem)
                 if run.first_call is None:
+                    at_call = False
                     frames.append(run.deepest)
                 else:
                     frames.append(run.first_call - run.callee_pops - run.released_after)
@@ -154,7 +159,7 @@ class Referee(object):
         first, second = moves_by_argument
         if any(first[address] != second[address] for address in set(first) & set(second)):
             return Measurement(dynamic=True)
-        return Measurement(min(frames), max(frames))
+        return Measurement(min(frames), max(frames), at_call=at_call)
 
     def _execute(self, va, argument, alignment):
         machine = self._machine

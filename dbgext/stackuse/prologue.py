@@ -432,19 +432,22 @@ def _scan_path(decoder, start, arch, callees):
             # push handler; mov eax, fs:[0]; push eax; ... mov fs:[0], eax`), or
             # reserves a local (`push ecx` of a scratch register: MSVC's and
             # clang's 4-byte allocation) — unless it is an outgoing argument of a
-            # call that follows.  That holds
-            # for the first push too: MSVC's frameless functions start straight
-            # with a call's arguments (`push 48; push 0; push buffer; call memset`).
-            if not _feeds_frame_helper(decoder, next_address, callees) and not (
-                    op_str in SCRATCH and op_str not in written
-                    and not _is_argument_push(decoder, next_address, callees, op_str == "eax")) and not (
+            # call that follows.  That holds for the first push too: MSVC's
+            # frameless functions start straight with a call's arguments (`push
+            # 48; push 0; push buffer; call memset`); only a first `push ecx`
+            # stays a local without asking (`push ecx; push esi; push edi`).
+            reserves_local = op_str in SCRATCH and op_str not in written and (
+                state.depth == 0 or not _is_argument_push(decoder, next_address, callees, op_str == "eax"))
+            if not reserves_local and not _feeds_frame_helper(decoder, next_address, callees) and not (
                     _installs_seh_record(decoder, next_address)):
                 break
-        if arch == "x86" and body_started and (mnemonic == "push" or (
-                mnemonic == "sub" and op_str.startswith("esp, "))):
+        if arch == "x86" and body_started and ((mnemonic == "push" and not (
+                op_str in saves and op_str not in written)) or (mnemonic == "sub" and op_str.startswith("esp, "))):
             # Once the body stores into its frame, space taken from the stack is a
             # call's argument area (clang: `sub esp, 24; mov [esp], eax; call f;
-            # add esp, 24`), not part of the frame.
+            # add esp, 24`), not part of the frame — but MSVC saves callee-saved
+            # registers after storing the security cookie (`sub esp, 60; mov eax,
+            # cookie; mov [esp+56], eax; ... push ebx; push esi`).
             break
         step = apply_sp_effect(arch, mnemonic, op_str, state)
         if step is not None:
