@@ -107,3 +107,16 @@ def test_msvcs_exception_registration_record_is_part_of_the_frame():
             b"\x83\xc4\x04", b"\x8b\x4d\xf4", b"\x64\x89\x0d\x00\x00\x00\x00", b"\x5e", b"\x8b\xe5", b"\x5d",
             b"\xc3"]
     assert _hand_built(body, "guarded") == ((24, 0, None), (24, 24, False))
+
+
+def test_msvcs_saves_and_cookie_pushed_after_the_cookie_store_are_part_of_the_frame():
+    # push ebp; mov ebp, esp; push -1; push handler; mov eax, fs:[0]; push eax;
+    # sub esp, 8; mov eax, [cookie]; xor eax, ebp; mov [ebp-16], eax; push ebx;
+    # push esi; push eax; lea eax, [ebp-12]; mov fs:[0], eax; push 16; call f;
+    # add esp, 4; mov ecx, [ebp-12]; mov fs:[0], ecx; pop ecx; pop esi; pop ebx;
+    # mov esp, ebp; pop ebp; ret
+    body = [b"\x55", b"\x8b\xec", b"\x6a\xff", b"\x68\x00\x10\x00\x00", b"\x64\xa1\x00\x00\x00\x00", b"\x50",
+            b"\x83\xec\x08", b"\xa1\x00\x10\x00\x00", b"\x33\xc5", b"\x89\x45\xf0", b"\x53", b"\x56", b"\x50",
+            b"\x8d\x45\xf4", b"\x64\xa3\x00\x00\x00\x00", b"\x6a\x10", ("call", "takes_one"), b"\x83\xc4\x04",
+            b"\x8b\x4d\xf4", b"\x64\x89\x0d\x00\x00\x00\x00", b"\x59", b"\x5e", b"\x5b", b"\x8b\xe5", b"\x5d", b"\xc3"]
+    assert _hand_built(body, "cookie") == ((36, 0, None), (36, 36, False))

@@ -442,12 +442,14 @@ def _scan_path(decoder, start, arch, callees):
                     _installs_seh_record(decoder, next_address)):
                 break
         if arch == "x86" and body_started and ((mnemonic == "push" and not (
-                op_str in saves and op_str not in written)) or (mnemonic == "sub" and op_str.startswith("esp, "))):
+                op_str in saves and op_str not in written) and not _installs_seh_record(decoder, next_address)) or (
+                mnemonic == "sub" and op_str.startswith("esp, "))):
             # Once the body stores into its frame, space taken from the stack is a
             # call's argument area (clang: `sub esp, 24; mov [esp], eax; call f;
             # add esp, 24`), not part of the frame — but MSVC saves callee-saved
             # registers after storing the security cookie (`sub esp, 60; mov eax,
-            # cookie; mov [esp+56], eax; ... push ebx; push esi`).
+            # cookie; mov [esp+56], eax; ... push ebx; push esi`), and pushes the
+            # cookie into its exception registration record before linking it.
             break
         step = apply_sp_effect(arch, mnemonic, op_str, state)
         if step is not None:
