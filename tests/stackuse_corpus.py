@@ -312,7 +312,10 @@ EXACT, UNKNOWN, WRONG, MISSED = "exact", "unknown", "wrong", "missed"
 # is 4 bytes below what the prologue's own instructions move ESP by, padding aside:
 # `push ebp; mov ebp, esp; push esi; and esp, -8; sub esp, 80` moves it 88 bytes
 # and more, the .su file says 84 (its CodeView S_FRAMEPROC record carries the same
-# layout figure).  stackuse reports the 88 the instructions move.
+# layout figure: clang rounds the allocation after the realignment up to the
+# alignment, and its figure leaves the rounding out).  stackuse reports the 88 the
+# instructions move; executing the code (the referee below) measures 88 under the
+# most favourable incoming alignment and 92 under the worst.
 COMPILER_LOW = "compiler_low"
 CLANG_REALIGNED_SHORTFALL = 4
 
@@ -345,4 +348,38 @@ def compare(build_result, analysed):
         else:
             verdict = WRONG
         verdicts[name] = (verdict, ours, wanted)
+    return verdicts
+
+
+# -- the referee: frames measured by executing the code -------------------------------------
+
+MEASURED_EXACT, MEASURED_DIFFERENT, UNMEASURED = "measured_exact", "measured_different", "unmeasured"
+
+
+def referee_verdicts(build_result, analysed, names=None):
+    """{name: (verdict, ours, measured)} for the located functions (``names``, or all)
+    of a build, against the frame measured by executing it (tests/stackuse_referee.py):
+    *measured_exact* when stackuse's frame is the measured minimum and its
+    realignment padding the spread up to the measured maximum (or both say
+    dynamic), *measured_different* otherwise, *unmeasured* when the execution did
+    not give a frame.  ``measured`` is "dynamic", (minimum, maximum) or the problem."""
+    from dbgext.pe import PEImage
+    from stackuse_referee import Referee
+    image = PEImage.from_file(build_result.path)
+    referee = Referee(image, entries=[image.image_base + rva for rva in build_result.locations.values()])
+    by_rva = {function.rva: function for function in analysed.functions}
+    verdicts = {}
+    for name in sorted(names if names is not None else build_result.expected):
+        rva = build_result.locations.get(name)
+        if rva is None or rva not in by_rva:
+            continue
+        function = by_rva[rva]
+        ours = "dynamic" if function.dynamic else (function.frame_size, function.frame_size + function.padding
+                                                   if function.frame_size is not None else None)
+        measurement = referee.measure(image.image_base + rva)
+        if measurement.problem:
+            verdicts[name] = (UNMEASURED, ours, measurement.problem)
+            continue
+        measured = "dynamic" if measurement.dynamic else (measurement.minimum, measurement.maximum)
+        verdicts[name] = (MEASURED_EXACT if ours == measured else MEASURED_DIFFERENT, ours, measured)
     return verdicts

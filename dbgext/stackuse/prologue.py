@@ -44,6 +44,7 @@ MAX_ARGUMENT_LOOKAHEAD = 24
 # ...` is handled as a destination): the stack-probe size survives them.
 KEEPS_ACCUMULATOR = frozenset(["mov", "lea", "push", "test", "cmp", "movzx", "movsx", "nop"])
 PROBE_LOOKAHEAD = 4
+SEH_RECORD_LOOKAHEAD = 12
 # Mnemonics that end a path through a function (besides ret/jmp).
 STOPS = frozenset(["int3", "ud2", "hlt", "iretq", "iretd", "sysret", "sysexit"])
 # Mnemonics that move SP without naming it as an operand.
@@ -423,22 +424,32 @@ def _scan_path(decoder, start, arch, callees):
                 branches.append(target)
             address = next_address
             continue
-        if arch == "x86" and mnemonic == "push" and state.depth > 0 and not (
+        if arch == "x86" and mnemonic == "push" and not (
                 op_str in saves and op_str not in written):
-            # After the frame starts, a push belongs to the prologue when it saves an
-            # untouched callee-saved register, feeds the SEH prologue helper, or
-            # reserves a local (`push ecx` of a scratch register: MSVC's and clang's
-            # 4-byte allocation) — unless it is an outgoing argument of a call that
-            # follows.
-            if not _feeds_frame_helper(decoder, next_address, callees) and not (
-                    op_str in SCRATCH and op_str not in written
-                    and not _is_argument_push(decoder, next_address, callees, op_str == "eax")):
+            # A push belongs to the prologue when it saves an untouched callee-saved
+            # register, feeds the SEH prologue helper, builds the exception
+            # registration record MSVC's C++ prologue links into fs:[0] (`push -1;
+            # push handler; mov eax, fs:[0]; push eax; ... mov fs:[0], eax`), or
+            # reserves a local (`push ecx` of a scratch register: MSVC's and
+            # clang's 4-byte allocation) — unless it is an outgoing argument of a
+            # call that follows.  That holds for the first push too: MSVC's
+            # frameless functions start straight with a call's arguments (`push
+            # 48; push 0; push buffer; call memset`); only a first `push ecx`
+            # stays a local without asking (`push ecx; push esi; push edi`).
+            reserves_local = op_str in SCRATCH and op_str not in written and (
+                state.depth == 0 or not _is_argument_push(decoder, next_address, callees, op_str == "eax"))
+            if not reserves_local and not _feeds_frame_helper(decoder, next_address, callees) and not (
+                    _installs_seh_record(decoder, next_address)):
                 break
-        if arch == "x86" and body_started and (mnemonic == "push" or (
+        if arch == "x86" and body_started and ((mnemonic == "push" and not (
+                op_str in saves and op_str not in written) and not _installs_seh_record(decoder, next_address)) or (
                 mnemonic == "sub" and op_str.startswith("esp, "))):
             # Once the body stores into its frame, space taken from the stack is a
             # call's argument area (clang: `sub esp, 24; mov [esp], eax; call f;
-            # add esp, 24`), not part of the frame.
+            # add esp, 24`), not part of the frame — but MSVC saves callee-saved
+            # registers after storing the security cookie (`sub esp, 60; mov eax,
+            # cookie; mov [esp+56], eax; ... push ebx; push esi`), and pushes the
+            # cookie into its exception registration record before linking it.
             break
         step = apply_sp_effect(arch, mnemonic, op_str, state)
         if step is not None:
@@ -499,6 +510,23 @@ def _argument_bytes_after(decoder, address, callee_pops, pops=True):
         cleaned = 4
     total = cleaned + (callee_pops or 0)
     return total or None
+
+
+def _installs_seh_record(decoder, address):
+    """True when the instructions from ``address`` store into ``fs:[0]`` before
+    any call, jump or return: the pushes before that store build the exception
+    registration record (and the cookie and saves around it) in the frame."""
+    for _ in range(SEH_RECORD_LOOKAHEAD):
+        insn = decoder.at(address)
+        if insn is None:
+            return False
+        mnemonic, op_str = insn[2], insn[3]
+        if mnemonic == "mov" and op_str.startswith("dword ptr fs:[0],"):
+            return True
+        if mnemonic == "call" or mnemonic[0] == "j" or mnemonic.startswith("ret"):
+            return False
+        address += insn[1]
+    return False
 
 
 def _feeds_frame_helper(decoder, address, callees):
