@@ -8,7 +8,14 @@ with the helpers below (Intel syntax, capstone's spelling: ``0x1234`` immediates
 ``qword ptr [rsp + 8]`` memory operands).
 """
 
+import ctypes
+
 import capstone
+
+# capstone's own cs_disasm and cs_insn, for decoded_end (the binding's
+# disasm_lite reads every instruction into Python).
+_cs = capstone._cs
+_INSN = capstone._cs_insn
 
 BITS = {"x64": 64, "x86": 32}
 _MODES = {16: capstone.CS_MODE_16, 32: capstone.CS_MODE_32, 64: capstone.CS_MODE_64}
@@ -37,6 +44,24 @@ class Disassembler(object):
         ``address``) linearly; it stops at the first undecodable byte or after
         ``count`` instructions (0: no limit)."""
         return self._cs.disasm_lite(code, address, count)
+
+    def decoded_end(self, code, address):
+        """The address after the last instruction of a linear decode of ``code`` (at
+        ``address``): where decoding stops, at the end of ``code`` or at the first
+        undecodable byte — :meth:`decode`'s reach without building its tuples."""
+        if not code:
+            return address
+        if not isinstance(code, bytes):
+            code = bytes(code)
+        instructions = ctypes.POINTER(_INSN)()
+        total = _cs.cs_disasm(self._cs.csh, code, len(code), address, 0, ctypes.byref(instructions))
+        if not total:
+            return address
+        try:
+            last = instructions[total - 1]
+            return last.address + last.size
+        finally:
+            _cs.cs_free(instructions, total)
 
     def one(self, code, address):
         """The first instruction of ``code`` as a tuple, or None when undecodable."""

@@ -15,6 +15,7 @@ bound a lower bound, unknown or unbounded — never dropped.
 """
 
 import bisect
+import re
 
 from ..disasm import BITS, direct_target, memory_slot, parse_int
 from ..errors import BadInput, UnreadableMemory
@@ -29,6 +30,16 @@ MAX_FUNCTIONS = 400000
 MAX_CHAIN = 4096
 MAX_REASONS = 3
 IMPORT_LOAD_LOOKBACK = 8
+
+# Bytes that may begin what the x64 sweep acts on besides call sites: a direct
+# call or jump (E8/E9 rel32 — capstone keeps rel32 under a 0x66 prefix in 64-bit
+# mode — and EB rel8), and `sub rsp, X` with X a register, memory or a negative
+# immediate (REX.W, then 29 /r with RSP as r/m, 2B /r with RSP as reg, or 81/83 /5
+# on RSP).  Every position is tried, so instruction boundaries need not be known.
+DIRECT_BRANCH = re.compile(rb"[\xe8\xe9\xeb]")
+SUB_RSP = re.compile(rb"[\x48-\x4f](?:\x29[\xc4\xcc\xd4\xdc\xe4\xec\xf4\xfc]"
+                     rb"|\x2b[\x20-\x27\x60-\x67\xa0-\xa7\xe0-\xe7]|[\x81\x83]\xec)")
+ADDRESS_MASK = (1 << 64) - 1
 
 EXACT, LOWER, UNKNOWN, UNBOUNDED = "exact", "lower", "unknown", "unbounded"
 SEVERITY = {EXACT: 0, LOWER: 1, UNKNOWN: 2, UNBOUNDED: 3}
@@ -121,12 +132,20 @@ class Program(object):
 
 
 class CallGraph(object):
-    """Builds bodies on demand and computes worst-case bounds."""
+    """Builds bodies on demand and computes worst-case bounds.
 
-    def __init__(self, program):
+    ``call_sites=False`` is for the function list alone (frames, no depths): x64
+    bodies with unwind data are then decoded only when their bytes may hold a
+    direct call or jump to code not yet known as a function, or a dynamic
+    allocation — the functions, frames and problems found are the same, the
+    call sites are not recorded and :meth:`bound` is refused."""
+
+    def __init__(self, program, call_sites=True):
         self.program = program
+        self.call_sites = call_sites
         self.bounds = {}  # function VA -> Bound
         self._complete = set()  # modules whose every function has been followed
+        self._sweep_leads = {}  # module -> SweepLeads or None (decode every body)
 
     # -- bodies ---------------------------------------------------------------------
 
@@ -197,7 +216,7 @@ class CallGraph(object):
                 and function.end is not None:
             # The prologue scan (a cross-check of the unwind data) reads the
             # instructions the sweep decoded; nothing stays cached afterwards.
-            _sweep_x64(self.program, function)
+            _sweep_x64(self.program, function, self._leads(module))
             module.compute_frame(function)
             module.decoder.forget()
             return function
@@ -207,6 +226,18 @@ class CallGraph(object):
             return function
         _follow_body(self.program, function)
         return function
+
+    def _leads(self, module):
+        """The module's :class:`SweepLeads` when call sites are not wanted (built once),
+        else None."""
+        if self.call_sites:
+            return None
+        if module not in self._sweep_leads:
+            try:
+                self._sweep_leads[module] = SweepLeads(module)
+            except _OverlappingRanges:
+                self._sweep_leads[module] = None
+        return self._sweep_leads[module]
 
     def _refine_x86(self, module):
         """x86: what a call does to the caller's ESP depends on the callee — how
@@ -226,6 +257,8 @@ class CallGraph(object):
 
     def bound(self, root):
         """Worst-case Bound for a FunctionInfo (iterative depth-first search)."""
+        if not self.call_sites:
+            raise ValueError("this call graph records no call sites: it cannot bound a depth")
         if root.va in self.bounds:
             return self.bounds[root.va]
         if root.module.arch == "x86" and root.module not in self._complete:
@@ -528,13 +561,16 @@ def _report_body_problem(function):
                                      % (function.display_name, function.body_problem), "warning")
 
 
-def _sweep_x64(program, function):
+def _sweep_x64(program, function, leads=None):
     """An x64 function with unwind data, by one linear pass over its .pdata ranges
     (and its chained fragments): the unwind data gives the frame, and x64 code
     calls at the full frame depth — every call site after the prologue is at
     depth = frame size, every jump out of the function is a tail call made after
     the epilogue.  What remains to find is the call sites and a dynamic
-    allocation (`sub rsp, rax` after the prologue)."""
+    allocation (`sub rsp, rax` after the prologue).
+
+    With ``leads`` (:class:`SweepLeads`, when the call sites are not wanted) a
+    body they clear is only checked for undecodable code."""
     module = function.module
     image = module.image
     frame = function.unwind_size
@@ -547,8 +583,12 @@ def _sweep_x64(program, function):
     fragments = _fragment_ranges(module, function)
     imports = image.imports
     base = image.image_base
+    decode = leads is None or leads.may_find_more(program, function, fragments)
     for start, end in fragments:
-        instructions, stopped = decoder.sweep(start, end, keep=start == function.va)
+        if decode:
+            instructions, stopped = decoder.sweep(start, end, keep=start == function.va)
+        else:
+            instructions, stopped = (), decoder.stop_in(start, end)
         if stopped is not None and function.body_problem is None:
             function.body_problem = "code at 0x%x is not readable or not decodable" % stopped
         for index, (address, size, mnemonic, op_str) in enumerate(instructions):
@@ -583,6 +623,93 @@ def _sweep_x64(program, function):
                 function.dynamic = "%s %s" % (mnemonic, op_str)
     function.body_end = fragments[0][1]
     _report_body_problem(function)
+
+
+class SweepLeads(object):
+    """Where, in the x64 bodies with unwind data, :func:`_sweep_x64` may find more
+    than call sites, from one pass over the code bytes at every offset (no
+    instruction boundaries needed, so a superset of what decoding finds):
+
+    * ``dynamic``: primary function VAs whose ranges hold `sub rsp, X` bytes after
+      the prologue;
+    * ``branches``: {primary function VA: [(opcode, target)]}, the E8/E9/EB bytes
+      whose target is neither a named known function nor inside the range the
+      bytes are in.
+
+    A body with neither is decoded only for the undecodable-code check: its sweep
+    would add no function and find no dynamic frame."""
+
+    def __init__(self, module):
+        self.dynamic = set()
+        self.branches = {}
+        image = module.image
+        base = image.image_base
+        functions = module.functions
+        ranges = sorted((function.va, function.end, function.fragment_of or function.va)
+                        for function in functions.values() if function.end is not None)
+        starts = [low for low, _, _ in ranges]
+        for index in range(1, len(ranges)):
+            if ranges[index][0] < ranges[index - 1][1]:
+                # Overlapping .pdata ranges: the bytes do not tell whose body they are.
+                raise _OverlappingRanges()
+        for low, high in image.backed_code_ranges():
+            code = image.read_partial(low, high - low)
+            section = base + low
+            for found in SUB_RSP.finditer(code):
+                address = section + found.start()
+                index = bisect.bisect_right(starts, address) - 1
+                if index >= 0 and address < ranges[index][1]:
+                    primary = functions.get(ranges[index][2])
+                    if primary is not None and address >= (primary.prolog_end or primary.va):
+                        self.dynamic.add(primary.va)
+            size = len(code)
+            for found in DIRECT_BRANCH.finditer(code):
+                offset = found.start()
+                opcode = code[offset]
+                if opcode == 0xEB:
+                    if offset + 2 > size:
+                        continue
+                    target = section + offset + 2 + (code[offset + 1] ^ 0x80) - 0x80
+                else:
+                    if offset + 5 > size:
+                        continue
+                    target = (section + offset + 5 + int.from_bytes(code[offset + 1:offset + 5], "little",
+                                                                    signed=True)) & ADDRESS_MASK
+                known = functions.get(target)
+                if known is not None and known.name is not None:
+                    continue
+                address = section + offset
+                index = bisect.bisect_right(starts, address) - 1
+                if index < 0 or address >= ranges[index][1]:
+                    continue
+                low_va, high_va, primary = ranges[index]
+                if opcode != 0xE8 and low_va <= target < high_va:
+                    continue
+                self.branches.setdefault(primary, []).append((opcode, target))
+
+    def may_find_more(self, program, function, fragments):
+        """True when ``function``'s sweep may add a function or find a dynamic frame."""
+        if function.va in self.dynamic:
+            return True
+        module = function.module
+        for opcode, target in self.branches.get(function.va, ()):
+            known = module.functions.get(target)
+            if known is not None:
+                if known.name is None and target in module.names:
+                    return True
+                continue
+            if opcode != 0xE8 and _inside(function, fragments, target):
+                continue
+            if module.contains(target):
+                if module.image.is_code(target - module.image.image_base):
+                    return True
+            elif program.target is not None or program.module_for(target, load=False) is not None:
+                return True
+        return False
+
+
+class _OverlappingRanges(Exception):
+    pass
 
 
 def _import_load_before(instructions, index, register):

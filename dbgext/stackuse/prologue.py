@@ -88,6 +88,13 @@ class Decoder(object):
         reached = instructions[-1][0] + instructions[-1][1] if instructions else start_va
         return instructions, (reached if reached < end_va else None)
 
+    def stop_in(self, start_va, end_va):
+        """What :meth:`sweep` says of [start_va, end_va) — the first VA that could not
+        be read or decoded, or None — without building its instructions."""
+        code = self.image.read_partial(start_va - self.image.image_base, end_va - start_va)
+        reached = self._disassembler.decoded_end(code, start_va)
+        return reached if reached < end_va else None
+
     def forget(self):
         """Drop every cached instruction (memory stays bounded by one function)."""
         self._insns.clear()
