@@ -17,7 +17,7 @@ bound a lower bound, unknown or unbounded — never dropped.
 import bisect
 import re
 
-from ..disasm import BITS, direct_target, memory_slot, parse_int
+from ..disasm import BITS, direct_target, instruction_ids, memory_slot, parse_int
 from ..errors import BadInput, UnreadableMemory
 from ..pe import PEImage
 from ..problems import ProblemLog
@@ -40,6 +40,9 @@ DIRECT_BRANCH = re.compile(rb"[\xe8\xe9\xeb]")
 SUB_RSP = re.compile(rb"[\x48-\x4f](?:\x29[\xc4\xcc\xd4\xdc\xe4\xec\xf4\xfc]"
                      rb"|\x2b[\x20-\x27\x60-\x67\xa0-\xa7\xe0-\xe7]|[\x81\x83]\xec)")
 ADDRESS_MASK = (1 << 64) - 1
+# What the x64 sweep reads of a body (by capstone id, prefixed forms included:
+# the sweep itself then checks the mnemonic).
+SWEPT_INSTRUCTIONS = instruction_ids(["call", "jmp", "sub"])
 
 EXACT, LOWER, UNKNOWN, UNBOUNDED = "exact", "lower", "unknown", "unbounded"
 SEVERITY = {EXACT: 0, LOWER: 1, UNKNOWN: 2, UNBOUNDED: 3}
@@ -572,57 +575,64 @@ def _sweep_x64(program, function, leads=None):
     With ``leads`` (:class:`SweepLeads`, when the call sites are not wanted) a
     body they clear is only checked for undecodable code."""
     module = function.module
-    image = module.image
-    frame = function.unwind_size
     decoder = module.decoder
     prolog_end = function.prolog_end or function.va
-    function.call_sites = sites = []
-    function.max_depth = frame
+    function.call_sites = []
+    function.max_depth = function.unwind_size
     function.body_problem = None
     function.sp_lost = None
     fragments = _fragment_ranges(module, function)
-    imports = image.imports
-    base = image.image_base
     decode = leads is None or leads.may_find_more(program, function, fragments)
     for start, end in fragments:
-        if decode:
-            instructions, stopped = decoder.sweep(start, end, keep=start == function.va)
-        else:
-            instructions, stopped = (), decoder.stop_in(start, end)
-        if stopped is not None and function.body_problem is None:
-            function.body_problem = "code at 0x%x is not readable or not decodable" % stopped
-        for index, (address, size, mnemonic, op_str) in enumerate(instructions):
-            if mnemonic == "call":
-                if address < prolog_end:
-                    continue  # a call inside the prologue is the stack probe
-                target = direct_target(op_str)
-                if target is not None:
-                    program.function_at(target)
-                    sites.append(CallSite(address, frame, target, "call"))
-                    continue
-                slot = memory_slot(64, op_str, address + size)
-                if slot is None:
-                    slot = _import_load_before(instructions, index, op_str)
-                name = imports.get(slot - base) if slot is not None else None
-                sites.append(CallSite(address, frame, None, "call", name, slot) if name
-                             else CallSite(address, frame, None, "indirect"))
-            elif mnemonic == "jmp":
-                target = direct_target(op_str)
-                if target is None:
-                    slot = memory_slot(64, op_str, address + size)
-                    name = imports.get(slot - base) if slot is not None else None
-                    if name:
-                        sites.append(CallSite(address, 0, None, "tail", name, slot))
-                    elif "[" in op_str or op_str.startswith("r"):
-                        sites.append(CallSite(address, frame, None, "indirect-tail"))
-                elif not _inside(function, fragments, target):
-                    program.function_at(target)
-                    sites.append(CallSite(address, 0, target, "tail"))
-            elif mnemonic == "sub" and op_str.startswith("rsp, ") and address >= prolog_end \
-                    and direct_target(op_str[5:]) is None and function.dynamic is None:
-                function.dynamic = "%s %s" % (mnemonic, op_str)
+        run, stopped = decoder.run(start, end, keep=start == function.va)
+        with run:
+            if stopped is not None and function.body_problem is None:
+                function.body_problem = "code at 0x%x is not readable or not decodable" % stopped
+            if decode:
+                _sweep_run(program, function, fragments, run, prolog_end)
     function.body_end = fragments[0][1]
     _report_body_problem(function)
+
+
+def _sweep_run(program, function, fragments, run, prolog_end):
+    """The call sites, tail jumps and dynamic allocation of one decoded range."""
+    image = function.module.image
+    imports = image.imports
+    base = image.image_base
+    frame = function.unwind_size
+    sites = function.call_sites
+    for index in run.indices_of(SWEPT_INSTRUCTIONS):
+        address, size, mnemonic, op_str = run[index]
+        if mnemonic == "call":
+            if address < prolog_end:
+                continue  # a call inside the prologue is the stack probe
+            target = direct_target(op_str)
+            if target is not None:
+                program.function_at(target)
+                sites.append(CallSite(address, frame, target, "call"))
+                continue
+            slot = memory_slot(64, op_str, address + size)
+            if slot is None:
+                slot = _import_load_before(
+                    [run[before] for before in range(max(0, index - IMPORT_LOAD_LOOKBACK), index)], op_str)
+            name = imports.get(slot - base) if slot is not None else None
+            sites.append(CallSite(address, frame, None, "call", name, slot) if name
+                         else CallSite(address, frame, None, "indirect"))
+        elif mnemonic == "jmp":
+            target = direct_target(op_str)
+            if target is None:
+                slot = memory_slot(64, op_str, address + size)
+                name = imports.get(slot - base) if slot is not None else None
+                if name:
+                    sites.append(CallSite(address, 0, None, "tail", name, slot))
+                elif "[" in op_str or op_str.startswith("r"):
+                    sites.append(CallSite(address, frame, None, "indirect-tail"))
+            elif not _inside(function, fragments, target):
+                program.function_at(target)
+                sites.append(CallSite(address, 0, target, "tail"))
+        elif mnemonic == "sub" and op_str.startswith("rsp, ") and address >= prolog_end \
+                and direct_target(op_str[5:]) is None and function.dynamic is None:
+            function.dynamic = "%s %s" % (mnemonic, op_str)
 
 
 class SweepLeads(object):
@@ -712,10 +722,10 @@ class _OverlappingRanges(Exception):
     pass
 
 
-def _import_load_before(instructions, index, register):
+def _import_load_before(preceding, register):
     """The IAT slot ``register`` was loaded from (`mov rax, [rip + __imp_X]`) within
-    the few instructions before ``instructions[index]`` (`call rax`), or None."""
-    for address, size, mnemonic, op_str in reversed(instructions[max(0, index - IMPORT_LOAD_LOOKBACK):index]):
+    the ``preceding`` few instructions (before `call rax`), or None."""
+    for address, size, mnemonic, op_str in reversed(preceding):
         destination, _, source = op_str.partition(", ")
         if destination == register:
             return memory_slot(64, source, address + size) if mnemonic == "mov" else None

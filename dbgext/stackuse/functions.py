@@ -201,10 +201,11 @@ class ModuleFunctions(object):
         readable and it is not chained to a parent entry, else None."""
         if not 0 < rva < self.image.size_of_image:
             return None
-        header = self.image.read(rva, 4)
-        if header is None or header[0] >> 3 & UNW_FLAG_CHAININFO:
+        # One read covers the largest record (255 code slots).
+        data = self.image.read_partial(rva, 4 + 2 * 255)
+        if len(data) < 4 or data[0] >> 3 & UNW_FLAG_CHAININFO or len(data) < 4 + 2 * data[2]:
             return None
-        return self.image.read(rva, 4 + 2 * header[2])
+        return data[:4 + 2 * data[2]]
 
     def add(self, va, origin):
         """Make sure a function starts at ``va``; returns its FunctionInfo (or None
