@@ -10,10 +10,11 @@ memory (from wait4) are printed.  Goals (issue 15): ``stackuse functions`` under
 5 s and 300 MB, no slower than the anchor; ``hogs`` and ``functions --depth``
 under 8 s, within 2x of the anchor.
 
-    python scripts/bench_stackuse.py [--functions N] [--dir DIR] [--pe FILE] [--dbgext DIR]
+    python scripts/bench_stackuse.py [--functions N] [--dir DIR] [--pe FILE] [--dbgext DIR ...]
 
 ``--dbgext DIR`` measures another checkout (e.g. the code before a change) with
-the same input.
+the same input; given several times, each checkout is measured in turn, in the
+same run as the anchor.
 """
 
 import argparse
@@ -114,14 +115,12 @@ def main(argv=None):
     parser.add_argument("--functions", type=int, default=45000)
     parser.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "dbgext-stackuse-bench"))
     parser.add_argument("--pe", help="measure this PE file instead of building one")
-    parser.add_argument("--dbgext", default=ROOT, help="dbgext checkout to measure (default: this one)")
+    parser.add_argument("--dbgext", action="append", help="dbgext checkout to measure (default: this one; repeatable)")
     args = parser.parse_args(argv)
     if args.pe is None and shutil.which(COMPILER) is None:
         raise SystemExit("%s is not installed (apt-get install gcc-mingw-w64-x86-64), or give --pe FILE" % COMPILER)
     path = args.pe or build(args.dir, args.functions)
     print("input: %s (%.1f MB)" % (path, os.path.getsize(path) / 1e6))
-    command = [sys.executable, "-c", "import sys; sys.path.insert(0, %r); from dbgext.cli import main; "
-               "sys.exit(main(sys.argv[1:]))" % os.path.abspath(args.dbgext), "stackuse"]
     # Wall time on a shared machine mostly measures the other processes: CPU
     # seconds (user + system) are printed beside it and compared.
     print("%-44s %8s %8s %8s" % ("", "wall s", "cpu s", "peak MB"))
@@ -133,10 +132,17 @@ def main(argv=None):
     runs = [("stackuse functions --json", ["functions", "--pe", path, "--json"]),
             ("stackuse functions --depth --json", ["functions", "--pe", path, "--depth", "--json"]),
             ("stackuse hogs", ["hogs", "--pe", path])]
-    for label, extra in runs:
-        seconds, cpu, peak = measure(command + extra)
-        ratio = "  (%.2fx the anchor's cpu)" % (cpu / anchor[1]) if anchor else ""
-        print("%-44s %8.2f %8.2f %8.0f%s" % (label, seconds, cpu, peak, ratio))
+    checkouts = args.dbgext or [ROOT]
+    for checkout in checkouts:
+        command = [sys.executable, "-c", "import sys; sys.path.insert(0, %r); from dbgext.cli import main; "
+                   "sys.exit(main(sys.argv[1:]))" % os.path.abspath(checkout), "stackuse"]
+        if len(checkouts) > 1:
+            print("dbgext: %s" % checkout)
+        for label, extra in runs:
+            seconds, cpu, peak = measure(command + extra)
+            ratio = "  (%.2fx the anchor's wall, %.2fx its cpu)" % (seconds / anchor[0], cpu / anchor[1]) \
+                if anchor else ""
+            print("%-44s %8.2f %8.2f %8.0f%s" % (label, seconds, cpu, peak, ratio))
     return 0
 
 
