@@ -16,6 +16,7 @@ bound a lower bound, unknown or unbounded — never dropped.
 
 import bisect
 import re
+import struct
 
 from ..disasm import BITS, direct_target, instruction_ids, memory_slot, parse_int
 from ..errors import BadInput, UnreadableMemory
@@ -39,7 +40,7 @@ IMPORT_LOAD_LOOKBACK = 8
 DIRECT_BRANCH = re.compile(rb"[\xe8\xe9\xeb]")
 SUB_RSP = re.compile(rb"[\x48-\x4f](?:\x29[\xc4\xcc\xd4\xdc\xe4\xec\xf4\xfc]"
                      rb"|\x2b[\x20-\x27\x60-\x67\xa0-\xa7\xe0-\xe7]|[\x81\x83]\xec)")
-ADDRESS_MASK = (1 << 64) - 1
+REL32 = struct.Struct("<i")
 # What the x64 sweep reads of a body (by capstone id, prefixed forms included:
 # the sweep itself then checks the mnemonic).
 SWEPT_INSTRUCTIONS = instruction_ids(["call", "jmp", "sub"])
@@ -643,8 +644,8 @@ class SweepLeads(object):
     * ``dynamic``: primary function VAs whose ranges hold `sub rsp, X` bytes after
       the prologue;
     * ``branches``: {primary function VA: [(opcode, target)]}, the E8/E9/EB bytes
-      whose target is neither a named known function nor inside the range the
-      bytes are in.
+      whose target is neither a known function that adding would not rename nor
+      inside the range the bytes are in.
 
     A body with neither is decoded only for the undecodable-code check: its sweep
     would add no function and find no dynamic frame."""
@@ -655,6 +656,7 @@ class SweepLeads(object):
         image = module.image
         base = image.image_base
         functions = module.functions
+        get, names, rel32, bisect_right = functions.get, module.names, REL32.unpack_from, bisect.bisect_right
         ranges = sorted((function.va, function.end, function.fragment_of or function.va)
                         for function in functions.values() if function.end is not None)
         starts = [low for low, _, _ in ranges]
@@ -672,30 +674,30 @@ class SweepLeads(object):
                     primary = functions.get(ranges[index][2])
                     if primary is not None and address >= (primary.prolog_end or primary.va):
                         self.dynamic.add(primary.va)
-            size = len(code)
+            # Per byte found: most are real calls to named functions, skipped first.
+            last = len(code) - 5
             for found in DIRECT_BRANCH.finditer(code):
                 offset = found.start()
-                opcode = code[offset]
-                if opcode == 0xEB:
-                    if offset + 2 > size:
+                if code[offset] == 0xEB:
+                    if offset > last + 3:
                         continue
                     target = section + offset + 2 + (code[offset + 1] ^ 0x80) - 0x80
+                elif offset > last:
+                    continue
                 else:
-                    if offset + 5 > size:
-                        continue
-                    target = (section + offset + 5 + int.from_bytes(code[offset + 1:offset + 5], "little",
-                                                                    signed=True)) & ADDRESS_MASK
-                known = functions.get(target)
-                if known is not None and known.name is not None:
+                    # A negative target (no image is mapped so low) is outside every module.
+                    target = section + offset + 5 + rel32(code, offset + 1)[0]
+                known = get(target)
+                if known is not None and (known.name is not None or target not in names):
                     continue
                 address = section + offset
-                index = bisect.bisect_right(starts, address) - 1
+                index = bisect_right(starts, address) - 1
                 if index < 0 or address >= ranges[index][1]:
                     continue
                 low_va, high_va, primary = ranges[index]
-                if opcode != 0xE8 and low_va <= target < high_va:
+                if code[offset] != 0xE8 and low_va <= target < high_va:
                     continue
-                self.branches.setdefault(primary, []).append((opcode, target))
+                self.branches.setdefault(primary, []).append((code[offset], target))
 
     def may_find_more(self, program, function, fragments):
         """True when ``function``'s sweep may add a function or find a dynamic frame."""
