@@ -9,6 +9,8 @@ with the helpers below (Intel syntax, capstone's spelling: ``0x1234`` immediates
 """
 
 import ctypes
+import re
+import struct
 
 import capstone
 
@@ -95,16 +97,23 @@ class DecodedRun(object):
         return (insn.address, insn.size, insn.mnemonic.decode("ascii"), insn.op_str.decode("ascii"))
 
     def indices_of(self, ids):
-        """Indexes (in order) of the instructions whose capstone id is in ``ids``."""
+        """Indexes (in order) of the instructions whose capstone id is in ``ids``
+        (a :func:`instruction_ids` set): the ids are gathered from capstone's
+        array in C and searched as bytes, aligned matches only."""
         if not self.count:
             return []
-        words = memoryview(ctypes.string_at(self._instructions, self.count * _INSN_WORDS * 4)).cast("I")
-        return [index for index, value in enumerate(words[_ID_WORD::_INSN_WORDS]) if value in ids]
+        words = (ctypes.c_uint32 * (self.count * _INSN_WORDS)).from_address(
+            ctypes.addressof(self._instructions.contents))
+        packed = memoryview(words).cast("B").cast("I")[_ID_WORD::_INSN_WORDS].tobytes()
+        return [found.start() // 4 for found in ids.finditer(packed) if not found.start() % 4]
 
 
 def instruction_ids(mnemonics):
-    """capstone's instruction ids of x86 ``mnemonics`` (for :meth:`DecodedRun.indices_of`)."""
-    return frozenset(getattr(capstone.x86_const, "X86_INS_" + mnemonic.upper()) for mnemonic in mnemonics)
+    """capstone's instruction ids of x86 ``mnemonics``, as the pattern
+    :meth:`DecodedRun.indices_of` searches the packed 32-bit ids with."""
+    ids = sorted(getattr(capstone.x86_const, "X86_INS_" + mnemonic.upper()) for mnemonic in mnemonics)
+    # A lookahead matches at every offset, overlapping ones too: the aligned are kept.
+    return re.compile(b"(?=" + b"|".join(re.escape(struct.pack("<I", value)) for value in ids) + b")")
 
 
 def base_mnemonic(mnemonic):
