@@ -9,8 +9,6 @@ with the helpers below (Intel syntax, capstone's spelling: ``0x1234`` immediates
 """
 
 import ctypes
-import re
-import struct
 
 import capstone
 
@@ -98,22 +96,16 @@ class DecodedRun(object):
 
     def indices_of(self, ids):
         """Indexes (in order) of the instructions whose capstone id is in ``ids``
-        (a :func:`instruction_ids` set): the ids are gathered from capstone's
-        array in C and searched as bytes, aligned matches only."""
+        (a set of :func:`instruction_ids`)."""
         if not self.count:
             return []
-        words = (ctypes.c_uint32 * (self.count * _INSN_WORDS)).from_address(
-            ctypes.addressof(self._instructions.contents))
-        packed = memoryview(words).cast("B").cast("I")[_ID_WORD::_INSN_WORDS].tobytes()
-        return [found.start() // 4 for found in ids.finditer(packed) if not found.start() % 4]
+        words = memoryview(ctypes.string_at(self._instructions, self.count * _INSN_WORDS * 4)).cast("I")
+        return [index for index, value in enumerate(words[_ID_WORD::_INSN_WORDS]) if value in ids]
 
 
 def instruction_ids(mnemonics):
-    """capstone's instruction ids of x86 ``mnemonics``, as the pattern
-    :meth:`DecodedRun.indices_of` searches the packed 32-bit ids with."""
-    ids = sorted(getattr(capstone.x86_const, "X86_INS_" + mnemonic.upper()) for mnemonic in mnemonics)
-    # A lookahead matches at every offset, overlapping ones too: the aligned are kept.
-    return re.compile(b"(?=" + b"|".join(re.escape(struct.pack("<I", value)) for value in ids) + b")")
+    """capstone's instruction ids of x86 ``mnemonics`` (for :meth:`DecodedRun.indices_of`)."""
+    return frozenset(getattr(capstone.x86_const, "X86_INS_" + mnemonic.upper()) for mnemonic in mnemonics)
 
 
 def base_mnemonic(mnemonic):
