@@ -234,7 +234,9 @@ class CallGraph(object):
     def _leads(self, module):
         """The module's :class:`SweepLeads` when call sites are not wanted (built once),
         else None."""
-        if self.call_sites:
+        if self.call_sites or self.program.modules[0] is not module:
+            # Leads judge call targets by this module's functions: that holds
+            # when no earlier module can claim the same addresses.
             return None
         if module not in self._sweep_leads:
             try:
@@ -602,6 +604,9 @@ def _sweep_run(program, function, fragments, run, prolog_end):
     base = image.image_base
     frame = function.unwind_size
     sites = function.call_sites
+    # Calls into this module's functions resolve here unless an earlier module
+    # claims the same addresses (overlapping modules of a corrupt dump).
+    known = function.module.functions if program.modules[0] is function.module else {}
     for index in run.indices_of(SWEPT_INSTRUCTIONS):
         address, size, mnemonic, op_str = run[index]
         if mnemonic == "call":
@@ -609,7 +614,10 @@ def _sweep_run(program, function, fragments, run, prolog_end):
                 continue  # a call inside the prologue is the stack probe
             target = direct_target(op_str)
             if target is not None:
-                program.function_at(target)
+                callee = known.get(target)
+                if callee is None or callee.name is None:
+                    # Adding a known function with a name changes nothing.
+                    program.function_at(target)
                 sites.append(CallSite(address, frame, target, "call"))
                 continue
             slot = memory_slot(64, op_str, address + size)
