@@ -661,51 +661,63 @@ class SweepLeads(object):
     def __init__(self, module):
         self.dynamic = set()
         self.branches = {}
-        image = module.image
-        base = image.image_base
-        functions = module.functions
-        get, names, rel32, bisect_right = functions.get, module.names, REL32.unpack_from, bisect.bisect_right
-        ranges = sorted((function.va, function.end, function.fragment_of or function.va)
-                        for function in functions.values() if function.end is not None)
-        starts = [low for low, _, _ in ranges]
+        self._module = module
+        self._ranges = ranges = sorted((function.va, function.end, function.fragment_of or function.va)
+                                       for function in module.functions.values() if function.end is not None)
+        self._starts = [low for low, _, _ in ranges]
         for index in range(1, len(ranges)):
             if ranges[index][0] < ranges[index - 1][1]:
                 # Overlapping .pdata ranges: the bytes do not tell whose body they are.
                 raise _OverlappingRanges()
-        for low, high in image.backed_code_ranges():
-            code = image.read_partial(low, high - low)
-            section = base + low
-            for found in SUB_RSP.finditer(code):
-                address = section + found.start()
-                index = bisect.bisect_right(starts, address) - 1
-                if index >= 0 and address < ranges[index][1]:
-                    primary = functions.get(ranges[index][2])
-                    if primary is not None and address >= (primary.prolog_end or primary.va):
-                        self.dynamic.add(primary.va)
-            # Per byte found: most are real calls to named functions, skipped first.
-            last = len(code) - 5
-            for found in DIRECT_BRANCH.finditer(code):
-                offset = found.start()
-                if code[offset] == 0xEB:
-                    if offset > last + 3:
-                        continue
-                    target = section + offset + 2 + (code[offset + 1] ^ 0x80) - 0x80
-                elif offset > last:
+        base = module.image.image_base
+        backed = [(base + low, base + high) for low, high in module.image.backed_code_ranges()]
+        for low, high in backed:
+            self._scan(low, high)
+        # A range reaching past the backed code (a corrupt end, a section's
+        # zero-filled tail) is swept over the bytes read there: scanned on its own.
+        for low, high, _ in ranges:
+            if not any(start <= low and high <= end for start, end in backed):
+                self._scan(low, high)
+
+    def _scan(self, low, high):
+        """Record the leads in the bytes [low, high) (VAs) the ranges cover."""
+        module = self._module
+        image = module.image
+        functions = module.functions
+        ranges, starts = self._ranges, self._starts
+        get, names, rel32, bisect_right = functions.get, module.names, REL32.unpack_from, bisect.bisect_right
+        code = image.read_partial(low - image.image_base, high - low)
+        for found in SUB_RSP.finditer(code):
+            address = low + found.start()
+            index = bisect_right(starts, address) - 1
+            if index >= 0 and address < ranges[index][1]:
+                primary = get(ranges[index][2])
+                if primary is not None and address >= (primary.prolog_end or primary.va):
+                    self.dynamic.add(primary.va)
+        # Per byte found: most are real calls to named functions, skipped first.
+        last = len(code) - 5
+        for found in DIRECT_BRANCH.finditer(code):
+            offset = found.start()
+            if code[offset] == 0xEB:
+                if offset > last + 3:
                     continue
-                else:
-                    # A negative target (no image is mapped so low) is outside every module.
-                    target = section + offset + 5 + rel32(code, offset + 1)[0]
-                known = get(target)
-                if known is not None and (known.name is not None or target not in names):
-                    continue
-                address = section + offset
-                index = bisect_right(starts, address) - 1
-                if index < 0 or address >= ranges[index][1]:
-                    continue
-                low_va, high_va, primary = ranges[index]
-                if code[offset] != 0xE8 and low_va <= target < high_va:
-                    continue
-                self.branches.setdefault(primary, []).append((code[offset], target))
+                target = low + offset + 2 + (code[offset + 1] ^ 0x80) - 0x80
+            elif offset > last:
+                continue
+            else:
+                # A negative target (no image is mapped so low) is outside every module.
+                target = low + offset + 5 + rel32(code, offset + 1)[0]
+            known = get(target)
+            if known is not None and (known.name is not None or target not in names):
+                continue
+            address = low + offset
+            index = bisect_right(starts, address) - 1
+            if index < 0 or address >= ranges[index][1]:
+                continue
+            range_low, range_high, primary = ranges[index]
+            if code[offset] != 0xE8 and range_low <= target < range_high:
+                continue
+            self.branches.setdefault(primary, []).append((code[offset], target))
 
     def may_find_more(self, program, function, fragments):
         """True when ``function``'s sweep may add a function or find a dynamic frame."""
