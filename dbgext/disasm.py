@@ -3,7 +3,9 @@
 
 Decoding uses capstone's ``disasm_lite`` (no detail objects): several times faster
 than detail mode, which matters for images with tens of thousands of functions and
-for instruction-flow reconstruction.  Callers classify instructions from the text
+for instruction-flow reconstruction.  :class:`DecodedRun` goes further for whole
+bodies: the decode stays in capstone's buffer and only the instructions asked for
+(by capstone id) become tuples.  Callers classify instructions from the text
 with the helpers below (Intel syntax, capstone's spelling: ``0x1234`` immediates,
 ``qword ptr [rsp + 8]`` memory operands).
 """
