@@ -3,12 +3,24 @@
 
 Decoding uses capstone's ``disasm_lite`` (no detail objects): several times faster
 than detail mode, which matters for images with tens of thousands of functions and
-for instruction-flow reconstruction.  Callers classify instructions from the text
+for instruction-flow reconstruction.  :class:`DecodedRun` goes further for whole
+bodies: the decode stays in capstone's buffer and only the instructions asked for
+(by capstone id) become tuples.  Callers classify instructions from the text
 with the helpers below (Intel syntax, capstone's spelling: ``0x1234`` immediates,
 ``qword ptr [rsp + 8]`` memory operands).
 """
 
+import ctypes
+
 import capstone
+
+# capstone's own cs_disasm and cs_insn, for DecodedRun: the binding's
+# disasm_lite reads every field of every instruction through ctypes, which costs
+# more than the decoding itself.
+_cs = capstone._cs
+_INSN = capstone._cs_insn
+_INSN_WORDS = ctypes.sizeof(_INSN) // 4
+_ID_WORD = _INSN.id.offset // 4
 
 BITS = {"x64": 64, "x86": 32}
 _MODES = {16: capstone.CS_MODE_16, 32: capstone.CS_MODE_32, 64: capstone.CS_MODE_64}
@@ -38,11 +50,64 @@ class Disassembler(object):
         ``count`` instructions (0: no limit)."""
         return self._cs.disasm_lite(code, address, count)
 
+    def run(self, code, address):
+        """A :class:`DecodedRun` of ``code`` (bytes at ``address``) decoded linearly
+        up to the first undecodable byte: instructions are read into Python only
+        when asked for (use it in a ``with`` block: it holds capstone's buffer)."""
+        return DecodedRun(self._cs.csh, code, address)
+
     def one(self, code, address):
         """The first instruction of ``code`` as a tuple, or None when undecodable."""
         for insn in self._cs.disasm_lite(code, address, 1):
             return insn
         return None
+
+
+class DecodedRun(object):
+    """One linear decode held in capstone's buffer: ``count`` instructions,
+    ``reached`` (the address after the last one), ``run[index]`` as a
+    ``(address, size, mnemonic, op_str)`` tuple and :meth:`indices_of` to find
+    instructions by capstone id (``capstone.x86_const.X86_INS_*``) without reading
+    the others."""
+
+    def __init__(self, handle, code, address):
+        if not isinstance(code, bytes):
+            code = bytes(code)
+        self._instructions = ctypes.POINTER(_INSN)()
+        self.count = _cs.cs_disasm(handle, code, len(code), address, 0, ctypes.byref(self._instructions)) \
+            if code else 0
+        self.reached = address
+        if self.count:
+            last = self._instructions[self.count - 1]
+            self.reached = last.address + last.size
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def close(self):
+        if self.count:
+            _cs.cs_free(self._instructions, self.count)
+            self.count = 0
+
+    def __getitem__(self, index):
+        insn = self._instructions[index]
+        return (insn.address, insn.size, insn.mnemonic.decode("ascii"), insn.op_str.decode("ascii"))
+
+    def indices_of(self, ids):
+        """Indexes (in order) of the instructions whose capstone id is in ``ids``
+        (a set of :func:`instruction_ids`)."""
+        if not self.count:
+            return []
+        words = memoryview(ctypes.string_at(self._instructions, self.count * _INSN_WORDS * 4)).cast("I")
+        return [index for index, value in enumerate(words[_ID_WORD::_INSN_WORDS]) if value in ids]
+
+
+def instruction_ids(mnemonics):
+    """capstone's instruction ids of x86 ``mnemonics`` (for :meth:`DecodedRun.indices_of`)."""
+    return frozenset(getattr(capstone.x86_const, "X86_INS_" + mnemonic.upper()) for mnemonic in mnemonics)
 
 
 def base_mnemonic(mnemonic):

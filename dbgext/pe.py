@@ -269,6 +269,11 @@ class PEImage(object):
         """The bytes at ``rva`` up to ``size``, stopping at the first unreadable one."""
         if rva < 0 or size <= 0:
             return b""
+        segment = self._segment(rva)
+        if segment is not None and rva - segment.rva + size <= segment.filled and not self._first_hole(rva, size):
+            # The common case, one backed piece: no copy of a file's bytes.
+            start = segment.offset + rva - segment.rva
+            return bytes(segment.buffer[start:start + size])
         hole = self._first_hole(rva, size)
         if hole is not None:
             size = hole - rva

@@ -131,7 +131,7 @@ def analyze(target=None, pe=None, module=None, symbols=None, pdb=None, depth=Fal
     """Every function of ``module`` (or of the PE file ``pe``) with its frame size;
     ``depth=True`` adds each one's worst-case stack depth."""
     program, functions_of = open_module(target, pe, _require_module(module) if pe is None else None, symbols, pdb)
-    graph = CallGraph(program)
+    graph = CallGraph(program, call_sites=depth)
     graph.analyse_all(functions_of)
     functions = [functions_of.functions[va] for va in sorted(functions_of.functions)]
     bounds = {function.va: graph.bound(function) for function in functions} if depth else None

@@ -15,8 +15,10 @@ bound a lower bound, unknown or unbounded — never dropped.
 """
 
 import bisect
+import re
+import struct
 
-from ..disasm import BITS, direct_target, memory_slot, parse_int
+from ..disasm import BITS, direct_target, instruction_ids, memory_slot, parse_int
 from ..errors import BadInput, UnreadableMemory
 from ..pe import PEImage
 from ..problems import ProblemLog
@@ -29,6 +31,19 @@ MAX_FUNCTIONS = 400000
 MAX_CHAIN = 4096
 MAX_REASONS = 3
 IMPORT_LOAD_LOOKBACK = 8
+
+# Bytes that may begin what the x64 sweep acts on besides call sites: a direct
+# call or jump (E8/E9 rel32 — capstone keeps rel32 under a 0x66 prefix in 64-bit
+# mode — and EB rel8), and `sub rsp, X` with X a register, memory or a negative
+# immediate (REX.W, then 29 /r with RSP as r/m, 2B /r with RSP as reg, or 81/83 /5
+# on RSP).  Every position is tried, so instruction boundaries need not be known.
+DIRECT_BRANCH = re.compile(rb"[\xe8\xe9\xeb]")
+SUB_RSP = re.compile(rb"[\x48-\x4f](?:\x29[\xc4\xcc\xd4\xdc\xe4\xec\xf4\xfc]"
+                     rb"|\x2b[\x20-\x27\x60-\x67\xa0-\xa7\xe0-\xe7]|[\x81\x83]\xec)")
+REL32 = struct.Struct("<i")
+# What the x64 sweep reads of a body (by capstone id, prefixed forms included:
+# the sweep itself then checks the mnemonic).
+SWEPT_INSTRUCTIONS = instruction_ids(["call", "jmp", "sub"])
 
 EXACT, LOWER, UNKNOWN, UNBOUNDED = "exact", "lower", "unknown", "unbounded"
 SEVERITY = {EXACT: 0, LOWER: 1, UNKNOWN: 2, UNBOUNDED: 3}
@@ -121,12 +136,20 @@ class Program(object):
 
 
 class CallGraph(object):
-    """Builds bodies on demand and computes worst-case bounds."""
+    """Builds bodies on demand and computes worst-case bounds.
 
-    def __init__(self, program):
+    ``call_sites=False`` is for the function list alone (frames, no depths): x64
+    bodies with unwind data are then decoded only when their bytes may hold a
+    direct call or jump to code not yet known as a function, or a dynamic
+    allocation — the functions, frames and problems found are the same, the
+    call sites are not recorded and :meth:`bound` is refused."""
+
+    def __init__(self, program, call_sites=True):
         self.program = program
+        self.call_sites = call_sites
         self.bounds = {}  # function VA -> Bound
         self._complete = set()  # modules whose every function has been followed
+        self._sweep_leads = {}  # module -> SweepLeads or None (decode every body)
 
     # -- bodies ---------------------------------------------------------------------
 
@@ -197,7 +220,7 @@ class CallGraph(object):
                 and function.end is not None:
             # The prologue scan (a cross-check of the unwind data) reads the
             # instructions the sweep decoded; nothing stays cached afterwards.
-            _sweep_x64(self.program, function)
+            _sweep_x64(self.program, function, self._leads(module))
             module.compute_frame(function)
             module.decoder.forget()
             return function
@@ -207,6 +230,20 @@ class CallGraph(object):
             return function
         _follow_body(self.program, function)
         return function
+
+    def _leads(self, module):
+        """The module's :class:`SweepLeads` when call sites are not wanted (built once),
+        else None."""
+        if self.call_sites or self.program.modules[0] is not module:
+            # Leads judge call targets by this module's functions: that holds
+            # when no earlier module can claim the same addresses.
+            return None
+        if module not in self._sweep_leads:
+            try:
+                self._sweep_leads[module] = SweepLeads(module)
+            except _OverlappingRanges:
+                self._sweep_leads[module] = None
+        return self._sweep_leads[module]
 
     def _refine_x86(self, module):
         """x86: what a call does to the caller's ESP depends on the callee — how
@@ -226,6 +263,8 @@ class CallGraph(object):
 
     def bound(self, root):
         """Worst-case Bound for a FunctionInfo (iterative depth-first search)."""
+        if not self.call_sites:
+            raise ValueError("this call graph records no call sites: it cannot bound a depth")
         if root.va in self.bounds:
             return self.bounds[root.va]
         if root.module.arch == "x86" and root.module not in self._complete:
@@ -528,67 +567,187 @@ def _report_body_problem(function):
                                      % (function.display_name, function.body_problem), "warning")
 
 
-def _sweep_x64(program, function):
+def _sweep_x64(program, function, leads=None):
     """An x64 function with unwind data, by one linear pass over its .pdata ranges
     (and its chained fragments): the unwind data gives the frame, and x64 code
     calls at the full frame depth — every call site after the prologue is at
     depth = frame size, every jump out of the function is a tail call made after
     the epilogue.  What remains to find is the call sites and a dynamic
-    allocation (`sub rsp, rax` after the prologue)."""
+    allocation (`sub rsp, rax` after the prologue).
+
+    With ``leads`` (:class:`SweepLeads`, when the call sites are not wanted) a
+    body they clear is only checked for undecodable code."""
     module = function.module
-    image = module.image
-    frame = function.unwind_size
     decoder = module.decoder
     prolog_end = function.prolog_end or function.va
-    function.call_sites = sites = []
-    function.max_depth = frame
+    function.call_sites = []
+    function.max_depth = function.unwind_size
     function.body_problem = None
     function.sp_lost = None
     fragments = _fragment_ranges(module, function)
-    imports = image.imports
-    base = image.image_base
+    decode = leads is None or leads.may_find_more(program, function, fragments)
     for start, end in fragments:
-        instructions, stopped = decoder.sweep(start, end, keep=start == function.va)
-        if stopped is not None and function.body_problem is None:
-            function.body_problem = "code at 0x%x is not readable or not decodable" % stopped
-        for index, (address, size, mnemonic, op_str) in enumerate(instructions):
-            if mnemonic == "call":
-                if address < prolog_end:
-                    continue  # a call inside the prologue is the stack probe
-                target = direct_target(op_str)
-                if target is not None:
-                    program.function_at(target)
-                    sites.append(CallSite(address, frame, target, "call"))
-                    continue
-                slot = memory_slot(64, op_str, address + size)
-                if slot is None:
-                    slot = _import_load_before(instructions, index, op_str)
-                name = imports.get(slot - base) if slot is not None else None
-                sites.append(CallSite(address, frame, None, "call", name, slot) if name
-                             else CallSite(address, frame, None, "indirect"))
-            elif mnemonic == "jmp":
-                target = direct_target(op_str)
-                if target is None:
-                    slot = memory_slot(64, op_str, address + size)
-                    name = imports.get(slot - base) if slot is not None else None
-                    if name:
-                        sites.append(CallSite(address, 0, None, "tail", name, slot))
-                    elif "[" in op_str or op_str.startswith("r"):
-                        sites.append(CallSite(address, frame, None, "indirect-tail"))
-                elif not _inside(function, fragments, target):
-                    program.function_at(target)
-                    sites.append(CallSite(address, 0, target, "tail"))
-            elif mnemonic == "sub" and op_str.startswith("rsp, ") and address >= prolog_end \
-                    and direct_target(op_str[5:]) is None and function.dynamic is None:
-                function.dynamic = "%s %s" % (mnemonic, op_str)
+        run, stopped = decoder.run(start, end, keep=start == function.va)
+        with run:
+            if stopped is not None and function.body_problem is None:
+                function.body_problem = "code at 0x%x is not readable or not decodable" % stopped
+            if decode:
+                _sweep_run(program, function, fragments, run, prolog_end)
     function.body_end = fragments[0][1]
     _report_body_problem(function)
 
 
-def _import_load_before(instructions, index, register):
+def _sweep_run(program, function, fragments, run, prolog_end):
+    """The call sites, tail jumps and dynamic allocation of one decoded range."""
+    image = function.module.image
+    imports = image.imports
+    base = image.image_base
+    frame = function.unwind_size
+    sites = function.call_sites
+    # Calls into this module's functions resolve here unless an earlier module
+    # claims the same addresses (overlapping modules of a corrupt dump).
+    known = function.module.functions if program.modules[0] is function.module else {}
+    for index in run.indices_of(SWEPT_INSTRUCTIONS):
+        address, size, mnemonic, op_str = run[index]
+        if mnemonic == "call":
+            if address < prolog_end:
+                continue  # a call inside the prologue is the stack probe
+            target = direct_target(op_str)
+            if target is not None:
+                callee = known.get(target)
+                if callee is None or callee.name is None:
+                    # Adding a known function with a name changes nothing.
+                    program.function_at(target)
+                sites.append(CallSite(address, frame, target, "call"))
+                continue
+            slot = memory_slot(64, op_str, address + size)
+            if slot is None:
+                slot = _import_load_before(
+                    [run[before] for before in range(max(0, index - IMPORT_LOAD_LOOKBACK), index)], op_str)
+            name = imports.get(slot - base) if slot is not None else None
+            sites.append(CallSite(address, frame, None, "call", name, slot) if name
+                         else CallSite(address, frame, None, "indirect"))
+        elif mnemonic == "jmp":
+            target = direct_target(op_str)
+            if target is None:
+                slot = memory_slot(64, op_str, address + size)
+                name = imports.get(slot - base) if slot is not None else None
+                if name:
+                    sites.append(CallSite(address, 0, None, "tail", name, slot))
+                elif "[" in op_str or op_str.startswith("r"):
+                    sites.append(CallSite(address, frame, None, "indirect-tail"))
+            elif not _inside(function, fragments, target):
+                program.function_at(target)
+                sites.append(CallSite(address, 0, target, "tail"))
+        elif mnemonic == "sub" and op_str.startswith("rsp, ") and address >= prolog_end \
+                and direct_target(op_str[5:]) is None and function.dynamic is None:
+            function.dynamic = "%s %s" % (mnemonic, op_str)
+
+
+class SweepLeads(object):
+    """Where, in the x64 bodies with unwind data, :func:`_sweep_x64` may find more
+    than call sites, from one pass over the code bytes at every offset (no
+    instruction boundaries needed, so a superset of what decoding finds):
+
+    * ``dynamic``: primary function VAs whose ranges hold `sub rsp, X` bytes after
+      the prologue;
+    * ``branches``: {primary function VA: [(opcode, target)]}, the E8/E9/EB bytes
+      whose target is neither a known function that adding would not rename nor
+      inside the range the bytes are in.
+
+    A body with neither is decoded only for the undecodable-code check: its sweep
+    would add no function and find no dynamic frame."""
+
+    def __init__(self, module):
+        self.dynamic = set()
+        self.branches = {}
+        self._module = module
+        self._ranges = ranges = sorted((function.va, function.end, function.fragment_of or function.va)
+                                       for function in module.functions.values() if function.end is not None)
+        self._starts = [low for low, _, _ in ranges]
+        for index in range(1, len(ranges)):
+            if ranges[index][0] < ranges[index - 1][1]:
+                # Overlapping .pdata ranges: the bytes do not tell whose body they are.
+                raise _OverlappingRanges()
+        base = module.image.image_base
+        backed = [(base + low, base + high) for low, high in module.image.backed_code_ranges()]
+        for low, high in backed:
+            self._scan(low, high)
+        # A range reaching past the backed code (a corrupt end, a section's
+        # zero-filled tail) is swept over the bytes read there: scanned on its own.
+        for low, high, _ in ranges:
+            if not any(start <= low and high <= end for start, end in backed):
+                self._scan(low, high)
+
+    def _scan(self, low, high):
+        """Record the leads in the bytes [low, high) (VAs) the ranges cover."""
+        module = self._module
+        image = module.image
+        functions = module.functions
+        ranges, starts = self._ranges, self._starts
+        get, names, rel32, bisect_right = functions.get, module.names, REL32.unpack_from, bisect.bisect_right
+        code = image.read_partial(low - image.image_base, high - low)
+        for found in SUB_RSP.finditer(code):
+            address = low + found.start()
+            index = bisect_right(starts, address) - 1
+            if index >= 0 and address < ranges[index][1]:
+                primary = get(ranges[index][2])
+                if primary is not None and address >= (primary.prolog_end or primary.va):
+                    self.dynamic.add(primary.va)
+        # Per byte found: most are real calls to named functions, skipped first.
+        last = len(code) - 5
+        for found in DIRECT_BRANCH.finditer(code):
+            offset = found.start()
+            if code[offset] == 0xEB:
+                if offset > last + 3:
+                    continue
+                target = low + offset + 2 + (code[offset + 1] ^ 0x80) - 0x80
+            elif offset > last:
+                continue
+            else:
+                # A negative target (no image is mapped so low) is outside every module.
+                target = low + offset + 5 + rel32(code, offset + 1)[0]
+            known = get(target)
+            if known is not None and (known.name is not None or target not in names):
+                continue
+            address = low + offset
+            index = bisect_right(starts, address) - 1
+            if index < 0 or address >= ranges[index][1]:
+                continue
+            range_low, range_high, primary = ranges[index]
+            if code[offset] != 0xE8 and range_low <= target < range_high:
+                continue
+            self.branches.setdefault(primary, []).append((code[offset], target))
+
+    def may_find_more(self, program, function, fragments):
+        """True when ``function``'s sweep may add a function or find a dynamic frame."""
+        if function.va in self.dynamic:
+            return True
+        module = function.module
+        for opcode, target in self.branches.get(function.va, ()):
+            known = module.functions.get(target)
+            if known is not None:
+                if known.name is None and target in module.names:
+                    return True
+                continue
+            if opcode != 0xE8 and _inside(function, fragments, target):
+                continue
+            if module.contains(target):
+                if module.image.is_code(target - module.image.image_base):
+                    return True
+            elif program.target is not None or program.module_for(target, load=False) is not None:
+                return True
+        return False
+
+
+class _OverlappingRanges(Exception):
+    pass
+
+
+def _import_load_before(preceding, register):
     """The IAT slot ``register`` was loaded from (`mov rax, [rip + __imp_X]`) within
-    the few instructions before ``instructions[index]`` (`call rax`), or None."""
-    for address, size, mnemonic, op_str in reversed(instructions[max(0, index - IMPORT_LOAD_LOOKBACK):index]):
+    the ``preceding`` few instructions (before `call rax`), or None."""
+    for address, size, mnemonic, op_str in reversed(preceding):
         destination, _, source = op_str.partition(", ")
         if destination == register:
             return memory_slot(64, source, address + size) if mnemonic == "mov" else None

@@ -10,7 +10,7 @@ scan otherwise; when both exist they are compared and any disagreement is kept.
 import bisect
 
 from ..disasm import parse_int
-from ..stacks.unwind_data import frame_from_unwind
+from ..stacks.unwind_data import UNW_FLAG_CHAININFO, frame_from_unwind
 from .layouts import FRAME_HELPER_EPILOGS, FRAME_HELPERS, HELPER_CODE
 from .prologue import STACK_PROBE_NAMES, Decoder, is_named, scan_prologue
 
@@ -160,6 +160,10 @@ class ModuleFunctions(object):
         image = self.image
         base = image.image_base
         size = image.size_of_image
+        # {UNWIND_INFO bytes: (frame size, prologue size)} of unchained records that
+        # parsed cleanly: most functions share their prologue's few shapes, and
+        # the same bytes always parse the same.
+        plain_frames = {}
         for index, entry in enumerate(image.runtime_functions):
             begin, end, unwind_rva = entry
             if begin == 0 and end == 0:
@@ -173,16 +177,35 @@ class ModuleFunctions(object):
             if function is None:
                 function = FunctionInfo(self, base + begin, begin, "pdata", end=base + end)
                 self.functions[base + begin] = function
+            record = self._plain_unwind_record(unwind_rva)
+            known = plain_frames.get(record) if record is not None else None
+            if known is not None:
+                function.unwind_size, prolog_size = known
+                function.prolog_end = base + begin + prolog_size
+                continue
             frame = frame_from_unwind(image, entry, self._unwind_cache)
             function.unwind_size = frame.frame_size
             info = self._unwind_cache.get(unwind_rva)
             function.prolog_end = base + begin + (info.prolog_size if info is not None else 0)
+            if record is not None and frame.frame_size is not None and not frame.problem and info is not None:
+                plain_frames[record] = (frame.frame_size, info.prolog_size)
             if frame.problem:
                 function.problem = frame.problem
                 self.problems.add("bad_unwind_info", base + begin, frame.problem)
             if frame.is_fragment:
                 function.fragment_of = base + frame.chain[-1][0]
         self._starts = None
+
+    def _plain_unwind_record(self, rva):
+        """The bytes of the UNWIND_INFO at ``rva`` (header and codes) when they are
+        readable and it is not chained to a parent entry, else None."""
+        if not 0 < rva < self.image.size_of_image:
+            return None
+        # One read covers the largest record (255 code slots).
+        data = self.image.read_partial(rva, 4 + 2 * 255)
+        if len(data) < 4 or data[0] >> 3 & UNW_FLAG_CHAININFO or len(data) < 4 + 2 * data[2]:
+            return None
+        return data[:4 + 2 * data[2]]
 
     def add(self, va, origin):
         """Make sure a function starts at ``va``; returns its FunctionInfo (or None
