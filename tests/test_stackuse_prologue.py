@@ -3,6 +3,7 @@ emit, stack probes, the SEH helper, shrink-wrapping, dynamic frames, and SP
 tracking at call sites."""
 
 from dbgext.stackuse.fixtures import Function, alloc_slots, build_pe, push_slot
+from dbgext.stackuse.prologue import Decoder, common_x64_frame, scan_prologue
 from stackuse_support import analyse_built, function_named
 
 RET = b"\xc3"
@@ -234,3 +235,57 @@ def test_x86_code_nothing_references_is_found_after_the_previous_body():
     built, (module, graph) = analyse("x86", [Function("first", [RET]), unreferenced])
     found = module.functions[built.image_base + built.rvas["unreferenced"]]
     assert (found.origin, found.frame_size) == ("gap", 4 + 0x10)
+
+
+class _CodeImage(object):
+    """Just ``code`` at the image base: what the prologue scan reads."""
+
+    arch = "x64"
+    image_base = 0x180000000
+    name = "code"
+
+    def __init__(self, code):
+        self.code = code
+
+    def read_partial(self, rva, size):
+        return self.code[rva:rva + size] if rva >= 0 else b""
+
+
+def _scan(code, common_shapes=True):
+    image = _CodeImage(code)
+    decoder = Decoder(image)
+    if not common_shapes:
+        decoder.common_frame = lambda va: None
+    result = scan_prologue(decoder, image.image_base)
+    return result.frame_size, result.dynamic, result.problem, result.padding
+
+
+def test_x64_common_prologues_read_from_their_bytes_give_what_decoding_them_gives():
+    pushes = b"\x56\x53\x41\x54\x41\x57"  # push rsi; push rbx; push r12; push r15
+    common = [
+        pushes + b"\x48\x83\xec\x28\xc3",
+        b"\x48\x81\xec\x00\x01\x00\x00\xc3",
+        pushes + b"\xb8\x58\x23\x00\x00\xe8\x00\x00\x00\x00\x48\x29\xc4\xc3",
+        b"\xb8\x00\x10\x00\x00" + pushes + b"\x48\x83\xec\x20\xc3",
+    ]
+    for code in common:
+        assert common_x64_frame(code) is not None
+        assert _scan(code) == _scan(code, common_shapes=False)
+    assert common_x64_frame(common[0]) == 4 * 8 + 0x28
+    assert common_x64_frame(common[2]) == 4 * 8 + 0x2358
+
+
+def test_x64_other_prologues_are_left_to_the_scan():
+    others = [
+        b"\x57\x56\x53\x48\x83\xc4\x80\xc3",          # add rsp, -0x80 does not end the prologue
+        b"\x48\x83\xec\xf8\xc3",                      # a negative imm8
+        b"\x48\x81\xec\x00\x00\x00\x80\xc3",          # an imm32 with its sign bit set
+        b"\xb8\x00\x10\x00\x00\xe8\x00\x00\x00\x00\xc3",  # a call not followed by sub rsp, rax
+        b"\xe8\x00\x00\x00\x00\x48\x29\xc4",          # no size in eax before the call
+        b"\x40\x53\x48\x83\xec\x20\xc3",              # a REX-prefixed push
+        b"\x53\x53",                                   # cut short
+        b"",
+    ]
+    for code in others:
+        assert common_x64_frame(code) is None
+        assert _scan(code) == _scan(code, common_shapes=False)

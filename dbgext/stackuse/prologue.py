@@ -25,6 +25,7 @@ DECODE_WINDOW = 256
 DECODE_COUNT = 8  # instructions decoded per cache miss (capstone decodes eagerly)
 PRIMED_INSTRUCTIONS = 6  # of a swept function, kept for its prologue scan (93% of scans read no more)
 STACK_PROBE_MINIMUM = 0x1000
+COMMON_PROLOGUE_BYTES = 48  # read for common_x64_frame: a dozen pushes, a probe and the sub
 
 SP = {"x64": "rsp", "x86": "esp"}
 FP = {"x64": "rbp", "x86": "ebp"}
@@ -65,6 +66,7 @@ class Decoder(object):
         self._disassembler = Disassembler.for_arch(image.arch)
         self.instructions = self._insns = {}
         self._failed = {}
+        self._common_frames = {}
 
     def at(self, va):
         insn = self._insns.get(va)
@@ -82,18 +84,31 @@ class Decoder(object):
         """A :class:`~dbgext.disasm.DecodedRun` over [start_va, end_va) (use it in a
         ``with`` block) and the first VA that could not be read or decoded, or
         None.  ``keep`` caches the first instructions (a prologue's worth) until
-        :meth:`forget`."""
+        :meth:`forget`, unless :func:`common_x64_frame` reads the prologue's frame
+        from its bytes."""
         code = self.image.read_partial(start_va - self.image.image_base, end_va - start_va)
         run = self._disassembler.run(code, start_va)
-        if keep:
+        if keep and self._remember_common_frame(start_va, code) is None:
             self._insns.update((insn[0], insn) for insn in (run[index] for index in range(
                 min(PRIMED_INSTRUCTIONS, run.count))))
         return run, (run.reached if run.reached < end_va else None)
+
+    def common_frame(self, va):
+        """:func:`common_x64_frame` of the code at ``va`` (x64 only; None otherwise)."""
+        if va in self._common_frames:
+            return self._common_frames[va]
+        return self._remember_common_frame(va, self.image.read_partial(
+            va - self.image.image_base, COMMON_PROLOGUE_BYTES))
+
+    def _remember_common_frame(self, va, code):
+        frame = self._common_frames[va] = common_x64_frame(code) if self.arch == "x64" else None
+        return frame
 
     def forget(self):
         """Drop every cached instruction (memory stays bounded by one function)."""
         self._insns.clear()
         self._failed.clear()
+        self._common_frames.clear()
 
     def decode_range(self, start_va, end_va, count=0):
         """Decode linearly from ``start_va`` up to ``end_va`` (at most ``count``
@@ -107,6 +122,42 @@ class Decoder(object):
         insns = self._insns
         for insn in self._disassembler.decode(code, start_va, count):
             insns[insn[0]] = insn
+
+
+def common_x64_frame(code):
+    """The frame size the prologue scan finds for x64 ``code`` (bytes at an entry)
+    of the shape most compilers emit, read from the bytes without decoding; None
+    for any other shape.  The shape: register pushes (``50+r``, ``41 50+r``), at
+    most one ``mov eax, imm32`` (``B8``) and then either ``sub rsp, imm`` (``48 83
+    EC ib``, ``48 81 EC id``), or the stack probe ``call rel32; sub rsp, rax`` (``E8
+    .. 48 29 C4``) after the ``mov eax``.  Immediates with the sign bit set are left
+    to the scan (capstone spells them differently)."""
+    depth = 0
+    probe_size = None
+    offset = 0
+    length = len(code)
+    while offset < length:
+        opcode = code[offset]
+        if 0x50 <= opcode <= 0x57:
+            depth += 8
+            offset += 1
+        elif opcode == 0x41 and offset + 1 < length and 0x50 <= code[offset + 1] <= 0x57:
+            depth += 8
+            offset += 2
+        elif opcode == 0xB8 and probe_size is None and offset + 4 < length and code[offset + 4] < 0x80:
+            probe_size = int.from_bytes(code[offset + 1:offset + 5], "little")
+            offset += 5
+        elif opcode == 0xE8 and probe_size is not None:
+            return depth + probe_size if code[offset + 5:offset + 8] == b"\x48\x29\xc4" else None
+        elif opcode == 0x48 and code[offset + 1:offset + 3] == b"\x83\xec" and offset + 3 < length \
+                and code[offset + 3] < 0x80:
+            return depth + code[offset + 3]
+        elif opcode == 0x48 and code[offset + 1:offset + 3] == b"\x81\xec" and offset + 6 < length \
+                and code[offset + 6] < 0x80:
+            return depth + int.from_bytes(code[offset + 3:offset + 7], "little")
+        else:
+            return None
+    return None
 
 
 class SpState(object):
@@ -357,6 +408,10 @@ def scan_prologue(decoder, entry, callees=NoCallees()):
     """
     arch = decoder.arch
     result = PrologueResult()
+    if arch == "x64":
+        result.frame_size = decoder.common_frame(entry)
+        if result.frame_size is not None:
+            return result
     pending = [entry]
     seen_paths = set()
     best = None
