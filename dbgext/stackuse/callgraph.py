@@ -159,7 +159,7 @@ class CallGraph(object):
         done = set()
         pointers_added = False
         while True:
-            todo = [f for va, f in sorted(module.functions.items()) if va not in done]
+            todo = [module.functions[va] for va in sorted(module.functions.keys() - done)]
             if not todo:
                 # Code pointers are taken once every body is known: one that points
                 # inside a body is a label (a jump or exception target), not a function.
