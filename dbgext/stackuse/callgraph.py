@@ -376,7 +376,7 @@ def _merge(entry, value, status, reasons, site):
         entry[2] = (list(reasons) + [r for r in current_reasons if r not in reasons])[:MAX_REASONS]
         if status in (UNBOUNDED, UNKNOWN):
             entry[3] = site
-    elif len(current_reasons) < MAX_REASONS:
+    elif reasons and len(current_reasons) < MAX_REASONS:
         entry[2] = (list(current_reasons) + [r for r in reasons if r not in current_reasons])[:MAX_REASONS]
     if value is not None and (best is None or value > best):
         entry[0] = value
