@@ -13,7 +13,9 @@ early-exit test comes before the prologue (it follows the branch).
 
 Instructions are decoded with capstone's ``disasm_lite`` (no detail objects) and
 classified from their text: that is several times faster than detail mode, which
-matters for images with tens of thousands of functions.
+matters for images with tens of thousands of functions.  The x64 prologue most
+compilers emit (register pushes, then ``sub rsp, N`` or a stack probe) is read
+from its bytes without decoding (:func:`common_x64_frame`), to the same result.
 """
 
 from ..disasm import Disassembler, direct_target, memory_displacement, parse_int, split_operands
