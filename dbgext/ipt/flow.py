@@ -911,6 +911,7 @@ class _Walk(object):
         suspicious = self.suspicious
         extend = out.extend
         next_item = self.item
+        pushed = self.pushed
         bits, bi = self.bits, self.bit_index
         nbits = len(bits)
         self.committed = self.resumed_at = len(out)
@@ -927,16 +928,26 @@ class _Walk(object):
             if bits_used_up:
                 # What the next item binds now (pending_event), inline for the items that
                 # bind nothing (TIP, TNT, the end) while no FUP is held or waiting.
+                # A FUP directly followed by a TIP (an interrupt) does not wait: it binds
+                # at its IP (the TIP is put back for take_async).
                 bits_used_up = False
-                binds_nothing = False
+                binds = None
                 if self.held is None and not self.waiting_fups:
                     item = self.lookahead
                     if item is None and not self.ended:
                         self.committed = committed
                         item = self.lookahead = next_item()
-                    binds_nothing = item is None or item[0] == F_TIP or item[0] == F_TNT
-                if binds_nothing:
-                    async_ip, disable_target = None, -1
+                    if item is None or item[0] == F_TIP or item[0] == F_TNT:
+                        binds = None, -1
+                    elif item[0] == F_FUP and bi >= nbits:
+                        self.committed = committed
+                        following = next_item()
+                        if following is not None:
+                            pushed.append(following)
+                            if following[0] == F_TIP:
+                                binds = item[2], -1
+                if binds is not None:
+                    async_ip, disable_target = binds
                 else:
                     save()
                     async_ip, disable_target = self.pending_event()
@@ -959,6 +970,18 @@ class _Walk(object):
                 # The trace moves the IP: an asynchronous event at async_ip, or a gap in the code.
                 if at_event:
                     extend(insns[:bisect_left(insns, async_ip)])
+                    item = self.lookahead
+                    if self.held is None and item[0] == F_FUP and pushed and pushed[-1][0] == F_TIP \
+                            and pushed[-1][2] is not None:
+                        # FUP + TIP, as take_async takes them: an interrupt.
+                        self.lookahead = None
+                        tip = pushed.pop()
+                        committed = self.committed = self.resumed_at = len(out)
+                        self.result.add_event((self.flushed + committed, "interrupt", tip[1], async_ip))
+                        ip = tip[2]
+                        bits_used_up = True
+                        idle_blocks = 0
+                        continue
                     save()
                     ip = self.take_async(async_ip)
                 else:
