@@ -269,6 +269,8 @@ F_TNT, F_MODE, F_TSX = 20, 21, 22  # value: bits "TNT..."; mode (16/32/64 or Non
 ITEM_NAMES = {F_TNT: "tnt", F_TIP: "tip", F_PGE: "tip.pge", F_PGD: "tip.pgd", F_FUP: "fup", F_MODE: "mode.exec",
               F_PSB: "psb", F_PSBEND: "psbend", F_OVF: "ovf", F_ERROR: "error", F_TSX: "mode.tsx"}
 _TNT8_BITS = P.TNT8_BITS
+# The tokenizer's kinds item() compares with, once per packet: globals, not attributes of P.
+_K_TNT8_RUN, _K_TNT64, _K_MODE, _K_OTHER, _K_PAD_RUN = P.K_TNT8_RUN, P.K_TNT64, P.K_MODE, P.K_OTHER, P.K_PAD_RUN
 # skd010_resume: the overflow resolved with tracing off after all.
 _STAYS_OFF = -1
 # IPBytes of a compressed IP -> the bits its payload gives (the rest comes from the last IP).
@@ -451,7 +453,7 @@ class _Walk(object):
         for item in self.tokens:
             kind = item[0]
             self.last_offset = item[1]
-            if kind == P.K_TNT8_RUN:
+            if kind == _K_TNT8_RUN:
                 run = item[2]
                 bits = _TNT8_BITS.get(run[0], "") if len(run) == 1 else P.tnt_bits_of_run(run)
                 if bits:
@@ -468,9 +470,9 @@ class _Walk(object):
                     return F_TSX, item[1], (item[2], state)
                 else:
                     return item
-            elif kind == P.K_TNT64:
+            elif kind == _K_TNT64:
                 return F_TNT, item[1], item[2]
-            elif kind == P.K_MODE:
+            elif kind == _K_MODE:
                 name, fields = item[2]
                 if name == "mode.exec":
                     return F_MODE, item[1], EXEC_MODES.get(fields["mode"])
@@ -492,11 +494,11 @@ class _Walk(object):
                 self.reset()
                 if self.walking:
                     raise _Resync()
-            elif kind == P.K_OTHER:
+            elif kind == _K_OTHER:
                 name, fields = item[2]
                 if name in ("ptw", "exstop") and fields["ip"]:
                     self.skip_fup = True
-            elif kind != P.K_PAD_RUN:  # OVF
+            elif kind != _K_PAD_RUN:  # OVF
                 return item
         self.ended = True
         return None
