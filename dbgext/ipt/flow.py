@@ -458,7 +458,7 @@ class _Walk(object):
                 bits = _TNT8_BITS.get(run[0], "") if len(run) == 1 else P.tnt_bits_of_run(run)
                 if bits:
                     return F_TNT, item[1], bits
-            elif kind == F_TIP or kind == F_PGE or kind == F_PGD:
+            elif kind == F_TIP:
                 return item
             elif kind == F_FUP:
                 if self.skip_fup:
@@ -470,6 +470,8 @@ class _Walk(object):
                     return F_TSX, item[1], (item[2], state)
                 else:
                     return item
+            elif kind == F_PGE or kind == F_PGD:
+                return item
             elif kind == _K_TNT64:
                 return F_TNT, item[1], item[2]
             elif kind == _K_MODE:
@@ -894,7 +896,7 @@ class _Walk(object):
     # -- the walk -----------------------------------------------------------------
 
     def walk(self, ip, *, len=len, bisect_left=bisect_left, B_COND=B_COND, B_JUMP=B_JUMP, B_CALL=B_CALL,
-             B_RET=B_RET, B_INDIRECT_CALL=B_INDIRECT_CALL, B_STOP=B_STOP, F_TIP=F_TIP, F_TNT=F_TNT,
+             B_RET=B_RET, B_INDIRECT_CALL=B_INDIRECT_CALL, B_STOP=B_STOP, F_TIP=F_TIP, F_TNT=F_TNT, F_FUP=F_FUP,
              FLUSH_SIZE=FLUSH_SIZE, RETSTACK_DEPTH=RETSTACK_DEPTH, MAX_BLOCKS_WITHOUT_TRACE=MAX_BLOCKS_WITHOUT_TRACE):
         """Follow the code from ``ip`` until the trace ends, tracing stops, or an error.
 
