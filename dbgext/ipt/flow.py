@@ -272,6 +272,8 @@ F_TNT, F_MODE, F_TSX = 20, 21, 22  # value: bits "TNT..."; mode (16/32/64 or Non
 ITEM_NAMES = {F_TNT: "tnt", F_TIP: "tip", F_PGE: "tip.pge", F_PGD: "tip.pgd", F_FUP: "fup", F_MODE: "mode.exec",
               F_PSB: "psb", F_PSBEND: "psbend", F_OVF: "ovf", F_ERROR: "error", F_TSX: "mode.tsx"}
 _TNT8_BITS = P.TNT8_BITS
+# The tokenizer's kinds item() compares with, once per packet: globals, not attributes of P.
+_K_TNT8_RUN, _K_TNT64, _K_MODE, _K_OTHER, _K_PAD_RUN = P.K_TNT8_RUN, P.K_TNT64, P.K_MODE, P.K_OTHER, P.K_PAD_RUN
 # skd010_resume: the overflow resolved with tracing off after all.
 _STAYS_OFF = -1
 # IPBytes of a compressed IP -> the bits its payload gives (the rest comes from the last IP).
@@ -454,12 +456,12 @@ class _Walk(object):
         for item in self.tokens:
             kind = item[0]
             self.last_offset = item[1]
-            if kind == P.K_TNT8_RUN:
+            if kind == _K_TNT8_RUN:
                 run = item[2]
                 bits = _TNT8_BITS.get(run[0], "") if len(run) == 1 else P.tnt_bits_of_run(run)
                 if bits:
                     return F_TNT, item[1], bits
-            elif kind == F_TIP or kind == F_PGE or kind == F_PGD:
+            elif kind == F_TIP:
                 return item
             elif kind == F_FUP:
                 if self.skip_fup:
@@ -471,9 +473,11 @@ class _Walk(object):
                     return F_TSX, item[1], (item[2], state)
                 else:
                     return item
-            elif kind == P.K_TNT64:
+            elif kind == F_PGE or kind == F_PGD:
+                return item
+            elif kind == _K_TNT64:
                 return F_TNT, item[1], item[2]
-            elif kind == P.K_MODE:
+            elif kind == _K_MODE:
                 name, fields = item[2]
                 if name == "mode.exec":
                     return F_MODE, item[1], EXEC_MODES.get(fields["mode"])
@@ -495,11 +499,11 @@ class _Walk(object):
                 self.reset()
                 if self.walking:
                     raise _Resync()
-            elif kind == P.K_OTHER:
+            elif kind == _K_OTHER:
                 name, fields = item[2]
                 if name in ("ptw", "exstop") and fields["ip"]:
                     self.skip_fup = True
-            elif kind != P.K_PAD_RUN:  # OVF
+            elif kind != _K_PAD_RUN:  # OVF
                 return item
         self.ended = True
         return None
@@ -895,7 +899,7 @@ class _Walk(object):
     # -- the walk -----------------------------------------------------------------
 
     def walk(self, ip, *, len=len, bisect_left=bisect_left, B_COND=B_COND, B_JUMP=B_JUMP, B_CALL=B_CALL,
-             B_RET=B_RET, B_INDIRECT_CALL=B_INDIRECT_CALL, B_STOP=B_STOP, F_TIP=F_TIP, F_TNT=F_TNT,
+             B_RET=B_RET, B_INDIRECT_CALL=B_INDIRECT_CALL, B_STOP=B_STOP, F_TIP=F_TIP, F_TNT=F_TNT, F_FUP=F_FUP,
              FLUSH_SIZE=FLUSH_SIZE, RETSTACK_DEPTH=RETSTACK_DEPTH, MAX_BLOCKS_WITHOUT_TRACE=MAX_BLOCKS_WITHOUT_TRACE):
         """Follow the code from ``ip`` until the trace ends, tracing stops, or an error.
 
@@ -914,6 +918,7 @@ class _Walk(object):
         suspicious = self.suspicious
         extend = out.extend
         next_item = self.item
+        pushed = self.pushed
         bits, bi = self.bits, self.bit_index
         nbits = len(bits)
         self.committed = self.resumed_at = len(out)
@@ -930,16 +935,26 @@ class _Walk(object):
             if bits_used_up:
                 # What the next item binds now (pending_event), inline for the items that
                 # bind nothing (TIP, TNT, the end) while no FUP is held or waiting.
+                # A FUP directly followed by a TIP (an interrupt) does not wait: it binds
+                # at its IP (the TIP is put back for take_async).
                 bits_used_up = False
-                binds_nothing = False
+                binds = None
                 if self.held is None and not self.waiting_fups:
                     item = self.lookahead
                     if item is None and not self.ended:
                         self.committed = committed
                         item = self.lookahead = next_item()
-                    binds_nothing = item is None or item[0] == F_TIP or item[0] == F_TNT
-                if binds_nothing:
-                    async_ip, disable_target = None, -1
+                    if item is None or item[0] == F_TIP or item[0] == F_TNT:
+                        binds = None, -1
+                    elif item[0] == F_FUP and bi >= nbits:
+                        self.committed = committed
+                        following = next_item()
+                        if following is not None:
+                            pushed.append(following)
+                            if following[0] == F_TIP:
+                                binds = item[2], -1
+                if binds is not None:
+                    async_ip, disable_target = binds
                 else:
                     save()
                     async_ip, disable_target = self.pending_event()
@@ -962,6 +977,18 @@ class _Walk(object):
                 # The trace moves the IP: an asynchronous event at async_ip, or a gap in the code.
                 if at_event:
                     extend(insns[:bisect_left(insns, async_ip)])
+                    item = self.lookahead
+                    if self.held is None and item[0] == F_FUP and pushed and pushed[-1][0] == F_TIP \
+                            and pushed[-1][2] is not None:
+                        # FUP + TIP, as take_async takes them: an interrupt.
+                        self.lookahead = None
+                        tip = pushed.pop()
+                        committed = self.committed = self.resumed_at = len(out)
+                        self.result.add_event((self.flushed + committed, "interrupt", tip[1], async_ip))
+                        ip = tip[2]
+                        bits_used_up = True
+                        idle_blocks = 0
+                        continue
                     save()
                     ip = self.take_async(async_ip)
                 else:
