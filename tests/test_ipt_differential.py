@@ -453,3 +453,23 @@ def test_only_a_near_call_feeds_ret_compression(call):
         assert (ips, failed) == ([BASE, handler, BASE + len(call)], False)
     else:
         assert (ips, failed) == ([BASE], True)  # the RET finds no call to return to
+
+
+@pytest.mark.parametrize("branch", [b"\xc3", b"\xff\xe0"])
+@pytest.mark.parametrize("mode_first", [False, True])
+def test_a_mode_exec_binds_to_the_tip_right_after_it(branch, mode_first):
+    """ret or jmp rax, then jz: TNT, TIP is a deferred TIP after the jz's bit (for the
+    ret, a compressed return with nothing to return to); MODE.Exec, TNT, TIP fails the
+    branch in libipt, which binds a MODE.Exec to the TIP that follows it."""
+    target = BASE + 0x10
+    code = branch + b"\x90" * (0x10 - len(branch)) + b"\x74\x02" + NOPS
+    writer = writer_at(BASE)
+    if mode_first:
+        writer.raw(b"\x99\x01")
+    writer.tnt(True)
+    writer.tip(target)
+    ips, failed, _ = decode_alike(async_disable(writer, BASE + 0x18), code, None)
+    if mode_first or branch == b"\xc3":
+        assert (ips, failed) == ([], True)
+    else:
+        assert (ips, failed) == ([BASE, target] + list(range(BASE + 0x14, BASE + 0x18)), False)

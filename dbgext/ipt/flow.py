@@ -860,10 +860,16 @@ class _Walk(object):
         or None when tracing stops there (TIP.PGD or the end of the trace)."""
         if self.committed >= FLUSH_SIZE:
             self.flush()
+        item = self.peek()
+        after_mode = item is not None and item[0] == F_MODE
         item = self.peek_past_modes()
         if item is not None and item[0] == F_FUP and self.hold_async_branch():
             item = self.peek_past_modes()
         if item is not None and item[0] == F_TNT and self.bit_index >= len(self.bits):
+            if after_mode:
+                # libipt binds a MODE.Exec to the TIP right after it: TNT there fails the branch.
+                self.error(item[1], "MODE.Exec followed by TNT where the %s at 0x%x needs a TIP" % (wanted, address),
+                           address)
             # A deferred TIP: the TNT bits of the branches after this one come first,
             # one TNT packet of them (libipt fails on a second).
             first = self.data[item[1]]
@@ -1084,6 +1090,8 @@ class _Walk(object):
                     if ip is None:
                         self.finish_segment(block)
                         return
+                    bits, bi = self.bits, self.bit_index  # a deferred TIP's TNT bits come first
+                    nbits = len(bits)
                     committed = len(out)
                     save()
                     async_ip, disable_target = self.pending_event()
