@@ -305,14 +305,16 @@ def test_fast_stats_edge_cases_agree_with_the_full_decode(body):
 
 
 @needs_libipt
-def test_tma_with_reserved_bits_is_rejected_like_libipt():
+@pytest.mark.parametrize("reserved, shown", [
+    (b"\x02\x73\x34\x12\x00\x56\x03", "005603"),   # a reserved bit next to FC[8]
+    (b"\x02\x73\x34\x12\x80\x56\x01", "805601")])  # the reserved byte between CTC and FC
+def test_tma_with_reserved_bits_is_rejected_like_libipt(reserved, shown):
     valid = b"\x02\x73\x34\x12\x00\x56\x01"     # CTC 0x1234, FC 0x156
-    reserved = b"\x02\x73\x34\x12\x00\x56\x03"  # a reserved bit next to FC[8]
     trace = PSB + valid + b"\x02\x23" + reserved + PSB + b"\x02\x23"
     ours = decode_packets(trace)
     theirs, their_errors = libipt.decode_packets(trace)
     assert [offset for offset, _ in errors(ours)] == [offset for offset, _ in their_errors] == [25]
-    assert "tma packet with reserved bits set (03)" in errors(ours)[0][1]
+    assert "tma packet with reserved bits set (%s)" % shown in errors(ours)[0][1]
     assert [p.fields for p in ours.packets if p.type == "tma"] == [{"ctc": 0x1234, "fc": 0x156}]
     assert errors(packet_stats(trace)) == errors(ours)
 

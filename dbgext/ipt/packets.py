@@ -100,8 +100,8 @@ def _build_pattern():
         ("tnt64", b"\\xa3", b"(?!\\x00{6}).{6}"),
         ("pip", b"\\x43", b".{6}"),
         ("cbr", b"\\x03", b".."),
-        # FC[8] is the only payload bit of the last byte; libipt rejects the others.
-        ("tma", b"\\x73", b".{4}[\\x00\\x01]"),
+        # CTC, a reserved byte, FC[7:0], FC[8]: libipt rejects a TMA with any reserved bit set.
+        ("tma", b"\\x73", b"..\\x00.[\\x00\\x01]"),
         ("ovf", b"\\xf3", b""),
         ("vmcs", b"\\xc8", b".{5}"),
         ("stop", b"\\x83", b""),
@@ -195,7 +195,7 @@ def _error_message(data, offset, end):
         if data[offset + 1] == 0xA3 and remaining >= 8:
             return "tnt64 packet without stop bit"
         if data[offset + 1] == 0x73 and remaining >= 7:
-            return "tma packet with reserved bits set (%02x)" % data[offset + 6]
+            return "tma packet with reserved bits set (%s)" % data[offset + 4:offset + 7].hex()
         if data[offset + 1] == 0xC3 and remaining >= 3 and data[offset + 2] != 0x88:
             return "unknown opcode 02 c3 %02x" % data[offset + 2]
         if need is None:
