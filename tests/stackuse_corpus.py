@@ -199,6 +199,19 @@ def missing_tools(toolchain):
     return [tool for tool in TOOLCHAINS[toolchain]["tools"] if shutil.which(tool) is None]
 
 
+# Where the tests keep their builds, reused across runs.
+TEST_BUILD_DIRECTORY = os.path.join(tempfile.gettempdir(), "dbgext-stackuse-corpus")
+
+
+def build_for_test(toolchain, level, source):
+    """The build a test needs; the test is skipped with the reason when the toolchain is missing."""
+    import pytest
+    missing = missing_tools(toolchain)
+    if missing:
+        pytest.skip("%s not installed (apt-get install gcc-mingw-w64-i686 clang lld llvm)" % ", ".join(missing))
+    return build(toolchain, level, source, TEST_BUILD_DIRECTORY)
+
+
 class Build(object):
     """One compiled DLL of the corpus: its path, the compiler's frame sizes
     ({name: (frame bytes below the return address, dynamic?)}) and where each

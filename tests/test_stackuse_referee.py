@@ -5,29 +5,21 @@ realign the stack (``and esp, -8``) are the ones clang's ``-fstack-usage`` puts 
 bytes low; the execution settles them: stackuse's frame is the measured minimum,
 its realignment padding reaches the measured maximum."""
 
-import os
-import tempfile
 
 import pytest
 
 from dbgext.stackuse import analyze
-from stackuse_corpus import (BUILDS, MEASURED_EXACT, UNMEASURED, build, generate, missing_tools,
-                             referee_verdicts)
+from stackuse_corpus import BUILDS, MEASURED_EXACT, UNMEASURED, build_for_test, generate, referee_verdicts
 
 pytest.importorskip("unicorn")
 
 CORPUS = generate()
-BUILD_DIRECTORY = os.path.join(tempfile.gettempdir(), "dbgext-stackuse-corpus")
 SAMPLE_STRIDE = 4  # every 4th function of each build (all of them take minutes)
 
 
 @pytest.fixture(scope="module", params=BUILDS, ids=["%s-%s" % config for config in BUILDS])
 def measured(request):
-    toolchain, level = request.param
-    missing = missing_tools(toolchain)
-    if missing:
-        pytest.skip("%s not installed (apt-get install gcc-mingw-w64-i686 clang lld llvm)" % ", ".join(missing))
-    result = build(toolchain, level, CORPUS, BUILD_DIRECTORY)
+    result = build_for_test(*request.param, source=CORPUS)
     names = sorted(name for name in result.expected if name in result.locations)[::SAMPLE_STRIDE]
     return result, referee_verdicts(result, analyze(pe=result.path), names)
 

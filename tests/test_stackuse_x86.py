@@ -9,24 +9,18 @@ and no function gets a wrong number — what cannot be exact is reported as dyna
 or unknown.  ``scripts/stackuse_exact.py`` prints the same comparison as a table."""
 
 import os
-import tempfile
 
 import pytest
 
 from dbgext.stackuse import analyze
-from stackuse_corpus import BUILDS, COMPILER_LOW, EXACT, MISSED, WRONG, build, compare, generate, missing_tools
+from stackuse_corpus import BUILDS, COMPILER_LOW, EXACT, MISSED, WRONG, build_for_test, compare, generate
 
 CORPUS = generate()
-BUILD_DIRECTORY = os.path.join(tempfile.gettempdir(), "dbgext-stackuse-corpus")
 
 
 @pytest.fixture(scope="module", params=BUILDS, ids=["%s-%s" % config for config in BUILDS])
 def built(request):
-    toolchain, level = request.param
-    missing = missing_tools(toolchain)
-    if missing:
-        pytest.skip("%s not installed (apt-get install gcc-mingw-w64-i686 clang lld llvm)" % ", ".join(missing))
-    result = build(toolchain, level, CORPUS, BUILD_DIRECTORY)
+    result = build_for_test(*request.param, source=CORPUS)
     return result, analyze(pe=result.path)
 
 
@@ -102,6 +96,6 @@ def test_a_pdb_names_every_function_and_a_foreign_one_is_refused(built, tmp_path
     for name, rva in result.locations.items():
         assert by_rva[rva].name is not None
     assert "symbol" in {function.origin for function in named.functions}
-    other = build(result.toolchain, "O2" if result.level != "O2" else "O1", CORPUS, BUILD_DIRECTORY)
+    other = build_for_test(result.toolchain, "O2" if result.level != "O2" else "O1", CORPUS)
     with pytest.raises(BadInput, match="does not belong to"):
         analyze(pe=result.path, pdb=os.path.join(os.path.dirname(other.path), "corpus.pdb"))
