@@ -415,10 +415,22 @@ def parse_pe(path, directory):
             value()
 
 
+def stackuse_listing_is_depths_listing(path, directory):
+    """``stackuse functions`` decodes only the bodies it must: it still lists exactly what
+    ``--depth`` lists, depth fields aside."""
+    from dbgext.stackuse import analyze
+    listed = analyze(pe=path).records()
+    deep = [dict((key, value) for key, value in record.items() if not key.startswith("depth"))
+            for record in analyze(pe=path, depth=True).records()]
+    if listed != deep:
+        raise AssertionError("stackuse functions and functions --depth list different functions")
+
+
 def read_etl(path, directory):
     from dbgext.etl.reader import EtlReader
-    for _ in EtlReader(path).events():
-        pass
+    with EtlReader(path) as reader:
+        for _ in reader.events():
+            pass
 
 
 def read_pdb(path, directory):
@@ -460,10 +472,13 @@ CASES = [
          [["ipt", "packets", "--trace", "{input}", "--json"],
           ["ipt", "flow", "--trace", "{input}", "--image", "{dir}/code.bin@401000", "--json"]],
          [decode_ipt_packets, decode_ipt_flow]),
-    Case("pe-x64", ".sys", _pe_seed, [["stackuse", "functions", "--pe", "{input}", "--depth", "--json"]],
-         [parse_pe]),
+    Case("pe-x64", ".sys", _pe_seed, [["stackuse", "functions", "--pe", "{input}", "--json"],
+                                      ["stackuse", "functions", "--pe", "{input}", "--depth", "--json"]],
+         [parse_pe, stackuse_listing_is_depths_listing]),
     Case("pe-mingw-x86", ".dll", _mingw_pe_seed,
-         [["stackuse", "functions", "--pe", "{input}", "--depth", "--json"]], [parse_pe]),
+         [["stackuse", "functions", "--pe", "{input}", "--json"],
+          ["stackuse", "functions", "--pe", "{input}", "--depth", "--json"]],
+         [parse_pe, stackuse_listing_is_depths_listing]),
     Case("etl", ".etl", _etl_seed,
          [["etwstacks", "--simulate", "--etl", "{input}", "--json"], ["ipt", "scan", "--etl", "{input}", "--json"]],
          [read_etl]),
