@@ -55,6 +55,21 @@ def test_a_code_section_claiming_gigabytes_costs_only_the_bytes_the_file_holds()
     assert json.loads(result.stdout)["schema_version"] == 1
 
 
+@pytest.mark.parametrize("name", ["pe-callee-of-a-gap.dll", "pe-callee-found-when-refined.dll"])
+def test_functions_lists_what_depth_lists_when_callees_turn_up_late(name):
+    """Mutated MinGW x86 DLLs the fuzz harness found (tests/data/fuzz): a function
+    called only from code the gap sweep found, or reached only once every callee's
+    `ret N` was known, was listed by `functions` without a frame (--depth followed it)."""
+    import os
+    from dbgext.stackuse import analyze
+    path = os.path.join(os.path.dirname(__file__), "data", "fuzz", name)
+    listed = analyze(pe=path).records()
+    deep = [dict((key, value) for key, value in record.items() if not key.startswith("depth"))
+            for record in analyze(pe=path, depth=True).records()]
+    assert listed == deep
+    assert all(record["frame_size"] is not None or record["dynamic"] for record in listed if record["found_by"] == "call")
+
+
 @pytest.mark.parametrize("content, message", [
     (b"", "truncated before the DOS header ends (0x0 bytes)"),
     (b"MZ" + b"\0" * 10, "truncated before the DOS header ends (0xc bytes)"),

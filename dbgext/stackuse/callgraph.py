@@ -157,7 +157,7 @@ class CallGraph(object):
         """Follow every function of ``module``, including the ones found on the way."""
         self._complete.add(module)
         done = set()
-        pointers_added = False
+        pointers_added = gaps_filled = False
         while True:
             todo = [module.functions[va] for va in sorted(module.functions.keys() - done)]
             if not todo:
@@ -167,8 +167,11 @@ class CallGraph(object):
                     pointers_added = True
                     if module.add_code_pointers():
                         continue
-                if module.arch == "x86":
+                if module.arch == "x86" and not gaps_filled:
+                    # What the gaps' bodies call is followed in one more round.
+                    gaps_filled = True
                     self._fill_gaps(module)
+                    continue
                 break
             for function in todo:
                 done.add(function.va)
@@ -252,12 +255,22 @@ class CallGraph(object):
         every callee has been followed, scan and follow every function again."""
         if module.arch != "x86":
             return
+        followed = set(module.functions)
         for function in list(module.functions.values()):
             function.prologue_size = None
             function.dynamic = None
             module.compute_frame(function)
             if function.fragment_of is None:
                 _follow_body(self.program, function)
+        # Followed again with every callee known, a body may reach calls the first
+        # pass did not: those callees are followed too.
+        while self.program.function_count() <= MAX_FUNCTIONS:
+            found = sorted(module.functions.keys() - followed)
+            if not found:
+                break
+            for va in found:
+                followed.add(va)
+                self.analyse(module.functions[va])
 
     # -- worst case -------------------------------------------------------------------
 
