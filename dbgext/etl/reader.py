@@ -183,9 +183,6 @@ class _MemoryBytes(object):
     def close(self):
         pass
 
-    def close(self):
-        pass
-
 
 class EtlReader(object):
     """``EtlReader(path_or_bytes)``; iterate :meth:`events` (or :meth:`buffers`);
@@ -212,9 +209,6 @@ class EtlReader(object):
             self.close()
             raise
         self.compression_format = self._compression_format(head)
-
-    def close(self):
-        self._file.close()
 
     def __enter__(self):
         return self
