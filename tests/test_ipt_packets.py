@@ -5,6 +5,7 @@ import random
 import pytest
 
 import ipt_support as libipt
+from dbgext.ipt import packets
 from dbgext.ipt.packets import PSB, decode_packets, packet_stats
 
 needs_libipt = pytest.mark.skipif(libipt.LIB is None, reason=libipt.SKIP_REASON)
@@ -302,6 +303,55 @@ def test_fast_stats_edge_cases_agree_with_the_full_decode(body):
     stats = packet_stats(trace)
     assert stats.as_dict()["types"] == count_types(full)
     assert errors(stats) == errors(full)
+
+
+# Hand-encoded packets, weighted like real traces: mostly the kinds packet_stats counts
+# without capturing (TNT-8, TIP with two IP bytes), between every other shape of key.
+STREAM_PIECES = [
+    (30, lambda g: bytes([g.randrange(4, 256, 2)])),                               # tnt8
+    (20, lambda g: b"\x2d" + bytes(g.getrandbits(8) for _ in range(2))),          # tip, 2 IP bytes
+    (8, lambda g: b"\x59" + bytes([g.getrandbits(8)])),                            # mtc
+    (4, lambda g: b"\x00" * g.randint(1, 5)),                                      # pad runs, back to back too
+    (3, lambda g: g.choice([b"\x3d", b"\x21", b"\x31"]) + bytes(2)),  # FUP, TIP.PGD, TIP.PGE with 2 IP bytes
+    (2, lambda g: g.choice([b"\x01", b"\x0d", b"\x11", b"\x1d"])),                   # suppressed IPs
+    (1, lambda g: g.choice([b"\x6d", b"\x7d"]) + bytes(6)),                        # 6 IP bytes
+    (3, lambda g: bytes([g.choice([0x4d, 0x51, 0x41, 0x5d])]) + bytes(4)),          # 4-byte IP packets
+    (3, lambda g: g.choice([b"\x03", b"\x0b", b"\x07\x02", b"\x07\x01\x03\x00",  # CYC of 1 to 9 bytes
+                            b"\x0f" + b"\x01" * 7 + b"\x02"])),
+    (2, lambda g: b"\x99" + bytes([g.choice([0x00, 0x01, 0x02, 0x23, 0x21])])),     # mode, payloads like keys
+    (2, lambda g: b"\x19" + bytes(7)),                                             # tsc
+    (1, lambda g: PSB + PSBEND),
+    (1, lambda g: b"\x02\xf3"),                                                    # ovf
+    (1, lambda g: b"\x02\x73\x34\x12\x00\x56\x01"),                                # tma
+    (1, lambda g: b"\x02\xa3\x01\x00\x50\x0e\x00\x00"),                            # tnt64
+]
+
+
+def random_stream(generator, count):
+    weights = [weight for weight, _ in STREAM_PIECES]
+    makers = [make for _, make in STREAM_PIECES]
+    return PSB + b"".join(generator.choices(makers, weights)[0](generator) for _ in range(count))
+
+
+@pytest.mark.parametrize("window", [61, 1 << 20])
+@pytest.mark.parametrize("seed", range(12))
+def test_counts_agree_with_the_full_decode_across_windows_and_corruption(monkeypatch, seed, window):
+    monkeypatch.setattr(packets, "_WINDOW", window)  # many windows, each ending at a PSB
+    generator = random.Random(300 + seed)
+    trace = bytearray(random_stream(generator, 3000))
+    for _ in range(seed % 4 * 3):  # none, then 3, 6, 9 corrupted bytes
+        trace[generator.randrange(len(trace))] = generator.getrandbits(8)
+    trace = bytes(trace[:len(trace) - seed % 3])  # and a last packet cut short
+    start = generator.randrange(20) if seed % 2 else 0
+    full = decode_packets(trace, start)
+    stats = packet_stats(trace, start)
+    assert stats.as_dict()["types"] == count_types(full)
+    assert errors(stats) == errors(full)
+
+
+def test_counts_without_any_psb_report_it():
+    stats = packet_stats(b"\x06\x2d\x01\x02")
+    assert stats.packets == 0 and errors(stats) == [(0, "no PSB in the 4 bytes from offset 0")]
 
 
 @needs_libipt

@@ -14,6 +14,7 @@ at the next PSB, so the decoder never reads past the buffer and always terminate
 import re
 import struct
 from collections import Counter
+from itertools import islice
 
 from ..problems import ProblemLog
 
@@ -127,24 +128,11 @@ def _build_pattern():
     quiet = b"|".join(key + tail for name, key, tail in common if name in ("pad", "mtc", "cyc", "tsc"))
     flow_source = b"(?P<tnt8>(?:" + _byte_class(tnt8) + b"|" + quiet + b")+)|" + rest
     quiet_re = b"(?:" + quiet + b")+"
-    # packet_stats: one match per packet that is not TNT-8, after skipping the TNT-8
-    # run before it.  The only group is the packet's key, found by a lookahead that
-    # also checks the rest of the packet; it is empty for a bad byte (which is then
-    # consumed alone) and the last TNT-8 byte when the buffer ends in a TNT-8 run.
-    # TNT-8 bytes are what the keyed packets leave of the buffer.  One group keeps
-    # findall from building a tuple per match.
-    checked_keys = [key + b"(?=" + rest + b")" for _, key, rest in common] + [
-        b"\\x02" + key + b"(?=" + rest + b")" for _, key, rest in extended]
-    valid = b"|".join(key + rest for _, key, rest in common) + b"|\\x02(?:" + b"|".join(
-        key + rest for _, key, rest in extended) + b")"
-    tnt = _byte_class(tnt8)
-    stats_source = (tnt + b"*(?=(" + b"|".join(checked_keys) + b"|" + tnt + b"\\Z|))(?:" + valid + b"|"
-                    + _byte_class(set(range(256)) - set(tnt8)) + b"|" + tnt + b"\\Z)")
-    return (re.compile(source, re.DOTALL), re.compile(stats_source, re.DOTALL), re.compile(flow_source, re.DOTALL),
-            re.compile(quiet_re, re.DOTALL), reserved_ip)
+    return (re.compile(source, re.DOTALL), re.compile(flow_source, re.DOTALL), re.compile(quiet_re, re.DOTALL),
+            reserved_ip, common, extended)
 
 
-PACKET_RE, STATS_RE, FLOW_RE, QUIET_RE, RESERVED_IP_OPCODES = _build_pattern()
+PACKET_RE, FLOW_RE, QUIET_RE, RESERVED_IP_OPCODES, _COMMON, _EXTENDED_PACKETS = _build_pattern()
 G = PACKET_RE.groupindex
 G_TNT8, G_PAD, G_IP0, G_IP2, G_IP4, G_IP6, G_IP8 = (
     G["tnt8"], G["pad"], G["ip0"], G["ip2"], G["ip4"], G["ip6"], G["ip8"])
@@ -283,8 +271,9 @@ def tnt_bits_of_run(run):
     return "".join([TNT8_BITS[byte] for byte in QUIET_RE.sub(b"", run)])
 
 
-def tokens(data, start=0, end=None, pattern=PACKET_RE):
-    """Tokenize ``data[start:end]`` from its first PSB on.
+def tokens(data, start=0, end=None, pattern=PACKET_RE, at_packet=False):
+    """Tokenize ``data[start:end]`` from its first PSB on (from ``start`` itself when
+    ``at_packet`` says a packet starts there).
 
     Yields ``(kind, offset, value)`` (kinds K_*).  Errors come as K_ERROR tokens
     naming the offset; the tokenizer then resumes at the next PSB.  The first token
@@ -294,7 +283,7 @@ def tokens(data, start=0, end=None, pattern=PACKET_RE):
     if end is None:
         end = len(data)
     end = min(end, len(data))
-    position = data.find(PSB, start, end)
+    position = start if at_packet else data.find(PSB, start, end)
     if position < 0:
         yield K_ERROR, start, "no PSB in the %d bytes from offset %d" % (max(end - start, 0), start)
         return
@@ -465,21 +454,113 @@ class PacketStats(object):
                 "errors": self.problems.count()}
 
 
-def _key_type(key):
-    """(packet type, packets per key, bytes per key) of a STATS_RE key."""
-    first = key[0]
-    if first == 0:
-        return "pad", len(key), len(key)
-    if first == 2:
-        name, size = _EXTENDED[key[1]]
-        return name, 1, size
-    if first & 0x1F in IP_TYPES:
-        return IP_TYPES[first & 0x1F], 1, 1 + IP_PAYLOAD[first >> 5]
-    if first == 0x99:
-        return ("mode.exec" if key[1] >> 5 == 0 else "mode.tsx"), 1, 2
-    if first & 3 == 3:
+# -- counting ----------------------------------------------------------------------
+#
+# Counting is what `ipt packets --stats` and every event scan do over whole buffers,
+# so it does not pay for a regex match per packet (sre's fixed cost of a match is
+# about 900 machine instructions, a packet's own matching a small part of that).  One
+# match covers _SLOTS packets, one slot per packet.  The two commonest packets, TNT-8
+# (1 byte) and TIP with two IP bytes (3 bytes), capture nothing; every other packet
+# captures its key, the bytes that name its type, through a lookahead.  The counts of
+# the two silent kinds follow from what the keyed packets leave of the slots and of
+# the bytes.  Alternatives in a slot never overlap (0x2D is left out of the keyed
+# TIPs), so a match that fails backtracks in linear time.
+
+_SLOTS = 64
+_WINDOW = 1 << 20   # bytes per split(): bounds the lists it builds and the re-decode of a bad window
+_SILENT_TIP = 0x2D  # TIP, IPBytes 1: the other silent kind besides TNT-8
+_CYC_CONTINUED = frozenset(b for b in range(256) if b & 7 == 7)  # a CYC that goes on past its first byte
+
+
+class _Counter(object):
+    """The slot regex and the tables that turn its keys into counts (built on first use)."""
+
+    def __init__(self):
+        silent_tip = re.escape(bytes([_SILENT_TIP])) + b".."
+        tnt8 = _byte_class(range(4, 256, 2))
+        keyed = []
+        for name, key, rest in _COMMON:
+            if name == "ip2":
+                key = _byte_class(opcode for opcode in IP_KIND_OF_OPCODE
+                                  if opcode != _SILENT_TIP and IP_PAYLOAD.get(opcode >> 5) == 2)
+            elif name == "pad":
+                rest = b"(?!\\x00)"  # the whole run, whatever follows fails
+            keyed.append(key + rest)
+        packet = b"|".join(keyed) + b"|\\x02(?:" + b"|".join(key + rest for _, key, rest in _EXTENDED_PACKETS) + b")"
+        cyc = dict((name, key) for name, key, _ in _COMMON)["cyc"]
+        one_byte_keys = _byte_class(set(range(256)) - {0x00, 0x02, 0x99} - _CYC_CONTINUED)
+        # A PAD run's key runs on into the next byte so that two runs stay two keys.
+        key = one_byte_keys + b"|[\\x02\\x99].|\\x00+[^\\x00]?|" + cyc
+        packet_or_silent = silent_tip + b"|" + tnt8 + b"|(?=(" + key + b"))(?:" + packet + b")"
+        slot = b"(?:" + packet_or_silent + b")"
+        # Fewer than _SLOTS packets left: one per match, marked; a byte that is no
+        # packet is captured as bad.
+        single = b"(?=(.))(?:" + packet_or_silent + b"|(.))"
+        # On text (the buffer decoded as latin-1): joining str keys is much cheaper than bytes.
+        self.regex = re.compile((slot * _SLOTS + b"|" + single).decode("latin-1"), re.DOTALL)
+        self.stride = self.regex.groups + 1  # split() lists the groups of a match, then the text to the next
+        self.marker, self.single_key, self.bad = _SLOTS, _SLOTS + 1, _SLOTS + 2  # columns of split()'s rows
+        # Every alternative starts with a literal, so split() skips other characters fast.
+        cyc_rest = _byte_class(range(1, 256, 2)) + b"{0,7}" + _byte_class(range(0, 256, 2))
+        longer = [b"\\x00\\x00*[^\\x00]?", b"\\x02.", b"\\x99."] + [
+            re.escape(bytes([byte])) + cyc_rest for byte in sorted(_CYC_CONTINUED)]
+        self.longer_keys = re.compile((b"(" + b"|".join(longer) + b")").decode("latin-1"), re.DOTALL)
+        one_byte_types = {opcode: (IP_KIND_NAMES[kind], 1 + IP_PAYLOAD[opcode >> 5])
+                          for opcode, kind in IP_KIND_OF_OPCODE.items() if opcode >> 5 in IP_PAYLOAD}
+        one_byte_types.update({0x59: ("mtc", 2), 0x19: ("tsc", 8), 0xD9: ("trig", 4)})
+        one_byte_types.update((byte, ("cyc", 1)) for byte in range(256) if byte & 7 == 3)
+        self.one_byte_types = {chr(byte): kind for byte, kind in one_byte_types.items()}
+
+    @staticmethod
+    def longer_key_type(key):
+        """(type, packets, bytes) of a key longer than one byte."""
+        first = key[0]
+        if first == "\x00":
+            pads = len(key) - (key[-1] != "\x00")
+            return "pad", pads, pads
+        if first == "\x02":
+            name, size = _EXTENDED[ord(key[1])]
+            return name, 1, size
+        if first == "\x99":
+            return ("mode.exec" if ord(key[1]) >> 5 == 0 else "mode.tsx"), 1, 2
         return "cyc", 1, len(key)
-    return {0x19: ("tsc", 1, 8), 0x59: ("mtc", 1, 2), 0xD9: ("trig", 1, 4)}[first]
+
+    def count(self, data, start, end, counts):
+        """Add the packets of ``data[start:end]`` to ``counts``; a packet must start at
+        ``start``.  False, with ``counts`` untouched, unless every byte up to ``end``
+        decodes."""
+        pieces = self.regex.split(str(memoryview(data)[start:end], "latin-1"))
+        stride = self.stride
+        matches = len(pieces) // stride
+        if pieces[1 + self.bad::stride].count(None) != matches:
+            return False
+        singles = matches - pieces[1 + self.marker::stride].count(None)
+        full = matches - singles  # the single-packet matches are the last ones
+        keys = "".join(filter(None, islice(pieces, 1 + full * stride)))
+        keys += "".join(filter(None, pieces[1 + full * stride + self.single_key::stride]))
+        parts = self.longer_keys.split(keys)
+        one_byte = "".join(parts[0::2])
+        keyed_packets = len(one_byte) + len(parts) // 2
+        keyed_bytes = 0
+        found = Counter()
+        while one_byte:
+            key = one_byte[0]
+            number = one_byte.count(key)
+            name, size = self.one_byte_types[key]
+            found[name] += number
+            keyed_bytes += number * size
+            one_byte = one_byte.replace(key, "")
+        for key, number in Counter(parts[1::2]).items():
+            name, packets, size = self.longer_key_type(key)
+            found[name] += number * packets
+            keyed_bytes += number * size
+        silent_packets = _SLOTS * full + singles - keyed_packets
+        silent_tips = (end - start - keyed_bytes - silent_packets) // 2
+        found["tip"] += silent_tips
+        found["tnt8"] += silent_packets - silent_tips
+        for name, number in found.items():
+            counts[name] += number
+        return True
 
 
 _EXTENDED = {0x82: ("psb", 16), 0x23: ("psbend", 2), 0xA3: ("tnt64", 8), 0x43: ("pip", 8), 0x03: ("cbr", 4),
@@ -487,32 +568,16 @@ _EXTENDED = {0x82: ("psb", 16), 0x23: ("psbend", 2), 0xA3: ("tnt64", 8), 0x43: (
              0xC2: ("mwait", 10), 0x22: ("pwre", 4), 0xA2: ("pwrx", 7), 0x62: ("exstop", 2), 0xE2: ("exstop", 2),
              0x12: ("ptw", 6), 0x92: ("ptw", 6), 0x32: ("ptw", 10), 0xB2: ("ptw", 10), 0x13: ("cfe", 4),
              0x53: ("evd", 11)}
+_COUNTER = []  # the _Counter, once built: its regex takes a tenth of a second to compile
 
 
-def packet_stats(data, start=0, end=None):
-    """Decode everything, keep only totals (what the benchmark times).
-
-    A clean buffer is counted by one ``findall`` in C plus a Counter; a buffer with
-    a bad packet is counted by the token loop, which reports offsets and resyncs."""
-    if end is None:
-        end = len(data)
-    end = min(end, len(data))
-    stats = PacketStats(max(0, end - start))
-    first_psb = data.find(PSB, start, end)
-    if first_psb >= 0:
-        keys = Counter(STATS_RE.findall(data, first_psb, end))
-        if not keys[b""]:  # no bad byte
-            counts = stats.counts
-            keyed_bytes = 0
-            for key, count in keys.items():
-                if key and key[0] not in TNT8_BITS:
-                    name, packets, size = _key_type(key)
-                    counts[name] += count * packets
-                    keyed_bytes += count * size
-            counts["tnt8"] = end - first_psb - keyed_bytes
-            return stats
+def _count_tokens(stats, stream, stop):
+    """Count ``stream``'s tokens into ``stats`` up to the first one at or after ``stop``;
+    that token's offset, or None when the stream ends first."""
     counts = stats.counts
-    for kind, offset, value in tokens(data, start, end):
+    for kind, offset, value in stream:
+        if offset >= stop:
+            return offset
         if kind == K_TNT8_RUN:
             counts["tnt8"] += len(value)
         elif kind in IP_KIND_NAMES:
@@ -527,4 +592,33 @@ def packet_stats(data, start=0, end=None):
             stats.problems.add("ipt_packet_error", None, value, offset=offset)
         else:
             counts[_simple_name(kind)] += 1
+    return None
+
+
+def packet_stats(data, start=0, end=None):
+    """Decode everything, keep only totals (what the benchmark times).
+
+    Windows of about a megabyte, each ending at a PSB, are counted by the slot regex;
+    a window with a byte that does not decode is counted again by the token loop,
+    which reports the offset and resyncs, and counting goes on from the packet where
+    that loop left the window."""
+    if end is None:
+        end = len(data)
+    end = min(end, len(data))
+    stats = PacketStats(max(0, end - start))
+    position = data.find(PSB, start, end)
+    if position < 0:
+        _count_tokens(stats, tokens(data, start, end), end)  # reports the missing PSB
+        return stats
+    if not _COUNTER:
+        _COUNTER.append(_Counter())
+    counter = _COUNTER[0]
+    while position is not None and position < end:
+        window_end = data.find(PSB, position + _WINDOW, end)
+        if window_end < 0:
+            window_end = end
+        if counter.count(data, position, window_end, stats.counts):
+            position = window_end
+        else:
+            position = _count_tokens(stats, tokens(data, position, end, at_packet=True), window_end)
     return stats
