@@ -309,6 +309,8 @@ def test_fast_stats_edge_cases_agree_with_the_full_decode(body):
 # without capturing (TNT-8, TIP with two IP bytes), between every other shape of key.
 STREAM_PIECES = [
     (30, lambda g: bytes([g.randrange(4, 256, 2)])),                               # tnt8
+    (1, lambda g: bytes(g.randrange(4, 256, 2) for _ in range(g.choice([15, 63, 64, 65, 200])))),  # tight loops
+    (1, lambda g: bytes(g.choice([63, 64, 65, 300]))),                              # long PAD runs
     (20, lambda g: b"\x2d" + bytes(g.getrandbits(8) for _ in range(2))),          # tip, 2 IP bytes
     (8, lambda g: b"\x59" + bytes([g.getrandbits(8)])),                            # mtc
     (4, lambda g: b"\x00" * g.randint(1, 5)),                                      # pad runs, back to back too
@@ -333,10 +335,12 @@ def random_stream(generator, count):
     return PSB + b"".join(generator.choices(makers, weights)[0](generator) for _ in range(count))
 
 
-@pytest.mark.parametrize("window", [61, 1 << 20])
+@pytest.mark.parametrize("window, long_run", [(61, 64), (250, 4096), (1 << 20, 64), (1 << 20, 4096)])
 @pytest.mark.parametrize("seed", range(12))
-def test_counts_agree_with_the_full_decode_across_windows_and_corruption(monkeypatch, seed, window):
+def test_counts_agree_with_the_full_decode_across_windows_and_corruption(monkeypatch, seed, window, long_run):
     monkeypatch.setattr(packets, "_WINDOW", window)  # many windows, each ending at a PSB
+    monkeypatch.setattr(packets, "_FIRST_WINDOW", min(window, packets._FIRST_WINDOW))
+    monkeypatch.setattr(packets, "_LONG_RUN", long_run)  # runs counted apart, the windows cut at them
     generator = random.Random(300 + seed)
     trace = bytearray(random_stream(generator, 3000))
     for _ in range(seed % 4 * 3):  # none, then 3, 6, 9 corrupted bytes
@@ -381,3 +385,15 @@ def test_newer_packets_cfe_evd_trig_are_decoded_not_errors():
         ("trig", {"trbv": 5, "ip": 1, "mi": 0, "icntr": 16})]
     stats = packet_stats(trace)
     assert errors(stats) == [] and (stats.counts["cfe"], stats.counts["evd"], stats.counts["trig"]) == (1, 1, 1)
+
+
+@pytest.mark.parametrize("body", [
+    b"\x02\x23" + b"\x2d\x01\x02" * 70 + b"\x00" * 100000,   # the unwritten end of a buffer
+    b"\x02\x23" + b"\x06" * 100000 + b"\x2d\x01\x02" * 70,   # a tight loop
+    b"\x02\x23" + b"\x2d\x01\x02" * 70 + b"\x06" * 100000,
+])
+def test_counting_long_runs_agrees_with_the_full_decode(body):
+    trace = PSB + body
+    assert packet_stats(trace).as_dict() == {
+        "bytes": len(trace), "packets": len(decode_packets(trace).packets),
+        "types": count_types(decode_packets(trace)), "errors": 0}

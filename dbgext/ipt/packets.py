@@ -15,7 +15,6 @@ at the next PSB, so the decoder never reads past the buffer and always terminate
 import re
 import struct
 from collections import Counter
-from itertools import islice
 
 from ..problems import ProblemLog
 
@@ -460,52 +459,64 @@ class PacketStats(object):
 # Counting is what `ipt packets --stats` and every event scan do over whole buffers,
 # so it does not pay for a regex match per packet (sre's fixed cost of a match is
 # about 900 machine instructions, a packet's own matching a small part of that).  One
-# match covers _SLOTS packets, one slot per packet.  The two commonest packets, TNT-8
-# (1 byte) and TIP with two IP bytes (3 bytes), capture nothing; every other packet
-# captures its key, the bytes that name its type, through a lookahead.  The counts of
-# the two silent kinds follow from what the keyed packets leave of the slots and of
-# the bytes.  Alternatives in a slot never overlap (0x2D is left out of the keyed
-# TIPs), so a match that fails backtracks in linear time.
+# match covers _SLOTS slots, one packet each.  The two commonest packets, TNT-8 (1
+# byte) and TIP with two IP bytes (3 bytes), capture nothing; every other packet
+# captures its key, the bytes that name its type, through a lookahead.  The silent
+# counts follow from what the keyed slots leave of the slots and of the bytes.
+#
+# Every slot has exactly one way to match, so a match that fails backtracks in time
+# linear in what it covered.  Runs of _LONG_RUN or more TNT-8 or PAD bytes (a tight
+# loop, the unwritten end of a buffer) are counted apart, without the regex.
 
 _SLOTS = 64
-_WINDOW = 1 << 20   # bytes per split(): bounds the lists it builds and the re-decode of a bad window
-_SILENT_TIP = 0x2D  # TIP, IPBytes 1: the other silent kind besides TNT-8
+_WINDOW = 1 << 20   # bytes per split() at most: bounds the lists it builds
+_FIRST_WINDOW = 1 << 14
+_SILENT_TIP = 0x2D  # TIP, IPBytes 1
 _CYC_CONTINUED = frozenset(b for b in range(256) if b & 7 == 7)  # a CYC that goes on past its first byte
+_TNT8 = frozenset(range(4, 256, 2))
+_LONG_RUN = 4096  # shorter runs cost less in the regex than a window cut at them
+# Where a run of TNT-8 or PAD bytes starts, the packet around it ends within 16
+# bytes (no packet is longer); from there on, every byte of the run is a packet of
+# its own.  So a run is cut 16 bytes in, at a packet start.
+_RUN_CUT = 16
+_RUN_BYTES = bytes(ord("T") if byte in _TNT8 else ord("Z") if byte == 0 else ord(".") for byte in range(256))
+_RUN_END = {symbol: re.compile(symbol + b"+") for symbol in (b"T", b"Z")}
 
 
 class _Counter(object):
-    """The slot regex and the tables that turn its keys into counts (built on first use)."""
+    """The slot regex and the tables that turn its captures into counts (built on first use)."""
 
     def __init__(self):
-        silent_tip = re.escape(bytes([_SILENT_TIP])) + b".."
-        tnt8 = _byte_class(range(4, 256, 2))
+        tnt8 = _byte_class(_TNT8)
         keyed = []
         for name, key, rest in _COMMON:
             if name == "ip2":
                 key = _byte_class(opcode for opcode in IP_KIND_OF_OPCODE
                                   if opcode != _SILENT_TIP and IP_PAYLOAD.get(opcode >> 5) == 2)
             elif name == "pad":
-                rest = b"(?!\\x00)"  # the whole run, whatever follows fails
+                rest = b"(?!\\x00)"  # the whole run: a shorter one would give a failing match a second way
             keyed.append(key + rest)
         packet = b"|".join(keyed) + b"|\\x02(?:" + b"|".join(key + rest for _, key, rest in _EXTENDED_PACKETS) + b")"
         cyc = dict((name, key) for name, key, _ in _COMMON)["cyc"]
         one_byte_keys = _byte_class(set(range(256)) - {0x00, 0x02, 0x99} - _CYC_CONTINUED)
-        # A PAD run's key runs on into the next byte so that two runs stay two keys.
+        # A PAD run's key goes on into the next byte, so that two runs stay two keys.
         key = one_byte_keys + b"|[\\x02\\x99].|\\x00+[^\\x00]?|" + cyc
-        packet_or_silent = silent_tip + b"|" + tnt8 + b"|(?=(" + key + b"))(?:" + packet + b")"
-        slot = b"(?:" + packet_or_silent + b")"
-        # Fewer than _SLOTS packets left: one per match, marked; a byte that is no
-        # packet is captured as bad.
-        single = b"(?=(.))(?:" + packet_or_silent + b"|(.))"
+        slot = b"(?:" + re.escape(bytes([_SILENT_TIP])) + b"..|" + tnt8 + b"|(?=(" + key + b"))(?:" + packet + b"))"
+        # Fewer than _SLOTS slots left: one per match, marked by an empty capture; a
+        # byte that is no packet is captured, and the rest of the range left unread.
+        single = b"()(?:" + slot + b"|(.).*)"
         # On text (the buffer decoded as latin-1): joining str keys is much cheaper than bytes.
         self.regex = re.compile((slot * _SLOTS + b"|" + single).decode("latin-1"), re.DOTALL)
-        self.stride = self.regex.groups + 1  # split() lists the groups of a match, then the text to the next
-        self.marker, self.single_key, self.bad = _SLOTS, _SLOTS + 1, _SLOTS + 2  # columns of split()'s rows
-        # Every alternative starts with a literal, so split() skips other characters fast.
-        cyc_rest = _byte_class(range(1, 256, 2)) + b"{0,7}" + _byte_class(range(0, 256, 2))
-        longer = [b"\\x00\\x00*[^\\x00]?", b"\\x02.", b"\\x99."] + [
-            re.escape(bytes([byte])) + cyc_rest for byte in sorted(_CYC_CONTINUED)]
-        self.longer_keys = re.compile((b"(" + b"|".join(longer) + b")").decode("latin-1"), re.DOTALL)
+        # split() gives per match its groups (a key per slot; the marker, key and bad
+        # byte of a single-slot match), then the empty text up to the next match.
+        self.stride = self.regex.groups + 1
+        self.marker, self.bad = _SLOTS, _SLOTS + 2
+        # Keys longer than a byte, in the joined keys: the pattern starts with a
+        # character class, so split() skips the other characters fast.
+        odd, even = _byte_class(range(1, 256, 2)), _byte_class(range(0, 256, 2))
+        longer = (b"(" + _byte_class({0x00, 0x02, 0x99} | _CYC_CONTINUED) + b"(?:(?<=\\x00)\\x00*[^\\x00]?|"
+                  b"(?<=[\\x02\\x99]).|" + odd + b"{0,7}" + even + b"))")
+        self.longer_keys = re.compile(longer.decode("latin-1"), re.DOTALL)
         one_byte_types = {opcode: (IP_KIND_NAMES[kind], 1 + IP_PAYLOAD[opcode >> 5])
                           for opcode, kind in IP_KIND_OF_OPCODE.items() if opcode >> 5 in IP_PAYLOAD}
         one_byte_types.update({0x59: ("mtc", 2), 0x19: ("tsc", 8), 0xD9: ("trig", 4)})
@@ -536,12 +547,10 @@ class _Counter(object):
         if pieces[1 + self.bad::stride].count(None) != matches:
             return False
         singles = matches - pieces[1 + self.marker::stride].count(None)
-        full = matches - singles  # the single-packet matches are the last ones
-        keys = "".join(filter(None, islice(pieces, 1 + full * stride)))
-        keys += "".join(filter(None, pieces[1 + full * stride + self.single_key::stride]))
-        parts = self.longer_keys.split(keys)
+        slots = _SLOTS * (matches - singles) + singles
+        parts = self.longer_keys.split("".join(filter(None, pieces)))
         one_byte = "".join(parts[0::2])
-        keyed_packets = len(one_byte) + len(parts) // 2
+        keyed_slots = len(one_byte) + len(parts) // 2
         keyed_bytes = 0
         found = Counter()
         while one_byte:
@@ -555,10 +564,10 @@ class _Counter(object):
             name, packets, size = self.longer_key_type(key)
             found[name] += number * packets
             keyed_bytes += number * size
-        silent_packets = _SLOTS * full + singles - keyed_packets
-        silent_tips = (end - start - keyed_bytes - silent_packets) // 2
+        silent = slots - keyed_slots
+        silent_tips = (end - start - keyed_bytes - silent) // 2
         found["tip"] += silent_tips
-        found["tnt8"] += silent_packets - silent_tips
+        found["tnt8"] += silent - silent_tips
         for name, number in found.items():
             counts[name] += number
         return True
@@ -573,11 +582,13 @@ _COUNTER = []  # the _Counter, once built: its regex takes a tenth of a second t
 
 
 def _count_tokens(stats, stream, stop):
-    """Count ``stream``'s tokens into ``stats`` up to the first one at or after ``stop``;
-    that token's offset, or None when the stream ends first."""
+    """Count ``stream``'s tokens into ``stats`` up to the first one at or after ``stop``
+    or after an error (where the stream resynced); that token's offset, or None when
+    the stream ends first."""
     counts = stats.counts
+    resynced = False
     for kind, offset, value in stream:
-        if offset >= stop:
+        if offset >= stop or resynced:
             return offset
         if kind == K_TNT8_RUN:
             counts["tnt8"] += len(value)
@@ -591,18 +602,35 @@ def _count_tokens(stats, stream, stop):
             counts[value[0]] += 1
         elif kind == K_ERROR:
             stats.problems.add("ipt_packet_error", None, value, offset=offset)
+            resynced = True
         else:
             counts[_simple_name(kind)] += 1
     return None
 
 
+def _long_runs(data, start, end):
+    """(start, end, packet type) of each run of _LONG_RUN or more TNT-8 or PAD bytes
+    in ``data[start:end]``, in order."""
+    classes = data[start:end].translate(_RUN_BYTES)
+    next_at = {symbol: classes.find(symbol * _LONG_RUN) for symbol in (b"T", b"Z")}
+    while True:
+        at, symbol = min(((at, symbol) for symbol, at in next_at.items() if at >= 0), default=(-1, None))
+        if at < 0:
+            return
+        stop = _RUN_END[symbol].match(classes, at).end()
+        yield start + at, start + stop, "tnt8" if symbol == b"T" else "pad"
+        next_at[symbol] = classes.find(symbol * _LONG_RUN, stop)
+
+
 def packet_stats(data, start=0, end=None):
     """Decode everything, keep only totals (what the benchmark times).
 
-    Windows of about a megabyte, each ending at a PSB, are counted by the slot regex;
-    a window with a byte that does not decode is counted again by the token loop,
-    which reports the offset and resyncs, and counting goes on from the packet where
-    that loop left the window."""
+    The slot regex counts windows that end at a PSB or inside a long run.  A window
+    with a byte that does not decode is counted again by the token loop up to that
+    byte, which it reports, and counting goes on at the PSB where the loop resynced.
+    Windows start small after an error and double with each clean one, up to a
+    megabyte: corrupt buffers cost little more than the token loop, clean ones few
+    windows."""
     if end is None:
         end = len(data)
     end = min(end, len(data))
@@ -614,12 +642,25 @@ def packet_stats(data, start=0, end=None):
     if not _COUNTER:
         _COUNTER.append(_Counter())
     counter = _COUNTER[0]
+    runs = _long_runs(data, position, end)
+    run = next(runs, None)
+    size = _FIRST_WINDOW
     while position is not None and position < end:
-        window_end = data.find(PSB, position + _WINDOW, end)
+        while run is not None and run[0] < position:
+            run = next(runs, None)
+        window_end = data.find(PSB, position + size, end)
         if window_end < 0:
             window_end = end
+        cut = run is not None and run[0] < window_end
+        if cut:
+            window_end = run[0] + _RUN_CUT
         if counter.count(data, position, window_end, stats.counts):
             position = window_end
+            size = min(2 * size, _WINDOW)
+            if cut:
+                stats.counts[run[2]] += run[1] - window_end
+                position = run[1]
         else:
             position = _count_tokens(stats, tokens(data, position, end, at_packet=True), window_end)
+            size = _FIRST_WINDOW
     return stats
