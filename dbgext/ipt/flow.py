@@ -285,7 +285,10 @@ def _mode_item(payload):
     return F_TSX, "tsx_abort" if fields["abort"] else "tsx_begin" if fields["intx"] else "tsx_commit"
 
 
-_MODE_ITEMS = [_mode_item(payload) for payload in range(0x40)]  # FLOW_RE's MODE leaves 0 and 1
+_MODE_ITEMS = [_mode_item(payload) for payload in range(0x40)]
+# Compressed IP packets remembered per value of the IP bits they keep (_flow_items): a
+# trace branches to the same places again and again.
+IP_TABLE_SIZE = 1 << 16  # FLOW_RE's MODE leaves 0 and 1
 # Packets whose IP bit says the next FUP is theirs (not a control transfer's).
 _FUP_OWNER_GROUPS = frozenset(P.FLOW_RE.groupindex[name] for name in ("ptw4", "ptw8", "exstop"))
 # skd010_resume: the overflow resolved with tracing off after all.
@@ -413,6 +416,13 @@ def _corrupted_tma_to_pad(data, start, end):
     return bytes(patched) if changed else data
 
 
+def _ip_table(tables, kept_bits):
+    table = tables.get(kept_bits)
+    if table is None:
+        table = tables[kept_bits] = {}
+    return table
+
+
 def _flow_items(data, start, end):
     """The items of ``data[start:end]`` from its first PSB on, then F_END forever.
 
@@ -435,6 +445,9 @@ def _flow_items(data, start, end):
     tsx = None           # after MODE.TSX outside PSB+: its state (its FUP comes next)
     fup_bound = False    # skip_fup or tsx: the next FUP is not a plain one
     in_psb = False
+    # {the IP bits a 2-byte (4-byte) IP packet keeps: {packet: (kind, IP[, the 2-byte table of that IP])}}
+    ip2_tables, ip4_tables = {0: {}}, {0: {}}
+    ip2_table, ip4_table = ip2_tables[0], ip4_tables[0]
     finditer = P.FLOW_RE.finditer
     # The names compared or called once per packet, as locals (faster than globals on 3.8).
     g_tnt8, g_ip2, g_ip4, g_ip6, g_ip0, g_ip8, g_psb, g_psbend, g_mode, g_ovf, g_tnt64, g_bad = (
@@ -442,7 +455,7 @@ def _flow_items(data, start, end):
         P.G_BAD)
     tnt8_bits, tnt_bits_of_run, ip_kind_of_opcode, u16, u32, u64 = (
         _TNT8_BITS, P.tnt_bits_of_run, P.IP_KIND_OF_OPCODE, P._U16, P._U32, P._U64)
-    fup_owner_groups, mode_items = _FUP_OWNER_GROUPS, _MODE_ITEMS
+    fup_owner_groups, mode_items, ip_table_size = _FUP_OWNER_GROUPS, _MODE_ITEMS, IP_TABLE_SIZE
     f_tnt, f_fup = F_TNT, F_FUP
     while position >= 0:
         resume = -1
@@ -455,21 +468,40 @@ def _flow_items(data, start, end):
                 if bits:
                     yield f_tnt, offset, bits
                 continue
-            if group == g_ip2:  # an IP packet: its group says how many IP bytes it updates
-                ip = last_ip = (last_ip & ~0xFFFF) | u16(data, offset + 1)[0]
+            # An IP packet: its group says how many IP bytes it updates.  The 2- and 4-byte
+            # ones come from tables of the packets seen since the bits they keep last changed.
+            if group == g_ip2:
+                packet = data[offset:offset + 3]
+                known = ip2_table.get(packet)
+                if known is None:
+                    if len(ip2_table) >= ip_table_size:
+                        ip2_table.clear()
+                    known = ip2_table[packet] = ip_kind_of_opcode[packet[0]], (last_ip & ~0xFFFF) | u16(packet, 1)[0]
+                kind, ip = known
+                last_ip = ip
             elif group == g_ip4:
-                ip = last_ip = (last_ip & ~0xFFFFFFFF) | u32(data, offset + 1)[0]
-            elif group == g_ip6:
-                payload = int.from_bytes(data[offset + 1:offset + 7], "little")
-                if data[offset] >> 5 == 3:  # sign-extended from bit 47
-                    ip = payload | (0xFFFF << 48) if payload & P._SIGN_BIT_47 else payload
-                else:
-                    ip = (last_ip & ~P._LOW_48) | payload
+                packet = data[offset:offset + 5]
+                known = ip4_table.get(packet)
+                if known is None:
+                    if len(ip4_table) >= ip_table_size:
+                        ip4_table.clear()
+                    ip = (last_ip & ~0xFFFFFFFF) | u32(packet, 1)[0]
+                    known = ip4_table[packet] = ip_kind_of_opcode[packet[0]], ip, _ip_table(ip2_tables, ip >> 16)
+                kind, ip, ip2_table = known
                 last_ip = ip
             elif group == g_ip0:
-                ip = None
-            elif group == g_ip8:
-                ip = last_ip = u64(data, offset + 1)[0]
+                kind, ip = ip_kind_of_opcode[data[offset]], None
+            elif group == g_ip6 or group == g_ip8:
+                if group == g_ip8:
+                    ip = u64(data, offset + 1)[0]
+                else:
+                    payload = int.from_bytes(data[offset + 1:offset + 7], "little")
+                    if data[offset] >> 5 == 3:  # sign-extended from bit 47
+                        ip = payload | (0xFFFF << 48) if payload & P._SIGN_BIT_47 else payload
+                    else:
+                        ip = (last_ip & ~P._LOW_48) | payload
+                kind, last_ip = ip_kind_of_opcode[data[offset]], ip
+                ip2_table, ip4_table = _ip_table(ip2_tables, ip >> 16), _ip_table(ip4_tables, ip >> 32)
             else:
                 if group == g_mode:
                     kind, value = mode_items[data[offset + 1]]
@@ -480,6 +512,7 @@ def _flow_items(data, start, end):
                         fup_bound = True
                 elif group == g_psb:
                     last_ip = 0
+                    ip2_table, ip4_table = ip2_tables[0], ip4_tables[0]
                     in_psb = True
                     yield F_PSB, offset, None
                 elif group == g_psbend:
@@ -490,6 +523,7 @@ def _flow_items(data, start, end):
                     yield f_tnt, offset, P._tnt_bits(payload, payload.bit_length() - 1)
                 elif group == g_ovf:
                     last_ip = 0  # as libipt: the IP after an overflow does not build on older IPs
+                    ip2_table, ip4_table = ip2_tables[0], ip4_tables[0]
                     yield F_OVF, offset, None
                 elif group == g_bad:
                     yield F_ERROR, offset, P._error_message(data, offset, end)
@@ -498,8 +532,7 @@ def _flow_items(data, start, end):
                 elif group in fup_owner_groups and data[offset + 1] & 0x80:
                     skip_fup = fup_bound = True
                 continue
-            kind = ip_kind_of_opcode[data[offset]]
-            if kind != f_fup or not fup_bound:
+            if not fup_bound or kind != f_fup:
                 yield kind, offset, ip
             elif skip_fup:
                 skip_fup = False
@@ -519,6 +552,13 @@ def _flow_items(data, start, end):
 
 class _Walk(object):
     """The state of one decode: trace position, IP, mode, TNT bits, return stack."""
+
+    # Slots: the walk reads and writes its state once per packet, and on 3.8 a slot
+    # is cheaper to reach than an instance dict entry.
+    __slots__ = ("cache", "suspicious", "errata", "result", "problems", "out", "flushed", "sink", "progress",
+                 "next_trace_item", "data", "pushed", "in_status", "mode", "retstack", "bits", "bit_index",
+                 "lookahead", "ended", "committed", "resumed_at", "last_offset", "warned", "walking", "synced",
+                 "off_ip", "psb_mode", "bdm64_checked", "waiting_fups", "held", "held_after")
 
     def __init__(self, decoder, result, items, sink, progress=None, data=b""):
         self.cache = decoder.cache
