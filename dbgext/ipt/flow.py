@@ -1044,8 +1044,6 @@ class _Walk(object):
         frame that loops for a whole trace."""
         out = self.out
         cache = self.cache
-        mode = self.mode
-        blocks = cache.blocks(mode)
         retstack = self.retstack
         suspicious = self.suspicious
         extend = out.extend
@@ -1056,6 +1054,10 @@ class _Walk(object):
         nbits = len(bits)
         self.committed = self.resumed_at = len(out)
         async_ip, disable_target = self.pending_event()
+        # The mode changes only with items read: it is looked at again after each
+        # step that may have read some (the helpers, the item read when the bits are used up).
+        mode = self.mode
+        blocks = cache.blocks(mode)
         bdm64 = "bdm64" in self.errata
         idle_blocks = 0
 
@@ -1100,9 +1102,9 @@ class _Walk(object):
                 else:
                     save()
                     async_ip, disable_target = self.pending_event()
-            if self.mode != mode:
-                mode = self.mode
-                blocks = cache.blocks(mode)
+                if self.mode != mode:
+                    mode = self.mode
+                    blocks = cache.blocks(mode)
             try:
                 block = blocks[ip]
             except KeyError:
@@ -1112,39 +1114,34 @@ class _Walk(object):
                     self.problems.add("ipt_suspicious_path", ip, "the path enters %s: a real trace rarely runs "
                                       "it; check the reconstruction" % suspicious[ip], "warning", self.last_offset)
             start, insns, kind, target, fallthrough, end, _ = block
-            if async_ip is not None or kind == B_STOP:
-                at_event = async_ip is not None and start <= async_ip <= end
-                if bdm64 and async_ip is not None and not at_event and self.bdm64_redirects(ip, async_ip):
+            if async_ip is not None:
+                at_event = start <= async_ip <= end
+                if bdm64 and not at_event and self.bdm64_redirects(ip, async_ip):
                     ip = async_ip
                     continue
-                if at_event or kind == B_STOP:
-                    # The trace moves the IP: an asynchronous event at async_ip, or a gap in the code.
-                    if at_event:
-                        extend(insns[:bisect_left(insns, async_ip)])
-                        item = self.lookahead
-                        if self.held is None and item[0] == F_FUP and pushed and pushed[-1][0] == F_TIP \
-                                and pushed[-1][2] is not None:
-                            # FUP + TIP, as take_async takes them: an interrupt.
-                            self.lookahead = None
-                            tip = pushed.pop()
-                            committed = self.committed = self.resumed_at = len(out)
-                            self.result.add_event((self.flushed + committed, "interrupt", tip[1], async_ip))
-                            ip = tip[2]
-                            bits_used_up = True
-                            idle_blocks = 0
-                            continue
-                        save()
-                        ip = self.take_async(async_ip)
-                    else:
-                        extend(insns)
-                        save()
-                        ip = self.skip_gap(block)
+                if at_event:
+                    # The trace moves the IP: an asynchronous event at async_ip.
+                    extend(insns[:bisect_left(insns, async_ip)])
+                    item = self.lookahead
+                    if self.held is None and item[0] == F_FUP and pushed and pushed[-1][0] == F_TIP \
+                            and pushed[-1][2] is not None:
+                        # FUP + TIP, as take_async takes them: an interrupt.
+                        self.lookahead = None
+                        tip = pushed.pop()
+                        committed = self.committed = self.resumed_at = len(out)
+                        self.result.add_event((self.flushed + committed, "interrupt", tip[1], async_ip))
+                        ip = tip[2]
+                        bits_used_up = True
+                        idle_blocks = 0
+                        continue
+                    save()
+                    ip = self.take_async(async_ip)
                     if ip is None:
                         return
                     retstack = self.retstack
                     bits, bi, committed = self.bits, self.bit_index, self.committed
                     nbits = len(bits)
-                    bits_used_up = True  # an event comes only with the bits used up; a gap drops them
+                    bits_used_up = True  # an event comes only with the bits used up
                     idle_blocks = 0
                     continue
             if kind == B_COND:
@@ -1162,6 +1159,9 @@ class _Walk(object):
                             return
                         bits, bi = self.bits, self.bit_index
                         nbits = len(bits)
+                        if self.mode != mode:
+                            mode = self.mode
+                            blocks = cache.blocks(mode)
                 ip = target if bits[bi] == "T" else fallthrough
                 bi += 1
                 committed = len(out)
@@ -1185,6 +1185,18 @@ class _Walk(object):
                     save()
                     self.error(self.last_offset, "%d blocks without trace data from 0x%x: the path loops"
                                % (idle_blocks, ip))
+            elif kind == B_STOP:
+                # A gap in the code: the trace moves the IP.
+                extend(insns)
+                save()
+                ip = self.skip_gap(block)
+                if ip is None:
+                    return
+                retstack = self.retstack
+                bits, bi, committed = self.bits, self.bit_index, self.committed
+                nbits = len(bits)
+                bits_used_up = True  # a gap drops the bits
+                idle_blocks = 0
             else:  # returns, indirect and far transfers
                 extend(insns)
                 item = self.lookahead
@@ -1210,6 +1222,9 @@ class _Walk(object):
                     if self.refill():  # a compressed RET after all
                         bits, bi = self.bits, self.bit_index
                         nbits = len(bits)
+                        if self.mode != mode:
+                            mode = self.mode
+                            blocks = cache.blocks(mode)
                 if kind == B_RET and bi < nbits:
                     bit = bits[bi]
                     bi += 1
@@ -1223,30 +1238,33 @@ class _Walk(object):
                     ip = retstack.pop()
                     committed = len(out)
                     bits_used_up = bi >= nbits
-                elif kind == B_RET:
-                    ip = self.take_ip(end, "ret")
-                    if ip is None:
-                        self.finish_segment(block)
-                        return
-                    bits, bi = self.bits, self.bit_index  # a deferred TIP's TNT bits come first
-                    nbits = len(bits)
-                    committed = len(out)
-                    save()
-                    async_ip, disable_target = self.pending_event()
                 else:
-                    save()
-                    ip = self.take_ip(end, "indirect branch")
-                    if ip is None:
-                        self.finish_segment(block)
-                        return
-                    bits, bi = self.bits, self.bit_index
-                    nbits = len(bits)
-                    if kind == B_INDIRECT_CALL:
-                        retstack.append(fallthrough)
-                        if len(retstack) > RETSTACK_DEPTH:
-                            del retstack[0]
-                    committed = self.committed = len(out)
+                    if kind == B_RET:
+                        ip = self.take_ip(end, "ret")
+                        if ip is None:
+                            self.finish_segment(block)
+                            return
+                        bits, bi = self.bits, self.bit_index  # a deferred TIP's TNT bits come first
+                        nbits = len(bits)
+                        committed = len(out)
+                        save()
+                    else:
+                        save()
+                        ip = self.take_ip(end, "indirect branch")
+                        if ip is None:
+                            self.finish_segment(block)
+                            return
+                        bits, bi = self.bits, self.bit_index
+                        nbits = len(bits)
+                        if kind == B_INDIRECT_CALL:
+                            retstack.append(fallthrough)
+                            if len(retstack) > RETSTACK_DEPTH:
+                                del retstack[0]
+                        committed = self.committed = len(out)
                     async_ip, disable_target = self.pending_event()
+                    if self.mode != mode:
+                        mode = self.mode
+                        blocks = cache.blocks(mode)
                 idle_blocks = 0
 
     def skip_gap(self, block):
