@@ -289,8 +289,14 @@ _MODE_ITEMS = [_mode_item(payload) for payload in range(0x40)]
 # Compressed IP packets remembered per value of the IP bits they keep (_flow_items): a
 # trace branches to the same places again and again.
 IP_TABLE_SIZE = 1 << 16  # FLOW_RE's MODE leaves 0 and 1
+# FLOW_RE with only the groups _flow_items tells apart (the other packets match no
+# group): a match object with fewer groups is cheaper to make and to fill.
+_FLOW_GROUPS = ("tnt8", "ip2", "ip4", "ip6", "ip0", "ip8", "mode", "psb", "psbend", "tnt64", "ovf", "bad",
+                "ptw4", "ptw8", "exstop")
+_FLOW_RE = re.compile(re.sub(rb"\(\?P<(\w+)>", lambda named: named.group(0) if named.group(1).decode() in _FLOW_GROUPS
+                             else b"(?:", P.FLOW_RE.pattern), P.FLOW_RE.flags)
 # Packets whose IP bit says the next FUP is theirs (not a control transfer's).
-_FUP_OWNER_GROUPS = frozenset(P.FLOW_RE.groupindex[name] for name in ("ptw4", "ptw8", "exstop"))
+_FUP_OWNER_GROUPS = frozenset(_FLOW_RE.groupindex[name] for name in ("ptw4", "ptw8", "exstop"))
 # skd010_resume: the overflow resolved with tracing off after all.
 _STAYS_OFF = -1
 # IPBytes of a compressed IP -> the bits its payload gives (the rest comes from the last IP).
@@ -448,11 +454,10 @@ def _flow_items(data, start, end):
     # {the IP bits a 2-byte (4-byte) IP packet keeps: {packet: (kind, IP[, the 2-byte table of that IP])}}
     ip2_tables, ip4_tables = {0: {}}, {0: {}}
     ip2_table, ip4_table = ip2_tables[0], ip4_tables[0]
-    finditer = P.FLOW_RE.finditer
+    finditer = _FLOW_RE.finditer
     # The names compared or called once per packet, as locals (faster than globals on 3.8).
-    g_tnt8, g_ip2, g_ip4, g_ip6, g_ip0, g_ip8, g_psb, g_psbend, g_mode, g_ovf, g_tnt64, g_bad = (
-        P.G_TNT8, P.G_IP2, P.G_IP4, P.G_IP6, P.G_IP0, P.G_IP8, P.G_PSB, P.G_PSBEND, P.G_MODE, P.G_OVF, P.G_TNT64,
-        P.G_BAD)
+    g_tnt8, g_ip2, g_ip4, g_ip6, g_ip0, g_ip8, g_mode, g_psb, g_psbend, g_tnt64, g_ovf, g_bad = (
+        _FLOW_RE.groupindex[name] for name in _FLOW_GROUPS[:12])
     tnt8_bits, tnt_bits_of_run, ip_kind_of_opcode, u16, u32, u64 = (
         _TNT8_BITS, P.tnt_bits_of_run, P.IP_KIND_OF_OPCODE, P._U16, P._U32, P._U64)
     fup_owner_groups, mode_items, ip_table_size = _FUP_OWNER_GROUPS, _MODE_ITEMS, IP_TABLE_SIZE
@@ -1075,15 +1080,16 @@ class _Walk(object):
                 bits_used_up = False
                 if self.held is None and not self.waiting_fups:
                     item = self.lookahead
-                    if item is None and not self.ended:
-                        if pushed:  # item(), inline
-                            item = pushed.pop()
-                        else:
+                    if item is None:  # peek(), inline
+                        if not pushed:
+                            # item(), inline; past the end that is F_END again (self.ended stays as it is)
                             item = next_trace_item()
                             self.last_offset = item[1]
                             if item[0] in WALK_ITEMS:
                                 self.committed = committed
                                 item = self.walk_item(item)
+                        elif not self.ended:
+                            item = pushed.pop()
                         self.lookahead = item
                     if item is None or item[0] in BINDS_NOTHING:
                         async_ip, disable_target = None, -1
