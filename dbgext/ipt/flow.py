@@ -268,13 +268,24 @@ def _classify(mnemonic, operands):
 # with its FUP, PSB, PSBEND, OVF and errors; timing and power packets are left out.
 F_TIP, F_PGE, F_PGD, F_FUP = P.K_TIP, P.K_PGE, P.K_PGD, P.K_FUP
 F_PSB, F_PSBEND, F_OVF, F_ERROR = P.K_PSB, P.K_PSBEND, P.K_OVF, P.K_ERROR
-F_TNT, F_MODE, F_TSX = 20, 21, 22  # value: bits "TNT..."; mode (16/32/64 or None); (IP of its FUP, state)
+# F_TNT's value: the bits, oldest first, a byte each (1: taken), so the walk tests a bit as it is.
+F_TNT, F_MODE, F_TSX = 20, 21, 22  # value: bits; mode (16/32/64 or None); (IP of its FUP, state)
 F_END = 23  # no more packets (offset: the last packet's); _Walk.item() hands out None instead
 ITEM_NAMES = {F_TNT: "tnt", F_TIP: "tip", F_PGE: "tip.pge", F_PGD: "tip.pgd", F_FUP: "fup", F_MODE: "mode.exec",
               F_PSB: "psb", F_PSBEND: "psbend", F_OVF: "ovf", F_ERROR: "error", F_TSX: "mode.tsx"}
 # The items _Walk.item() does more with than hand them on (walk_item).
 _WALK_ITEMS = frozenset((F_PSB, F_ERROR, F_END))
-_TNT8_BITS = P.TNT8_BITS
+_TAKEN = bytes.maketrans(b"TN", b"\x01\x00")
+
+
+def _taken(bits):
+    """F_TNT's bits of a "TNNT..." string (packets.py's)."""
+    return bits.encode("ascii").translate(_TAKEN)
+
+
+_TNT8_TAKEN = {byte: _taken(bits) for byte, bits in P.TNT8_BITS.items()}
+# TNT-8 runs longer than this are not remembered (_flow_items).
+TNT_RUN_KEPT = 64
 
 
 def _mode_item(payload):
@@ -286,9 +297,9 @@ def _mode_item(payload):
 
 
 _MODE_ITEMS = [_mode_item(payload) for payload in range(0x40)]
-# Compressed IP packets remembered per value of the IP bits they keep (_flow_items): a
-# trace branches to the same places again and again.
-IP_TABLE_SIZE = 1 << 16  # FLOW_RE's MODE leaves 0 and 1
+# Compressed IP packets remembered per value of the IP bits they keep, and TNT-8 runs
+# (_flow_items), up to this many in a table: a trace takes the same paths again and again.
+TABLE_SIZE = 1 << 16  # FLOW_RE's MODE leaves 0 and 1
 # FLOW_RE with only the groups _flow_items tells apart (the other packets match no
 # group): a match object with fewer groups is cheaper to make and to fill.
 _FLOW_GROUPS = ("tnt8", "ip2", "ip4", "ip6", "ip0", "ip8", "mode", "psb", "psbend", "tnt64", "ovf", "bad",
@@ -434,7 +445,7 @@ def _flow_items(data, start, end):
 
     packets.tokens() with FLOW_RE, fused with what control flow keeps of each packet
     (one generator step per item, not a token step and a conversion call): TNT-8
-    runs become one bit string (timing packets inside them are left out); a FUP that
+    runs become one F_TNT item (timing packets inside them are left out); a FUP that
     belongs to a PTW or EXSTOP (not to a control transfer) is left out; MODE.TSX and
     the FUP that binds it become one F_TSX item (value: the IP and tsx_begin,
     tsx_commit or tsx_abort) and, as in libipt, the FUP of an abort also stays, as an
@@ -454,13 +465,14 @@ def _flow_items(data, start, end):
     # {the IP bits a 2-byte (4-byte) IP packet keeps: {packet: (kind, IP[, the 2-byte table of that IP])}}
     ip2_tables, ip4_tables = {0: {}}, {0: {}}
     ip2_table, ip4_table = ip2_tables[0], ip4_tables[0]
+    tnt_runs = {}  # TNT-8 run: its bits
     finditer = _FLOW_RE.finditer
     # The names compared or called once per packet, as locals (faster than globals on 3.8).
     g_tnt8, g_ip2, g_ip4, g_ip6, g_ip0, g_ip8, g_mode, g_psb, g_psbend, g_tnt64, g_ovf, g_bad = (
         _FLOW_RE.groupindex[name] for name in _FLOW_GROUPS[:12])
-    tnt8_bits, tnt_bits_of_run, ip_kind_of_opcode, u16, u32, u64 = (
-        _TNT8_BITS, P.tnt_bits_of_run, P.IP_KIND_OF_OPCODE, P._U16, P._U32, P._U64)
-    fup_owner_groups, mode_items, ip_table_size = _FUP_OWNER_GROUPS, _MODE_ITEMS, IP_TABLE_SIZE
+    tnt_bits_of_run, ip_kind_of_opcode, u16, u32, u64 = (
+        P.tnt_bits_of_run, P.IP_KIND_OF_OPCODE, P._U16, P._U32, P._U64)
+    fup_owner_groups, mode_items, table_size = _FUP_OWNER_GROUPS, _MODE_ITEMS, TABLE_SIZE
     f_tnt, f_fup = F_TNT, F_FUP
     while position >= 0:
         resume = -1
@@ -469,7 +481,13 @@ def _flow_items(data, start, end):
             offset = match.start()
             if group == g_tnt8:
                 run = match.group()
-                bits = tnt8_bits.get(run[0], "") if len(run) == 1 else tnt_bits_of_run(run)
+                bits = tnt_runs.get(run)
+                if bits is None:
+                    bits = _taken(tnt_bits_of_run(run))
+                    if len(run) <= TNT_RUN_KEPT:
+                        if len(tnt_runs) >= table_size:
+                            tnt_runs.clear()
+                        tnt_runs[run] = bits
                 if bits:
                     yield f_tnt, offset, bits
                 continue
@@ -479,7 +497,7 @@ def _flow_items(data, start, end):
                 packet = data[offset:offset + 3]
                 known = ip2_table.get(packet)
                 if known is None:
-                    if len(ip2_table) >= ip_table_size:
+                    if len(ip2_table) >= table_size:
                         ip2_table.clear()
                     known = ip2_table[packet] = ip_kind_of_opcode[packet[0]], (last_ip & ~0xFFFF) | u16(packet, 1)[0]
                 kind, ip = known
@@ -488,7 +506,7 @@ def _flow_items(data, start, end):
                 packet = data[offset:offset + 5]
                 known = ip4_table.get(packet)
                 if known is None:
-                    if len(ip4_table) >= ip_table_size:
+                    if len(ip4_table) >= table_size:
                         ip4_table.clear()
                     ip = (last_ip & ~0xFFFFFFFF) | u32(packet, 1)[0]
                     known = ip4_table[packet] = ip_kind_of_opcode[packet[0]], ip, _ip_table(ip2_tables, ip >> 16)
@@ -525,7 +543,7 @@ def _flow_items(data, start, end):
                     yield F_PSBEND, offset, None
                 elif group == g_tnt64:
                     payload = int.from_bytes(data[offset + 2:offset + 8], "little")
-                    yield f_tnt, offset, P._tnt_bits(payload, payload.bit_length() - 1)
+                    yield f_tnt, offset, _taken(P._tnt_bits(payload, payload.bit_length() - 1))
                 elif group == g_ovf:
                     last_ip = 0  # as libipt: the IP after an overflow does not build on older IPs
                     ip2_table, ip4_table = ip2_tables[0], ip4_tables[0]
@@ -581,7 +599,7 @@ class _Walk(object):
         self.in_status = False   # reading a PSB+ as status (skip_status_psb)
         self.mode = MODE_64
         self.retstack = []
-        self.bits = ""
+        self.bits = b""
         self.bit_index = 0
         self.lookahead = None    # one item read ahead (kind, offset, value) or None at the end
         self.ended = False
@@ -720,7 +738,7 @@ class _Walk(object):
             self.progress(self.last_offset, self.flushed)
 
     def reset(self):
-        self.bits = ""
+        self.bits = b""
         self.bit_index = 0
         self.retstack = []
         self.waiting_fups = []
@@ -1003,7 +1021,7 @@ class _Walk(object):
             # A deferred TIP: the TNT bits of the branches after this one come first,
             # one TNT packet of them (libipt fails on a second).
             first = self.data[item[1]]
-            if first != 0x02 and len(item[2]) > len(_TNT8_BITS.get(first, "")):
+            if first != 0x02 and len(item[2]) > len(_TNT8_TAKEN.get(first, b"")):
                 self.error(item[1], "more than one TNT packet before the TIP of the %s at 0x%x" % (wanted, address),
                            address)
             self.lookahead = None
@@ -1168,7 +1186,7 @@ class _Walk(object):
                         if self.mode != mode:
                             mode = self.mode
                             blocks = cache.blocks(mode)
-                ip = target if bits[bi] == "T" else fallthrough
+                ip = target if bits[bi] else fallthrough
                 bi += 1
                 committed = len(out)
                 idle_blocks = 0
@@ -1234,7 +1252,7 @@ class _Walk(object):
                 if kind == B_RET and bi < nbits:
                     bit = bits[bi]
                     bi += 1
-                    if bit != "T":
+                    if not bit:
                         save()
                         self.error(self.last_offset, "compressed RET at 0x%x with a not-taken bit: the "
                                    "reconstruction went wrong before it" % end, end)
@@ -1281,7 +1299,7 @@ class _Walk(object):
         The return stack is kept down to the frame the IP returns to (code beyond
         the gap usually returns into the code that called it)."""
         start = self.last_offset
-        self.bits, self.bit_index = "", 0
+        self.bits, self.bit_index = b"", 0
         self.walking = False
         resume = None
         try:
