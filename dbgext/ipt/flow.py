@@ -1228,18 +1228,32 @@ class _Walk(object):
                         and (bi >= nbits or kind != B_RET):
                     # The TIP is already read ahead.  TNT bits still cached stay for the
                     # branches after this one, as in libipt.
-                    self.lookahead = None
                     ip = item[2]
                     if kind == B_INDIRECT_CALL:
                         retstack.append(fallthrough)
                         if len(retstack) > RETSTACK_DEPTH:
                             del retstack[0]
                     committed = len(out)
-                    if bi < nbits:
-                        async_ip, disable_target = None, -1
-                    else:
-                        bits_used_up = True
                     idle_blocks = 0
+                    if bi < nbits:
+                        self.lookahead = None
+                        async_ip, disable_target = None, -1
+                    elif pushed or self.held is not None or self.waiting_fups:
+                        self.lookahead = None
+                        bits_used_up = True
+                    else:
+                        # The bits are used up: the top of the loop, inline for the TIP or
+                        # TNT that usually comes next (it binds nothing).
+                        item = next_trace_item()
+                        self.last_offset = item[1]
+                        if item[0] in BINDS_NOTHING:
+                            async_ip, disable_target = None, -1
+                        else:
+                            if item[0] in WALK_ITEMS:
+                                self.committed, self.lookahead = committed, None
+                                item = self.walk_item(item)
+                            bits_used_up = True
+                        self.lookahead = item
                     continue
                 if kind == B_RET and bi >= nbits:
                     save()
