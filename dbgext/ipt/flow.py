@@ -296,10 +296,10 @@ def _mode_item(payload):
     return F_TSX, "tsx_abort" if fields["abort"] else "tsx_begin" if fields["intx"] else "tsx_commit"
 
 
-_MODE_ITEMS = [_mode_item(payload) for payload in range(0x40)]
+_MODE_ITEMS = [_mode_item(payload) for payload in range(0x40)]  # FLOW_RE's MODE leaves 0 and 1
 # Compressed IP packets remembered per value of the IP bits they keep, and TNT-8 runs
 # (_flow_items), up to this many in a table: a trace takes the same paths again and again.
-TABLE_SIZE = 1 << 16  # FLOW_RE's MODE leaves 0 and 1
+TABLE_SIZE = 1 << 16
 # FLOW_RE with only the groups _flow_items tells apart (the other packets match no
 # group): a match object with fewer groups is cheaper to make and to fill.
 _FLOW_GROUPS = ("tnt8", "ip2", "ip4", "ip6", "ip0", "ip8", "mode", "psb", "psbend", "tnt64", "ovf", "bad",
@@ -434,8 +434,12 @@ def _corrupted_tma_to_pad(data, start, end):
 
 
 def _ip_table(tables, kept_bits):
+    """_flow_items' table of the IP packets that keep ``kept_bits`` (a table dropped when
+    there are too many is made again: the packets in it are only remembered)."""
     table = tables.get(kept_bits)
     if table is None:
+        if len(tables) >= TABLE_SIZE:
+            tables.clear()
         table = tables[kept_bits] = {}
     return table
 
@@ -463,8 +467,8 @@ def _flow_items(data, start, end):
     fup_bound = False    # skip_fup or tsx: the next FUP is not a plain one
     in_psb = False
     # {the IP bits a 2-byte (4-byte) IP packet keeps: {packet: (kind, IP[, the 2-byte table of that IP])}}
-    ip2_tables, ip4_tables = {0: {}}, {0: {}}
-    ip2_table, ip4_table = ip2_tables[0], ip4_tables[0]
+    ip2_tables, ip4_tables = {}, {}
+    ip2_table, ip4_table = _ip_table(ip2_tables, 0), _ip_table(ip4_tables, 0)
     tnt_runs = {}  # TNT-8 run: its bits
     finditer = _FLOW_RE.finditer
     # The names compared or called once per packet, as locals (faster than globals on 3.8).
@@ -535,7 +539,7 @@ def _flow_items(data, start, end):
                         fup_bound = True
                 elif group == g_psb:
                     last_ip = 0
-                    ip2_table, ip4_table = ip2_tables[0], ip4_tables[0]
+                    ip2_table, ip4_table = _ip_table(ip2_tables, 0), _ip_table(ip4_tables, 0)
                     in_psb = True
                     yield F_PSB, offset, None
                 elif group == g_psbend:
@@ -546,7 +550,7 @@ def _flow_items(data, start, end):
                     yield f_tnt, offset, _taken(P._tnt_bits(payload, payload.bit_length() - 1))
                 elif group == g_ovf:
                     last_ip = 0  # as libipt: the IP after an overflow does not build on older IPs
-                    ip2_table, ip4_table = ip2_tables[0], ip4_tables[0]
+                    ip2_table, ip4_table = _ip_table(ip2_tables, 0), _ip_table(ip4_tables, 0)
                     yield F_OVF, offset, None
                 elif group == g_bad:
                     yield F_ERROR, offset, P._error_message(data, offset, end)
