@@ -153,11 +153,16 @@ def read_code_file(path):
 
 
 class BlockCache(object):
-    """Decoded blocks, one dict per execution mode (the key is (address, mode))."""
+    """Decoded blocks, one dict per execution mode (the key is (address, mode)).
+
+    ``rows``: the same blocks as the walk reads them, plain tuples (start, insns, kind,
+    target, fallthrough, end, the Block): Python unpacks a tuple in one step, a
+    namedtuple through an iterator (about three times the work)."""
 
     def __init__(self, code):
         self.code = code
         self.by_mode = {}
+        self.rows_by_mode = {}
         self._disassemblers = {}
         self.blocks_built = 0
         self.ends = {}  # address of each block's last instruction -> block kind (for the views)
@@ -171,6 +176,12 @@ class BlockCache(object):
             table = self.by_mode[mode] = {}
         return table
 
+    def rows(self, mode):
+        table = self.rows_by_mode.get(mode)
+        if table is None:
+            table = self.rows_by_mode[mode] = {}
+        return table
+
     def _disassembler(self, mode):
         disassembler = self._disassemblers.get(mode)
         if disassembler is None:
@@ -180,6 +191,7 @@ class BlockCache(object):
     def build(self, address, mode):
         block = self._decode(address, mode)
         self.blocks(mode)[address] = block
+        self.rows(mode)[address] = block[:6] + (block,)
         self.blocks_built += 1
         if block.insns and block.kind != B_STOP:
             self.ends[block.insns[-1]] = block.kind
@@ -1084,7 +1096,7 @@ class _Walk(object):
         # The mode changes only with items read: it is looked at again after each
         # step that may have read some (the helpers, the item read when the bits are used up).
         mode = self.mode
-        blocks = cache.blocks(mode)
+        rows = cache.rows(mode)
         bdm64 = "bdm64" in self.errata
         idle_blocks = 0
 
@@ -1132,16 +1144,17 @@ class _Walk(object):
                     async_ip, disable_target = self.pending_event()
                 if self.mode != mode:
                     mode = self.mode
-                    blocks = cache.blocks(mode)
+                    rows = cache.rows(mode)
             try:
-                block = blocks[ip]
+                row = rows[ip]
             except KeyError:
-                block = cache.build(ip, mode)
+                cache.build(ip, mode)
+                row = rows[ip]
                 if ip in suspicious and ip not in self.warned:
                     self.warned.add(ip)
                     self.problems.add("ipt_suspicious_path", ip, "the path enters %s: a real trace rarely runs "
                                       "it; check the reconstruction" % suspicious[ip], "warning", self.last_offset)
-            start, insns, kind, target, fallthrough, end, _ = block
+            start, insns, kind, target, fallthrough, end, block = row
             if async_ip is not None:
                 at_event = start <= async_ip <= end
                 if bdm64 and not at_event and self.bdm64_redirects(ip, async_ip):
@@ -1189,7 +1202,7 @@ class _Walk(object):
                         nbits = len(bits)
                         if self.mode != mode:
                             mode = self.mode
-                            blocks = cache.blocks(mode)
+                            rows = cache.rows(mode)
                 ip = target if bits[bi] else fallthrough
                 bi += 1
                 committed = len(out)
@@ -1266,7 +1279,7 @@ class _Walk(object):
                         nbits = len(bits)
                         if self.mode != mode:
                             mode = self.mode
-                            blocks = cache.blocks(mode)
+                            rows = cache.rows(mode)
                 if kind == B_RET and bi < nbits:
                     bit = bits[bi]
                     bi += 1
@@ -1306,7 +1319,7 @@ class _Walk(object):
                     async_ip, disable_target = self.pending_event()
                     if self.mode != mode:
                         mode = self.mode
-                        blocks = cache.blocks(mode)
+                        rows = cache.rows(mode)
                 idle_blocks = 0
 
     def skip_gap(self, block):
