@@ -495,7 +495,18 @@ def _flow_items(data, start, end):
         for match in finditer(data, position, end):
             group = match.lastindex
             offset = match.start()
-            if group == g_tnt8:
+            # An IP packet: its group says how many IP bytes it updates.  The 2- and 4-byte
+            # ones come from tables of the packets seen since the bits they keep last changed.
+            if group == g_ip2:  # first: the most frequent packets are 2-byte TIPs, then TNT
+                packet = data[offset:offset + 3]
+                known = ip2_table.get(packet)
+                if known is None:
+                    if len(ip2_table) >= table_size:
+                        ip2_table.clear()
+                    known = ip2_table[packet] = ip_kind_of_opcode[packet[0]], (last_ip & ~0xFFFF) | u16(packet, 1)[0]
+                kind, ip = known
+                last_ip = ip
+            elif group == g_tnt8:
                 run = match.group()
                 bits = tnt_runs.get(run)
                 if bits is None:
@@ -507,17 +518,6 @@ def _flow_items(data, start, end):
                 if bits:
                     yield f_tnt, offset, bits
                 continue
-            # An IP packet: its group says how many IP bytes it updates.  The 2- and 4-byte
-            # ones come from tables of the packets seen since the bits they keep last changed.
-            if group == g_ip2:
-                packet = data[offset:offset + 3]
-                known = ip2_table.get(packet)
-                if known is None:
-                    if len(ip2_table) >= table_size:
-                        ip2_table.clear()
-                    known = ip2_table[packet] = ip_kind_of_opcode[packet[0]], (last_ip & ~0xFFFF) | u16(packet, 1)[0]
-                kind, ip = known
-                last_ip = ip
             elif group == g_ip4:
                 packet = data[offset:offset + 5]
                 known = ip4_table.get(packet)
