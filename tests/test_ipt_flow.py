@@ -4,6 +4,7 @@ import pytest
 
 import ipt_support as libipt
 from dbgext.ipt import fixtures as F
+from dbgext.ipt import flow
 from dbgext.ipt.flow import CodeImage, FlowDecoder, decode_flow
 from dbgext.ipt.packets import PSB
 from dbgext.sample.scenario import Scenario
@@ -389,3 +390,13 @@ def test_erratum_skz84_skips_a_corrupted_tma_and_the_byte_after_it():
     assert ours(corrupted).problems.errors
     result = ours(corrupted, errata={"skz84"})
     assert result.problems == [] and result.instructions == expected
+
+
+@pytest.mark.parametrize("shape", TRACE_SHAPES)
+def test_the_tables_of_ip_packets_and_tnt_runs_seen_only_remember(monkeypatch, shape):
+    """With tables of two entries (dropped again and again) the flow is the traced path."""
+    trace, expected = F.trace_program(RANDOM, 4000, seed=8, **shape)
+    monkeypatch.setattr(flow, "TABLE_SIZE", 2)
+    result = ours(trace, RANDOM)
+    assert result.problems == []
+    assert result.instructions == expected

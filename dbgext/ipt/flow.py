@@ -153,11 +153,16 @@ def read_code_file(path):
 
 
 class BlockCache(object):
-    """Decoded blocks, one dict per execution mode (the key is (address, mode))."""
+    """Decoded blocks, one dict per execution mode (the key is (address, mode)).
+
+    ``rows``: the same blocks as the walk reads them, plain tuples (start, insns, kind,
+    target, fallthrough, end, the Block): Python unpacks a tuple in one step, a
+    namedtuple through an iterator (about three times the work)."""
 
     def __init__(self, code):
         self.code = code
         self.by_mode = {}
+        self.rows_by_mode = {}
         self._disassemblers = {}
         self.blocks_built = 0
         self.ends = {}  # address of each block's last instruction -> block kind (for the views)
@@ -171,6 +176,12 @@ class BlockCache(object):
             table = self.by_mode[mode] = {}
         return table
 
+    def rows(self, mode):
+        table = self.rows_by_mode.get(mode)
+        if table is None:
+            table = self.rows_by_mode[mode] = {}
+        return table
+
     def _disassembler(self, mode):
         disassembler = self._disassemblers.get(mode)
         if disassembler is None:
@@ -180,6 +191,7 @@ class BlockCache(object):
     def build(self, address, mode):
         block = self._decode(address, mode)
         self.blocks(mode)[address] = block
+        self.rows(mode)[address] = block[:6] + (block,)
         self.blocks_built += 1
         if block.insns and block.kind != B_STOP:
             self.ends[block.insns[-1]] = block.kind
@@ -263,17 +275,51 @@ def _classify(mnemonic, operands):
 
 # -- trace items the walker consumes --------------------------------------------------
 
-# Packets pass to the walker as the tokenizer's (kind, offset, value) where they are
-# what control flow needs as they are (IP packets, PSB, PSBEND, OVF, errors); TNT
-# bits, execution modes and MODE.TSX become items of their own (_Walk.item).
+# _flow_items turns the packets into what control flow needs, (kind, offset, value):
+# IP packets (value: the IP, None when suppressed), TNT bits, execution modes, MODE.TSX
+# with its FUP, PSB, PSBEND, OVF and errors; timing and power packets are left out.
 F_TIP, F_PGE, F_PGD, F_FUP = P.K_TIP, P.K_PGE, P.K_PGD, P.K_FUP
 F_PSB, F_PSBEND, F_OVF, F_ERROR = P.K_PSB, P.K_PSBEND, P.K_OVF, P.K_ERROR
-F_TNT, F_MODE, F_TSX = 20, 21, 22  # value: bits "TNT..."; mode (16/32/64 or None); (IP of its FUP, state)
+# F_TNT's value: the bits, oldest first, a byte each (1: taken), so the walk tests a bit as it is.
+F_TNT, F_MODE, F_TSX = 20, 21, 22  # value: bits; mode (16/32/64 or None); (IP of its FUP, state)
+F_END = 23  # no more packets (offset: the last packet's); _Walk.item() hands out None instead
 ITEM_NAMES = {F_TNT: "tnt", F_TIP: "tip", F_PGE: "tip.pge", F_PGD: "tip.pgd", F_FUP: "fup", F_MODE: "mode.exec",
               F_PSB: "psb", F_PSBEND: "psbend", F_OVF: "ovf", F_ERROR: "error", F_TSX: "mode.tsx"}
-_TNT8_BITS = P.TNT8_BITS
-# The tokenizer's kinds item() compares with, once per packet: globals, not attributes of P.
-_K_TNT8_RUN, _K_TNT64, _K_MODE, _K_OTHER, _K_PAD_RUN = P.K_TNT8_RUN, P.K_TNT64, P.K_MODE, P.K_OTHER, P.K_PAD_RUN
+# The items _Walk.item() does more with than hand them on (walk_item).
+_WALK_ITEMS = frozenset((F_PSB, F_ERROR, F_END))
+_TAKEN = bytes.maketrans(b"TN", b"\x01\x00")
+
+
+def _taken(bits):
+    """F_TNT's bits of a "TNNT..." string (packets.py's)."""
+    return bits.encode("ascii").translate(_TAKEN)
+
+
+_TNT8_TAKEN = {byte: _taken(bits) for byte, bits in P.TNT8_BITS.items()}
+# TNT-8 runs longer than this are not remembered (_flow_items).
+TNT_RUN_KEPT = 64
+
+
+def _mode_item(payload):
+    """(F_MODE, execution mode) or (F_TSX, transaction state) of a MODE packet's payload."""
+    name, fields = P.mode_fields(payload)
+    if name == "mode.exec":
+        return F_MODE, EXEC_MODES.get(fields["mode"])
+    return F_TSX, "tsx_abort" if fields["abort"] else "tsx_begin" if fields["intx"] else "tsx_commit"
+
+
+_MODE_ITEMS = [_mode_item(payload) for payload in range(0x40)]  # FLOW_RE's MODE leaves 0 and 1
+# Compressed IP packets remembered per value of the IP bits they keep, and TNT-8 runs
+# (_flow_items), up to this many in a table: a trace takes the same paths again and again.
+TABLE_SIZE = 1 << 16
+# FLOW_RE with only the groups _flow_items tells apart (the other packets match no
+# group): a match object with fewer groups is cheaper to make and to fill.
+_FLOW_GROUPS = ("tnt8", "ip2", "ip4", "ip6", "ip0", "ip8", "mode", "psb", "psbend", "tnt64", "ovf", "bad",
+                "ptw4", "ptw8", "exstop")
+_FLOW_RE = re.compile(re.sub(rb"\(\?P<(\w+)>", lambda named: named.group(0) if named.group(1).decode() in _FLOW_GROUPS
+                             else b"(?:", P.FLOW_RE.pattern), P.FLOW_RE.flags)
+# Packets whose IP bit says the next FUP is theirs (not a control transfer's).
+_FUP_OWNER_GROUPS = frozenset(_FLOW_RE.groupindex[name] for name in ("ptw4", "ptw8", "exstop"))
 # skd010_resume: the overflow resolved with tracing off after all.
 _STAYS_OFF = -1
 # IPBytes of a compressed IP -> the bits its payload gives (the rest comes from the last IP).
@@ -351,7 +397,7 @@ class FlowDecoder(object):
             data = _cyc_cut_by_overflow_to_pad(data, start, end)
         if "skz84" in self.errata:
             data = _corrupted_tma_to_pad(data, start, end)
-        _Walk(self, result, P.tokens(data, start, end, P.FLOW_RE), keep, progress, data).run()
+        _Walk(self, result, _flow_items(data, start, end), keep, progress, data).run()
         result.blocks_built = self.cache.blocks_built
         return result
 
@@ -399,10 +445,161 @@ def _corrupted_tma_to_pad(data, start, end):
     return bytes(patched) if changed else data
 
 
+def _ip_table(tables, kept_bits):
+    """_flow_items' table of the IP packets that keep ``kept_bits`` (a table dropped when
+    there are too many is made again: the packets in it are only remembered)."""
+    table = tables.get(kept_bits)
+    if table is None:
+        if len(tables) >= TABLE_SIZE:
+            tables.clear()
+        table = tables[kept_bits] = {}
+    return table
+
+
+def _flow_items(data, start, end):
+    """The items of ``data[start:end]`` from its first PSB on, then F_END forever.
+
+    packets.tokens() with FLOW_RE, fused with what control flow keeps of each packet
+    (one generator step per item, not a token step and a conversion call): TNT-8
+    runs become one F_TNT item (timing packets inside them are left out); a FUP that
+    belongs to a PTW or EXSTOP (not to a control transfer) is left out; MODE.TSX and
+    the FUP that binds it become one F_TSX item (value: the IP and tsx_begin,
+    tsx_commit or tsx_abort) and, as in libipt, the FUP of an abort also stays, as an
+    asynchronous transfer to the TIP that follows; in PSB+ MODE.TSX is status, and
+    the FUP is PSB+'s.  A packet that does not decode is an F_ERROR item, and the
+    items go on from the next PSB."""
+    end = len(data) if end is None else min(end, len(data))
+    position = data.find(P.PSB, start, end)
+    offset = start
+    if position < 0:
+        yield F_ERROR, start, "no PSB in the %d bytes from offset %d" % (max(end - start, 0), start)
+    last_ip = 0
+    skip_fup = False     # the next FUP belongs to a PTW or EXSTOP
+    tsx = None           # after MODE.TSX outside PSB+: its state (its FUP comes next)
+    fup_bound = False    # skip_fup or tsx: the next FUP is not a plain one
+    in_psb = False
+    # {the IP bits a 2-byte (4-byte) IP packet keeps: {packet: (kind, IP[, the 2-byte table of that IP])}}
+    ip2_tables, ip4_tables = {}, {}
+    ip2_table, ip4_table = _ip_table(ip2_tables, 0), _ip_table(ip4_tables, 0)
+    tnt_runs = {}  # TNT-8 run: its bits
+    finditer = _FLOW_RE.finditer
+    # The names compared or called once per packet, as locals (faster than globals on 3.8).
+    g_tnt8, g_ip2, g_ip4, g_ip6, g_ip0, g_ip8, g_mode, g_psb, g_psbend, g_tnt64, g_ovf, g_bad = (
+        _FLOW_RE.groupindex[name] for name in _FLOW_GROUPS[:12])
+    tnt_bits_of_run, ip_kind_of_opcode, u16, u32, u64 = (
+        P.tnt_bits_of_run, P.IP_KIND_OF_OPCODE, P._U16, P._U32, P._U64)
+    fup_owner_groups, mode_items, table_size = _FUP_OWNER_GROUPS, _MODE_ITEMS, TABLE_SIZE
+    f_tnt, f_fup = F_TNT, F_FUP
+    while position >= 0:
+        resume = -1
+        for match in finditer(data, position, end):
+            group = match.lastindex
+            offset = match.start()
+            # An IP packet: its group says how many IP bytes it updates.  The 2- and 4-byte
+            # ones come from tables of the packets seen since the bits they keep last changed.
+            if group == g_ip2:  # first: the most frequent packets are 2-byte TIPs, then TNT
+                packet = data[offset:offset + 3]
+                known = ip2_table.get(packet)
+                if known is None:
+                    if len(ip2_table) >= table_size:
+                        ip2_table.clear()
+                    known = ip2_table[packet] = ip_kind_of_opcode[packet[0]], (last_ip & ~0xFFFF) | u16(packet, 1)[0]
+                kind, ip = known
+                last_ip = ip
+            elif group == g_tnt8:
+                run = match.group()
+                bits = tnt_runs.get(run)
+                if bits is None:
+                    bits = _taken(tnt_bits_of_run(run))
+                    if len(run) <= TNT_RUN_KEPT:
+                        if len(tnt_runs) >= table_size:
+                            tnt_runs.clear()
+                        tnt_runs[run] = bits
+                if bits:
+                    yield f_tnt, offset, bits
+                continue
+            elif group == g_ip4:
+                packet = data[offset:offset + 5]
+                known = ip4_table.get(packet)
+                if known is None:
+                    if len(ip4_table) >= table_size:
+                        ip4_table.clear()
+                    ip = (last_ip & ~0xFFFFFFFF) | u32(packet, 1)[0]
+                    known = ip4_table[packet] = ip_kind_of_opcode[packet[0]], ip, _ip_table(ip2_tables, ip >> 16)
+                kind, ip, ip2_table = known
+                last_ip = ip
+            elif group == g_ip0:
+                kind, ip = ip_kind_of_opcode[data[offset]], None
+            elif group == g_ip6 or group == g_ip8:
+                if group == g_ip8:
+                    ip = u64(data, offset + 1)[0]
+                else:
+                    payload = int.from_bytes(data[offset + 1:offset + 7], "little")
+                    if data[offset] >> 5 == 3:  # sign-extended from bit 47
+                        ip = payload | (0xFFFF << 48) if payload & P._SIGN_BIT_47 else payload
+                    else:
+                        ip = (last_ip & ~P._LOW_48) | payload
+                kind, last_ip = ip_kind_of_opcode[data[offset]], ip
+                ip2_table, ip4_table = _ip_table(ip2_tables, ip >> 16), _ip_table(ip4_tables, ip >> 32)
+            else:
+                if group == g_mode:
+                    kind, value = mode_items[data[offset + 1]]
+                    if kind == F_MODE:
+                        yield kind, offset, value
+                    elif not in_psb:
+                        tsx = value
+                        fup_bound = True
+                elif group == g_psb:
+                    last_ip = 0
+                    ip2_table, ip4_table = _ip_table(ip2_tables, 0), _ip_table(ip4_tables, 0)
+                    in_psb = True
+                    yield F_PSB, offset, None
+                elif group == g_psbend:
+                    in_psb = False
+                    yield F_PSBEND, offset, None
+                elif group == g_tnt64:
+                    payload = int.from_bytes(data[offset + 2:offset + 8], "little")
+                    yield f_tnt, offset, _taken(P._tnt_bits(payload, payload.bit_length() - 1))
+                elif group == g_ovf:
+                    last_ip = 0  # as libipt: the IP after an overflow does not build on older IPs
+                    ip2_table, ip4_table = _ip_table(ip2_tables, 0), _ip_table(ip4_tables, 0)
+                    yield F_OVF, offset, None
+                elif group == g_bad:
+                    yield F_ERROR, offset, P._error_message(data, offset, end)
+                    resume = offset + 1
+                    break
+                elif group in fup_owner_groups and data[offset + 1] & 0x80:
+                    skip_fup = fup_bound = True
+                continue
+            if not fup_bound or kind != f_fup:
+                yield kind, offset, ip
+            elif skip_fup:
+                skip_fup = False
+                fup_bound = tsx is not None
+            else:
+                state, tsx = tsx, None
+                fup_bound = False
+                yield F_TSX, offset, (ip, state)
+                if state == "tsx_abort":
+                    yield kind, offset, ip
+        if resume < 0:
+            break
+        position = data.find(P.PSB, resume, end)
+    while True:
+        yield F_END, offset, None
+
+
 class _Walk(object):
     """The state of one decode: trace position, IP, mode, TNT bits, return stack."""
 
-    def __init__(self, decoder, result, tokens, sink, progress=None, data=b""):
+    # Slots: the walk reads and writes its state once per packet, and on 3.8 a slot
+    # is cheaper to reach than an instance dict entry.
+    __slots__ = ("cache", "suspicious", "errata", "result", "problems", "out", "flushed", "sink", "progress",
+                 "next_trace_item", "data", "pushed", "in_status", "mode", "retstack", "bits", "bit_index",
+                 "lookahead", "ended", "committed", "resumed_at", "last_offset", "warned", "walking", "synced",
+                 "off_ip", "psb_mode", "bdm64_checked", "waiting_fups", "held", "held_after")
+
+    def __init__(self, decoder, result, items, sink, progress=None, data=b""):
         self.cache = decoder.cache
         self.suspicious = decoder.suspicious
         self.errata = decoder.errata
@@ -412,16 +609,13 @@ class _Walk(object):
         self.flushed = 0         # instructions handed to the sink before out[0]
         self.sink = sink
         self.progress = progress
-        self.tokens = tokens
-        self.data = data         # the trace the tokens come from (for errata that re-read a packet)
+        self.next_trace_item = items.__next__  # _flow_items: the items read on (F_END at the end)
+        self.data = data         # the trace the items come from (for errata that re-read a packet)
         self.pushed = []         # items to hand out again before reading on (last first): item(), items_ahead()
-        self.skip_fup = False    # the next FUP belongs to a PTW or EXSTOP, not to control flow
-        self.tsx = None          # after MODE.TSX: tsx_begin, tsx_commit or tsx_abort (its FUP comes next)
-        self.in_psb = False      # between PSB and PSBEND
         self.in_status = False   # reading a PSB+ as status (skip_status_psb)
         self.mode = MODE_64
         self.retstack = []
-        self.bits = ""
+        self.bits = b""
         self.bit_index = 0
         self.lookahead = None    # one item read ahead (kind, offset, value) or None at the end
         self.ended = False
@@ -441,72 +635,42 @@ class _Walk(object):
     # -- items --------------------------------------------------------------------
 
     def item(self):
-        """The next packet reduced to what control flow needs, or None at the end.
+        """The next item (see _flow_items), or None at the end.
 
-        TNT-8 runs become one bit string; timing and power packets are dropped; a
-        FUP that belongs to a PTW or EXSTOP (not to a control transfer) is dropped
-        too.  MODE.TSX and the FUP that binds it become one F_TSX item (value: the
-        IP and tsx_begin, tsx_commit or tsx_abort); as in libipt, the FUP of an
-        abort also stays, as an asynchronous transfer to the TIP that follows.
         A packet that does not decode is reported and, while walking, abandons the
-        walk (_Resync); a PSB+ while walking is read as status (skip_status_psb)."""
-        pushed = self.pushed
-        if pushed:
-            return pushed.pop()
-        for item in self.tokens:
+        walk (_Resync); a PSB+ while walking is read as status (skip_status_psb).
+        walk() has this inline."""
+        if self.pushed:
+            return self.pushed.pop()
+        item = self.next_trace_item()
+        self.last_offset = item[1]
+        if item[0] in _WALK_ITEMS:
+            return self.walk_item(item)
+        return item
+
+    def walk_item(self, item):
+        """item() for the items of _WALK_ITEMS, and what it reads on from them."""
+        while True:
             kind = item[0]
-            self.last_offset = item[1]
-            if kind == _K_TNT8_RUN:
-                run = item[2]
-                bits = _TNT8_BITS.get(run[0], "") if len(run) == 1 else P.tnt_bits_of_run(run)
-                if bits:
-                    return F_TNT, item[1], bits
-            elif kind == F_TIP:
-                return item
-            elif kind == F_FUP:
-                if self.skip_fup:
-                    self.skip_fup = False
-                elif self.tsx is not None:
-                    state, self.tsx = self.tsx, None
-                    if state == "tsx_abort":
-                        self.pushed.append(item)
-                    return F_TSX, item[1], (item[2], state)
-                else:
-                    return item
-            elif kind == F_PGE or kind == F_PGD:
-                return item
-            elif kind == _K_TNT64:
-                return F_TNT, item[1], item[2]
-            elif kind == _K_MODE:
-                name, fields = item[2]
-                if name == "mode.exec":
-                    return F_MODE, item[1], EXEC_MODES.get(fields["mode"])
-                if not self.in_psb:  # in PSB+ MODE.TSX is status, and the FUP is PSB+'s
-                    self.tsx = "tsx_abort" if fields["abort"] else "tsx_begin" if fields["intx"] else "tsx_commit"
-            elif kind == F_PSB:
-                self.in_psb = True
+            if kind == F_END:
+                self.ended = True
+                return None
+            if kind == F_PSB:
                 if not self.walking or self.in_status:
                     return item
                 self.skip_status_psb()
                 if self.lookahead is not None:
                     item, self.lookahead = self.lookahead, None
                     return item
-            elif kind == F_PSBEND:
-                self.in_psb = False
-                return item
             elif kind == F_ERROR:
                 self.problems.add("ipt_packet_error", None, item[2], offset=item[1])
                 self.reset()
                 if self.walking:
                     raise _Resync()
-            elif kind == _K_OTHER:
-                name, fields = item[2]
-                if name in ("ptw", "exstop") and fields["ip"]:
-                    self.skip_fup = True
-            elif kind != _K_PAD_RUN:  # OVF
+            else:
                 return item
-        self.ended = True
-        return None
+            item = self.next_trace_item()
+            self.last_offset = item[1]
 
     def next_item(self):
         item = self.lookahead
@@ -590,7 +754,7 @@ class _Walk(object):
             self.progress(self.last_offset, self.flushed)
 
     def reset(self):
-        self.bits = ""
+        self.bits = b""
         self.bit_index = 0
         self.retstack = []
         self.waiting_fups = []
@@ -873,7 +1037,7 @@ class _Walk(object):
             # A deferred TIP: the TNT bits of the branches after this one come first,
             # one TNT packet of them (libipt fails on a second).
             first = self.data[item[1]]
-            if first != 0x02 and len(item[2]) > len(_TNT8_BITS.get(first, "")):
+            if first != 0x02 and len(item[2]) > len(_TNT8_TAKEN.get(first, b"")):
                 self.error(item[1], "more than one TNT packet before the TIP of the %s at 0x%x" % (wanted, address),
                            address)
             self.lookahead = None
@@ -906,6 +1070,7 @@ class _Walk(object):
 
     def walk(self, ip, *, len=len, bisect_left=bisect_left, B_COND=B_COND, B_JUMP=B_JUMP, B_CALL=B_CALL,
              B_RET=B_RET, B_INDIRECT_CALL=B_INDIRECT_CALL, B_STOP=B_STOP, F_TIP=F_TIP, F_TNT=F_TNT, F_FUP=F_FUP,
+             WALK_ITEMS=_WALK_ITEMS, BINDS_NOTHING=frozenset((F_TIP, F_TNT)),
              FLUSH_SIZE=FLUSH_SIZE, RETSTACK_DEPTH=RETSTACK_DEPTH, MAX_BLOCKS_WITHOUT_TRACE=MAX_BLOCKS_WITHOUT_TRACE):
         """Follow the code from ``ip`` until the trace ends, tracing stops, or an error.
 
@@ -918,17 +1083,20 @@ class _Walk(object):
         frame that loops for a whole trace."""
         out = self.out
         cache = self.cache
-        mode = self.mode
-        blocks = cache.blocks(mode)
         retstack = self.retstack
         suspicious = self.suspicious
         extend = out.extend
         next_item = self.item
+        next_trace_item = self.next_trace_item
         pushed = self.pushed
         bits, bi = self.bits, self.bit_index
         nbits = len(bits)
         self.committed = self.resumed_at = len(out)
         async_ip, disable_target = self.pending_event()
+        # The mode changes only with items read: it is looked at again after each
+        # step that may have read some (the helpers, the item read when the bits are used up).
+        mode = self.mode
+        rows = cache.rows(mode)
         bdm64 = "bdm64" in self.errata
         idle_blocks = 0
 
@@ -944,44 +1112,56 @@ class _Walk(object):
                 # A FUP directly followed by a TIP (an interrupt) does not wait: it binds
                 # at its IP (the TIP is put back for take_async).
                 bits_used_up = False
-                binds = None
                 if self.held is None and not self.waiting_fups:
                     item = self.lookahead
-                    if item is None and not self.ended:
-                        self.committed = committed
-                        item = self.lookahead = next_item()
-                    if item is None or item[0] == F_TIP or item[0] == F_TNT:
-                        binds = None, -1
-                    elif item[0] == F_FUP and bi >= nbits:
-                        self.committed = committed
-                        following = next_item()
-                        if following is not None:
-                            pushed.append(following)
-                            if following[0] == F_TIP:
-                                binds = item[2], -1
-                if binds is not None:
-                    async_ip, disable_target = binds
+                    if item is None:  # peek(), inline
+                        if not pushed:
+                            # item(), inline; past the end that is F_END again (self.ended stays as it is)
+                            item = next_trace_item()
+                            self.last_offset = item[1]
+                            if item[0] in WALK_ITEMS:
+                                self.committed = committed
+                                item = self.walk_item(item)
+                        elif not self.ended:
+                            item = pushed.pop()
+                        self.lookahead = item
+                    if item is None or item[0] in BINDS_NOTHING:
+                        async_ip, disable_target = None, -1
+                    else:
+                        following = None
+                        if item[0] == F_FUP and bi >= nbits:
+                            self.committed = committed
+                            following = next_item()
+                            if following is not None:
+                                pushed.append(following)
+                        if following is not None and following[0] == F_TIP:
+                            async_ip, disable_target = item[2], -1
+                        else:
+                            save()
+                            async_ip, disable_target = self.pending_event()
                 else:
                     save()
                     async_ip, disable_target = self.pending_event()
-            if self.mode != mode:
-                mode = self.mode
-                blocks = cache.blocks(mode)
-            block = blocks.get(ip)
-            if block is None:
-                block = cache.build(ip, mode)
+                if self.mode != mode:
+                    mode = self.mode
+                    rows = cache.rows(mode)
+            try:
+                row = rows[ip]
+            except KeyError:
+                cache.build(ip, mode)
+                row = rows[ip]
                 if ip in suspicious and ip not in self.warned:
                     self.warned.add(ip)
                     self.problems.add("ipt_suspicious_path", ip, "the path enters %s: a real trace rarely runs "
                                       "it; check the reconstruction" % suspicious[ip], "warning", self.last_offset)
-            start, insns, kind, target, fallthrough, end, _ = block
-            at_event = async_ip is not None and start <= async_ip <= end
-            if bdm64 and async_ip is not None and not at_event and self.bdm64_redirects(ip, async_ip):
-                ip = async_ip
-                continue
-            if at_event or kind == B_STOP:
-                # The trace moves the IP: an asynchronous event at async_ip, or a gap in the code.
+            start, insns, kind, target, fallthrough, end, block = row
+            if async_ip is not None:
+                at_event = start <= async_ip <= end
+                if bdm64 and not at_event and self.bdm64_redirects(ip, async_ip):
+                    ip = async_ip
+                    continue
                 if at_event:
+                    # The trace moves the IP: an asynchronous event at async_ip.
                     extend(insns[:bisect_left(insns, async_ip)])
                     item = self.lookahead
                     if self.held is None and item[0] == F_FUP and pushed and pushed[-1][0] == F_TIP \
@@ -997,18 +1177,14 @@ class _Walk(object):
                         continue
                     save()
                     ip = self.take_async(async_ip)
-                else:
-                    extend(insns)
-                    save()
-                    ip = self.skip_gap(block)
-                if ip is None:
-                    return
-                retstack = self.retstack
-                bits, bi, committed = self.bits, self.bit_index, self.committed
-                nbits = len(bits)
-                bits_used_up = True  # an event comes only with the bits used up; a gap drops them
-                idle_blocks = 0
-                continue
+                    if ip is None:
+                        return
+                    retstack = self.retstack
+                    bits, bi, committed = self.bits, self.bit_index, self.committed
+                    nbits = len(bits)
+                    bits_used_up = True  # an event comes only with the bits used up
+                    idle_blocks = 0
+                    continue
             if kind == B_COND:
                 extend(insns)
                 if bi >= nbits:
@@ -1024,7 +1200,10 @@ class _Walk(object):
                             return
                         bits, bi = self.bits, self.bit_index
                         nbits = len(bits)
-                ip = target if bits[bi] == "T" else fallthrough
+                        if self.mode != mode:
+                            mode = self.mode
+                            rows = cache.rows(mode)
+                ip = target if bits[bi] else fallthrough
                 bi += 1
                 committed = len(out)
                 idle_blocks = 0
@@ -1047,6 +1226,18 @@ class _Walk(object):
                     save()
                     self.error(self.last_offset, "%d blocks without trace data from 0x%x: the path loops"
                                % (idle_blocks, ip))
+            elif kind == B_STOP:
+                # A gap in the code: the trace moves the IP.
+                extend(insns)
+                save()
+                ip = self.skip_gap(block)
+                if ip is None:
+                    return
+                retstack = self.retstack
+                bits, bi, committed = self.bits, self.bit_index, self.committed
+                nbits = len(bits)
+                bits_used_up = True  # a gap drops the bits
+                idle_blocks = 0
             else:  # returns, indirect and far transfers
                 extend(insns)
                 item = self.lookahead
@@ -1054,28 +1245,45 @@ class _Walk(object):
                         and (bi >= nbits or kind != B_RET):
                     # The TIP is already read ahead.  TNT bits still cached stay for the
                     # branches after this one, as in libipt.
-                    self.lookahead = None
                     ip = item[2]
                     if kind == B_INDIRECT_CALL:
                         retstack.append(fallthrough)
                         if len(retstack) > RETSTACK_DEPTH:
                             del retstack[0]
                     committed = len(out)
-                    if bi < nbits:
-                        async_ip, disable_target = None, -1
-                    else:
-                        bits_used_up = True
                     idle_blocks = 0
+                    if bi < nbits:
+                        self.lookahead = None
+                        async_ip, disable_target = None, -1
+                    elif pushed or self.held is not None or self.waiting_fups:
+                        self.lookahead = None
+                        bits_used_up = True
+                    else:
+                        # The bits are used up: the top of the loop, inline for the TIP or
+                        # TNT that usually comes next (it binds nothing).
+                        item = next_trace_item()
+                        self.last_offset = item[1]
+                        if item[0] in BINDS_NOTHING:
+                            async_ip, disable_target = None, -1
+                        else:
+                            if item[0] in WALK_ITEMS:
+                                self.committed, self.lookahead = committed, None
+                                item = self.walk_item(item)
+                            bits_used_up = True
+                        self.lookahead = item
                     continue
                 if kind == B_RET and bi >= nbits:
                     save()
                     if self.refill():  # a compressed RET after all
                         bits, bi = self.bits, self.bit_index
                         nbits = len(bits)
+                        if self.mode != mode:
+                            mode = self.mode
+                            rows = cache.rows(mode)
                 if kind == B_RET and bi < nbits:
                     bit = bits[bi]
                     bi += 1
-                    if bit != "T":
+                    if not bit:
                         save()
                         self.error(self.last_offset, "compressed RET at 0x%x with a not-taken bit: the "
                                    "reconstruction went wrong before it" % end, end)
@@ -1085,30 +1293,33 @@ class _Walk(object):
                     ip = retstack.pop()
                     committed = len(out)
                     bits_used_up = bi >= nbits
-                elif kind == B_RET:
-                    ip = self.take_ip(end, "ret")
-                    if ip is None:
-                        self.finish_segment(block)
-                        return
-                    bits, bi = self.bits, self.bit_index  # a deferred TIP's TNT bits come first
-                    nbits = len(bits)
-                    committed = len(out)
-                    save()
-                    async_ip, disable_target = self.pending_event()
                 else:
-                    save()
-                    ip = self.take_ip(end, "indirect branch")
-                    if ip is None:
-                        self.finish_segment(block)
-                        return
-                    bits, bi = self.bits, self.bit_index
-                    nbits = len(bits)
-                    if kind == B_INDIRECT_CALL:
-                        retstack.append(fallthrough)
-                        if len(retstack) > RETSTACK_DEPTH:
-                            del retstack[0]
-                    committed = self.committed = len(out)
+                    if kind == B_RET:
+                        ip = self.take_ip(end, "ret")
+                        if ip is None:
+                            self.finish_segment(block)
+                            return
+                        bits, bi = self.bits, self.bit_index  # a deferred TIP's TNT bits come first
+                        nbits = len(bits)
+                        committed = len(out)
+                        save()
+                    else:
+                        save()
+                        ip = self.take_ip(end, "indirect branch")
+                        if ip is None:
+                            self.finish_segment(block)
+                            return
+                        bits, bi = self.bits, self.bit_index
+                        nbits = len(bits)
+                        if kind == B_INDIRECT_CALL:
+                            retstack.append(fallthrough)
+                            if len(retstack) > RETSTACK_DEPTH:
+                                del retstack[0]
+                        committed = self.committed = len(out)
                     async_ip, disable_target = self.pending_event()
+                    if self.mode != mode:
+                        mode = self.mode
+                        rows = cache.rows(mode)
                 idle_blocks = 0
 
     def skip_gap(self, block):
@@ -1119,7 +1330,7 @@ class _Walk(object):
         The return stack is kept down to the frame the IP returns to (code beyond
         the gap usually returns into the code that called it)."""
         start = self.last_offset
-        self.bits, self.bit_index = "", 0
+        self.bits, self.bit_index = b"", 0
         self.walking = False
         resume = None
         try:
