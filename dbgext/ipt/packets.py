@@ -489,14 +489,14 @@ class _Counter(object):
     def __init__(self):
         tnt8 = _byte_class(_TNT8)
         keyed = []
-        for name, key, rest in _COMMON:
+        # MTC first: where timing is on, it is the commonest keyed packet.
+        for name, key, rest in sorted(_COMMON, key=lambda packet: packet[0] != "mtc"):
             if name == "ip2":
                 key = _byte_class(opcode for opcode in IP_KIND_OF_OPCODE
                                   if opcode != _SILENT_TIP and IP_PAYLOAD.get(opcode >> 5) == 2)
             elif name == "pad":
                 rest = b"(?!\\x00)"  # the whole run: a shorter one would give a failing match a second way
             keyed.append(key + rest)
-        keyed.insert(0, keyed.pop(1))  # MTC first: where timing is on, it is the commonest keyed packet
         packet = b"|".join(keyed) + b"|\\x02(?:" + b"|".join(key + rest for _, key, rest in _EXTENDED_PACKETS) + b")"
         cyc = dict((name, key) for name, key, _ in _COMMON)["cyc"]
         one_byte_keys = _byte_class(set(range(256)) - {0x00, 0x02, 0x99} - _CYC_CONTINUED)
