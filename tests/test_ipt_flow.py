@@ -1,5 +1,7 @@
 """Layer 3: instruction flow, against the tracer's own path and libipt's decoder."""
 
+import os
+
 import pytest
 
 import ipt_support as libipt
@@ -400,3 +402,23 @@ def test_the_tables_of_ip_packets_and_tnt_runs_seen_only_remember(monkeypatch, s
     result = ours(trace, RANDOM)
     assert result.problems == []
     assert result.instructions == expected
+
+
+ALL_ERRATA = frozenset(["bdm70", "bdm64", "skd007", "skd022", "skd010", "skl014", "skl168", "skz84", "apl12", "apl11"])
+
+
+@pytest.mark.parametrize("errata", [frozenset(), ALL_ERRATA], ids=["no errata", "every erratum"])
+@pytest.mark.parametrize("name, problem", [
+    # a FUP without an IP waits for a TIP that turns out to be its own
+    ("ipt-fup-without-ip-waits-for-a-tip.bin", "is the asynchronous branch of the FUP at offset 29"),
+    # a PSB+ read while an erratum looks ahead past a FUP: the FUP stays where it was
+    ("ipt-psb-while-a-fup-is-read-ahead.bin", "unknown opcode 15"),
+])
+def test_fuzzed_traces_decode_to_problems_not_exceptions(name, problem, errata):
+    """Random packet streams over random code (the fuzzer's finds) end in problems."""
+    base = 0xFFFFF80012341000
+    program = F.random_program(base, functions=40, seed=5, syscalls=True)
+    with open(os.path.join(os.path.dirname(__file__), "data", "fuzz", name), "rb") as handle:
+        trace = handle.read()
+    result = FlowDecoder(CodeImage(images=[(base, program.code)]), errata=errata).decode(trace, max_insns=None)
+    assert any(problem in entry.message for entry in result.problems)

@@ -658,9 +658,12 @@ class _Walk(object):
             if kind == F_PSB:
                 if not self.walking or self.in_status:
                     return item
+                # What skip_status_psb leaves in lookahead is the item after the PSB+; a
+                # lookahead set before (by a caller reading ahead) stays as it was.
+                caller_lookahead, self.lookahead = self.lookahead, None
                 self.skip_status_psb()
-                if self.lookahead is not None:
-                    item, self.lookahead = self.lookahead, None
+                item, self.lookahead = self.lookahead, caller_lookahead
+                if item is not None:
                     return item
             elif kind == F_ERROR:
                 self.problems.add("ipt_packet_error", None, item[2], offset=item[1])
@@ -1047,8 +1050,8 @@ class _Walk(object):
             return None
         kind, offset, value = item
         if kind == F_TIP and self.waiting_fups:
-            self.error(offset, "the TIP for the %s at 0x%x is the asynchronous branch of the FUP at 0x%x"
-                       % (wanted, address, self.waiting_fups[0][2]), address)
+            self.error(offset, "the TIP for the %s at 0x%x is the asynchronous branch of the FUP at offset %d"
+                       % (wanted, address, self.waiting_fups[0][1]), address)
         if kind == F_TIP and value is not None:
             self.lookahead = None
             return value
