@@ -26,7 +26,8 @@ harness, so its figures carry no ctypes call overhead (through ctypes every
 ``pt_insn_next`` costs a Python call, which makes libipt look 5-10x slower than it
 is).  Without a compiler, or with --ctypes, it times libipt through ctypes and says so.  dbgext runs in this
 process; its start-up is not timed.  Both sides are timed in CPU time of their
-process (the machine may be shared), best of --repeat runs.
+process (the machine may be shared), best of --repeat rounds in which the two sides take
+turns.
 """
 
 import argparse
@@ -164,15 +165,11 @@ int main(int argc, char **argv)
 """
 
 
-def best_of(repeat, function):
-    best = None
-    result = None
-    for _ in range(repeat):
-        start = time.process_time()
-        result = function()
-        elapsed = time.process_time() - start
-        best = elapsed if best is None else min(best, elapsed)
-    return best, result
+def timed(function):
+    """(CPU seconds, result) of one call."""
+    start = time.process_time()
+    result = function()
+    return time.process_time() - start, result
 
 
 def build_harness(folder):
@@ -189,46 +186,52 @@ def build_harness(folder):
     return binary
 
 
-def libipt_figures(binary, folder, trace, program, repeat):
-    """{packets, packet_seconds, insns, insn_seconds, how}, or None without libipt."""
+def libipt_figures(binary, folder, trace, program):
+    """{packets, packet_seconds, insns, insn_seconds, how} of one run, or None without libipt."""
     if binary is not None:
         paths = []
         for name, data in (("trace.bin", trace), ("image.bin", program.code)):
             paths.append(os.path.join(folder, name))
             with open(paths[-1], "wb") as handle:
                 handle.write(data)
-        best = None
-        for _ in range(repeat):
-            output = subprocess.run([binary] + paths + ["0x%x" % program.base], check=True,
-                                    capture_output=True).stdout.split()
-            figures = dict(zip(("packets", "packet_seconds", "insns", "insn_seconds"),
-                               [float(value) for value in output]))
-            if best is None:
-                best = figures
-            for key in ("packet_seconds", "insn_seconds"):
-                best[key] = min(best[key], figures[key])
-        best["how"] = "C harness"
-        return best
+        output = subprocess.run([binary] + paths + ["0x%x" % program.base], check=True,
+                                capture_output=True).stdout.split()
+        figures = dict(zip(("packets", "packet_seconds", "insns", "insn_seconds"), [float(value) for value in output]))
+        figures["how"] = "C harness"
+        return figures
     import ipt_support
     if ipt_support.LIB is None:
         return None
-    packet_seconds, packets = best_of(repeat, lambda: ipt_support.packet_decode_count(trace))
-    insn_seconds, flow = best_of(repeat, lambda: ipt_support.instruction_flow(trace, {program.base: program.code}))
+    packet_seconds, packets = timed(lambda: ipt_support.packet_decode_count(trace))
+    insn_seconds, flow = timed(lambda: ipt_support.instruction_flow(trace, {program.base: program.code}))
     return {"packets": packets, "packet_seconds": packet_seconds, "insns": len(flow[0]),
             "insn_seconds": insn_seconds, "how": "ctypes (per-call overhead included)"}
 
 
-def dbgext_figures(trace, program, repeat):
+def dbgext_figures(trace, program):
+    """The same figures for dbgext, one run."""
     code = CodeImage(images=[(program.base, program.code)])
-    packet_seconds, stats = best_of(repeat, lambda: packet_stats(trace))
-
-    def flow():
-        # a new decoder each run: a cold block cache, as a fresh command has
-        return FlowDecoder(code).decode(trace, max_insns=0, sink=lambda chunk: None)
-
-    flow_seconds, result = best_of(repeat, flow)
+    packet_seconds, stats = timed(lambda: packet_stats(trace))
+    # a new decoder each run: a cold block cache, as a fresh command has
+    flow_seconds, result = timed(lambda: FlowDecoder(code).decode(trace, max_insns=0, sink=lambda chunk: None))
     return {"packets": stats.packets, "packet_seconds": packet_seconds, "insns": result.instruction_count,
             "insn_seconds": flow_seconds, "problems": len(result.problems)}
+
+
+def best_runs(repeat, *measures):
+    """Each measure's figures with its best times over ``repeat`` rounds.  The measures
+    take turns within a round, so a machine whose speed drifts slows both sides alike."""
+    best = [None] * len(measures)
+    for _ in range(repeat):
+        for index, measure in enumerate(measures):
+            figures = measure()
+            if figures is None:
+                continue
+            if best[index] is None:
+                best[index] = figures
+            for key in ("packet_seconds", "insn_seconds"):
+                best[index][key] = min(best[index][key], figures[key])
+    return best
 
 
 def build_trace(options, megabytes, program):
@@ -254,8 +257,8 @@ def main():
             if name not in wanted:
                 continue
             trace, expected_insns = build_trace(trace_options, options.mb, program)
-            ours = dbgext_figures(trace, program, options.repeat)
-            theirs = libipt_figures(binary, folder, trace, program, options.repeat)
+            ours, theirs = best_runs(options.repeat, lambda: dbgext_figures(trace, program),
+                                     lambda: libipt_figures(binary, folder, trace, program))
             rows.append((name, trace, expected_insns, ours, theirs))
     print("%-6s %7s %10s %9s %9s %6s | %11s %9s %9s %6s  %s" % (
         "trace", "MB", "packets", "libipt", "dbgext", "ratio", "insns", "libipt", "dbgext", "ratio", "libipt via"))
