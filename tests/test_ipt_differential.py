@@ -473,3 +473,22 @@ def test_a_mode_exec_binds_to_the_tip_right_after_it(branch, mode_first):
         assert (ips, failed) == ([], True)
     else:
         assert (ips, failed) == ([BASE, target] + list(range(BASE + 0x14, BASE + 0x18)), False)
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_a_deferred_tip_after_held_bits_fails_when_a_tnt_packet_follows_them(split):
+    """jz, jmp rax, then two jz at the target: the TNT bits of the jz after the jmp come
+    before its TIP.  In one TNT packet with the first jz's bit they are held bits and
+    the TIP is deferred; with the last bit in a packet of its own, libipt meets a TNT
+    packet while it still holds a bit, and fails the jmp."""
+    target = BASE + 0x10
+    code = b"\x74\x00\xff\xe0" + b"\x90" * 12 + b"\x74\x00\x74\x00" + NOPS
+    writer = writer_at(BASE)
+    writer.tnt(False)
+    writer.tnt(True)
+    if split:
+        writer.flush()
+    writer.tnt(True)
+    writer.tip(target)
+    ips, failed, _ = decode_alike(async_disable(writer, BASE + 0x18), code, None)
+    assert failed == split

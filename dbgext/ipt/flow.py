@@ -296,6 +296,25 @@ def _taken(bits):
 
 
 _TNT8_TAKEN = {byte: _taken(bits) for byte, bits in P.TNT8_BITS.items()}
+
+
+class _RunBits(bytes):
+    """The bits of a run of TNT-8 packets, and how many of them its last packet holds
+    (``last_packet``): libipt's query decoder holds one packet's bits at a time."""
+
+
+def _run_bits(run):
+    """F_TNT's bits of a FLOW_RE TNT-8 run."""
+    if len(run) == 1:
+        return _TNT8_TAKEN.get(run[0], b"")
+    packets = P.QUIET_RE.sub(b"", run)
+    if len(packets) <= 1:
+        return _TNT8_TAKEN[packets[0]] if packets else b""
+    bits = _RunBits(_taken(P.tnt_bits_of_run(run)))
+    bits.last_packet = len(_TNT8_TAKEN[packets[-1]])
+    return bits
+
+
 # TNT-8 runs longer than this are not remembered (_flow_items).
 TNT_RUN_KEPT = 64
 
@@ -486,8 +505,7 @@ def _flow_items(data, start, end):
     # The names compared or called once per packet, as locals (faster than globals on 3.8).
     g_tnt8, g_ip2, g_ip4, g_ip6, g_ip0, g_ip8, g_mode, g_psb, g_psbend, g_tnt64, g_ovf, g_bad = (
         _FLOW_RE.groupindex[name] for name in _FLOW_GROUPS[:12])
-    tnt_bits_of_run, ip_kind_of_opcode, u16, u32, u64 = (
-        P.tnt_bits_of_run, P.IP_KIND_OF_OPCODE, P._U16, P._U32, P._U64)
+    ip_kind_of_opcode, u16, u32, u64 = P.IP_KIND_OF_OPCODE, P._U16, P._U32, P._U64
     fup_owner_groups, mode_items, table_size = _FUP_OWNER_GROUPS, _MODE_ITEMS, TABLE_SIZE
     f_tnt, f_fup = F_TNT, F_FUP
     while position >= 0:
@@ -510,7 +528,7 @@ def _flow_items(data, start, end):
                 run = match.group()
                 bits = tnt_runs.get(run)
                 if bits is None:
-                    bits = _taken(tnt_bits_of_run(run))
+                    bits = _run_bits(run)
                     if len(run) <= TNT_RUN_KEPT:
                         if len(tnt_runs) >= table_size:
                             tnt_runs.clear()
@@ -1027,6 +1045,12 @@ class _Walk(object):
         or None when tracing stops there (TIP.PGD or the end of the trace)."""
         if self.committed >= FLUSH_SIZE:
             self.flush()
+        left = len(self.bits) - self.bit_index
+        if 0 < left and getattr(self.bits, "last_packet", left) < left:
+            # A deferred TIP after bits still held: libipt fails on the TNT packets that
+            # come before the TIP after the packet it holds (merged here into one run).
+            self.error(self.last_offset, "TNT packets before the TIP of the %s at 0x%x follow the bits left"
+                       % (wanted, address), address)
         item = self.peek()
         after_mode = item is not None and item[0] == F_MODE
         item = self.peek_past_modes()
