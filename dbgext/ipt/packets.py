@@ -459,10 +459,11 @@ class PacketStats(object):
 # Counting is what `ipt packets --stats` and every event scan do over whole buffers,
 # so it does not pay for a regex match per packet (sre's fixed cost of a match is
 # about 900 machine instructions, a packet's own matching a small part of that).  One
-# match covers _SLOTS slots, one packet each.  The two commonest packets, TNT-8 (1
-# byte) and TIP with two IP bytes (3 bytes), capture nothing; every other packet
-# captures its key, the bytes that name its type, through a lookahead.  The silent
-# counts follow from what the keyed slots leave of the slots and of the bytes.
+# match covers _SLOTS slots; a slot is the TNT-8 bytes before a packet, then the
+# packet.  The commonest packets, TNT-8 (1 byte) and TIP with two IP bytes (3 bytes),
+# capture nothing; every other packet captures its key, the bytes that name its type,
+# through a lookahead.  The slots the keys leave are the silent TIPs, and the bytes
+# they leave the TNT-8 packets.
 #
 # Every slot has exactly one way to match, so a match that fails backtracks in time
 # linear in what it covered.  Runs of _LONG_RUN or more TNT-8 or PAD bytes (a tight
@@ -499,19 +500,22 @@ class _Counter(object):
             keyed.append(key + rest)
         packet = b"|".join(keyed) + b"|\\x02(?:" + b"|".join(key + rest for _, key, rest in _EXTENDED_PACKETS) + b")"
         cyc = dict((name, key) for name, key, _ in _COMMON)["cyc"]
-        one_byte_keys = _byte_class(set(range(256)) - {0x00, 0x02, 0x99} - _CYC_CONTINUED)
-        # A PAD run's key goes on into the next byte, so that two runs stay two keys.
-        key = one_byte_keys + b"|[\\x02\\x99].|\\x00+[^\\x00]?|" + cyc
-        slot = b"(?:" + re.escape(bytes([_SILENT_TIP])) + b"..|" + tnt8 + b"|(?=(" + key + b"))(?:" + packet + b"))"
-        # Fewer than _SLOTS slots left: one per match, marked by an empty capture; a
-        # byte that is no packet is captured, and the rest of the range left unread.
-        single = b"()(?:" + slot + b"|(.).*)"
+        one_byte_keys = _byte_class(set(range(256)) - {0x00, 0x02, 0x59, 0x99, _SILENT_TIP} - _CYC_CONTINUED - _TNT8)
+        # MTC as a literal (sre tries one without a call); a PAD run's key goes on into
+        # the next byte, so that two runs stay two keys.
+        key = b"\\x59|" + one_byte_keys + b"|[\\x02\\x99].|\\x00+[^\\x00]?|" + cyc
+        slot = tnt8 + b"*(?:" + re.escape(bytes([_SILENT_TIP])) + b"..|(?=(" + key + b"))(?:" + packet + b"))"
+        # Fewer than _SLOTS slots left: one per match, marked by an empty capture; TNT-8
+        # bytes that end the range and a byte that is no packet are captured (the rest
+        # of the range is then left unread).
+        single = b"()(?:" + slot + b"|(" + tnt8 + b"+)\\Z|(.).*)"
         # On text (the buffer decoded as latin-1): joining str keys is much cheaper than bytes.
         self.regex = re.compile((slot * _SLOTS + b"|" + single).decode("latin-1"), re.DOTALL)
-        # split() gives per match its groups (a key per slot; the marker, key and bad
-        # byte of a single-slot match), then the empty text up to the next match.
+        # split() gives per match its groups (a key per slot; the marker, key, trailing
+        # TNT-8 bytes and bad byte of a single-slot match), then the empty text up to
+        # the next match.
         self.stride = self.regex.groups + 1
-        self.marker, self.bad = _SLOTS, _SLOTS + 2
+        self.marker, self.trailing, self.bad = _SLOTS, _SLOTS + 2, _SLOTS + 3
         # Keys longer than a byte, in the joined keys: the pattern starts with a
         # character class, so split() skips the other characters fast.
         odd, even = _byte_class(range(1, 256, 2)), _byte_class(range(0, 256, 2))
@@ -547,11 +551,14 @@ class _Counter(object):
         matches = len(pieces) // stride
         if pieces[1 + self.bad::stride].count(None) != matches:
             return False
+        trailing = list(filter(None, pieces[1 + self.trailing::stride]))
+        if trailing:
+            pieces[1 + self.trailing::stride] = [None] * matches
         singles = matches - pieces[1 + self.marker::stride].count(None)
         slots = _SLOTS * (matches - singles) + singles
         parts = self.longer_keys.split("".join(filter(None, pieces)))
         one_byte = "".join(parts[0::2])
-        keyed_slots = len(one_byte) + len(parts) // 2
+        keyed_slots = len(one_byte) + len(parts) // 2 + len(trailing)
         keyed_bytes = 0
         found = Counter()
         while one_byte:
@@ -565,10 +572,9 @@ class _Counter(object):
             name, packets, size = self.longer_key_type(key)
             found[name] += number * packets
             keyed_bytes += number * size
-        silent = slots - keyed_slots
-        silent_tips = (end - start - keyed_bytes - silent) // 2
+        silent_tips = slots - keyed_slots
         found["tip"] += silent_tips
-        found["tnt8"] += silent - silent_tips
+        found["tnt8"] += end - start - keyed_bytes - 3 * silent_tips
         for name, number in found.items():
             counts[name] += number
         return True
