@@ -271,14 +271,13 @@ def tnt_bits_of_run(run):
     return "".join([TNT8_BITS[byte] for byte in QUIET_RE.sub(b"", run)])
 
 
-def tokens(data, start=0, end=None, pattern=PACKET_RE, at_packet=False):
+def tokens(data, start=0, end=None, at_packet=False):
     """Tokenize ``data[start:end]`` from its first PSB on (from ``start`` itself when
     ``at_packet`` says a packet starts there).
 
     Yields ``(kind, offset, value)`` (kinds K_*).  Errors come as K_ERROR tokens
     naming the offset; the tokenizer then resumes at the next PSB.  The first token
-    is an error when the range holds no PSB at all.  With ``pattern=FLOW_RE`` a
-    K_TNT8_RUN may hold timing packets too (see tnt_bits_of_run).
+    is an error when the range holds no PSB at all.
     """
     if end is None:
         end = len(data)
@@ -288,7 +287,7 @@ def tokens(data, start=0, end=None, pattern=PACKET_RE, at_packet=False):
         yield K_ERROR, start, "no PSB in the %d bytes from offset %d" % (max(end - start, 0), start)
         return
     last_ip = 0
-    finditer = pattern.finditer
+    finditer = PACKET_RE.finditer
     # The names compared or called once per packet, as locals (faster than globals on 3.8).
     g_tnt8, g_ip2, g_ip4, g_ip6, g_ip0, g_ip8, g_pad, g_psb, g_psbend, g_mode = (
         G_TNT8, G_IP2, G_IP4, G_IP6, G_IP0, G_IP8, G_PAD, G_PSB, G_PSBEND, G_MODE)
