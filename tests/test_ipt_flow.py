@@ -404,6 +404,25 @@ def test_the_tables_of_ip_packets_and_tnt_runs_seen_only_remember(monkeypatch, s
     assert result.instructions == expected
 
 
+@pytest.mark.parametrize("window", [17, 300])
+@pytest.mark.parametrize("damage", [False, True])
+def test_reading_the_trace_a_window_at_a_time_changes_nothing(monkeypatch, window, damage):
+    """Packets cut by a window's end, and bytes that are no packet, read the same with
+    tiny windows as with the default one."""
+    trace, _ = F.trace_program(RANDOM, 3000, seed=11, interrupt_every=30, psb_every=64, timing=True)
+    if damage:
+        trace = bytearray(trace)
+        for offset in range(100, len(trace), 997):
+            trace[offset] = 0x39  # an undefined opcode where a packet starts, or inside one
+        trace = bytes(trace)
+    whole = ours(trace, RANDOM)
+    monkeypatch.setattr(flow, "_WINDOW", window)
+    windowed = ours(trace, RANDOM)
+    assert windowed.instructions == whole.instructions and windowed.events == whole.events
+    assert [problem.as_dict() for problem in windowed.problems] == [problem.as_dict() for problem in whole.problems]
+    assert bool(whole.problems.errors) == damage
+
+
 ALL_ERRATA = frozenset(["bdm70", "bdm64", "skd007", "skd022", "skd010", "skl014", "skl168", "skz84", "apl12", "apl11"])
 
 

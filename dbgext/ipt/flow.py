@@ -304,7 +304,7 @@ class _RunBits(bytes):
 
 
 def _run_bits(run):
-    """F_TNT's bits of a FLOW_RE TNT-8 run."""
+    """F_TNT's bits of a run of TNT-8 and timing packets."""
     if len(run) == 1:
         return _TNT8_TAKEN.get(run[0], b"")
     packets = P.QUIET_RE.sub(b"", run)
@@ -327,18 +327,43 @@ def _mode_item(payload):
     return F_TSX, "tsx_abort" if fields["abort"] else "tsx_begin" if fields["intx"] else "tsx_commit"
 
 
-_MODE_ITEMS = [_mode_item(payload) for payload in range(0x40)]  # FLOW_RE's MODE leaves 0 and 1
+_MODE_ITEMS = [_mode_item(payload) for payload in range(0x40)]  # the MODE leaves 0 and 1
 # Compressed IP packets remembered per value of the IP bits they keep, and TNT-8 runs
 # (_flow_items), up to this many in a table: a trace takes the same paths again and again.
 TABLE_SIZE = 1 << 16
-# FLOW_RE with only the groups _flow_items tells apart (the other packets match no
-# group): a match object with fewer groups is cheaper to make and to fill.
-_FLOW_GROUPS = ("tnt8", "ip2", "ip4", "ip6", "ip0", "ip8", "mode", "psb", "psbend", "tnt64", "ovf", "bad",
-                "ptw4", "ptw8", "exstop")
-_FLOW_RE = re.compile(re.sub(rb"\(\?P<(\w+)>", lambda named: named.group(0) if named.group(1).decode() in _FLOW_GROUPS
-                             else b"(?:", P.FLOW_RE.pattern), P.FLOW_RE.flags)
-# Packets whose IP bit says the next FUP is theirs (not a control transfer's).
-_FUP_OWNER_GROUPS = frozenset(_FLOW_RE.groupindex[name] for name in ("ptw4", "ptw8", "exstop"))
+# _flow_items reads the trace a window at a time with one split() of this regex: each
+# match takes _SLOTS packets, each captured whole, so reading costs no regex match
+# and no match object per packet.  A run of TNT-8 and timing packets (PAD, MTC, CYC,
+# TSC: they mean nothing to control flow) is one capture, always all of it (the next packet is not part of any run); a
+# byte that is no packet is captured alone and ends the match with the rest unread.
+_SLOTS = 64
+_WINDOW = 1 << 20  # bytes per split(), at most about
+
+
+def _token_regex():
+    quiet = b"|".join(key + rest for name, key, rest in P._COMMON if name in P.QUIET_PACKETS)
+    element = b"(?:" + P._byte_class(range(4, 256, 2)) + b"|" + quiet + b")"
+    packet = b"|".join([element + b"+(?!" + element + b")"]
+                       + [key + rest for name, key, rest in P._COMMON if name not in P.QUIET_PACKETS]
+                       + [b"\\x02(?:" + b"|".join(key + rest for _, key, rest in P._EXTENDED_PACKETS) + b")"])
+    token = b"(" + packet + b")"
+    return re.compile(token * _SLOTS + b"|" + token + b"|(.).*", re.DOTALL)
+
+
+_TOKENS = _token_regex()
+_BAD_COLUMN = _SLOTS + 1  # in split()'s rows: a key per slot, a single packet's key, the bad byte
+# What a packet's first byte makes it, for _flow_items.
+_RUN, _IP0, _IP2, _IP4, _IP6, _IP8, _MODE, _EXTENDED, _UNUSED = range(9)
+_FIRST_BYTE = [_UNUSED] * 256
+for _byte in range(256):
+    if _byte in P.IP_KIND_OF_OPCODE and _byte >> 5 in P.IP_PAYLOAD:
+        _FIRST_BYTE[_byte] = {0: _IP0, 2: _IP2, 4: _IP4, 6: _IP6, 8: _IP8}[P.IP_PAYLOAD[_byte >> 5]]
+    elif (_byte >= 4 and not _byte & 1) or _byte in (0x00, 0x59, 0x19) or _byte & 3 == 3:
+        _FIRST_BYTE[_byte] = _RUN  # TNT-8, PAD, MTC, TSC, CYC
+_FIRST_BYTE[0x99], _FIRST_BYTE[0x02] = _MODE, _EXTENDED
+del _byte
+# Extended opcodes (PTW, EXSTOP) whose IP bit says the next FUP is theirs, not a control transfer's.
+_FUP_OWNERS = frozenset((0x12, 0x92, 0x32, 0xB2, 0x62, 0xE2))
 # skd010_resume: the overflow resolved with tracing off after all.
 _STAYS_OFF = -1
 # IPBytes of a compressed IP -> the bits its payload gives (the rest comes from the last IP).
@@ -478,8 +503,7 @@ def _ip_table(tables, kept_bits):
 def _flow_items(data, start, end):
     """The items of ``data[start:end]`` from its first PSB on, then F_END forever.
 
-    packets.tokens() with FLOW_RE, fused with what control flow keeps of each packet
-    (one generator step per item, not a token step and a conversion call): TNT-8
+    The packets (see _TOKENS), reduced to what control flow keeps of them: TNT-8
     runs become one F_TNT item (timing packets inside them are left out); a FUP that
     belongs to a PTW or EXSTOP (not to a control transfer) is left out; MODE.TSX and
     the FUP that binds it become one F_TSX item (value: the IP and tsx_begin,
@@ -501,22 +525,26 @@ def _flow_items(data, start, end):
     ip2_tables, ip4_tables = {}, {}
     ip2_table, ip4_table = _ip_table(ip2_tables, 0), _ip_table(ip4_tables, 0)
     tnt_runs = {}  # TNT-8 run: its bits
-    finditer = _FLOW_RE.finditer
-    # The names compared or called once per packet, as locals (faster than globals on 3.8).
-    g_tnt8, g_ip2, g_ip4, g_ip6, g_ip0, g_ip8, g_mode, g_psb, g_psbend, g_tnt64, g_ovf, g_bad = (
-        _FLOW_RE.groupindex[name] for name in _FLOW_GROUPS[:12])
+    split, first_byte, bad_column, stride = _TOKENS.split, _FIRST_BYTE, _BAD_COLUMN, _TOKENS.groups + 1
     ip_kind_of_opcode, u16, u32, u64 = P.IP_KIND_OF_OPCODE, P._U16, P._U32, P._U64
-    fup_owner_groups, mode_items, table_size = _FUP_OWNER_GROUPS, _MODE_ITEMS, TABLE_SIZE
+    mode_items, table_size = _MODE_ITEMS, TABLE_SIZE
     f_tnt, f_fup = F_TNT, F_FUP
     while position >= 0:
-        resume = -1
-        for match in finditer(data, position, end):
-            group = match.lastindex
-            offset = match.start()
-            # An IP packet: its group says how many IP bytes it updates.  The 2- and 4-byte
-            # ones come from tables of the packets seen since the bits they keep last changed.
-            if group == g_ip2:  # first: the most frequent packets are 2-byte TIPs, then TNT
-                packet = data[offset:offset + 3]
+        stop = data.find(P.PSB, position + _WINDOW, end)
+        if stop < 0:
+            stop = end
+        pieces = split(data[position:stop])
+        bad = pieces[1 + bad_column::stride]
+        if bad.count(None) != len(bad):  # only the packets before the bad byte
+            pieces = pieces[:1 + (len(bad) - 1) * stride + bad_column]
+        next_offset = position
+        for packet in filter(None, pieces):
+            offset = next_offset
+            next_offset += len(packet)
+            what = first_byte[packet[0]]
+            # An IP packet: the 2- and 4-byte ones come from tables of the packets seen
+            # since the bits they keep last changed.
+            if what == _IP2:  # first: the most frequent packets are 2-byte TIPs, then TNT
                 known = ip2_table.get(packet)
                 if known is None:
                     if len(ip2_table) >= table_size:
@@ -524,20 +552,18 @@ def _flow_items(data, start, end):
                     known = ip2_table[packet] = ip_kind_of_opcode[packet[0]], (last_ip & ~0xFFFF) | u16(packet, 1)[0]
                 kind, ip = known
                 last_ip = ip
-            elif group == g_tnt8:
-                run = match.group()
-                bits = tnt_runs.get(run)
+            elif what == _RUN:
+                bits = tnt_runs.get(packet)
                 if bits is None:
-                    bits = _run_bits(run)
-                    if len(run) <= TNT_RUN_KEPT:
+                    bits = _run_bits(packet)
+                    if len(packet) <= TNT_RUN_KEPT:
                         if len(tnt_runs) >= table_size:
                             tnt_runs.clear()
-                        tnt_runs[run] = bits
+                        tnt_runs[packet] = bits
                 if bits:
                     yield f_tnt, offset, bits
                 continue
-            elif group == g_ip4:
-                packet = data[offset:offset + 5]
+            elif what == _IP4:
                 known = ip4_table.get(packet)
                 if known is None:
                     if len(ip4_table) >= table_size:
@@ -546,48 +572,46 @@ def _flow_items(data, start, end):
                     known = ip4_table[packet] = ip_kind_of_opcode[packet[0]], ip, _ip_table(ip2_tables, ip >> 16)
                 kind, ip, ip2_table = known
                 last_ip = ip
-            elif group == g_ip0:
-                kind, ip = ip_kind_of_opcode[data[offset]], None
-            elif group == g_ip6 or group == g_ip8:
-                if group == g_ip8:
-                    ip = u64(data, offset + 1)[0]
+            elif what == _IP0:
+                kind, ip = ip_kind_of_opcode[packet[0]], None
+            elif what == _IP6 or what == _IP8:
+                if what == _IP8:
+                    ip = u64(packet, 1)[0]
                 else:
-                    payload = int.from_bytes(data[offset + 1:offset + 7], "little")
-                    if data[offset] >> 5 == 3:  # sign-extended from bit 47
+                    payload = int.from_bytes(packet[1:7], "little")
+                    if packet[0] >> 5 == 3:  # sign-extended from bit 47
                         ip = payload | (0xFFFF << 48) if payload & P._SIGN_BIT_47 else payload
                     else:
                         ip = (last_ip & ~P._LOW_48) | payload
-                kind, last_ip = ip_kind_of_opcode[data[offset]], ip
+                kind, last_ip = ip_kind_of_opcode[packet[0]], ip
                 ip2_table, ip4_table = _ip_table(ip2_tables, ip >> 16), _ip_table(ip4_tables, ip >> 32)
             else:
-                if group == g_mode:
-                    kind, value = mode_items[data[offset + 1]]
+                if what == _MODE:
+                    kind, value = mode_items[packet[1]]
                     if kind == F_MODE:
                         yield kind, offset, value
                     elif not in_psb:
                         tsx = value
                         fup_bound = True
-                elif group == g_psb:
-                    last_ip = 0
-                    ip2_table, ip4_table = _ip_table(ip2_tables, 0), _ip_table(ip4_tables, 0)
-                    in_psb = True
-                    yield F_PSB, offset, None
-                elif group == g_psbend:
-                    in_psb = False
-                    yield F_PSBEND, offset, None
-                elif group == g_tnt64:
-                    payload = int.from_bytes(data[offset + 2:offset + 8], "little")
-                    yield f_tnt, offset, _taken(P._tnt_bits(payload, payload.bit_length() - 1))
-                elif group == g_ovf:
-                    last_ip = 0  # as libipt: the IP after an overflow does not build on older IPs
-                    ip2_table, ip4_table = _ip_table(ip2_tables, 0), _ip_table(ip4_tables, 0)
-                    yield F_OVF, offset, None
-                elif group == g_bad:
-                    yield F_ERROR, offset, P._error_message(data, offset, end)
-                    resume = offset + 1
-                    break
-                elif group in fup_owner_groups and data[offset + 1] & 0x80:
-                    skip_fup = fup_bound = True
+                elif what == _EXTENDED:
+                    opcode = packet[1]
+                    if opcode == 0x82:  # PSB
+                        last_ip = 0
+                        ip2_table, ip4_table = _ip_table(ip2_tables, 0), _ip_table(ip4_tables, 0)
+                        in_psb = True
+                        yield F_PSB, offset, None
+                    elif opcode == 0x23:  # PSBEND
+                        in_psb = False
+                        yield F_PSBEND, offset, None
+                    elif opcode == 0xA3:  # TNT-64
+                        payload = int.from_bytes(packet[2:8], "little")
+                        yield f_tnt, offset, _taken(P._tnt_bits(payload, payload.bit_length() - 1))
+                    elif opcode == 0xF3:  # OVF
+                        last_ip = 0  # as libipt: the IP after an overflow does not build on older IPs
+                        ip2_table, ip4_table = _ip_table(ip2_tables, 0), _ip_table(ip4_tables, 0)
+                        yield F_OVF, offset, None
+                    elif opcode in _FUP_OWNERS and opcode & 0x80:
+                        skip_fup = fup_bound = True
                 continue
             if not fup_bound or kind != f_fup:
                 yield kind, offset, ip
@@ -600,9 +624,14 @@ def _flow_items(data, start, end):
                 yield F_TSX, offset, (ip, state)
                 if state == "tsx_abort":
                     yield kind, offset, ip
-        if resume < 0:
-            break
-        position = data.find(P.PSB, resume, end)
+        if next_offset == stop:
+            position = stop if stop < end else -1
+        elif next_offset + 16 > stop and stop < end:
+            position = next_offset  # a packet cut by the window: read it in the next one
+        else:
+            offset = next_offset
+            yield F_ERROR, offset, P._error_message(data, offset, end)
+            position = data.find(P.PSB, offset + 1, end)
     while True:
         yield F_END, offset, None
 

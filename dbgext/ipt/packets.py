@@ -123,16 +123,14 @@ def _build_pattern():
 
     rest = named(common) + b"|\\x02(?:" + named(extended) + b")|(?P<bad>.)"
     source = b"(?P<tnt8>" + tnt_run + b")|" + rest
-    # For control flow: timing packets (PAD, MTC, CYC, TSC) mean nothing, so they join
-    # the TNT-8 run they interrupt and the run stays one token; same group numbers.
-    quiet = b"|".join(key + tail for name, key, tail in common if name in ("pad", "mtc", "cyc", "tsc"))
-    flow_source = b"(?P<tnt8>(?:" + _byte_class(tnt8) + b"|" + quiet + b")+)|" + rest
-    quiet_re = b"(?:" + quiet + b")+"
-    return (re.compile(source, re.DOTALL), re.compile(flow_source, re.DOTALL), re.compile(quiet_re, re.DOTALL),
-            reserved_ip, common, extended)
+    # The timing packets (PAD, MTC, CYC, TSC) mean nothing to control flow: the flow
+    # reads them as part of the TNT-8 run they interrupt (tnt_bits_of_run).
+    quiet_re = b"(?:" + b"|".join(key + tail for name, key, tail in common if name in QUIET_PACKETS) + b")+"
+    return re.compile(source, re.DOTALL), re.compile(quiet_re, re.DOTALL), reserved_ip, common, extended
 
 
-PACKET_RE, FLOW_RE, QUIET_RE, RESERVED_IP_OPCODES, _COMMON, _EXTENDED_PACKETS = _build_pattern()
+QUIET_PACKETS = ("pad", "mtc", "cyc", "tsc")
+PACKET_RE, QUIET_RE, RESERVED_IP_OPCODES, _COMMON, _EXTENDED_PACKETS = _build_pattern()
 G = PACKET_RE.groupindex
 G_TNT8, G_PAD, G_IP0, G_IP2, G_IP4, G_IP6, G_IP8 = (
     G["tnt8"], G["pad"], G["ip0"], G["ip2"], G["ip4"], G["ip6"], G["ip8"])
@@ -265,7 +263,7 @@ _U16, _U32, _U64 = (struct.Struct(layout).unpack_from for layout in ("<H", "<I",
 
 
 def tnt_bits_of_run(run):
-    """TNT bits (oldest first) of a FLOW_RE TNT-8 run, timing packets left out."""
+    """TNT bits (oldest first) of a run of TNT-8 and timing packets, timing packets left out."""
     if len(run) == 1:
         return TNT8_BITS.get(run[0], "")
     return "".join([TNT8_BITS[byte] for byte in QUIET_RE.sub(b"", run)])
