@@ -341,16 +341,20 @@ _WINDOW = 1 << 20  # bytes per split(), at most about
 
 
 def _token_regex():
+    """The regex, compiled on first use (it takes a quarter of a second on Python 3.8)."""
+    if _TOKENS:
+        return _TOKENS[0]
     quiet = b"|".join(key + rest for name, key, rest in P._COMMON if name in P.QUIET_PACKETS)
     element = b"(?:" + P._byte_class(range(4, 256, 2)) + b"|" + quiet + b")"
     packet = b"|".join([element + b"+(?!" + element + b")"]
                        + [key + rest for name, key, rest in P._COMMON if name not in P.QUIET_PACKETS]
                        + [b"\\x02(?:" + b"|".join(key + rest for _, key, rest in P._EXTENDED_PACKETS) + b")"])
     token = b"(" + packet + b")"
-    return re.compile(token * _SLOTS + b"|" + token + b"|(.).*", re.DOTALL)
+    _TOKENS.append(re.compile(token * _SLOTS + b"|" + token + b"|(.).*", re.DOTALL))
+    return _TOKENS[0]
 
 
-_TOKENS = _token_regex()
+_TOKENS = []  # _token_regex(), once compiled
 _BAD_COLUMN = _SLOTS + 1  # in split()'s rows: a key per slot, a single packet's key, the bad byte
 # What a packet's first byte makes it, for _flow_items.
 _RUN, _IP0, _IP2, _IP4, _IP6, _IP8, _MODE, _EXTENDED, _UNUSED = range(9)
@@ -503,7 +507,7 @@ def _ip_table(tables, kept_bits):
 def _flow_items(data, start, end):
     """The items of ``data[start:end]`` from its first PSB on, then F_END forever.
 
-    The packets (see _TOKENS), reduced to what control flow keeps of them: TNT-8
+    The packets (see _token_regex), reduced to what control flow keeps of them: TNT-8
     runs become one F_TNT item (timing packets inside them are left out); a FUP that
     belongs to a PTW or EXSTOP (not to a control transfer) is left out; MODE.TSX and
     the FUP that binds it become one F_TSX item (value: the IP and tsx_begin,
@@ -525,7 +529,8 @@ def _flow_items(data, start, end):
     ip2_tables, ip4_tables = {}, {}
     ip2_table, ip4_table = _ip_table(ip2_tables, 0), _ip_table(ip4_tables, 0)
     tnt_runs = {}  # TNT-8 run: its bits
-    split, first_byte, bad_column, stride = _TOKENS.split, _FIRST_BYTE, _BAD_COLUMN, _TOKENS.groups + 1
+    tokens = _token_regex()
+    split, first_byte, bad_column, stride = tokens.split, _FIRST_BYTE, _BAD_COLUMN, tokens.groups + 1
     ip_kind_of_opcode, u16, u32, u64 = P.IP_KIND_OF_OPCODE, P._U16, P._U32, P._U64
     mode_items, table_size = _MODE_ITEMS, TABLE_SIZE
     f_tnt, f_fup = F_TNT, F_FUP
