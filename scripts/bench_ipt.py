@@ -1,6 +1,6 @@
 """Benchmark: dbgext's Intel PT decoders next to libipt's, side by side in one run.
 
-    python scripts/bench_ipt.py [--mb 8.5] [--repeat 1] [--only mixed,tnt,tip] [--ctypes]
+    python scripts/bench_ipt.py [--mb 8.5] [--repeat 3] [--only mixed,tnt,tip] [--ctypes]
 
 Three traces of about 8.5 MB each, written by the fixture tracer over a synthetic
 code image (hundreds of small functions: loops, if/else, direct, indirect and
@@ -26,12 +26,13 @@ harness, so its figures carry no ctypes call overhead (through ctypes every
 ``pt_insn_next`` costs a Python call, which makes libipt look 5-10x slower than it
 is).  Without a compiler, or with --ctypes, it times libipt through ctypes and says so.  dbgext runs in this
 process; its start-up is not timed.  Both sides are timed in CPU time of their
-process (the machine may be shared), best of --repeat rounds in which the two sides take
-turns.
+process (the machine may be shared), the median of --repeat rounds in which the two sides
+take turns.
 """
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -218,20 +219,26 @@ def dbgext_figures(trace, program):
             "insn_seconds": flow_seconds, "problems": len(result.problems)}
 
 
-def best_runs(repeat, *measures):
-    """Each measure's figures with its best times over ``repeat`` rounds.  The measures
-    take turns within a round, so a machine whose speed drifts slows both sides alike."""
-    best = [None] * len(measures)
+def median_runs(repeat, *measures):
+    """Each measure's figures with its median times over ``repeat`` rounds.  The
+    measures take turns within a round, so a machine whose speed drifts slows both
+    sides alike."""
+    runs = [[] for _ in measures]
     for _ in range(repeat):
         for index, measure in enumerate(measures):
             figures = measure()
-            if figures is None:
-                continue
-            if best[index] is None:
-                best[index] = figures
-            for key in ("packet_seconds", "insn_seconds"):
-                best[index][key] = min(best[index][key], figures[key])
-    return best
+            if figures is not None:
+                runs[index].append(figures)
+    medians = []
+    for figures in runs:
+        if not figures:
+            medians.append(None)
+            continue
+        median = dict(figures[0])
+        for key in ("packet_seconds", "insn_seconds"):
+            median[key] = statistics.median(run[key] for run in figures)
+        medians.append(median)
+    return medians
 
 
 def build_trace(options, megabytes, program):
@@ -243,12 +250,14 @@ def build_trace(options, megabytes, program):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mb", type=float, default=8.5, help="size of each trace in MB")
-    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--repeat", type=int, default=3, help="rounds; each side's median time is shown")
     parser.add_argument("--only", default=",".join(name for name, _ in TRACES))
     parser.add_argument("--ctypes", action="store_true", help="time libipt through ctypes (tests/ipt_support.py), "
                         "not the C harness")
     options = parser.parse_args()
     program = fixtures.random_program(BASE, functions=300, seed=2, syscalls=True)
+    # dbgext's start-up is not timed: its regexes are compiled on first use, here.
+    dbgext_figures(build_trace(TRACES[0][1], 0.01, program)[0], program)
     wanted = options.only.split(",")
     rows = []
     with tempfile.TemporaryDirectory() as folder:
@@ -257,7 +266,7 @@ def main():
             if name not in wanted:
                 continue
             trace, expected_insns = build_trace(trace_options, options.mb, program)
-            ours, theirs = best_runs(options.repeat, lambda: dbgext_figures(trace, program),
+            ours, theirs = median_runs(options.repeat, lambda: dbgext_figures(trace, program),
                                      lambda: libipt_figures(binary, folder, trace, program))
             rows.append((name, trace, expected_insns, ours, theirs))
     print("%-6s %7s %10s %9s %9s %6s | %11s %9s %9s %6s  %s" % (
