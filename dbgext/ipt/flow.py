@@ -367,7 +367,7 @@ for _byte in range(256):
 _FIRST_BYTE[0x99], _FIRST_BYTE[0x02] = _MODE, _EXTENDED
 del _byte
 # Extended opcodes (PTW, EXSTOP) whose IP bit says the next FUP is theirs, not a control transfer's.
-_FUP_OWNERS = frozenset((0x12, 0x92, 0x32, 0xB2, 0x62, 0xE2))
+_FUP_OWNERS = frozenset(opcode for opcode, (name, _) in P._EXTENDED.items() if name in ("ptw", "exstop"))
 # skd010_resume: the overflow resolved with tracing off after all.
 _STAYS_OFF = -1
 # IPBytes of a compressed IP -> the bits its payload gives (the rest comes from the last IP).

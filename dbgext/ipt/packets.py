@@ -137,13 +137,6 @@ G_TNT8, G_PAD, G_IP0, G_IP2, G_IP4, G_IP6, G_IP8 = (
 G_PSB, G_PSBEND, G_OVF, G_MODE, G_TNT64, G_BAD = (
     G["psb"], G["psbend"], G["ovf"], G["mode"], G["tnt64"], G["bad"])
 
-# Size of a well-formed packet from its first bytes, for telling "truncated" from "unknown".
-_MIN_SIZES = [(b"\x02\x82", 16), (b"\x02\xa3", 8), (b"\x02\x43", 8), (b"\x02\x03", 4), (b"\x02\x73", 7),
-              (b"\x02\xc8", 7), (b"\x02\xc3", 11), (b"\x02\xc2", 10), (b"\x02\x22", 4), (b"\x02\xa2", 7),
-              (b"\x02\x12", 6), (b"\x02\x92", 6), (b"\x02\x32", 10), (b"\x02\xb2", 10), (b"\x02\x13", 4),
-              (b"\x02\x53", 11)]
-
-
 def _error_message(data, offset, end):
     """Why the packet at ``offset`` does not decode."""
     byte = data[offset]
@@ -172,10 +165,7 @@ def _error_message(data, offset, end):
     elif byte == 0x02:
         if remaining < 2:
             return "truncated extended packet (1 byte left)"
-        need = None
-        for prefix, size in _MIN_SIZES:
-            if data[offset:offset + 2] == prefix:
-                need = size
+        need = _EXTENDED.get(data[offset + 1], (None, None))[1]
         if data[offset + 1] == 0x82 and remaining >= 16:
             return "malformed psb"
         if data[offset + 1] == 0xA3 and remaining >= 8:
@@ -521,7 +511,8 @@ class _Counter(object):
         self.longer_keys = re.compile(longer.decode("latin-1"), re.DOTALL)
         one_byte_types = {opcode: (IP_KIND_NAMES[kind], 1 + IP_PAYLOAD[opcode >> 5])
                           for opcode, kind in IP_KIND_OF_OPCODE.items() if opcode >> 5 in IP_PAYLOAD}
-        one_byte_types.update({0x59: ("mtc", 2), 0x19: ("tsc", 8), 0xD9: ("trig", 4)})
+        one_byte_types.update((opcode, (name, _OTHER_SIZES[name])) for opcode, name in ((0x59, "mtc"), (0x19, "tsc"),
+                                                                                         (0xD9, "trig")))
         one_byte_types.update((byte, ("cyc", 1)) for byte in range(256) if byte & 7 == 3)
         self.one_byte_types = {chr(byte): kind for byte, kind in one_byte_types.items()}
 
