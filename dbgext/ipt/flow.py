@@ -310,7 +310,7 @@ def _run_bits(run):
     packets = P.QUIET_RE.sub(b"", run)
     if len(packets) <= 1:
         return _TNT8_TAKEN[packets[0]] if packets else b""
-    bits = _RunBits(_taken(P.tnt_bits_of_run(run)))
+    bits = _RunBits(b"".join([_TNT8_TAKEN[byte] for byte in packets]))
     bits.last_packet = len(_TNT8_TAKEN[packets[-1]])
     return bits
 

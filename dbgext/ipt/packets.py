@@ -124,7 +124,7 @@ def _build_pattern():
     rest = named(common) + b"|\\x02(?:" + named(extended) + b")|(?P<bad>.)"
     source = b"(?P<tnt8>" + tnt_run + b")|" + rest
     # The timing packets (PAD, MTC, CYC, TSC) mean nothing to control flow: the flow
-    # reads them as part of the TNT-8 run they interrupt (tnt_bits_of_run).
+    # reads them as part of the TNT-8 run they interrupt (QUIET_RE takes them out).
     quiet_re = b"(?:" + b"|".join(key + tail for name, key, tail in common if name in QUIET_PACKETS) + b")+"
     return re.compile(source, re.DOTALL), re.compile(quiet_re, re.DOTALL), reserved_ip, common, extended
 
@@ -250,13 +250,6 @@ def mode_fields(payload):
 _SIGN_BIT_47 = 1 << 47
 _LOW_48 = (1 << 48) - 1
 _U16, _U32, _U64 = (struct.Struct(layout).unpack_from for layout in ("<H", "<I", "<Q"))
-
-
-def tnt_bits_of_run(run):
-    """TNT bits (oldest first) of a run of TNT-8 and timing packets, timing packets left out."""
-    if len(run) == 1:
-        return TNT8_BITS.get(run[0], "")
-    return "".join([TNT8_BITS[byte] for byte in QUIET_RE.sub(b"", run)])
 
 
 def tokens(data, start=0, end=None, at_packet=False):
