@@ -465,13 +465,20 @@ _TNT_CLASSES, _ZEROS = re.compile(b"T+"), re.compile(b"\x00+")
 
 
 class _Counter(object):
-    """The slot regex and the tables that turn its captures into counts (built on first use)."""
+    """The slot regex and the tables that turn its captures into counts (built on first use).
 
-    def __init__(self):
+    With ``mtc_captured``, a slot captures an MTC's header in a group of its own
+    instead of through the key's lookahead: that halves what an MTC costs, and costs
+    every slot a group more, so it pays where MTCs are a quarter of the slots or more
+    (timing packets on, as in most Windows traces)."""
+
+    def __init__(self, mtc_captured):
         tnt8 = _byte_class(_TNT8)
         keyed = []
         # MTC first: where timing is on, it is the commonest keyed packet.
         for name, key, rest in sorted(_COMMON, key=lambda packet: packet[0] != "mtc"):
+            if name == "mtc" and mtc_captured:
+                continue
             if name == "ip2":
                 key = _byte_class(opcode for opcode in IP_KIND_OF_OPCODE
                                   if opcode != _SILENT_TIP and IP_PAYLOAD.get(opcode >> 5) == 2)
@@ -483,8 +490,12 @@ class _Counter(object):
         one_byte_keys = _byte_class(set(range(256)) - {0x00, 0x02, 0x59, 0x99, _SILENT_TIP} - _CYC_CONTINUED - _TNT8)
         # MTC as a literal (sre tries one without a call); a PAD run's key goes on into
         # the next byte, so that two runs stay two keys.
-        key = b"\\x59|" + one_byte_keys + b"|[\\x02\\x99].|\\x00+[^\\x00]?|" + cyc
-        slot = tnt8 + b"*(?:" + re.escape(bytes([_SILENT_TIP])) + b"..|(?=(" + key + b"))(?:" + packet + b"))"
+        key = one_byte_keys + b"|[\\x02\\x99].|\\x00+[^\\x00]?|" + cyc
+        mtc = b"(\\x59).|" if mtc_captured else b""
+        if not mtc_captured:
+            key = b"\\x59|" + key
+        slot = (tnt8 + b"*(?:" + re.escape(bytes([_SILENT_TIP])) + b"..|" + mtc
+                + b"(?=(" + key + b"))(?:" + packet + b"))")
         # Fewer than _SLOTS slots left: one per match, marked by an empty capture; TNT-8
         # bytes that end the range and a byte that is no packet are captured (the rest
         # of the range is then left unread).
@@ -495,7 +506,9 @@ class _Counter(object):
         # TNT-8 bytes and bad byte of a single-slot match), then the empty text up to
         # the next match.
         self.stride = self.regex.groups + 1
-        self.marker, self.trailing, self.bad = _SLOTS, _SLOTS + 2, _SLOTS + 3
+        groups = 1 + mtc_captured  # per slot
+        self.marker = groups * _SLOTS
+        self.trailing, self.bad = self.marker + groups + 1, self.marker + groups + 2
         # Keys longer than a byte, in the joined keys: the pattern starts with a
         # character class, so split() skips the other characters fast.
         odd, even = _byte_class(range(1, 256, 2)), _byte_class(range(0, 256, 2))
@@ -525,13 +538,13 @@ class _Counter(object):
 
     def count(self, data, start, end, counts):
         """Add the packets of ``data[start:end]`` to ``counts``; a packet must start at
-        ``start``.  False, with ``counts`` untouched, unless every byte up to ``end``
-        decodes."""
+        ``start``.  The number of slots read, or None, with ``counts`` untouched,
+        unless every byte up to ``end`` decodes."""
         pieces = self.regex.split(str(memoryview(data)[start:end], "latin-1"))
         stride = self.stride
         matches = len(pieces) // stride
         if pieces[1 + self.bad::stride].count(None) != matches:
-            return False
+            return None
         trailing = list(filter(None, pieces[1 + self.trailing::stride]))
         if trailing:
             pieces[1 + self.trailing::stride] = [None] * matches
@@ -558,7 +571,7 @@ class _Counter(object):
         found["tnt8"] += end - start - keyed_bytes - 3 * silent_tips
         for name, number in found.items():
             counts[name] += number
-        return True
+        return slots
 
 
 _EXTENDED = {0x82: ("psb", 16), 0x23: ("psbend", 2), 0xA3: ("tnt64", 8), 0x43: ("pip", 8), 0x03: ("cbr", 4),
@@ -566,7 +579,13 @@ _EXTENDED = {0x82: ("psb", 16), 0x23: ("psbend", 2), 0xA3: ("tnt64", 8), 0x43: (
              0xC2: ("mwait", 10), 0x22: ("pwre", 4), 0xA2: ("pwrx", 7), 0x62: ("exstop", 2), 0xE2: ("exstop", 2),
              0x12: ("ptw", 6), 0x92: ("ptw", 6), 0x32: ("ptw", 10), 0xB2: ("ptw", 10), 0x13: ("cfe", 4),
              0x53: ("evd", 11)}
-_COUNTER = []  # the _Counter, once built: its regex takes a tenth of a second to compile
+_COUNTERS = {}  # mtc_captured: its _Counter, once built (a regex takes a fifth of a second to compile)
+
+
+def _counter(mtc_captured):
+    if mtc_captured not in _COUNTERS:
+        _COUNTERS[mtc_captured] = _Counter(mtc_captured)
+    return _COUNTERS[mtc_captured]
 
 
 def _count_tokens(stats, stream, stop):
@@ -645,9 +664,7 @@ def packet_stats(data, start=0, end=None):
     if position < 0:
         _count_tokens(stats, tokens(data, start, end), end)  # reports the missing PSB
         return stats
-    if not _COUNTER:
-        _COUNTER.append(_Counter())
-    counter = _COUNTER[0]
+    counter = _counter(False)
     runs = iter(_long_runs(data, position, end))
     run = next(runs, None)
     size = _FIRST_WINDOW
@@ -660,7 +677,10 @@ def packet_stats(data, start=0, end=None):
         cut = run is not None and run[0] < window_end
         if cut:
             window_end = run[0] + _RUN_CUT
-        if counter.count(data, position, window_end, stats.counts):
+        mtcs = stats.counts["mtc"]
+        slots = counter.count(data, position, window_end, stats.counts)
+        if slots is not None:
+            counter = _counter(4 * (stats.counts["mtc"] - mtcs) > slots)  # for the next window
             position = window_end
             size = min(2 * size, _WINDOW)
             if cut:
