@@ -335,13 +335,13 @@ def random_stream(generator, count):
     return PSB + b"".join(generator.choices(makers, weights)[0](generator) for _ in range(count))
 
 
-@pytest.mark.parametrize("mtc_captured", [False, True], ids=["mtc-keyed", "mtc-captured"])
+@pytest.mark.parametrize("variant", [packets.PLAIN, packets.MTC_CAPTURED, packets.TIP_FIRST])
 @pytest.mark.parametrize("window, long_run", [(61, 64), (250, 4096), (1 << 20, 64), (1 << 20, 4096)])
 @pytest.mark.parametrize("seed", range(12))
 def test_counts_agree_with_the_full_decode_across_windows_and_corruption(monkeypatch, seed, window, long_run,
-                                                                          mtc_captured):
+                                                                          variant):
     counter = packets._counter
-    monkeypatch.setattr(packets, "_counter", lambda _: counter(mtc_captured))  # each variant on every window
+    monkeypatch.setattr(packets, "_counter", lambda _: counter(variant))  # each variant on every window
     monkeypatch.setattr(packets, "_WINDOW", window)  # many windows, each ending at a PSB
     monkeypatch.setattr(packets, "_FIRST_WINDOW", min(window, packets._FIRST_WINDOW))
     monkeypatch.setattr(packets, "_LONG_RUN", long_run)  # runs counted apart, the windows cut at them

@@ -464,20 +464,29 @@ _RUN_BYTES = bytes(ord("T") if byte in _TNT8 else ord(".") for byte in range(256
 _TNT_CLASSES, _ZEROS = re.compile(b"T+"), re.compile(b"\x00+")
 
 
+MTC_CAPTURED, TIP_FIRST, PLAIN = "mtc-captured", "tip-first", "plain"
+
+
 class _Counter(object):
     """The slot regex and the tables that turn its captures into counts (built on first use).
 
-    With ``mtc_captured``, a slot captures an MTC's header in a group of its own
-    instead of through the key's lookahead: that halves what an MTC costs, and costs
-    every slot a group more, so it pays where MTCs are a quarter of the slots or more
-    (timing packets on, as in most Windows traces)."""
+    Three variants; each window is counted by the one that suits the window before:
+    - MTC_CAPTURED: a slot captures an MTC's header in a group of its own instead of
+      through the key's lookahead.  That halves what an MTC costs and costs every
+      slot a group more, so it pays where MTCs are a quarter of the slots or more
+      (timing packets on, as in most Windows traces).
+    - TIP_FIRST: a silent TIP is tried before the TNT-8 bytes in front of a packet
+      are.  That saves a silent TIP with none before it the count of TNT-8 bytes,
+      and costs a packet after TNT-8 bytes a failed try, so it pays where TNT-8 bytes
+      are fewer than half the slots (a TIP-heavy trace).
+    - PLAIN otherwise."""
 
-    def __init__(self, mtc_captured):
+    def __init__(self, variant):
         tnt8 = _byte_class(_TNT8)
         keyed = []
         # MTC first: where timing is on, it is the commonest keyed packet.
         for name, key, rest in sorted(_COMMON, key=lambda packet: packet[0] != "mtc"):
-            if name == "mtc" and mtc_captured:
+            if name == "mtc" and variant == MTC_CAPTURED:
                 continue
             if name == "ip2":
                 key = _byte_class(opcode for opcode in IP_KIND_OF_OPCODE
@@ -488,14 +497,18 @@ class _Counter(object):
         packet = b"|".join(keyed) + b"|\\x02(?:" + b"|".join(key + rest for _, key, rest in _EXTENDED_PACKETS) + b")"
         cyc = dict((name, key) for name, key, _ in _COMMON)["cyc"]
         one_byte_keys = _byte_class(set(range(256)) - {0x00, 0x02, 0x59, 0x99, _SILENT_TIP} - _CYC_CONTINUED - _TNT8)
-        # MTC as a literal (sre tries one without a call); a PAD run's key goes on into
-        # the next byte, so that two runs stay two keys.
+        # A PAD run's key goes on into the next byte, so that two runs stay two keys.
         key = one_byte_keys + b"|[\\x02\\x99].|\\x00+[^\\x00]?|" + cyc
-        mtc = b"(\\x59).|" if mtc_captured else b""
-        if not mtc_captured:
-            key = b"\\x59|" + key
-        slot = (tnt8 + b"*(?:" + re.escape(bytes([_SILENT_TIP])) + b"..|" + mtc
-                + b"(?=(" + key + b"))(?:" + packet + b"))")
+        if variant != MTC_CAPTURED:
+            key = b"\\x59|" + key  # MTC as a literal: sre tries one without a call
+        keyed_packet = b"(?=(" + key + b"))(?:" + packet + b")"
+        tip = re.escape(bytes([_SILENT_TIP])) + b".."
+        if variant == MTC_CAPTURED:
+            slot = tnt8 + b"*(?:" + tip + b"|(\\x59).|" + keyed_packet + b")"
+        elif variant == TIP_FIRST:
+            slot = b"(?:" + tip + b"|" + tnt8 + tnt8 + b"*" + tip + b"|" + tnt8 + b"*" + keyed_packet + b")"
+        else:
+            slot = tnt8 + b"*(?:" + tip + b"|" + keyed_packet + b")"
         # Fewer than _SLOTS slots left: one per match, marked by an empty capture; TNT-8
         # bytes that end the range and a byte that is no packet are captured (the rest
         # of the range is then left unread).
@@ -506,7 +519,7 @@ class _Counter(object):
         # TNT-8 bytes and bad byte of a single-slot match), then the empty text up to
         # the next match.
         self.stride = self.regex.groups + 1
-        groups = 1 + mtc_captured  # per slot
+        groups = 2 if variant == MTC_CAPTURED else 1  # per slot
         self.marker = groups * _SLOTS
         self.trailing, self.bad = self.marker + groups + 1, self.marker + groups + 2
         # Keys longer than a byte, in the joined keys: the pattern starts with a
@@ -536,10 +549,9 @@ class _Counter(object):
             return ("mode.exec" if ord(key[1]) >> 5 == 0 else "mode.tsx"), 1, 2
         return "cyc", 1, len(key)
 
-    def count(self, data, start, end, counts):
-        """Add the packets of ``data[start:end]`` to ``counts``; a packet must start at
-        ``start``.  The number of slots read, or None, with ``counts`` untouched,
-        unless every byte up to ``end`` decodes."""
+    def count(self, data, start, end):
+        """(packets per type, slots read) of ``data[start:end]``, where a packet must
+        start at ``start``; None unless every byte up to ``end`` decodes."""
         pieces = self.regex.split(str(memoryview(data)[start:end], "latin-1"))
         stride = self.stride
         matches = len(pieces) // stride
@@ -569,9 +581,7 @@ class _Counter(object):
         silent_tips = slots - keyed_slots
         found["tip"] += silent_tips
         found["tnt8"] += end - start - keyed_bytes - 3 * silent_tips
-        for name, number in found.items():
-            counts[name] += number
-        return slots
+        return found, slots
 
 
 _EXTENDED = {0x82: ("psb", 16), 0x23: ("psbend", 2), 0xA3: ("tnt64", 8), 0x43: ("pip", 8), 0x03: ("cbr", 4),
@@ -579,13 +589,20 @@ _EXTENDED = {0x82: ("psb", 16), 0x23: ("psbend", 2), 0xA3: ("tnt64", 8), 0x43: (
              0xC2: ("mwait", 10), 0x22: ("pwre", 4), 0xA2: ("pwrx", 7), 0x62: ("exstop", 2), 0xE2: ("exstop", 2),
              0x12: ("ptw", 6), 0x92: ("ptw", 6), 0x32: ("ptw", 10), 0xB2: ("ptw", 10), 0x13: ("cfe", 4),
              0x53: ("evd", 11)}
-_COUNTERS = {}  # mtc_captured: its _Counter, once built (a regex takes a fifth of a second to compile)
+_COUNTERS = {}  # variant: its _Counter, once built (a regex takes a fifth of a second to compile)
 
 
-def _counter(mtc_captured):
-    if mtc_captured not in _COUNTERS:
-        _COUNTERS[mtc_captured] = _Counter(mtc_captured)
-    return _COUNTERS[mtc_captured]
+def _counter(variant):
+    if variant not in _COUNTERS:
+        _COUNTERS[variant] = _Counter(variant)
+    return _COUNTERS[variant]
+
+
+def _variant_for(found, slots):
+    """The _Counter variant for a window like the one that gave ``found`` in ``slots``."""
+    if 4 * found["mtc"] > slots:
+        return MTC_CAPTURED
+    return TIP_FIRST if 2 * found["tnt8"] < slots else PLAIN
 
 
 def _count_tokens(stats, stream, stop):
@@ -664,7 +681,7 @@ def packet_stats(data, start=0, end=None):
     if position < 0:
         _count_tokens(stats, tokens(data, start, end), end)  # reports the missing PSB
         return stats
-    counter = _counter(False)
+    counter = _counter(PLAIN)
     runs = iter(_long_runs(data, position, end))
     run = next(runs, None)
     size = _FIRST_WINDOW
@@ -677,10 +694,11 @@ def packet_stats(data, start=0, end=None):
         cut = run is not None and run[0] < window_end
         if cut:
             window_end = run[0] + _RUN_CUT
-        mtcs = stats.counts["mtc"]
-        slots = counter.count(data, position, window_end, stats.counts)
-        if slots is not None:
-            counter = _counter(4 * (stats.counts["mtc"] - mtcs) > slots)  # for the next window
+        counted = counter.count(data, position, window_end)
+        if counted is not None:
+            for name, number in counted[0].items():
+                stats.counts[name] += number
+            counter = _counter(_variant_for(*counted))
             position = window_end
             size = min(2 * size, _WINDOW)
             if cut:
