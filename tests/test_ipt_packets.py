@@ -335,7 +335,7 @@ def random_stream(generator, count):
     return PSB + b"".join(generator.choices(makers, weights)[0](generator) for _ in range(count))
 
 
-@pytest.mark.parametrize("variant", [packets.PLAIN, packets.MTC_CAPTURED, packets.TIP_FIRST])
+@pytest.mark.parametrize("variant", [packets._PLAIN, packets._MTC_CAPTURED, packets._TIP_FIRST])
 @pytest.mark.parametrize("window, long_run", [(61, 64), (250, 4096), (1 << 20, 64), (1 << 20, 4096)])
 @pytest.mark.parametrize("seed", range(12))
 def test_counts_agree_with_the_full_decode_across_windows_and_corruption(monkeypatch, seed, window, long_run,
@@ -355,6 +355,20 @@ def test_counts_agree_with_the_full_decode_across_windows_and_corruption(monkeyp
     stats = packet_stats(trace, start)
     assert stats.as_dict()["types"] == count_types(full)
     assert errors(stats) == errors(full)
+
+
+@pytest.mark.parametrize("payback, variants", [(1 << 30, {packets._PLAIN}),
+                                                (0, {packets._PLAIN, packets._MTC_CAPTURED})])
+def test_a_variant_is_compiled_only_for_a_buffer_long_enough_to_win_its_compile_back(monkeypatch, payback,
+                                                                                       variants):
+    monkeypatch.setattr(packets, "_COUNTERS", {})
+    monkeypatch.setattr(packets, "_PAYBACK", payback)
+    generator = random.Random(7)
+    timed = PSB + PSBEND + b"".join(b"\x59" + bytes([generator.getrandbits(8)]) + b"\x2d\x01\x02"
+                                    for _ in range(20000))  # MTCs are half the slots
+    stats = packet_stats(timed)
+    assert set(packets._COUNTERS) == variants
+    assert stats.as_dict()["types"] == count_types(decode_packets(timed))
 
 
 def test_counts_without_any_psb_report_it():

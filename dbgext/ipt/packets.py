@@ -449,7 +449,7 @@ class PacketStats(object):
 # linear in what it covered.  Runs of _LONG_RUN or more TNT-8 or PAD bytes (a tight
 # loop, the unwritten end of a buffer) are counted apart, without the regex.
 
-_SLOTS = 48
+_SLOTS = 32
 _WINDOW = 1 << 20   # bytes per split() at most: bounds the lists it builds
 _FIRST_WINDOW = 1 << 14
 _SILENT_TIP = 0x2D  # TIP, IPBytes 1
@@ -464,29 +464,29 @@ _RUN_BYTES = bytes(ord("T") if byte in _TNT8 else ord(".") for byte in range(256
 _TNT_CLASSES, _ZEROS = re.compile(b"T+"), re.compile(b"\x00+")
 
 
-MTC_CAPTURED, TIP_FIRST, PLAIN = "mtc-captured", "tip-first", "plain"
+_MTC_CAPTURED, _TIP_FIRST, _PLAIN = "mtc-captured", "tip-first", "plain"
 
 
 class _Counter(object):
     """The slot regex and the tables that turn its captures into counts (built on first use).
 
     Three variants; each window is counted by the one that suits the window before:
-    - MTC_CAPTURED: a slot captures an MTC's header in a group of its own instead of
+    - _MTC_CAPTURED: a slot captures an MTC's header in a group of its own instead of
       through the key's lookahead.  That halves what an MTC costs and costs every
       slot a group more, so it pays where MTCs are a quarter of the slots or more
       (timing packets on, as in most Windows traces).
-    - TIP_FIRST: a silent TIP is tried before the TNT-8 bytes in front of a packet
-      are.  That saves a silent TIP with none before it the count of TNT-8 bytes,
-      and costs a packet after TNT-8 bytes a failed try, so it pays where TNT-8 bytes
+    - _TIP_FIRST: a silent TIP is tried before the TNT-8 bytes in front of a packet
+      are counted.  A silent TIP with no TNT-8 byte before it then costs less, and a
+      packet after TNT-8 bytes pays for a failed try, so it pays where TNT-8 bytes
       are fewer than half the slots (a TIP-heavy trace).
-    - PLAIN otherwise."""
+    - _PLAIN otherwise."""
 
     def __init__(self, variant):
         tnt8 = _byte_class(_TNT8)
         keyed = []
         # MTC first: where timing is on, it is the commonest keyed packet.
         for name, key, rest in sorted(_COMMON, key=lambda packet: packet[0] != "mtc"):
-            if name == "mtc" and variant == MTC_CAPTURED:
+            if name == "mtc" and variant == _MTC_CAPTURED:
                 continue
             if name == "ip2":
                 key = _byte_class(opcode for opcode in IP_KIND_OF_OPCODE
@@ -499,13 +499,13 @@ class _Counter(object):
         one_byte_keys = _byte_class(set(range(256)) - {0x00, 0x02, 0x59, 0x99, _SILENT_TIP} - _CYC_CONTINUED - _TNT8)
         # A PAD run's key goes on into the next byte, so that two runs stay two keys.
         key = one_byte_keys + b"|[\\x02\\x99].|\\x00+[^\\x00]?|" + cyc
-        if variant != MTC_CAPTURED:
+        if variant != _MTC_CAPTURED:
             key = b"\\x59|" + key  # MTC as a literal: sre tries one without a call
         keyed_packet = b"(?=(" + key + b"))(?:" + packet + b")"
         tip = re.escape(bytes([_SILENT_TIP])) + b".."
-        if variant == MTC_CAPTURED:
+        if variant == _MTC_CAPTURED:
             slot = tnt8 + b"*(?:" + tip + b"|(\\x59).|" + keyed_packet + b")"
-        elif variant == TIP_FIRST:
+        elif variant == _TIP_FIRST:
             slot = b"(?:" + tip + b"|" + tnt8 + tnt8 + b"*" + tip + b"|" + tnt8 + b"*" + keyed_packet + b")"
         else:
             slot = tnt8 + b"*(?:" + tip + b"|" + keyed_packet + b")"
@@ -519,7 +519,7 @@ class _Counter(object):
         # TNT-8 bytes and bad byte of a single-slot match), then the empty text up to
         # the next match.
         self.stride = self.regex.groups + 1
-        groups = 2 if variant == MTC_CAPTURED else 1  # per slot
+        groups = 2 if variant == _MTC_CAPTURED else 1  # per slot
         self.marker = groups * _SLOTS
         self.trailing, self.bad = self.marker + groups + 1, self.marker + groups + 2
         # Keys longer than a byte, in the joined keys: the pattern starts with a
@@ -589,7 +589,10 @@ _EXTENDED = {0x82: ("psb", 16), 0x23: ("psbend", 2), 0xA3: ("tnt64", 8), 0x43: (
              0xC2: ("mwait", 10), 0x22: ("pwre", 4), 0xA2: ("pwrx", 7), 0x62: ("exstop", 2), 0xE2: ("exstop", 2),
              0x12: ("ptw", 6), 0x92: ("ptw", 6), 0x32: ("ptw", 10), 0xB2: ("ptw", 10), 0x13: ("cfe", 4),
              0x53: ("evd", 11)}
-_COUNTERS = {}  # variant: its _Counter, once built (a regex takes a fifth of a second to compile)
+_COUNTERS = {}  # variant: its _Counter, once built
+# Compiling a variant's regex takes 0.14-0.18 s on Python 3.8; what a variant saves
+# pays that back over tens of megabytes, so a shorter buffer keeps the one it has.
+_PAYBACK = 32 << 20
 
 
 def _counter(variant):
@@ -598,11 +601,18 @@ def _counter(variant):
     return _COUNTERS[variant]
 
 
+def compile_counters():
+    """Compile every packet_stats variant now (a process that counts much, a
+    benchmark): otherwise each is compiled when first worth it."""
+    for variant in (_PLAIN, _MTC_CAPTURED, _TIP_FIRST):
+        _counter(variant)
+
+
 def _variant_for(found, slots):
     """The _Counter variant for a window like the one that gave ``found`` in ``slots``."""
     if 4 * found["mtc"] > slots:
-        return MTC_CAPTURED
-    return TIP_FIRST if 2 * found["tnt8"] < slots else PLAIN
+        return _MTC_CAPTURED
+    return _TIP_FIRST if 2 * found["tnt8"] < slots else _PLAIN
 
 
 def _count_tokens(stats, stream, stop):
@@ -681,7 +691,7 @@ def packet_stats(data, start=0, end=None):
     if position < 0:
         _count_tokens(stats, tokens(data, start, end), end)  # reports the missing PSB
         return stats
-    counter = _counter(PLAIN)
+    counter = _counter(_PLAIN)
     runs = iter(_long_runs(data, position, end))
     run = next(runs, None)
     size = _FIRST_WINDOW
@@ -698,7 +708,9 @@ def packet_stats(data, start=0, end=None):
         if counted is not None:
             for name, number in counted[0].items():
                 stats.counts[name] += number
-            counter = _counter(_variant_for(*counted))
+            variant = _variant_for(*counted)
+            if variant in _COUNTERS or end - window_end >= _PAYBACK:
+                counter = _counter(variant)
             position = window_end
             size = min(2 * size, _WINDOW)
             if cut:
