@@ -17,6 +17,7 @@ import pytest
 import ipt_support as libipt
 from dbgext.ipt import fixtures as F
 from dbgext.ipt.flow import CodeImage, decode_flow
+from dbgext.ipt.packets import PSB
 
 pytestmark = pytest.mark.skipif(libipt.LIB is None, reason=libipt.SKIP_REASON)
 
@@ -149,6 +150,18 @@ def test_clean_traces_decode_alike_with_every_erratum_workaround(name, seed):
     ips, errors, _, result = both(name, seed, SKYLAKE if CLASSES[name][1] is None else CLASSES[name][1])
     assert errors == [] and result.problems == []
     assert result.instructions == ips
+
+
+@pytest.mark.parametrize("seed", [210, 404])
+def test_after_a_tip_pge_while_tracing_is_on_the_resync_skips_the_psb_right_after_it(seed):
+    """libipt reads on through a PSB+ that directly follows a TIP.PGE before it finds
+    the TIP.PGE wrong (tracing is on): its resync goes to the PSB after that one."""
+    program, trace = compared_case("fup_in_psb_while_disabled", seed)
+    ips, errors, events, result = both("fup_in_psb_while_disabled", seed, None)
+    assert errors and [offset for offset, _ in errors][-1] > trace.rfind(PSB)  # libipt read past the last PSB
+    assert result.instructions == ips
+    theirs, mine = comparable_events(events, result)
+    assert theirs == mine
 
 
 def gap_case(seed):

@@ -649,7 +649,8 @@ class _Walk(object):
     __slots__ = ("cache", "suspicious", "errata", "result", "problems", "out", "flushed", "sink", "progress",
                  "next_trace_item", "data", "pushed", "in_status", "mode", "retstack", "bits", "bit_index",
                  "lookahead", "ended", "committed", "resumed_at", "last_offset", "warned", "walking", "synced",
-                 "off_ip", "psb_mode", "bdm64_checked", "waiting_fups", "held", "held_after")
+                 "off_ip", "psb_mode", "bdm64_checked", "waiting_fups", "held", "held_after",
+                 "resync_past_psb")
 
     def __init__(self, decoder, result, items, sink, progress=None, data=b""):
         self.cache = decoder.cache
@@ -683,6 +684,7 @@ class _Walk(object):
         self.waiting_fups = []   # FUPs followed by TNT: each binds to a TIP after them (pending_event)
         self.held = None         # a FUP libipt holds with the items up to its TIP (held_after) until its IP
         self.held_after = None
+        self.resync_past_psb = False  # after this error, libipt resyncs past the next PSB (psb_follows)
 
     # -- items --------------------------------------------------------------------
 
@@ -838,15 +840,33 @@ class _Walk(object):
         raise _Resync()
 
     def skip_to_psb(self):
-        """After an error: drop items up to the next PSB (left as lookahead)."""
+        """After an error: drop items up to the next PSB (left as lookahead), or up to
+        the PSB after it where libipt had read past that one (psb_follows)."""
         self.reset()
+        past_psb, self.resync_past_psb = self.resync_past_psb, False
         while True:
             item = self.next_item()
             if item is None:
                 return
             if item[0] == F_PSB:
+                if past_psb:
+                    past_psb = False
+                    continue
                 self.lookahead = item
                 return
+
+    def psb_follows(self, offset):
+        """Whether the packet at ``offset`` is followed by a PSB, timing packets aside.
+        libipt's query decoder reads on to the next packet that is a branch or an event
+        before its instruction decoder handles the one at ``offset``: through the
+        timing packets and through that PSB+.  After an error there it resyncs at the
+        PSB after that one."""
+        following = P.tokens(self.data, offset, at_packet=True)
+        next(following)  # the packet at offset
+        for kind, _, value in following:
+            if kind != P.K_PAD_RUN and not (kind == P.K_OTHER and value[0] in P.QUIET_PACKETS):
+                return kind == P.K_PSB
+        return False
 
     # -- driver -------------------------------------------------------------------
 
@@ -1456,6 +1476,7 @@ class _Walk(object):
             return None, item[2]
         if kind == F_PGE:
             # libipt handles it as soon as it is due, and tracing is already on.
+            self.resync_past_psb = self.psb_follows(item[1])
             self.error(item[1], "tip.pge while tracing is enabled")
         return None, -1
 
