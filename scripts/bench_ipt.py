@@ -26,8 +26,8 @@ harness, so its figures carry no ctypes call overhead (through ctypes every
 ``pt_insn_next`` costs a Python call, which makes libipt look 5-10x slower than it
 is).  Without a compiler, or with --ctypes, it times libipt through ctypes and says so.  dbgext runs in this
 process; its start-up is not timed.  Both sides are timed in CPU time of their
-process (the machine may be shared), the median of --repeat rounds in which the two sides
-take turns.
+process (the machine may be shared), over --repeat rounds in which the two sides take
+turns: the speeds are each side's median, the ratio the median of the rounds' ratios.
 """
 
 import argparse
@@ -219,26 +219,34 @@ def dbgext_figures(trace, program):
             "insn_seconds": flow_seconds, "problems": len(result.problems)}
 
 
-def median_runs(repeat, *measures):
-    """Each measure's figures with its median times over ``repeat`` rounds.  The
-    measures take turns within a round, so a machine whose speed drifts slows both
-    sides alike."""
+def rounds(repeat, *measures):
+    """Each measure's figures, one per round, over ``repeat`` rounds.  The measures
+    take turns within a round, so a machine whose speed drifts slows both sides
+    alike, and each round gives a ratio of its own."""
     runs = [[] for _ in measures]
     for _ in range(repeat):
         for index, measure in enumerate(measures):
             figures = measure()
             if figures is not None:
                 runs[index].append(figures)
-    medians = []
-    for figures in runs:
-        if not figures:
-            medians.append(None)
-            continue
-        median = dict(figures[0])
-        for key in ("packet_seconds", "insn_seconds"):
-            median[key] = statistics.median(run[key] for run in figures)
-        medians.append(median)
-    return medians
+    return runs
+
+
+def median_figures(runs):
+    """The first round's figures with the median times of all rounds (None: no rounds)."""
+    if not runs:
+        return None
+    median = dict(runs[0])
+    for key in ("packet_seconds", "insn_seconds"):
+        median[key] = statistics.median(run[key] for run in runs)
+    return median
+
+
+def ratio_text(ours, theirs, seconds):
+    """How many times slower dbgext is: the median of the rounds' ratios, and their range."""
+    ratios = sorted(our[seconds] / their[seconds] * (their["insns"] / our["insns"] if seconds == "insn_seconds"
+                                                     else 1) for our, their in zip(ours, theirs))
+    return "%.1fx %s" % (statistics.median(ratios), "(%.1f-%.1f)" % (ratios[0], ratios[-1]))
 
 
 def build_trace(options, megabytes, program):
@@ -268,25 +276,29 @@ def main():
             if name not in wanted:
                 continue
             trace, expected_insns = build_trace(trace_options, options.mb, program)
-            ours, theirs = median_runs(options.repeat, lambda: dbgext_figures(trace, program),
-                                     lambda: libipt_figures(binary, folder, trace, program))
-            rows.append((name, trace, expected_insns, ours, theirs))
-    print("%-6s %7s %10s %9s %9s %6s | %11s %9s %9s %6s  %s" % (
+            our_rounds, their_rounds = rounds(options.repeat, lambda: dbgext_figures(trace, program),
+                                              lambda: libipt_figures(binary, folder, trace, program))
+            rows.append((name, trace, expected_insns, our_rounds, their_rounds))
+    print("ratio: the median of the %d rounds' ratios (their range)" % options.repeat)
+    print("%-6s %7s %10s %9s %9s %-15s | %11s %9s %9s %-15s  %s" % (
         "trace", "MB", "packets", "libipt", "dbgext", "ratio", "insns", "libipt", "dbgext", "ratio", "libipt via"))
-    print("%-6s %7s %10s %9s %9s %6s | %11s %9s %9s %6s" % ("", "", "", "MB/s", "MB/s", "", "", "M/s", "M/s", ""))
-    for name, trace, expected_insns, ours, theirs in rows:
+    print("%-6s %7s %10s %9s %9s %-15s | %11s %9s %9s %-15s" % ("", "", "", "MB/s", "MB/s", "", "", "M/s", "M/s",
+                                                               ""))
+    for name, trace, expected_insns, our_rounds, their_rounds in rows:
+        ours, theirs = median_figures(our_rounds), median_figures(their_rounds)
         megabytes = len(trace) / 1e6
         our_mbs = megabytes / ours["packet_seconds"]
         our_ips = ours["insns"] / ours["insn_seconds"] / 1e6
         if theirs is None:
-            print("%-6s %7.2f %10d %9s %9.1f %6s | %11d %9s %9.2f %6s  (libipt not installed)" % (
+            print("%-6s %7.2f %10d %9s %9.1f %-15s | %11d %9s %9.2f %-15s  (libipt not installed)" % (
                 name, megabytes, ours["packets"], "-", our_mbs, "-", ours["insns"], "-", our_ips, "-"))
             continue
         their_mbs = megabytes / theirs["packet_seconds"]
         their_ips = theirs["insns"] / theirs["insn_seconds"] / 1e6
-        print("%-6s %7.2f %10d %9.1f %9.1f %5.1fx | %11d %9.2f %9.2f %5.1fx  %s" % (
-            name, megabytes, theirs["packets"], their_mbs, our_mbs, their_mbs / our_mbs, ours["insns"],
-            their_ips, our_ips, their_ips / our_ips, theirs["how"]))
+        print("%-6s %7.2f %10d %9.1f %9.1f %-15s | %11d %9.2f %9.2f %-15s  %s" % (
+            name, megabytes, theirs["packets"], their_mbs, our_mbs,
+            ratio_text(our_rounds, their_rounds, "packet_seconds"), ours["insns"], their_ips, our_ips,
+            ratio_text(our_rounds, their_rounds, "insn_seconds"), theirs["how"]))
         if theirs["packets"] != ours["packets"] or theirs["insns"] != ours["insns"] or ours["insns"] != expected_insns:
             print("  warning: counts differ: packets libipt %d dbgext %d; instructions libipt %d dbgext %d "
                   "tracer %d; dbgext problems %d" % (theirs["packets"], ours["packets"], theirs["insns"],
