@@ -528,12 +528,11 @@ class _Counter(object):
         longer = (b"(" + _byte_class({0x00, 0x02, 0x99} | _CYC_CONTINUED) + b"(?:(?<=\\x00)\\x00*[^\\x00]?|"
                   b"(?<=[\\x02\\x99]).|" + odd + b"{0,7}" + even + b"))")
         self.longer_keys = re.compile(longer.decode("latin-1"), re.DOTALL)
-        one_byte_types = {opcode: (IP_KIND_NAMES[kind], 1 + IP_PAYLOAD[opcode >> 5])
-                          for opcode, kind in IP_KIND_OF_OPCODE.items() if opcode >> 5 in IP_PAYLOAD}
-        one_byte_types.update((opcode, (name, _OTHER_SIZES[name])) for opcode, name in ((0x59, "mtc"), (0x19, "tsc"),
-                                                                                         (0xD9, "trig")))
-        one_byte_types.update((byte, ("cyc", 1)) for byte in range(256) if byte & 7 == 3)
-        self.one_byte_types = {chr(byte): kind for byte, kind in one_byte_types.items()}
+        types = self.one_byte_types = {opcode: (IP_KIND_NAMES[kind], 1 + IP_PAYLOAD[opcode >> 5])
+                                       for opcode, kind in IP_KIND_OF_OPCODE.items() if opcode >> 5 in IP_PAYLOAD}
+        types.update((opcode, (name, _OTHER_SIZES[name])) for opcode, name in ((0x59, "mtc"), (0x19, "tsc"),
+                                                                                (0xD9, "trig")))
+        types.update((byte, ("cyc", 1)) for byte in range(256) if byte & 7 == 3)
 
     @staticmethod
     def longer_key_type(key):
@@ -563,7 +562,8 @@ class _Counter(object):
         singles = matches - pieces[1 + self.marker::stride].count(None)
         slots = _SLOTS * (matches - singles) + singles
         parts = self.longer_keys.split("".join(filter(None, pieces)))
-        one_byte = "".join(parts[0::2])
+        # As bytes: deleting a key from bytes is one table pass, from text a search per key.
+        one_byte = "".join(parts[0::2]).encode("latin-1")
         keyed_slots = len(one_byte) + len(parts) // 2 + len(trailing)
         keyed_bytes = 0
         found = Counter()
@@ -573,7 +573,7 @@ class _Counter(object):
             name, size = self.one_byte_types[key]
             found[name] += number
             keyed_bytes += number * size
-            one_byte = one_byte.replace(key, "")
+            one_byte = one_byte.translate(None, bytes((key,)))
         for key, number in Counter(parts[1::2]).items():
             name, packets, size = self.longer_key_type(key)
             found[name] += number * packets
