@@ -515,9 +515,9 @@ class _Counter(object):
         single = b"()(?:" + slot + b"|(" + tnt8 + b"+)\\Z|(.).*)"
         # On text (the buffer decoded as latin-1): joining str keys is much cheaper than bytes.
         self.regex = re.compile((slot * _SLOTS + b"|" + single).decode("latin-1"), re.DOTALL)
-        # split() gives per match its groups (a key per slot; the marker, key, trailing
-        # TNT-8 bytes and bad byte of a single-slot match), then the empty text up to
-        # the next match.
+        # split() gives per match its groups (per slot its key, after its MTC in
+        # _MTC_CAPTURED; then the marker, the slot's groups, trailing TNT-8 bytes and bad
+        # byte of a single-slot match), then the empty text up to the next match.
         self.stride = self.regex.groups + 1
         groups = 2 if variant == _MTC_CAPTURED else 1  # per slot
         self.marker = groups * _SLOTS
@@ -682,7 +682,8 @@ def packet_stats(data, start=0, end=None):
     byte, which it reports, and counting goes on at the PSB where the loop resynced.
     Windows start small after an error and double with each clean one, up to a
     megabyte: corrupt buffers cost little more than the token loop, clean ones few
-    windows."""
+    windows.  Each window is counted by the _Counter variant that suits the window
+    before it."""
     if end is None:
         end = len(data)
     end = min(end, len(data))
