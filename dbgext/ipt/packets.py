@@ -590,7 +590,7 @@ _EXTENDED = {0x82: ("psb", 16), 0x23: ("psbend", 2), 0xA3: ("tnt64", 8), 0x43: (
              0x12: ("ptw", 6), 0x92: ("ptw", 6), 0x32: ("ptw", 10), 0xB2: ("ptw", 10), 0x13: ("cfe", 4),
              0x53: ("evd", 11)}
 _COUNTERS = {}  # variant: its _Counter, once built
-# Compiling a variant's regex takes 0.14-0.18 s on Python 3.8; what a variant saves
+# Compiling a variant's regex takes 0.1-0.17 s on Python 3.8; what a variant saves
 # pays that back over tens of megabytes, so a shorter buffer keeps the one it has.
 _PAYBACK = 32 << 20
 
