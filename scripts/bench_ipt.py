@@ -242,11 +242,11 @@ def median_figures(runs):
     return median
 
 
-def ratio_text(ours, theirs, seconds):
-    """How many times slower dbgext is: the median of the rounds' ratios, and their range."""
-    ratios = sorted(our[seconds] / their[seconds] * (their["insns"] / our["insns"] if seconds == "insn_seconds"
-                                                     else 1) for our, their in zip(ours, theirs))
-    return "%.1fx %s" % (statistics.median(ratios), "(%.1f-%.1f)" % (ratios[0], ratios[-1]))
+def ratio_text(ours, theirs, seconds, work):
+    """How many times slower dbgext is per unit of ``work`` (packets, insns): the
+    median of the rounds' ratios, and their range."""
+    ratios = sorted((our[seconds] / our[work]) / (their[seconds] / their[work]) for our, their in zip(ours, theirs))
+    return "%.1fx (%.1f-%.1f)" % (statistics.median(ratios), ratios[0], ratios[-1])
 
 
 def build_trace(options, megabytes, program):
@@ -297,8 +297,8 @@ def main():
         their_ips = theirs["insns"] / theirs["insn_seconds"] / 1e6
         print("%-6s %7.2f %10d %9.1f %9.1f %-15s | %11d %9.2f %9.2f %-15s  %s" % (
             name, megabytes, theirs["packets"], their_mbs, our_mbs,
-            ratio_text(our_rounds, their_rounds, "packet_seconds"), ours["insns"], their_ips, our_ips,
-            ratio_text(our_rounds, their_rounds, "insn_seconds"), theirs["how"]))
+            ratio_text(our_rounds, their_rounds, "packet_seconds", "packets"), ours["insns"], their_ips, our_ips,
+            ratio_text(our_rounds, their_rounds, "insn_seconds", "insns"), theirs["how"]))
         if theirs["packets"] != ours["packets"] or theirs["insns"] != ours["insns"] or ours["insns"] != expected_insns:
             print("  warning: counts differ: packets libipt %d dbgext %d; instructions libipt %d dbgext %d "
                   "tracer %d; dbgext problems %d" % (theirs["packets"], ours["packets"], theirs["insns"],
