@@ -345,7 +345,7 @@ def _token_regex():
     if _TOKENS:
         return _TOKENS[0]
     quiet = b"|".join(key + rest for name, key, rest in P._COMMON if name in P.QUIET_PACKETS)
-    element = b"(?:" + P._byte_class(range(4, 256, 2)) + b"|" + quiet + b")"
+    element = b"(?:" + P._byte_class(P._TNT8) + b"|" + quiet + b")"
     packet = b"|".join([element + b"+(?!" + element + b")"]
                        + [key + rest for name, key, rest in P._COMMON if name not in P.QUIET_PACKETS]
                        + [b"\\x02(?:" + b"|".join(key + rest for _, key, rest in P._EXTENDED_PACKETS) + b")"])
@@ -362,7 +362,7 @@ _FIRST_BYTE = [_UNUSED] * 256
 for _byte in range(256):
     if _byte in P.IP_KIND_OF_OPCODE and _byte >> 5 in P.IP_PAYLOAD:
         _FIRST_BYTE[_byte] = {0: _IP0, 2: _IP2, 4: _IP4, 6: _IP6, 8: _IP8}[P.IP_PAYLOAD[_byte >> 5]]
-    elif (_byte >= 4 and not _byte & 1) or _byte in (0x00, 0x59, 0x19) or _byte & 3 == 3:
+    elif _byte in P._TNT8 or _byte in (0x00, 0x59, 0x19) or _byte & 3 == 3:
         _FIRST_BYTE[_byte] = _RUN  # TNT-8, PAD, MTC, TSC, CYC
 _FIRST_BYTE[0x99], _FIRST_BYTE[0x02] = _MODE, _EXTENDED
 del _byte

@@ -5,7 +5,7 @@ pattern on its first one to three bytes, so one alternation tokenizes the buffer
 C.  Runs of TNT-8 bytes and of PAD bytes come out as one token each, which is what
 makes the decoder fast on real traces (TNT-8 bytes dominate them); the consumers
 expand a run byte by byte only when they list packets.  Counting (packet_stats)
-does not tokenize at all: one match of a second expression covers 64 packets.
+does not tokenize at all: one match of a second expression covers many packets.
 
 Everything starts at a PSB.  An unknown opcode, a reserved IPBytes value or a packet
 cut off by the end of the buffer is reported with its offset and decoding resumes
@@ -56,6 +56,7 @@ def _tnt8_table():
 
 
 TNT8_BITS = _tnt8_table()  # TNT-8 byte -> "TNNT..." oldest first
+_TNT8 = frozenset(TNT8_BITS)  # the TNT-8 bytes: any even byte from 4
 
 
 def _byte_class(values):
@@ -72,7 +73,6 @@ def _build_pattern():
                 ip_opcodes[IP_PAYLOAD[ipbytes]].add(opcode)
             else:
                 reserved_ip.add(opcode)
-    tnt8 = [b for b in range(4, 256, 2)]
     cyc_last = [b for b in range(256) if b & 3 == 3 and not b & 4]
     cyc_more = [b for b in range(256) if b & 3 == 3 and b & 4]
     odd = [b for b in range(1, 256, 2)]
@@ -116,7 +116,7 @@ def _build_pattern():
         ("cfe", b"\\x13", b".."),
         ("evd", b"\\x53", b".{9}"),
     ]
-    tnt_run = _byte_class(tnt8) + b"+"
+    tnt_run = _byte_class(_TNT8) + b"+"
 
     def named(entries):
         return b"|".join(b"(?P<" + name.encode() + b">" + key + rest + b")" for name, key, rest in entries)
@@ -454,7 +454,6 @@ _WINDOW = 1 << 20   # bytes per split() at most: bounds the lists it builds
 _FIRST_WINDOW = 1 << 14
 _SILENT_TIP = 0x2D  # TIP, IPBytes 1
 _CYC_CONTINUED = frozenset(b for b in range(256) if b & 7 == 7)  # a CYC that goes on past its first byte
-_TNT8 = frozenset(range(4, 256, 2))
 _LONG_RUN = 4096  # shorter runs cost less in the regex than a window cut at them
 # Where a run of TNT-8 or PAD bytes starts, the packet around it ends within 16
 # bytes (no packet is longer); from there on, every byte of the run is a packet of
