@@ -154,8 +154,8 @@ def llvm_unwind(path):
 # -- ARM64 DLLs built from tests/data/arm64 ----------------------------------------------------
 
 IMAGE_BASE = 0x140000000
-CONFIGS = ("O0", "O1", "O2", "Os")
 TARGET = "--target=aarch64-pc-windows-msvc"
+FLAGS = {"O0": ["-O0"], "O1": ["-O1"], "O2": ["-O2"], "Os": ["-Os"], "O1-fp": ["-O1", "-fno-omit-frame-pointer"]}
 
 
 def _cache_directory():
@@ -168,7 +168,7 @@ def _cache_directory():
 
 
 def build(config, source="chain.c", exports=("run",)):
-    """The path of the DLL built from ``source`` (+ chkstk.s) at ``-<config>``,
+    """The path of the DLL built from ``source`` (+ chkstk.s) with ``FLAGS[config]``,
     cached by sources and compiler."""
     require("clang", "lld-link")
     root = _cache_directory()
@@ -180,7 +180,7 @@ def build(config, source="chain.c", exports=("run",)):
     os.makedirs(root, exist_ok=True)
     scratch = tempfile.mkdtemp(prefix="build-", dir=root)
     source_path = os.path.join(SOURCES, source)
-    compile_source = (["clang", TARGET, "-" + config, "-c", source_path, "-o", "code.obj"]
+    compile_source = (["clang", TARGET] + FLAGS[config] + ["-c", source_path, "-o", "code.obj"]
                       if source.endswith(".c") else ["clang", TARGET, "-c", source_path, "-o", "code.obj"])
     commands = [compile_source,
                 ["clang", TARGET, "-c", os.path.join(SOURCES, "chkstk.s"), "-o", "chkstk.obj"],
@@ -196,3 +196,163 @@ def build(config, source="chain.c", exports=("run",)):
     except OSError:  # a concurrent run finished the same build first
         shutil.rmtree(scratch, ignore_errors=True)
     return path
+
+
+# -- execution in unicorn: the live calls are the truth ----------------------------------------
+
+STACK_LIMIT = 0x7F000000
+STACK_SIZE = 0x10000
+STACK_TOP = STACK_LIMIT + STACK_SIZE - 0x100
+RETURN_TO = 0x10000      # the lr `run` is entered with: the walk's end, like a thread's start
+_REGISTER_NAMES = tuple("x%d" % number for number in range(29)) + ("fp", "lr", "sp", "pc")
+
+
+def _is_call(word):
+    return word & 0xFC000000 == 0x94000000 or word & 0xFFFFFC1F == 0xD63F0000      # bl, blr
+
+
+def _is_return(word):
+    return word & 0xFFFFFC1F == 0xD65F0000                                            # ret
+
+
+class Stopped(object):
+    """The machine where the emulation stopped: ``registers`` (dbgext's names),
+    the stack bytes, and ``calls``: the live calls innermost first, each
+    (return address, sp when the call executed) — what a correct unwind yields."""
+
+    def __init__(self, image, registers, stack, calls, executed):
+        self.image = image
+        self.registers = registers
+        self.stack = stack
+        self.calls = calls
+        self.executed = executed        # instructions executed before the stop
+
+    def read_pointer(self, address):
+        from dbgext.errors import UnreadableMemory
+        offset = address - STACK_LIMIT
+        if not 0 <= offset <= len(self.stack) - 8:
+            raise UnreadableMemory(address, 8)
+        return int.from_bytes(self.stack[offset:offset + 8], "little")
+
+    def expected_frames(self):
+        """[(pc, sp)] innermost first, ending with the return to RETURN_TO."""
+        return [(self.registers["pc"], self.registers["sp"])] + list(self.calls)
+
+
+def execute(path, entry="run", argument=0, stops=(), frame_sizes=None):
+    """Run ``entry(argument)`` of the DLL at ``path`` in unicorn to its return,
+    and return the machine as it was just before executing instruction number
+    ``n`` (counted from 0) for each ``n`` in ``stops``: a list of
+    :class:`Stopped`.  ``frame_sizes``, a dict, receives for every function entered
+    (by address) the deepest its sp went below its entry sp (its frame: on ARM64
+    nothing but the function itself moves sp)."""
+    unicorn = pytest.importorskip("unicorn")
+    from unicorn import arm64_const
+    image = MiniPE(path)
+    engine = unicorn.Uc(unicorn.UC_ARCH_ARM64, unicorn.UC_MODE_ARM)
+    size = (image.size_of_image + 0xFFF) & ~0xFFF
+    engine.mem_map(IMAGE_BASE, size)
+    engine.mem_write(IMAGE_BASE, image.image)
+    engine.mem_map(STACK_LIMIT, STACK_SIZE)
+    engine.mem_map(RETURN_TO, 0x1000)
+    engine.reg_write(arm64_const.UC_ARM64_REG_CPACR_EL1, 0x300000)     # let the code use FP/SIMD
+    engine.reg_write(arm64_const.UC_ARM64_REG_SP, STACK_TOP)
+    engine.reg_write(arm64_const.UC_ARM64_REG_LR, RETURN_TO)
+    engine.reg_write(arm64_const.UC_ARM64_REG_X0, argument)
+    constants = [getattr(arm64_const, "UC_ARM64_REG_" + {"fp": "X29", "lr": "X30"}.get(name, name.upper()))
+                 for name in _REGISTER_NAMES]
+    calls = [(RETURN_TO, STACK_TOP)]       # innermost last while running
+    entered = [(IMAGE_BASE + image.exports[entry], STACK_TOP)]
+    wanted = set(stops)
+    stopped = []
+    state = {"count": 0, "pending": None}
+
+    def hook(uc, address, size_, user_data):
+        pending = state["pending"]      # the previous instruction executed: its effect holds
+        if pending == "return":
+            calls.pop()
+            entered.pop()
+        elif pending is not None:
+            calls.append(pending)
+            entered.append((address, pending[1]))
+        state["pending"] = None
+        sp = uc.reg_read(arm64_const.UC_ARM64_REG_SP)
+        if frame_sizes is not None:
+            function, entry_sp = entered[-1]
+            frame_sizes[function] = max(frame_sizes.get(function, 0), entry_sp - sp)
+        if state["count"] in wanted:
+            registers = dict(zip(_REGISTER_NAMES, [uc.reg_read(constant) for constant in constants]))
+            stopped.append(Stopped(image, registers, bytes(uc.mem_read(STACK_LIMIT, STACK_SIZE)),
+                                   list(reversed(calls)), state["count"]))
+        state["count"] += 1
+        word = int.from_bytes(uc.mem_read(address, 4), "little")
+        if _is_call(word):
+            state["pending"] = (address + 4, sp)
+        elif _is_return(word):
+            state["pending"] = "return"
+
+    engine.hook_add(unicorn.UC_HOOK_CODE, hook, begin=IMAGE_BASE, end=IMAGE_BASE + size - 1)
+    engine.emu_start(IMAGE_BASE + image.exports[entry], RETURN_TO)
+    execute.last_count = state["count"]
+    return stopped
+
+
+def instruction_count(path, entry="run", argument=0):
+    """How many instructions ``entry(argument)`` executes."""
+    execute(path, entry, argument)
+    return execute.last_count
+
+
+class Walker(object):
+    """The ARM64 walk order dbgext's walker gets on wiring (``stacks/walk.py``
+    ``_step``): the module's unwind data (a function without an entry is a leaf),
+    else the x29 frame chain, else a scan for a slot after a ``bl``/``blr`` —
+    each frame marked with how it was found."""
+
+    def __init__(self, image, use_unwind_data=True):
+        from dbgext.stacks.arm64_unwind import function_table
+        self.image = image
+        self.table, self.dropped = function_table(image, image.pdata) if use_unwind_data else ([], [])
+        self.begins = [entry[0] for entry in self.table]
+        self.cache = {}
+
+    def walk(self, stopped, max_frames=64):
+        from dbgext.stacks.arm64_unwind import find_entry, unwind_frame_chain, unwind_function, unwind_leaf
+        registers = dict(stopped.registers)
+        frames = [(registers["pc"], registers["sp"], "context")]
+        unwound_to_call = False
+        while registers["pc"] != RETURN_TO and len(frames) < max_frames:
+            pc = registers["pc"]
+            in_image = IMAGE_BASE <= pc < IMAGE_BASE + self.image.size_of_image
+            if in_image and self.table:
+                entry = find_entry(self.table, self.begins, pc - IMAGE_BASE - (4 if unwound_to_call else 0))
+                if entry is None:
+                    step = unwind_leaf(registers)
+                else:
+                    step = unwind_function(self.image, IMAGE_BASE, entry, registers, stopped.read_pointer,
+                                           unwound_to_call, self.cache)
+                how = "unwind"
+            else:
+                step = unwind_frame_chain(registers, stopped.read_pointer)
+                how = "frame_chain"
+                if step is None:
+                    step = self._scan(stopped, registers)
+                    how = "scan"
+            if step is None:
+                break
+            registers = step.registers
+            unwound_to_call = step.machine_frame is None
+            frames.append((registers["pc"], registers["sp"], how))
+        return frames
+
+    def _scan(self, stopped, registers):
+        from dbgext.stacks.arm64_unwind import follows_call
+        from dbgext.stacks.x64 import UnwindStep
+        for slot in range(registers["sp"], STACK_LIMIT + STACK_SIZE - 8, 8):
+            value = stopped.read_pointer(slot)
+            rva = value - IMAGE_BASE
+            if 4 <= rva < self.image.size_of_image and follows_call(self.image.read(rva - 4, 4)):
+                caller = dict(registers)
+                caller["pc"], caller["sp"] = value, slot + 8
+                return UnwindStep(caller, slot)
+        return None

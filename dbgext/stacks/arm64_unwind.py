@@ -32,6 +32,8 @@ answer ``unpack(fmt, rva)``, ``describe(rva)`` and ``size_of_image``, like the
 x64 unwind data's.  Corrupt data raises :class:`~dbgext.stacks.x64.UnwindError`.
 """
 
+import bisect
+
 from ..layouts.arm64 import (CONTEXT_ARM64, GENERAL_REGISTERS, KTRAP_FRAME_ARM64, KTRAP_FRAME_ARM64_VOLATILE_X,
                              MACHINE_FRAME_ARM64)
 from .x64 import UnwindError, UnwindStep
@@ -283,10 +285,37 @@ def parse_pdata(data):
             for at in range(0, usable, PDATA_ENTRY_SIZE)]
 
 
-def function_unwind(image, entry):
-    """The :class:`FunctionUnwind` of the ``.pdata`` ``entry`` (begin, word) of
-    ``image``; a chained entry (kind 3) gives its parent's.  Raises UnwindError."""
-    begin, word = entry
+def function_table(image, pdata):
+    """The ``.pdata`` entries as (begin, end, word) sorted by begin — the shape of
+    the x64 unwinder's RUNTIME_FUNCTIONs — with the end from the packed length or
+    the ``.xdata`` header (a chained entry takes its parent's length), and
+    [(begin, why)] for the entries whose extent cannot be read."""
+    table, dropped = [], []
+    for begin, word in sorted(pdata):
+        try:
+            length = function_unwind(image, (begin, word), header_only=True).function_length
+        except UnwindError as error:
+            dropped.append((begin, str(error)))
+            continue
+        table.append((begin, begin + length, word))
+    return table, dropped
+
+
+def find_entry(table, begins, rva):
+    """The entry of ``table`` (from :func:`function_table`; ``begins`` its begin
+    RVAs) covering ``rva``, or None: the function is a leaf."""
+    at = bisect.bisect_right(begins, rva) - 1
+    if at >= 0 and table[at][0] <= rva < table[at][1]:
+        return table[at]
+    return None
+
+
+def function_unwind(image, entry, header_only=False):
+    """The :class:`FunctionUnwind` of the ``.pdata`` ``entry`` ((begin, word) or
+    (begin, end, word)) of ``image``; a chained entry (kind 3) gives its
+    parent's.  ``header_only``: the length and flags, not the codes.  Raises
+    UnwindError."""
+    begin, word = entry[0], entry[-1]
     if word & 3 == PDATA_CHAINED:
         parent_at = word - 3
         parent = image.unpack("<II", parent_at)
@@ -296,13 +325,13 @@ def function_unwind(image, entry):
         if parent[1] & 3 == PDATA_CHAINED:
             raise UnwindError("unwind_chain_too_long", parent_at, "the .pdata entry of %s chains to another "
                               "chained entry" % image.describe(begin))
-        return function_unwind(image, parent)
+        return function_unwind(image, parent, header_only)
     if word & 3 == PDATA_XDATA:
-        return _parse_xdata(image, begin, word)
+        return _parse_xdata(image, begin, word, header_only)
     return expand_packed(begin, word)
 
 
-def _parse_xdata(image, begin, rva):
+def _parse_xdata(image, begin, rva, header_only=False):
     unwind = FunctionUnwind(begin, rva, "xdata")
     unwind.xdata_rva = rva
     if not 0 < rva < image.size_of_image:
@@ -316,6 +345,8 @@ def _parse_xdata(image, begin, rva):
     unwind.version = (header >> 18) & 3
     unwind.exception_data = bool(header & (1 << 20))
     unwind.epilogue_in_header = bool(header & (1 << 21))
+    if header_only:
+        return unwind
     epilogue_count = (header >> 22) & 0x1F
     code_words = header >> 27
     at = rva + 4
@@ -514,7 +545,7 @@ def unwind_leaf(registers):
 
 def unwind_function(image, module_base, entry, registers, read_pointer, unwound_to_call=False,
                     unwind_cache=None):
-    """Unwind one frame with the ``.pdata`` ``entry`` (begin rva, word) of
+    """Unwind one frame with the ``.pdata`` ``entry`` (begin, end, word) of
     ``image`` (the module loaded at ``module_base``).  ``registers["pc"]`` is where
     control is in the function; ``unwound_to_call`` says it is a return address
     (every frame but the first, unless a trap or machine frame was crossed), and
@@ -527,7 +558,7 @@ def unwind_function(image, module_base, entry, registers, read_pointer, unwound_
         if unwind_cache is not None:
             unwind_cache[entry] = unwind
     try:
-        if entry[1] & 3 == PDATA_CHAINED:
+        if entry[-1] & 3 == PDATA_CHAINED:
             # The entry's code runs in its parent's frame, past the parent's prologue.
             start, skip, epilogue = 0, 0, False
         else:
@@ -672,3 +703,34 @@ def strip_pac(value):
     if value >> 55 & 1:
         return value | ((1 << 64) - (1 << VIRTUAL_ADDRESS_BITS))
     return value & ((1 << VIRTUAL_ADDRESS_BITS) - 1)
+
+
+# -- without unwind data -----------------------------------------------------------------------
+
+FRAME_RECORD_SIZE = 16      # {fp, lr}, the frame record x29 points at
+
+
+def unwind_frame_chain(registers, read_pointer):
+    """The fallback where a function has no usable unwind data: the frame record
+    x29 points at holds the caller's x29 and the return address.  The caller's sp
+    is not recorded there: it is given as just above the record (a lower bound),
+    so frames found this way are marked as such.  None when fp cannot be a frame
+    record (zero, misaligned or below sp)."""
+    fp = registers.get("fp")
+    sp = registers.get("sp")
+    if not fp or fp & 7 or sp is None or fp < sp:
+        return None
+    caller = dict(registers)
+    caller["fp"] = read_pointer(fp)
+    caller["lr"] = caller["pc"] = read_pointer(fp + 8)
+    caller["sp"] = fp + FRAME_RECORD_SIZE
+    return UnwindStep(caller, fp + 8)
+
+
+def follows_call(before):
+    """True when the 4 bytes before a candidate return address are a ``bl`` or
+    ``blr`` (what a stack scan asks of a slot before taking it for a return address)."""
+    if len(before) < INSTRUCTION_SIZE:
+        return False
+    word = int.from_bytes(before[-INSTRUCTION_SIZE:], "little")
+    return word & 0xFC000000 == 0x94000000 or word & 0xFFFFFC1F == 0xD63F0000
