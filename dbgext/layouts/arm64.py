@@ -1,5 +1,6 @@
-"""ARM64 (Windows on ARM) layouts: the CONTEXT, register names, the KTRAP_FRAME
-fields the unwinder reads, and the page-table bits.
+"""ARM64 (Windows on ARM) layouts: the CONTEXT, register names, and the
+KTRAP_FRAME and machine-frame fields the unwinder reads (the page-table
+descriptor bits are in :mod:`dbgext.target.arm64_paging`).
 
 ``CONTEXT_ARM64`` has the shape of :data:`dbgext.layouts.dump_formats.CONTEXT_AMD64`
 (``size``, ``flags``, ``ContextFlags``, ``registers``: name -> (offset, bytes)), so
@@ -9,8 +10,8 @@ Sp, Pc, V0-V31 (16 bytes each), Fpcr, Fpsr, 8 Bcr/Bvr and 2 Wcr/Wvr debug
 registers; 0x390 bytes.  A kernel dump holds it at 0x348 of the header
 (``MachineImageType`` 0xAA64; see ``../shared/reference/dump-formats.md``).  The
 offsets were checked on the real ARM64 small memory dump
-(``rizin__triage_arm64.dmp``): ContextFlags 0x400007, Cpsr in EL1h, Sp = Fp on the
-kernel stack, Pc in the kernel, x18 the KPCR (Windows keeps it there in kernel mode).
+(``rizin__triage_arm64.dmp``): ContextFlags 0x400007, Cpsr 0x80000144 (EL1t), Sp = Fp on the
+kernel stack, Pc in ntoskrnl, x18 the KPCR (Windows keeps it there in kernel mode).
 """
 
 CONTEXT_ARM64_FLAG = 0x400000     # CONTEXT_ARM64: the architecture bit of ContextFlags
@@ -39,8 +40,9 @@ CONTEXT_ARM64 = {
            ("fpcr", (0x310, 4)), ("fpsr", (0x314, 4))]),
     "V": 0x110,          # V0-V31, 16 bytes each (d8-d15 are the low halves of V8-V15)
     "Bcr": 0x318, "Bvr": 0x338, "Wcr": 0x378, "Wvr": 0x380,
-    # EL1h with interrupts masked: what a kernel thread's Cpsr holds when nothing is given.
-    "defaults": {"cpsr": 0x3C5},
+    # EL1t (kernel mode on SP_EL0, as the real dump's Cpsr 0x80000144 shows): what a
+    # kernel thread's Cpsr holds when nothing is given.
+    "defaults": {"cpsr": 0x4},
 }
 
 # ARM64_KTRAP_FRAME (0x150 bytes): what the unwind code MSFT_OP_TRAP_FRAME (0xE8)
