@@ -211,6 +211,14 @@ def _is_call(word):
     return word & 0xFC000000 == 0x94000000 or word & 0xFFFFFC1F == 0xD63F0000      # bl, blr
 
 
+def _branch_target(word, address):
+    """The target of an unconditional ``b``, or None."""
+    if word & 0xFC000000 != 0x14000000:
+        return None
+    offset = word & 0x3FFFFFF
+    return address + 4 * (offset - (1 << 26) if offset & (1 << 25) else offset)
+
+
 def _is_return(word):
     return word & 0xFFFFFC1F == 0xD65F0000                                            # ret
 
@@ -264,6 +272,9 @@ def execute(path, entry="run", argument=0, stops=(), frame_sizes=None):
     calls = [(RETURN_TO, STACK_TOP)]       # innermost last while running
     entered = [(IMAGE_BASE + image.exports[entry], STACK_TOP)]
     wanted = set(stops)
+    # A `b` to a function's first instruction is a tail call: the callee takes over the frame.
+    starts = set(IMAGE_BASE + begin for begin, _ in image.pdata) | set(IMAGE_BASE + rva for rva in
+                                                                       image.exports.values())
     stopped = []
     state = {"count": 0, "pending": None}
 
@@ -272,6 +283,8 @@ def execute(path, entry="run", argument=0, stops=(), frame_sizes=None):
         if pending == "return":
             calls.pop()
             entered.pop()
+        elif pending == "tail call":
+            entered[-1] = (address, entered[-1][1])
         elif pending is not None:
             calls.append(pending)
             entered.append((address, pending[1]))
@@ -290,6 +303,8 @@ def execute(path, entry="run", argument=0, stops=(), frame_sizes=None):
             state["pending"] = (address + 4, sp)
         elif _is_return(word):
             state["pending"] = "return"
+        elif _branch_target(word, address) in starts:
+            state["pending"] = "tail call"
 
     engine.hook_add(unicorn.UC_HOOK_CODE, hook, begin=IMAGE_BASE, end=IMAGE_BASE + size - 1)
     engine.emu_start(IMAGE_BASE + image.exports[entry], RETURN_TO)

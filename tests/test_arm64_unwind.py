@@ -39,6 +39,7 @@ def _position(walker, stopped):
 def test_at_every_executed_instruction_the_unwind_yields_exactly_the_live_calls(config):
     path = build(config)
     positions = {}
+    functions = set()
     for argument in _arguments(config):
         stops = execute(path, argument=argument, stops=range(instruction_count(path, argument=argument)))
         walker = Walker(stops[0].image)
@@ -50,7 +51,10 @@ def test_at_every_executed_instruction_the_unwind_yields_exactly_the_live_calls(
                                                          [(hex(pc), hex(sp)) for pc, sp in stopped.expected_frames()])
             position = _position(walker, stopped)
             positions[position] = positions.get(position, 0) + 1
-    # The stops cover prologues, epilogues and bodies (and leaves where the compiler leaves them).
+            functions.add(find_entry(walker.table, walker.begins, stopped.registers["pc"] - IMAGE_BASE))
+    # The stops cover every function with unwind data, in prologues, epilogues and
+    # bodies (and leaves where the compiler leaves them).
+    assert functions - {None} == set(walker.table)
     assert positions.get("prologue", 0) > 50 and positions.get("epilogue", 0) > 50, positions
     if config != "O0":
         assert positions.get("leaf", 0) > 10, positions

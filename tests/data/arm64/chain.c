@@ -68,7 +68,7 @@ __declspec(noinline) u64 recurse(u64 depth, u64 n) {
     local[depth & 3] = n;
     if (depth == 0)
         return tail_caller(n) + local[0];
-    return recurse(depth - 1, n * 3 + 1) + local[depth & 3];
+    return recurse(depth - 1, n * 5 + 1) + local[depth & 3];
 }
 
 __declspec(dllexport) u64 run(u64 seed) {
