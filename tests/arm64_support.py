@@ -18,7 +18,10 @@ import tempfile
 
 import pytest
 
-from dbgext.stacks.arm64_unwind import parse_pdata
+from dbgext.errors import UnreadableMemory
+from dbgext.stacks.arm64_unwind import (find_entry, follows_call, function_table, parse_pdata, unwind_frame_chain,
+                                        unwind_function, unwind_leaf)
+from dbgext.stacks.x64 import UnwindStep
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REALWORLD = os.path.join(os.path.dirname(REPOSITORY), "shared", "realworld")
@@ -89,6 +92,22 @@ class MiniPE(object):
             name = self.image[name_rva:self.image.index(b"\0", name_rva)].decode()
             result[name] = struct.unpack_from("<I", self.image, functions + 4 * ordinal)[0]
         return result
+
+
+class BytesImage(object):
+    """An image that is just ``data`` at rva 0 (for synthetic unwind data)."""
+
+    size_of_image = 0x10000
+
+    def __init__(self, data):
+        self.data = data
+
+    def unpack(self, fmt, rva):
+        size = struct.calcsize(fmt)
+        return struct.unpack_from(fmt, self.data, rva) if 0 <= rva and rva + size <= len(self.data) else None
+
+    def describe(self, rva):
+        return "image+0x%x" % rva
 
 
 # -- llvm-readobj as the referee ---------------------------------------------------------------
@@ -236,7 +255,6 @@ class Stopped(object):
         self.executed = executed        # instructions executed before the stop
 
     def read_pointer(self, address):
-        from dbgext.errors import UnreadableMemory
         offset = address - STACK_LIMIT
         if not 0 <= offset <= len(self.stack) - 8:
             raise UnreadableMemory(address, 8)
@@ -325,14 +343,12 @@ class Walker(object):
     each frame marked with how it was found."""
 
     def __init__(self, image, use_unwind_data=True):
-        from dbgext.stacks.arm64_unwind import function_table
         self.image = image
         self.table, self.dropped = function_table(image, image.pdata) if use_unwind_data else ([], [])
         self.begins = [entry[0] for entry in self.table]
         self.cache = {}
 
     def walk(self, stopped, max_frames=64):
-        from dbgext.stacks.arm64_unwind import find_entry, unwind_frame_chain, unwind_function, unwind_leaf
         registers = dict(stopped.registers)
         frames = [(registers["pc"], registers["sp"], "context")]
         unwound_to_call = False
@@ -361,8 +377,6 @@ class Walker(object):
         return frames
 
     def _scan(self, stopped, registers):
-        from dbgext.stacks.arm64_unwind import follows_call
-        from dbgext.stacks.x64 import UnwindStep
         for slot in range(registers["sp"], STACK_LIMIT + STACK_SIZE - 8, 8):
             value = stopped.read_pointer(slot)
             rva = value - IMAGE_BASE

@@ -1,7 +1,6 @@
 """ARM64 frame sizes from prologues, reconciled with the unwind data and checked
 against the frames unicorn measures while the code runs."""
 
-import os
 import struct
 
 import pytest

@@ -13,7 +13,7 @@ import random
 
 import pytest
 
-from arm64_support import IMAGE_BASE, RETURN_TO, Walker, build, execute, instruction_count
+from arm64_support import BytesImage, IMAGE_BASE, Walker, build, execute, instruction_count
 from dbgext.stacks.arm64_unwind import _where, find_entry, function_unwind, unwind_function, unwind_leaf
 from dbgext.stacks.x64 import UnwindError
 
@@ -99,20 +99,6 @@ def test_a_leaf_returns_through_lr_and_refuses_a_frame_that_would_not_progress()
     assert error.value.kind == "unwind_no_progress"
 
 
-class _Image(object):
-    size_of_image = 0x10000
-
-    def __init__(self, data):
-        self.data = data
-
-    def unpack(self, fmt, rva):
-        import struct
-        return struct.unpack_from(fmt, self.data, rva) if rva + struct.calcsize(fmt) <= len(self.data) else None
-
-    def describe(self, rva):
-        return "image+0x%x" % rva
-
-
 def _xdata(codes, function_words=16, epilogue_in_header=None):
     code_bytes = bytes(codes) + b"\xe4"
     code_bytes += b"\xe3" * (-len(code_bytes) % 4)
@@ -129,7 +115,7 @@ def _unwind_synthetic(codes, stack, registers, offset_words=8, **options):
 
     def read(address):
         return memory[address]
-    return unwind_function(_Image(bytes(data)), 0x400000, (0x10, 0x10 + 64, 0x100), registers, read)
+    return unwind_function(BytesImage(bytes(data)), 0x400000, (0x10, 0x10 + 64, 0x100), registers, read)
 
 
 def test_custom_stack_codes_restore_from_the_machine_frame_and_the_trap_frame():
@@ -181,5 +167,5 @@ def test_unreadable_stack_during_an_unwind_surfaces_with_its_address():
         raise UnreadableMemory(address, 8)
     data = bytearray(0x100) + _xdata([0x81])
     with pytest.raises(UnreadableMemory) as error:
-        unwind_function(_Image(bytes(data)), 0x400000, (0x10, 0x50, 0x100), {"pc": 0x400030, "sp": 0x8000}, read)
+        unwind_function(BytesImage(bytes(data)), 0x400000, (0x10, 0x50, 0x100), {"pc": 0x400030, "sp": 0x8000}, read)
     assert error.value.address == 0x8000

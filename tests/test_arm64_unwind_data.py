@@ -10,12 +10,11 @@ print).  LLVM 14 does not know pac_sign_lr (0xFC, "Bad opcode!"): there the
 bytes are compared and the code must be one LLVM 14 does not know.
 """
 
-import os
 import random
 
 import pytest
 
-from arm64_support import XCPT4, MiniPE, build, llvm_unwind
+from arm64_support import BytesImage, XCPT4, MiniPE, build, llvm_unwind
 from dbgext.stacks.arm64_unwind import (PackedFields, decode_code, decode_codes, expand_packed, function_unwind,
                                         parse_pdata, strip_pac)
 from dbgext.stacks.x64 import UnwindError
@@ -224,28 +223,13 @@ def test_random_code_bytes_decode_or_are_refused_but_never_raise_anything_else()
         assert sum(len(code.raw) for code in codes) <= len(data)
 
 
-class _Image(object):
-    size_of_image = 0x100
-
-    def __init__(self, data):
-        self.data = data
-
-    def unpack(self, fmt, rva):
-        import struct
-        size = struct.calcsize(fmt)
-        return struct.unpack_from(fmt, self.data, rva) if rva + size <= len(self.data) else None
-
-    def describe(self, rva):
-        return "image+0x%x" % rva
-
-
 def test_xdata_outside_the_image_or_cut_short_is_reported_with_its_address():
     with pytest.raises(UnwindError) as outside:
-        function_unwind(_Image(b""), (0x10, 0x4000))
-    assert outside.value.kind == "unwind_info_outside_image" and outside.value.address == 0x4000
+        function_unwind(BytesImage(b""), (0x10, 0x20000))
+    assert outside.value.kind == "unwind_info_outside_image" and outside.value.address == 0x20000
     header = (4 | 2 << 27).to_bytes(4, "little")          # 2 code words, but only 3 bytes follow
     with pytest.raises(UnwindError, match="unreadable") as cut:
-        function_unwind(_Image(b"\0" * 0x20 + header + b"\xe4\xe4\xe4"), (0x10, 0x20))
+        function_unwind(BytesImage(b"\0" * 0x20 + header + b"\xe4\xe4\xe4"), (0x10, 0x20))
     assert cut.value.address == 0x24
 
 
@@ -253,7 +237,7 @@ def test_a_chained_entry_pointing_at_another_chained_entry_is_refused():
     data = bytearray(0x40)
     data[0x20:0x28] = (0x30).to_bytes(4, "little") + (0x20 + 3).to_bytes(4, "little")
     with pytest.raises(UnwindError) as error:
-        function_unwind(_Image(bytes(data)), (0x10, 0x20 + 3))
+        function_unwind(BytesImage(bytes(data)), (0x10, 0x20 + 3))
     assert error.value.kind == "unwind_chain_too_long"
 
 
