@@ -160,13 +160,13 @@ def test_the_codes_synthesised_for_every_packed_entry_of_the_real_pe_describe_it
         if word & 3 != 1:
             continue
         unwind = expand_packed(begin, word)
-        codes = [code for code in unwind.prologue_codes if not code.is_end]
+        codes = [code for code in unwind.codes(0) if not code.is_end]
         actual = _capstone_prologue(image, begin, len(codes))
         expected = [_expected_instruction(code) for code in reversed(codes) if code.name != "nop"]
         homes = [text for text in actual if text.startswith("stp x0,") or text.startswith("stp x2,")
                  or text.startswith("stp x4,") or text.startswith("stp x6,")]
         assert [text for text in actual if text not in homes] == expected, (image.describe(begin), actual, expected)
-        assert unwind.prologue_size() == len(codes)
+        assert unwind.prologue_size == len(codes)
         checked += 1
     assert checked > 20
 
@@ -189,6 +189,23 @@ def test_packed_entries_expand_into_the_codes_windows_synthesises(word, expected
     unwind = expand_packed(0x1000, word)
     assert unwind.code_bytes.hex(" ") == expected
     assert unwind.frame_size == PackedFields(word).frame_size
+
+
+def test_every_consistent_packed_entry_expands_into_codes_moving_sp_by_its_frame_size():
+    generator = random.Random(2025)
+    checked = 0
+    for _ in range(3000):
+        word = generator.randrange(1 << 32) & ~3 | generator.choice((1, 2))
+        fields = PackedFields(word)
+        saved = fields.reg_i + (fields.cr == 1) + (fields.reg_f + 1 if fields.reg_f else 0)
+        saved += 8 * fields.h if saved else 0
+        if fields.reg_i > 10 or 8 * (saved + (saved & 1)) > fields.frame_size:
+            continue        # not a layout a compiler can describe with packed data
+        unwind = expand_packed(0, word)
+        assert unwind.frame_size == fields.frame_size, hex(word)
+        assert unwind.codes(0)[-1].name == "end"
+        checked += 1
+    assert checked > 300
 
 
 def test_a_packed_entrys_epilogue_skips_the_frame_pointer_set_up_and_the_homing_nops():

@@ -225,7 +225,7 @@ class FunctionUnwind(object):
     record has exception data.  ``packed``: the packed fields (packed kinds)."""
 
     __slots__ = ("begin", "word", "kind", "function_length", "version", "exception_data", "epilogue_in_header",
-                 "epilogue_index", "epilogue_scopes", "code_bytes", "handler_rva", "packed", "xdata_rva")
+                 "epilogue_index", "epilogue_scopes", "code_bytes", "handler_rva", "packed")
 
     def __init__(self, begin, word, kind):
         self.begin = begin
@@ -240,19 +240,16 @@ class FunctionUnwind(object):
         self.code_bytes = b""
         self.handler_rva = None
         self.packed = None
-        self.xdata_rva = None
 
     @property
     def code_words(self):
         return (len(self.code_bytes) + 3) // 4
 
     def codes(self, start=0):
+        """The codes from byte ``start``: 0 for the prologue's, an epilogue's index for its."""
         return decode_codes(self.code_bytes, start)
 
     @property
-    def prologue_codes(self):
-        return self.codes(0)
-
     def prologue_size(self):
         """The prologue's length in instructions (what its codes stand for)."""
         return _scope_size(self.code_bytes, 0, False)
@@ -260,7 +257,7 @@ class FunctionUnwind(object):
     @property
     def frame_size(self):
         """Bytes the prologue moves sp by: the sum of its stack-moving codes."""
-        return sum(code.stack_bytes for code in self.prologue_codes)
+        return sum(code.stack_bytes for code in self.codes(0))
 
 
 class PackedFields(object):
@@ -333,7 +330,6 @@ def function_unwind(image, entry, header_only=False):
 
 def _parse_xdata(image, begin, rva, header_only=False):
     unwind = FunctionUnwind(begin, rva, "xdata")
-    unwind.xdata_rva = rva
     if not 0 < rva < image.size_of_image:
         raise UnwindError("unwind_info_outside_image", rva, "the .xdata of %s at rva 0x%x lies outside the "
                           "image" % (image.describe(begin), rva))
@@ -396,46 +392,32 @@ def expand_packed(begin, word):
         save_slots += 8 * fields.h            # homes go in the save area when there is one
     save_slots += save_slots & 1
     local_slots = fields.frame_size // 8 - save_slots
-    save_bytes = 8 * save_slots
-    ops = []            # execution (prologue) order
-    predecremented = [False]
-    slot = [0]
-
-    def save(single, pair, pair_x, single_x, register, pairs):
-        """One save: the first one predecrements sp by the whole save area."""
-        if not predecremented[0]:
-            ops.append(pair_x(register, save_bytes) if pairs else single_x(register, save_bytes))
-            predecremented[0] = True
-        else:
-            ops.append(pair(register, 8 * slot[0]) if pairs else single(register, 8 * slot[0]))
-        slot[0] += 2 if pairs else 1
-
-    ops.append(bytes([0xE4]))
+    saves = _SaveArea(8 * save_slots)
+    saves.ops.append(bytes([0xE4]))
     if fields.cr == CR_CHAINED_PAC:
-        ops.append(bytes([0xFC]))
+        saves.ops.append(bytes([0xFC]))
     if int_slots:
         if fields.reg_i == 1 and fields.cr == CR_UNCHAINED_SAVED_LR:
-            ops.append(_alloc(save_bytes))    # x19 + lr has no _x form: sp moves first
-            predecremented[0] = True
-        register = 0
+            saves.ops.append(_alloc(saves.size))    # x19 + lr has no _x form: sp moves first
+            saves.predecremented = True
         for register in range(0, fields.reg_i // 2 * 2, 2):
-            save(_save_reg, _save_regp, _save_regp_x, _save_reg_x, register, True)
-        register = fields.reg_i // 2 * 2
-        if fields.reg_i % 2:
-            if fields.cr == CR_UNCHAINED_SAVED_LR:
-                ops.append(_save_lrpair(register, 8 * slot[0]))
-                slot[0] += 2
-            else:
-                save(_save_reg, _save_regp, _save_regp_x, _save_reg_x, register, False)
+            saves.save(register, True, _INTEGER_SAVES)
+        last = fields.reg_i // 2 * 2
+        if fields.reg_i % 2 and fields.cr == CR_UNCHAINED_SAVED_LR:
+            saves.ops.append(_save_lrpair(last, 8 * saves.slot))
+            saves.slot += 2
+        elif fields.reg_i % 2:
+            saves.save(last, False, _INTEGER_SAVES)
         elif fields.cr == CR_UNCHAINED_SAVED_LR:
-            save(_save_reg, _save_regp, _save_regp_x, _save_reg_x, 11, False)   # lr is x19 + 11
+            saves.save(11, False, _INTEGER_SAVES)     # lr is x19 + 11
     if fp_slots:
         for register in range(0, fp_slots // 2 * 2, 2):
-            save(_save_freg, _save_fregp, _save_fregp_x, _save_freg_x, register, True)
+            saves.save(register, True, _FLOAT_SAVES)
         if fp_slots % 2:
-            save(_save_freg, _save_fregp, _save_fregp_x, _save_freg_x, fp_slots // 2 * 2, False)
+            saves.save(fp_slots // 2 * 2, False, _FLOAT_SAVES)
+    ops = saves.ops     # execution (prologue) order
     nops_after = None
-    if fields.h and predecremented[0]:
+    if fields.h and saves.predecremented:
         nops_after = len(ops)
         ops.extend([bytes([0xE3])] * 4)
     frame_record = False
@@ -466,6 +448,27 @@ def expand_packed(begin, word):
         prologue += epilogue
     unwind.code_bytes = prologue
     return unwind
+
+
+class _SaveArea(object):
+    """A packed prologue's codes in execution order, and its register saves: the
+    first save pre-decrements sp by the whole save area (``size`` bytes), the
+    others store at the next free slot."""
+
+    def __init__(self, size):
+        self.size = size
+        self.slot = 0
+        self.predecremented = False
+        self.ops = []
+
+    def save(self, register, pair, encoders):
+        single, paired, single_x, paired_x = encoders
+        if self.predecremented:
+            self.ops.append((paired if pair else single)(register, 8 * self.slot))
+        else:
+            self.ops.append((paired_x if pair else single_x)(register, self.size))
+            self.predecremented = True
+        self.slot += 2 if pair else 1
 
 
 def _alloc(size):
@@ -511,6 +514,10 @@ def _save_freg(register, offset):
 
 def _save_freg_x(register, size):
     return bytes([0xDE, (register << 5) | (size // 8 - 1)])
+
+
+_INTEGER_SAVES = (_save_reg, _save_regp, _save_reg_x, _save_regp_x)
+_FLOAT_SAVES = (_save_freg, _save_fregp, _save_freg_x, _save_fregp_x)
 
 
 def _scope_size(code_bytes, start, epilogue):
