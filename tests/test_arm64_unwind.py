@@ -10,10 +10,14 @@ emulator as it executed them — are what the unwind must yield, frame by frame.
 """
 
 import random
+import struct
 
 import pytest
 
 from arm64_support import BytesImage, IMAGE_BASE, Walker, build, execute, instruction_count
+from dbgext.errors import UnreadableMemory
+from dbgext.layouts.arm64 import CONTEXT_ARM64
+from dbgext.sample.kdump_writer import pack_context
 from dbgext.stacks.arm64_unwind import _where, find_entry, function_unwind, unwind_function, unwind_leaf
 from dbgext.stacks.x64 import UnwindError
 
@@ -109,11 +113,16 @@ def _xdata(codes, function_words=16, epilogue_in_header=None):
 
 
 def _unwind_synthetic(codes, stack, registers, offset_words=8, **options):
+    """Unwind a 16-instruction function at rva 0x10 of a module at 0x400000 whose
+    .xdata (at 0x100) holds ``codes``, stopped ``offset_words`` instructions in,
+    with ``stack`` (u64 values) at 0x8000."""
     data = bytearray(0x100) + _xdata(codes, **options)
     memory = dict((0x8000 + 8 * index, value) for index, value in enumerate(stack))
     registers = dict(registers, pc=0x400000 + 0x10 + 4 * offset_words)
 
     def read(address):
+        if address not in memory:
+            raise UnreadableMemory(address, 8)
         return memory[address]
     return unwind_function(BytesImage(bytes(data)), 0x400000, (0x10, 0x10 + 64, 0x100), registers, read)
 
@@ -129,6 +138,16 @@ def test_custom_stack_codes_restore_from_the_machine_frame_and_the_trap_frame():
             trap.registers["x3"]) == (0xA000, 0x402000, 0x777, 0xA010, 0x33)
     cleared = _unwind_synthetic([0xEC], [], {"sp": 0x8000, "lr": 0x404444})
     assert cleared.registers["pc"] == 0x404444 and cleared.machine_frame is None
+
+
+def test_the_context_code_restores_every_register_from_the_context_record_at_sp():
+    registers = dict(("x%d" % number, 0x100 + number) for number in range(29))
+    registers.update(fp=0x9F00, lr=0x401111, sp=0x9F80, pc=0x402222, cpsr=0x4)
+    record = pack_context(CONTEXT_ARM64, registers)
+    stack = list(struct.unpack("<%dQ" % (len(record) // 8), record))
+    step = _unwind_synthetic([0xEA], stack, {"sp": 0x8000, "lr": 0x5})
+    assert all(step.registers[name] == value for name, value in registers.items() if name != "cpsr")
+    assert step.machine_frame == 0x8000 and step.return_slot == 0x8000 + CONTEXT_ARM64["registers"]["pc"][0]
 
 
 def test_save_next_extends_a_pair_save_and_is_refused_before_a_single_save():
@@ -161,8 +180,6 @@ def test_inside_a_header_epilogue_only_the_codes_still_to_run_are_undone():
 
 
 def test_unreadable_stack_during_an_unwind_surfaces_with_its_address():
-    from dbgext.errors import UnreadableMemory
-
     def read(address):
         raise UnreadableMemory(address, 8)
     data = bytearray(0x100) + _xdata([0x81])
