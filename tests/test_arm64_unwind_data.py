@@ -11,6 +11,7 @@ bytes are compared and the code must be one LLVM 14 does not know.
 """
 
 import random
+import re
 
 import pytest
 
@@ -116,59 +117,113 @@ def test_every_unwind_code_the_assembler_can_emit_decodes_as_llvm_readobj_decode
     assert counts["epilogue scopes"] >= 1
 
 
-# -- packed entries: the synthesised codes against the real prologues -------------------------
+# -- the codes against the real prologues and epilogues -----------------------------------------
 
-def _capstone_prologue(image, begin, count):
+def _capstone(image, rva, count):
+    """``count`` instructions at ``rva`` as capstone spells them, with ``#A, lsl
+    #12`` immediates folded into one value."""
     capstone = pytest.importorskip("capstone")
     decoder = capstone.Cs(capstone.CS_ARCH_ARM64, capstone.CS_MODE_ARM)
-    code = image.read(begin, 4 * count)
-    return ["%s %s" % (mnemonic, operands) if operands else mnemonic
-            for _, _, mnemonic, operands in decoder.disasm_lite(code, image.image_base + begin)]
+    texts = []
+    for _, _, mnemonic, operands in decoder.disasm_lite(image.read(rva, 4 * count), image.image_base + rva):
+        if operands.endswith(", lsl #12") and operands.count("#") == 2:
+            head, value = operands[:-len(", lsl #12")].rsplit("#", 1)
+            operands = "%s#0x%x" % (head, int(value, 0) << 12)
+        operands = re.sub(r"#(\d+)(?=[],!]|$)", lambda match: "#0x%x" % int(match.group(1)), operands)
+        texts.append("%s %s" % (mnemonic, operands) if operands else mnemonic)
+    return texts
 
 
-def _expected_instruction(code):
-    """What capstone shows for the prologue instruction a code describes."""
-    def register(bank, number):
-        return {29: "x29", 30: "x30"}.get(number, "%s%d" % (bank, number)) if bank == "x" else "%s%d" % (bank, number)
-    name = code.name
-    if name == "alloc":
-        return "sub sp, sp, #0x%x" % code.stack_bytes
-    if name == "set_fp":
-        return "mov x29, sp"
-    if name == "add_fp":
-        return "add x29, sp, #0x%x" % code.offset
-    if name == "pac_sign_lr":
-        return "pacibsp"
-    if name == "save_lrpair":
-        operands = "%s, x30" % register("x", code.register)
+def _expected_instruction(code, epilogue):
+    """What capstone shows for the instruction a code describes; None where any
+    instruction fits (nop: homed parameters, a probe call; save_next's pair)."""
+    if code.name in ("nop", "save_next", "reserved_nop"):
+        return None
+    if code.name == "alloc":
+        return "%s sp, sp, #0x%x" % ("add" if epilogue else "sub", code.stack_bytes)
+    if code.name == "set_fp":
+        return "mov sp, x29" if epilogue else "mov x29, sp"
+    if code.name == "add_fp":
+        return ("sub sp, x29, #0x%x" if epilogue else "add x29, sp, #0x%x") % code.offset
+    if code.name == "pac_sign_lr":
+        return "autibsp" if epilogue else "pacibsp"
+
+    def register(number):
+        return "x%d" % number if code.bank == "x" else "%s%d" % (code.bank, number)
+    if code.name == "save_lrpair":
+        operands = "%s, x30" % register(code.register)
     elif code.count == 2:
-        operands = "%s, %s" % (register(code.bank, code.register), register(code.bank, code.register + 1))
+        operands = "%s, %s" % (register(code.register), register(code.register + 1))
     else:
-        operands = register(code.bank, code.register)
-    mnemonic = "stp" if code.count == 2 else "str"
+        operands = register(code.register)
+    mnemonic = ("ld" if epilogue else "st") + ("p" if code.count == 2 else "r")
     if code.writeback:
+        if epilogue:
+            return "%s %s, [sp], #0x%x" % (mnemonic, operands, code.offset)
         return "%s %s, [sp, #-0x%x]!" % (mnemonic, operands, code.offset)
     if code.offset:
         return "%s %s, [sp, #0x%x]" % (mnemonic, operands, code.offset)
     return "%s %s, [sp]" % (mnemonic, operands)
 
 
-def test_the_codes_synthesised_for_every_packed_entry_of_the_real_pe_describe_its_actual_prologue():
-    image = MiniPE(XCPT4)
-    checked = 0
+def _helper_moving_sp(image, call, size):
+    """True when ``call`` (``bl #target``) calls a helper whose own unwind data
+    moves sp for its caller (by ``size``; None: by any amount).  MSVC frees an
+    area a helper allocated that way: the epilogue's code for that call is the
+    alloc it undoes, or set_fp when the area lay between fp and sp."""
+    if not call.startswith("bl #"):
+        return False
+    target = int(call[4:], 16) - image.image_base
+    entries = dict(image.pdata)
+    if target not in entries:
+        return False
+    helper = function_unwind(image, (target, entries[target]))
+    codes = helper.codes(0) + [code for _, index in helper.epilogue_scopes for code in helper.codes(index)]
+    return any(code.name == "alloc" and size in (None, code.stack_bytes) for code in codes)
+
+
+def _check_scope(image, rva, codes, epilogue, where):
+    described = [code for code in codes if not code.is_end and code.instructions]
+    ordered = described if epilogue else list(reversed(described))
+    actual = _capstone(image, rva, len(ordered) + (1 if epilogue else 0))
+    for code, got in zip(ordered, actual):
+        want = _expected_instruction(code, epilogue)
+        helper = code.name in ("alloc", "set_fp") and _helper_moving_sp(
+            image, got, code.stack_bytes if code.name == "alloc" else None)
+        # __chkstk's convention: the size in 16-byte units in x15, then sub sp by it.
+        probe = code.name == "alloc" and got == "sub sp, sp, x15, lsl #0x4" and \
+            "mov x15, #0x%x" % (code.stack_bytes // 16) in actual
+        assert want is None or want == got or helper or probe, (where, [_expected_instruction(c, epilogue) for c in ordered],
+                                                       actual)
+    if epilogue:
+        assert actual[-1].split()[0] in ("ret", "b", "br"), (where, actual)
+
+
+@pytest.mark.parametrize("which", ["msvc", "clang-O0", "clang-O2", "clang-O1-fp"])
+def test_every_prologue_and_epilogue_the_codes_describe_is_the_code_there(which):
+    """Prologues (packed entries' synthesised codes included) and every epilogue
+    scope, at the offsets the unwinder uses to tell where the pc is, in the real
+    MSVC PE and the clang-built DLLs."""
+    image = MiniPE(XCPT4 if which == "msvc" else build(which.split("-", 1)[1]))
+    counts = {"prologues": 0, "epilogues": 0}
     for begin, word in image.pdata:
-        if word & 3 != 1:
-            continue
-        unwind = expand_packed(begin, word)
-        codes = [code for code in unwind.codes(0) if not code.is_end]
-        actual = _capstone_prologue(image, begin, len(codes))
-        expected = [_expected_instruction(code) for code in reversed(codes) if code.name != "nop"]
-        homes = [text for text in actual if text.startswith("stp x0,") or text.startswith("stp x2,")
-                 or text.startswith("stp x4,") or text.startswith("stp x6,")]
-        assert [text for text in actual if text not in homes] == expected, (image.describe(begin), actual, expected)
-        assert unwind.prologue_size == len(codes)
-        checked += 1
-    assert checked > 20
+        unwind = function_unwind(image, (begin, word))
+        where = image.describe(begin)
+        codes = unwind.codes(0)
+        _check_scope(image, begin, codes, False, where)
+        assert unwind.prologue_size == sum(code.instructions for code in codes)
+        counts["prologues"] += 1
+        scopes = list(unwind.epilogue_scopes)
+        if unwind.epilogue_in_header:
+            size = sum(code.instructions for code in unwind.codes(unwind.epilogue_index)) + 1
+            scopes.append((unwind.function_length // 4 - size, unwind.epilogue_index))
+        for start, index in scopes:
+            _check_scope(image, begin + 4 * start, unwind.codes(index), True, where)
+            counts["epilogues"] += 1
+    if which == "msvc":
+        assert counts["prologues"] == 234 and counts["epilogues"] > 150, counts
+    else:
+        assert counts["prologues"] >= 8 and counts["epilogues"] >= counts["prologues"], counts
 
 
 @pytest.mark.parametrize("word,expected", [

@@ -87,7 +87,10 @@ class UnwindCode(object):
 
     @property
     def instructions(self):
-        """How many prologue/epilogue instructions the code stands for."""
+        """How many prologue/epilogue instructions the code stands for (end and
+        end_c close the scope: none)."""
+        if self.is_end:
+            return 0
         first = self.raw[0]
         return 1 if first < 0xE0 else _LONG_CODE_INSTRUCTIONS[first - 0xE0]
 
