@@ -186,3 +186,11 @@ def test_unreadable_stack_during_an_unwind_surfaces_with_its_address():
     with pytest.raises(UnreadableMemory) as error:
         unwind_function(BytesImage(bytes(data)), 0x400000, (0x10, 0x50, 0x100), {"pc": 0x400030, "sp": 0x8000}, read)
     assert error.value.address == 0x8000
+
+
+def test_save_any_reg_restores_a_pair_at_an_offset_and_a_q_register_with_writeback():
+    # e7 53 02: stp x19, x20, [sp, #32];  e7 28 80: str q8, [sp, #-16]!
+    pair = _unwind_synthetic([0xE7, 0x53, 0x02], [0, 0, 0, 0, 0x1919, 0x2020], {"sp": 0x8000, "lr": 0x401000})
+    assert (pair.registers["x19"], pair.registers["x20"], pair.registers["sp"]) == (0x1919, 0x2020, 0x8000)
+    vector = _unwind_synthetic([0xE7, 0x28, 0x80], [0x8888, 0], {"sp": 0x8000, "lr": 0x401000})
+    assert (vector.registers["q8"], vector.registers["sp"]) == (0x8888, 0x8010)
