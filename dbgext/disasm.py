@@ -1,5 +1,5 @@
-"""The one capstone wrapper: x86 code (16-, 32- and 64-bit) decoded into
-``(address, size, mnemonic, op_str)`` tuples.
+"""The one capstone wrapper: x86 code (16-, 32- and 64-bit) and ARM64 code
+decoded into ``(address, size, mnemonic, op_str)`` tuples.
 
 Decoding uses capstone's ``disasm_lite`` (no detail objects): several times faster
 than detail mode, which matters for images with tens of thousands of functions and
@@ -22,26 +22,29 @@ _INSN = capstone._cs_insn
 _INSN_WORDS = ctypes.sizeof(_INSN) // 4
 _ID_WORD = _INSN.id.offset // 4
 
-BITS = {"x64": 64, "x86": 32}
-_MODES = {16: capstone.CS_MODE_16, 32: capstone.CS_MODE_32, 64: capstone.CS_MODE_64}
+BITS = {"x64": 64, "x86": 32, "arm64": "arm64"}
+_MODES = {16: (capstone.CS_ARCH_X86, capstone.CS_MODE_16), 32: (capstone.CS_ARCH_X86, capstone.CS_MODE_32),
+          64: (capstone.CS_ARCH_X86, capstone.CS_MODE_64),
+          "arm64": (capstone.CS_ARCH_ARM64, capstone.CS_MODE_ARM)}   # A64, little-endian
 # Prefixes capstone folds into the mnemonic ("bnd jmp", "notrack call", "rep stosd").
 _PREFIXES = ("bnd ", "notrack ", "rep ", "repz ", "repe ", "repne ", "repnz ", "lock ")
 
 
 class Disassembler(object):
-    """A decoder for one mode: ``Disassembler(64)``, or ``Disassembler.for_arch("x86")``."""
+    """A decoder for one mode: ``Disassembler(64)`` (x86 16/32/64-bit or
+    ``"arm64"``), or ``Disassembler.for_arch("x86")``."""
 
     __slots__ = ("bits", "_cs")
 
     def __init__(self, bits):
         if bits not in _MODES:
-            raise ValueError("x86 code is 16-, 32- or 64-bit, not %r" % (bits,))
+            raise ValueError("code is x86 16-, 32- or 64-bit or \"arm64\", not %r" % (bits,))
         self.bits = bits
-        self._cs = capstone.Cs(capstone.CS_ARCH_X86, _MODES[bits])
+        self._cs = capstone.Cs(*_MODES[bits])
 
     @classmethod
     def for_arch(cls, arch):
-        """``"x64"`` or ``"x86"`` (a PEImage's ``arch``)."""
+        """``"x64"``, ``"x86"`` or ``"arm64"`` (a PEImage's ``arch``)."""
         return cls(BITS[arch])
 
     def decode(self, code, address, count=0):
