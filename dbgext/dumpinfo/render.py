@@ -76,13 +76,18 @@ def lines(result):
     if drivers is not None:
         broken = facts.get("broken_driver")
         out.append(("Drivers (%d)%s:" % (len(drivers), ", the broken one: %s" % broken if broken else ""),
-                    ["start", "end", "name", "timestamp", "checksum"],
-                    [[_address(d["base"]), _address(d["base"] + d["size"]), d["name"], "%08X" % d["timestamp"],
-                      "%X" % d["checksum"]] for d in drivers]))
+                    ["start", "end", "module", "timestamp", "checksum", "path"],
+                    [[_address(d["base"]), _address(d["base"] + d["size"]), d["module"], "%08X" % d["timestamp"],
+                      "%X" % d["checksum"], d["name"]] for d in drivers]))
     unloaded = facts.get("unloaded_drivers")
     if unloaded is not None:
         out.append(("Unloaded drivers (%d):" % len(unloaded), ["start", "end", "name"],
                     [[_address(d["start"]), _address(d["end"]), d["name"]] for d in unloaded]))
+    blobs = facts.get("secondary_data")
+    if blobs:
+        out.append(("Secondary data after SizeOfDump (%d DumpBlob records, 0x%x bytes of data):"
+                    % (len(blobs), sum(blob["size"] for blob in blobs)), ["tag", "size", "file offset"],
+                    [[blob["tag"], "0x%x" % blob["size"], "0x%x" % blob["offset"]] for blob in blobs]))
     mm = facts.get("mm")
     if mm:
         out.append("Mm information:   " + ", ".join("%s 0x%x" % (name, value) for name, value in mm.items()))
