@@ -477,6 +477,24 @@ MINIDUMP_STREAM = {
     "ThreadNames": 24,
 }
 MINIDUMP_SYSTEM_INFO_SIZE = 56
+# MINIDUMP_SYSTEM_INFO: u16 ProcessorArchitecture, ProcessorLevel, ProcessorRevision,
+# u8 NumberOfProcessors, ProductType, u32 MajorVersion, MinorVersion, BuildNumber,
+# PlatformId, CSDVersionRva (a MINIDUMP_STRING), u16 SuiteMask, Reserved2, then
+# CPU_INFORMATION (24 bytes; x86: char VendorId[12], Version, Features, AMD features).
+MINIDUMP_SYSTEM_INFO = {
+    "format": "<HHHBBIIIIIHH",
+    "fields": ("ProcessorArchitecture", "ProcessorLevel", "ProcessorRevision", "NumberOfProcessors",
+               "ProductType", "MajorVersion", "MinorVersion", "BuildNumber", "PlatformId", "CSDVersionRva",
+               "SuiteMask", "Reserved2"),
+    "VendorId": 0x20,
+}
+# PlatformId: Windows' VER_PLATFORM_* and the values breakpad and crashpad write
+# for other systems (breakpad's minidump_format.h MD_OS_*).
+MINIDUMP_PLATFORMS = {0: "Win32s", 1: "Windows 9x", 2: "Windows", 3: "Windows CE", 0x8000: "Unix",
+                      0x8101: "macOS", 0x8102: "iOS", 0x8201: "Linux", 0x8202: "Solaris", 0x8203: "Android",
+                      0x8204: "PS3", 0x8205: "Native Client", 0x8206: "Fuchsia"}
+WINDOWS_PLATFORM = 2
+PRODUCT_TYPES = {1: "workstation", 2: "domain controller", 3: "server"}
 MINIDUMP_MODULE_SIZE = 108
 MINIDUMP_THREAD_SIZE = 48
 # MINIDUMP_EXCEPTION_STREAM: u32 ThreadId, u32 pad, MINIDUMP_EXCEPTION (EXCEPTION_RECORD64
