@@ -206,9 +206,13 @@ def decompress_plain(data, size, where="compressed data"):
 
     Raises :class:`XpressError` naming ``where`` when the data is corrupt: input
     that ends before the output is complete, a match reaching before the start
-    or past ``size``."""
+    or a long match running past ``size``.
+
+    The end is checked once per flag word, not per token: the tokens after the
+    last one of a flag word may run a few bytes past ``size`` (at most 32 short
+    ones) or past the input (the writer sets the unused flag bits, which read as
+    matches), and both are harmless once ``size`` bytes are out."""
     data = bytes(data)
-    end = len(data)
     words = words_at_every_byte(data)
     masks = MASKS
     out = bytearray()
@@ -217,8 +221,6 @@ def decompress_plain(data, size, where="compressed data"):
     nibble_at = 0        # the byte whose high nibble the next length-7 match uses, or 0
     try:
         while produced < size:
-            if position + 4 > end:
-                raise IndexError
             flags = words[position] | words[position + 2] << 16
             position += 4
             count = 32                                    # flag bits left in this word
@@ -231,7 +233,7 @@ def decompress_plain(data, size, where="compressed data"):
                     out += data[position:position + take]
                     position += take
                     produced += take
-                    if produced >= size or not bits:
+                    if not bits:
                         break
                 count = bits - 1
                 match = words[position]
@@ -252,8 +254,6 @@ def decompress_plain(data, size, where="compressed data"):
                             length = words[position]
                             position += 2
                             if length == 0:
-                                if position + 4 > end:
-                                    raise IndexError
                                 length = words[position] | words[position + 2] << 16
                                 position += 4
                             if length < PLAIN_LONG_LENGTH:
@@ -263,23 +263,22 @@ def decompress_plain(data, size, where="compressed data"):
                         length += 15
                     length += 7 + PLAIN_MIN_MATCH
                     if produced + length > size:
+                        if produced >= size:                # past the last token: done
+                            break
                         raise XpressError("%s: a match at output byte 0x%x runs 0x%x bytes past the expected size "
                                           "0x%x" % (where, produced, produced + length - size, size))
                 start = produced - (match >> 3) - 1
-                if start < 0:
+                if 0 <= start <= produced - length:
+                    out += out[start:start + length]
+                elif start < 0:
                     raise XpressError("%s: a match at output byte 0x%x reaches back 0x%x bytes, before the start"
                                       % (where, produced, produced - start))
-                stop = start + length
-                if stop <= produced:
-                    out += out[start:stop]
                 else:                                     # the match repeats its own start
                     out += (out[start:produced] * (length // (produced - start) + 1))[:length]
                 produced += length
-                if produced >= size:
-                    break
     except IndexError:
-        produced = -1
-    if produced < 0 or len(out) < size:
+        pass             # read past the input: an error only if the output is not complete
+    if produced < size or len(out) < size:
         raise XpressError("%s: the compressed data ends at byte 0x%x with %d of %d bytes decoded"
-                          % (where, end, min(len(out), size), size))
+                          % (where, len(data), min(len(out), produced), size))
     return bytes(out[:size]) if len(out) > size else bytes(out)
