@@ -169,7 +169,8 @@ def main(argv=None):
     buffers = compressed_buffers(packed_path)
     output = sum(size for _, size in buffers)
     best = best_time(decompress, buffers, args.repeat)
-    print("XPRESS Huffman decompress: %d buffers, %.1f MB out in %.2f CPU s = %.1f MB/s of output (%.1f MB/s of input), best of %d"
+    print("XPRESS Huffman decompress: %d buffers, %.1f MB out in %.2f CPU s = %.1f MB/s of output "
+          "(%.1f MB/s of input), best of %d"
           % (len(buffers), output / 1e6, best, output / 1e6 / best, sum(len(p) for p, _ in buffers) / 1e6 / best,
              args.repeat))
 

@@ -60,7 +60,8 @@ def lines(result):
         out.append("Header says:      %s" % ", ".join(facts["minidump_fields"]))
     if "physical_pages" in facts:
         out.append("Physical memory:  %d pages (highest PFN 0x%x), page tables at %s"
-                   % (facts["physical_pages"], facts.get("highest_pfn", 0), _address(facts.get("directory_table_base"))))
+                   % (facts["physical_pages"], facts.get("highest_pfn", 0),
+                      _address(facts.get("directory_table_base"))))
     for name, label in (("ps_loaded_module_list", "PsLoadedModuleList"),
                         ("ps_active_process_head", "PsActiveProcessHead")):
         if facts.get(name) is not None:
@@ -84,7 +85,8 @@ def lines(result):
             out.append("  %-10s from %s" % (layout["type"], layout["source"]))
     parts = facts.get("parts")
     if parts:
-        out.append(("Mapped parts (everything else is unreadable):", ["part", "address", "size", "mapped", "file offset"],
+        out.append(("Mapped parts (everything else is unreadable):",
+                    ["part", "address", "size", "mapped", "file offset"],
                     [[p["what"], _address(p["address"]), "0x%x" % p["size"], "0x%x" % p["mapped"],
                       "0x%x" % p["offset"]] for p in parts]))
     elif facts.get("contents"):

@@ -318,8 +318,10 @@ def _summary_dump(ordered_pages, start):
 
 def _old_summary_dump(ordered_pages, start, arch):
     """The DumpType 2 summary header (u32 fields, RTL_BITMAP) + bitmap."""
-    return _bitmap_prologue(old_summary_layout(arch), ordered_pages, start, lambda fixed, first_page, bits: struct.pack_into(
-        "<IIII", fixed, SUMMARY_DUMP_OLD["HeaderSize"], first_page, bits, len(ordered_pages), bits))
+    return _bitmap_prologue(old_summary_layout(arch), ordered_pages, start,
+                            lambda fixed, first_page, bits: struct.pack_into(
+                                "<IIII", fixed, SUMMARY_DUMP_OLD["HeaderSize"], first_page, bits, len(ordered_pages),
+                                bits))
 
 
 def _bitmap_prologue(layout, ordered_pages, start, fill):

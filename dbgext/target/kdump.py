@@ -4,7 +4,9 @@ layouts of new dbgeng (8 = ``.dump /k``, 9 = ``/ka``, 10 = ``/f``).  x86
 (PAGEDUMP, a one-page DUMP_HEADER32): full, summary and bitmap, with PAE or
 non-PAE page tables as the header's PaeEnabled says.  Small memory dumps
 (DumpType 4, x64) hold no physical memory: :mod:`dbgext.target.triage_dump`.
-:func:`open_kernel_dump` picks the backend from the header.
+:func:`open_kernel_dump` picks the backend from the header.  ARM64 dumps
+(MachineImageType 0xAA64, the same header) are refused in one line, in one
+place: :func:`refuse_unsupported_machine`.
 
 The reader is our own: pages are read from the file with positioned reads (see
 :mod:`dbgext.target.dumpfile`: an mmap dies of SIGBUS when the file shrinks) and

@@ -15,12 +15,22 @@ address space:
   Thread.ApcState.Process, sized by KDDEBUGGER_DATA64's SizePrcb, SizeEThread
   and SizeEProcess.
 
-Everything else is unreadable, at byte granularity: pages partly covered are
-served with the uncovered bytes zero-filled and named by ``partial_pages``, which
-the Target honours as it does for minidumps.  Modules come from the driver list and its string
-pool; the bug check and the crashing context from the header.  A part that lies
-outside the file, overlaps another or names a string outside the pool is a
-reported problem; the rest of the dump stays usable.
+The data page, the debugger data and the data blocks are mapped only when the
+header's MiniDumpFields has all of 0xFF and the part's own bit, as Microsoft's
+debugger reads them.  Everything else is unreadable, at byte granularity: pages
+partly covered are served with the uncovered bytes zero-filled and named by
+``partial_pages``, which the Target honours as it does for minidumps.
+
+Modules come from the driver list and its string pool, which holds full paths on
+Windows 10 and 11 (``\\SystemRoot\\System32\\drivers\\amdppm.sys``): a module is
+named as WinDbg names it (``amdppm``; ``nt`` for the kernel) and its image is the
+file name.  The bug check and the crashing context come from the header;
+TriageOptions 0xFFFFFFFF means "all options", not an overflow.  The DumpBlob
+records after SizeOfDump are listed (tag and size).  A part that lies outside the
+file, overlaps another with different bytes (real dumps repeat memory in several
+data blocks) or names a string outside the pool is a reported problem; the rest
+of the dump stays usable.  An ARM64 dump is refused before this backend is built
+(``kdump.refuse_unsupported_machine``).
 """
 
 import struct
@@ -319,7 +329,8 @@ class TriageDumpBackend(ReadsFileMappedRanges, KernelDumpBase):
                 return struct.unpack_from(fmt, table, entry + layout[name])[0]
             base = field("DllBase", "<Q")
             name = self._pool_string(field("DriverNameOffset", "<I"), "driver %d" % index, base)
-            drivers.append({"name": name, "module": debugger_module_name(name), "base": base, "size": field("SizeOfImage", "<I"),
+            drivers.append({"name": name, "module": debugger_module_name(name), "base": base,
+                            "size": field("SizeOfImage", "<I"),
                             "timestamp": field("TimeDateStamp", "<I"), "checksum": field("CheckSum", "<I"),
                             "entry_offset": offset + entry})
         return drivers
