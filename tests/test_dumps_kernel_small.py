@@ -491,3 +491,48 @@ def test_analyses_that_scan_kernel_memory_say_in_one_line_why_they_need_a_bigger
     ("noextension", "noextension")])
 def test_a_module_is_named_by_its_file_name_without_extension_and_the_kernel_is_nt(path, name):
     assert debugger_module_name(path) == name
+
+
+# -- secondary data after SizeOfDump ------------------------------------------------------------------
+
+BLOB_TAG = "54c84888-01d1-4c1e-bed6-282c98241303"
+
+
+def with_secondary_data(tmp_path, path, tail):
+    out = tmp_path / "secondary.dmp"
+    out.write_bytes(open(path, "rb").read() + tail)
+    return str(out)
+
+
+def blob(data, tag=BLOB_TAG, post_pad=0, announced=None):
+    import uuid
+    size = len(data) if announced is None else announced
+    return struct.pack("<I16sIII", 0x20, uuid.UUID(tag).bytes_le, size, 0, post_pad) + data + bytes(post_pad)
+
+
+def test_dumpblob_records_after_size_of_dump_are_listed_with_tag_and_size(written, tmp_path):
+    _, fields, path = written
+    tail = b"DumpBlob" + struct.pack("<II", 0x10, 19041) + blob(b"A" * 0x44, post_pad=4) + blob(b"B" * 0x10)
+    target = dbgext.open(with_secondary_data(tmp_path, path, tail))
+    start = fields["SizeOfDump"] + 0x10
+    assert target.info()["secondary_data"] == [
+        {"tag": BLOB_TAG, "size": 0x44, "offset": start + 0x20},
+        {"tag": BLOB_TAG, "size": 0x10, "offset": start + 0x20 + 0x44 + 4 + 0x20}]
+    assert target.info()["problems"] == []
+    code, text = run(["dumpinfo", "--dump", with_secondary_data(tmp_path, path, tail)])
+    assert "Secondary data after SizeOfDump (2 DumpBlob records, 0x54 bytes of data):" in text
+
+
+def test_a_dumpblob_record_cut_by_the_end_of_the_file_is_a_reported_problem(written, tmp_path):
+    _, _, path = written
+    tail = b"DumpBlob" + struct.pack("<II", 0x10, 19041) + blob(b"A" * 0x10) + blob(b"B" * 8, announced=0x1000)
+    target = dbgext.open(with_secondary_data(tmp_path, path, tail))
+    assert [b["size"] for b in target.info()["secondary_data"]] == [0x10]
+    assert kinds(target) == ["secondary_data_cut"]
+
+
+def test_bytes_after_size_of_dump_that_are_not_dumpblob_records_are_a_note(written, tmp_path):
+    _, _, path = written
+    target = dbgext.open(with_secondary_data(tmp_path, path, b"garbage!" * 4))
+    assert target.info()["secondary_data"] == []
+    assert [(p["kind"], p["severity"]) for p in target.info()["problems"]] == [("secondary_data_unknown", "note")]
