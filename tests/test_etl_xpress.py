@@ -1,5 +1,5 @@
-"""Plain LZ77 XPRESS ([MS-XCA] 2.3-2.4) and LZ77+Huffman ([MS-XCA] 2.2)
-decompression, .etl files whose buffers are stored compressed, how the
+"""Plain LZ77 XPRESS ([MS-XCA] 2.3-2.4), LZ77+Huffman ([MS-XCA] 2.2) and LZNT1
+([MS-XCA] 2.5) decompression, .etl files whose buffers are stored compressed, how the
 algorithm is chosen (the file's header, else the buffer), and the bounds on
 decompression (decompression bombs)."""
 
@@ -18,6 +18,7 @@ from dbgext.errors import BadInput
 from dbgext.etl import EtlReader, EtlWriter, looks_like_etl
 from dbgext.etl import format as fmt
 from dbgext.etl.stackwalk import stack_walk_records
+from dbgext.etl import lznt1
 from dbgext.etl.reader import buffer_algorithm
 from dbgext.etl.xpress import XpressError, decompress, decompress_plain
 
@@ -185,7 +186,7 @@ def test_the_header_buffer_names_the_compression_format():
     assert reader.compression_format == fmt.COMPRESSION_FORMAT_LZNT1
     list(reader.events())
     assert reader.summary.undecodable == reader.summary.buffers - 1
-    assert "LZNT1 is recognised but not decompressed" in reader.summary.note()
+    assert "no LZNT1 chunk signature" in reader.summary.note()   # XPRESS Huffman data read as LZNT1
 
 
 def test_undecodable_buffers_are_one_count_with_one_example():
@@ -393,26 +394,28 @@ def test_mutated_plain_input_raises_only_xpress_errors(data, flips, cut):
 # -- which algorithm, and the bounds ----------------------------------------------------------------
 
 
-def packed_plain(data, bomb=None, announce=True):
+def packed_trace(data, compressor=None, announced=fmt.COMPRESSION_FORMAT_XPRESS, bomb=None):
     """``data`` (uncompressed buffers from EtlWriter) with every buffer but the
-    first stored plain-XPRESS compressed, the header announcing XPRESS (3) when
-    ``announce``; ``bomb``: {buffer index: (compressed payload, SavedOffset)}
-    stored instead of that buffer's own."""
+    first stored compressed by ``compressor`` (default: plain XPRESS), the header
+    announcing the format ``announced`` (None: no announcement); ``bomb``:
+    {buffer index: (compressed payload, SavedOffset)} stored instead of that
+    buffer's own."""
+    compressor = compressor or plain_compress
     buffers, offset = [], 0
     while offset < len(data):
         size = struct.unpack_from("<I", data, offset)[0]
         buffers.append(bytearray(data[offset:offset + size]))
         offset += size
-    if announce:
+    if announced is not None:
         first = buffers[0]
-        struct.pack_into("<I", first, fmt.BUFFER_STATE_OFFSET, fmt.COMPRESSION_FORMAT_XPRESS)
+        struct.pack_into("<I", first, fmt.BUFFER_STATE_OFFSET, announced)
         mode_at = fmt.BUFFER_HEADER_SIZE + 0x20 + fmt.LOGFILE_HEADER_MODE
         struct.pack_into("<I", first, mode_at, struct.unpack_from("<I", first, mode_at)[0]
                          | fmt.EVENT_TRACE_COMPRESSED_MODE)
     out = bytearray(buffers[0])
     for index, buffer in enumerate(buffers[1:], 1):
         used = struct.unpack_from("<I", buffer, 4)[0]
-        packed, saved = (bomb or {}).get(index, (plain_compress(bytes(buffer[fmt.BUFFER_HEADER_SIZE:used])), used))
+        packed, saved = (bomb or {}).get(index, (compressor(bytes(buffer[fmt.BUFFER_HEADER_SIZE:used])), used))
         header = bytearray(buffer[:fmt.BUFFER_HEADER_SIZE])
         disk_size = (fmt.BUFFER_HEADER_SIZE + len(packed) + 7) & ~7
         struct.pack_into("<II", header, 0, disk_size, saved)
@@ -428,7 +431,7 @@ def events_of(data, **options):
 
 def test_a_trace_announcing_plain_xpress_reads_like_the_uncompressed_trace():
     plain = stackwalk_trace(events=300)
-    packed = packed_plain(plain)
+    packed = packed_trace(plain)
     assert EtlReader(packed).compression_format == fmt.COMPRESSION_FORMAT_XPRESS
     events, summary = events_of(packed)
     assert events[1:] == events_of(plain)[0][1:]    # all but the logfile header, whose LogFileMode differs
@@ -437,7 +440,7 @@ def test_a_trace_announcing_plain_xpress_reads_like_the_uncompressed_trace():
 
 def test_without_an_announced_format_each_buffer_decides():
     plain = stackwalk_trace(events=300)
-    for packed, algorithm in ((packed_plain(plain, announce=False), fmt.COMPRESSION_FORMAT_XPRESS),
+    for packed, algorithm in ((packed_trace(plain, announced=None), fmt.COMPRESSION_FORMAT_XPRESS),
                               (compress_etl(plain), fmt.COMPRESSION_FORMAT_XPRESS_HUFF)):
         head = bytearray(packed)
         mode_at = fmt.BUFFER_HEADER_SIZE + 0x20 + fmt.LOGFILE_HEADER_MODE
@@ -459,7 +462,7 @@ def run_of(byte, count):
 def test_a_buffer_past_the_ratio_bound_is_skipped_as_a_bomb_without_decoding():
     plain = stackwalk_trace(events=300)
     stream = run_of(0x41, 0x100000)            # ~13 bytes that would decode to 1 MiB
-    packed = packed_plain(plain, bomb={2: (stream, 0x100000 + fmt.BUFFER_HEADER_SIZE)})
+    packed = packed_trace(plain, bomb={2: (stream, 0x100000 + fmt.BUFFER_HEADER_SIZE)})
     events, summary = events_of(packed)
     assert summary.bombs == 1 and summary.undecodable == 0
     assert "more than %d times" % fmt.MAX_COMPRESSION_RATIO in summary.bomb_example.message
@@ -474,7 +477,7 @@ def test_a_buffer_decoding_to_one_repeated_byte_is_skipped_and_counted():
     plain = stackwalk_trace(events=300)
     bombs = {2: (run_of(0, 0xF00) + bytes(64), 0xF00 + fmt.BUFFER_HEADER_SIZE),
              4: (run_of(0xFF, 0xE00) + bytes(64), 0xE00 + fmt.BUFFER_HEADER_SIZE)}
-    events, summary = events_of(packed_plain(plain, bomb=bombs))
+    events, summary = events_of(packed_trace(plain, bomb=bombs))
     assert summary.bombs == 2
     assert summary.bomb_example.message == "buffer 2: decodes to 3840 copies of byte 0x00"
     assert summary.as_dict()["bomb_buffers"] == 2
@@ -482,9 +485,105 @@ def test_a_buffer_decoding_to_one_repeated_byte_is_skipped_and_counted():
 
 def test_the_per_file_bound_stops_decompression_and_says_so_once():
     plain = stackwalk_trace(events=400)
-    packed = packed_plain(plain)
+    packed = packed_trace(plain)
     events, summary = events_of(packed, max_decompressed=3 * 0x1000)
     assert summary.compressed == 3 and summary.bombs == summary.buffers - 4
     assert "per-file bound" in summary.bomb_example.message
     assert summary.decompressed_bytes <= 3 * 0x1000
     assert summary.note().count("decompression bombs") == 1
+
+
+# -- LZNT1 ([MS-XCA] 2.5) ---------------------------------------------------------------------------
+
+
+def lznt1_compress(data, store=()):
+    """Greedy LZNT1 of ``data``: one chunk per 4 KiB, matches within the chunk
+    (offset and length fields split by the position, as the format says); chunks
+    whose index is in ``store`` are stored uncompressed."""
+    out = bytearray()
+    for index, chunk_start in enumerate(range(0, len(data), lznt1.CHUNK_SIZE)):
+        chunk = data[chunk_start:chunk_start + lznt1.CHUNK_SIZE]
+        if index in store:
+            out += struct.pack("<H", (len(chunk) - 1) | lznt1.SIGNATURE << 12) + chunk
+            continue
+        body, position, last = bytearray(), 0, {}
+        while position < len(chunk):
+            flags_at, flags = len(body), 0
+            body.append(0)
+            for bit in range(8):
+                if position >= len(chunk):
+                    break
+                length_bits = 16 - lznt1.OFFSET_BITS[position] if position else 0
+                key = chunk[position:position + 3]
+                candidate = last.get(key)
+                last[key] = position
+                if position and candidate is not None and len(key) == 3 and \
+                        position - candidate <= 1 << lznt1.OFFSET_BITS[position]:
+                    length = 3
+                    limit = min(len(chunk) - position, (1 << length_bits) + 2)
+                    while length < limit and chunk[candidate + length] == chunk[position + length]:
+                        length += 1
+                    body += struct.pack("<H", (position - candidate - 1) << length_bits | (length - 3))
+                    flags |= 1 << bit
+                    position += length
+                else:
+                    body.append(chunk[position])
+                    position += 1
+            body[flags_at] = flags
+        out += struct.pack("<H", (len(body) + 2 - 3) | lznt1.SIGNATURE << 12 | 0x8000) + body
+    return bytes(out)
+
+
+@pytest.mark.parametrize("size", [1, 17, 0x1000, 0x1001, 0x2800])
+def test_lznt1_round_trips_random_and_repetitive_data(size):
+    rng = random.Random(size)
+    words = [bytes(rng.randrange(256) for _ in range(rng.randint(1, 9))) for _ in range(30)]
+    data = b"".join(rng.choice(words) for _ in range(size))[:size]
+    assert lznt1.decompress(lznt1_compress(data), size) == data
+    assert lznt1.decompress(lznt1_compress(data, store={0, 2}), size) == data
+    assert lznt1.decompress(lznt1_compress(b"z" * size), size) == b"z" * size
+
+
+def test_lznt1_agrees_with_dissect_util():
+    dissect_lznt1 = pytest.importorskip("dissect.util.compression.lznt1",
+                                        reason="dissect.util (a test-only dependency) is not installed")
+    data = b"".join(b"%d:%s;" % (index, b"abc" * (index % 7)) for index in range(2000))
+    packed = lznt1_compress(data)
+    assert dissect_lznt1.decompress(io.BytesIO(packed)) == data == lznt1.decompress(packed, len(data))
+
+
+def test_lznt1_errors_name_the_buffer():
+    packed = lznt1_compress(b"abcabcabcabc" * 100)
+    with pytest.raises(XpressError, match="buffer 3: no LZNT1 chunk signature"):
+        lznt1.decompress(b"\xff\x0f" + packed, 1200, "buffer 3")
+    with pytest.raises(XpressError, match="buffer 3: the LZNT1 chunk at byte 0x0 runs past the input"):
+        lznt1.decompress(packed[:-1], 1200, "buffer 3")
+    with pytest.raises(XpressError, match="buffer 3: the compressed data ends"):
+        lznt1.decompress(packed, 2000, "buffer 3")
+    early = struct.pack("<HBH", 0xB002, 0x01, 0x0010)     # a copy before any byte is out
+    with pytest.raises(XpressError, match="nothing to copy from"):
+        lznt1.decompress(early, 10, "buffer 3")
+
+
+@settings(max_examples=60, deadline=None, database=None)
+@given(data=st.binary(min_size=1, max_size=600), flips=st.lists(st.tuples(st.integers(0, 800), st.integers(0, 255)),
+                                                                 max_size=6))
+def test_mutated_lznt1_input_raises_only_xpress_errors_and_stays_bounded(data, flips):
+    packed = bytearray(lznt1_compress(data))
+    for position, value in flips:
+        packed[position % len(packed)] = value
+    try:
+        out = lznt1.decompress(bytes(packed), len(data), "buffer 1")
+    except XpressError as error:
+        assert "buffer 1" in str(error)
+    else:
+        assert len(out) == len(data)
+
+
+def test_a_trace_announcing_lznt1_is_decompressed():
+    plain = stackwalk_trace(events=200)
+    reader = EtlReader(packed_trace(plain, lznt1_compress, fmt.COMPRESSION_FORMAT_LZNT1))
+    assert reader.compression_format == fmt.COMPRESSION_FORMAT_LZNT1
+    events = [(e.opcode, e.thread_id, e.payload) for e in reader.events()]
+    assert events[1:] == events_of(plain)[0][1:] and reader.summary.note() is None
+    assert reader.summary.compressed == reader.summary.buffers - 1

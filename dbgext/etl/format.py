@@ -38,7 +38,7 @@ BUFFER_STATE_OFFSET = 0x2C
 #    buffer, never compressed) has EVENT_TRACE_COMPRESSED_MODE in its LogFileMode,
 #    and then the first buffer's State low word holds the COMPRESSION_FORMAT_*:
 #    3, plain LZ77 XPRESS, in PerfView's real traces (Windows' own ETW
-#    compression); 4, XPRESS Huffman; 2, LZNT1 (recognised, not decompressed);
+#    compression); 4, XPRESS Huffman; 2, LZNT1;
 # 2. when the header announces no format it knows, the buffer says: a payload
 #    that opens with a 256-byte table of Huffman code lengths forming a complete
 #    prefix code is XPRESS Huffman (a plain XPRESS stream, which opens with a flag

@@ -2,8 +2,8 @@
 
 Only the headers are interpreted (see ``format``); payloads are handed out as bytes.
 Compressed buffers are decompressed on the way (``xpress``: plain LZ77 XPRESS,
-what Windows' ETW compression and so PerfView's traces use, and XPRESS Huffman;
-``format`` says how the algorithm is chosen; LZNT1 is recognised and reported).
+what Windows' ETW compression and so PerfView's traces use, XPRESS Huffman and
+LZNT1 (``lznt1``); ``format`` says how the algorithm is chosen).
 Every decompression is bounded (``format.MAX_COMPRESSION_RATIO`` per buffer,
 ``MAX_DECOMPRESSED_BUFFER`` per buffer, ``max_decompressed`` per file), and a
 buffer that decodes to one repeated byte is skipped as a bomb: such buffers are
@@ -28,7 +28,8 @@ import uuid
 from ..errors import BadInput
 from ..problems import Problem, ProblemLog
 from . import format as fmt
-from .xpress import decoding_table, decompress, decompress_plain, XpressError
+from . import lznt1
+from .xpress import XpressError, decoding_table, decompress, decompress_plain
 
 # LogFileMode in the logfile header event that opens the first buffer.
 _LOGFILE_MODE_OFFSET = fmt.BUFFER_HEADER_SIZE + fmt.SYSTEM_HEADER_SIZES[fmt.SYSTEM64] + fmt.LOGFILE_HEADER_MODE
@@ -171,8 +172,7 @@ class Buffer(object):
         elif algorithm == fmt.COMPRESSION_FORMAT_XPRESS_HUFF:
             payload = decompress(compressed, wanted, where)
         else:
-            raise BadInput("compression format %s is recognised but not decompressed (XPRESS and XPRESS Huffman "
-                           "are)" % fmt.COMPRESSION_FORMAT_NAMES.get(algorithm, algorithm))
+            payload = lznt1.decompress(compressed, wanted, where)
         if payload and not payload.strip(payload[:1]):
             raise DecompressionBomb("decodes to %d copies of byte 0x%02x" % (len(payload), payload[0]))
         buffer = Buffer(self.index, self.file_offset, self.data[:fmt.BUFFER_HEADER_SIZE] + payload)
