@@ -186,19 +186,16 @@ def decompress(data, size, where="compressed data"):
     return bytes(out)
 
 
-def words_at_every_byte(data):
-    """[the little-endian u16 at byte i of ``data`` for every i]: one list index per
-    u16 read instead of two byte reads, built with two array casts."""
+def _u16_arrays(data):
+    """(words at even offsets, words at odd offsets) of ``data``, little-endian:
+    the u16 at byte p is ``arrays[p & 1][p >> 1]``, one C index instead of two
+    byte reads and a shift."""
     count = len(data)
-    words = [0] * count
-    even = array("H", data[:count & ~1])
-    odd = array("H", data[1:1 + ((count - 1) & ~1)] if count > 1 else b"")
+    arrays = (array("H", data[:count & ~1]), array("H", data[1:1 + ((count - 1) & ~1)] if count > 1 else b""))
     if sys.byteorder != "little":
-        even.byteswap()
-        odd.byteswap()
-    words[0:2 * len(even):2] = even
-    words[1:1 + 2 * len(odd):2] = odd
-    return words
+        for words in arrays:
+            words.byteswap()
+    return arrays
 
 
 def decompress_plain(data, size, where="compressed data"):
@@ -213,7 +210,8 @@ def decompress_plain(data, size, where="compressed data"):
     ones) or past the input (the writer sets the unused flag bits, which read as
     matches), and both are harmless once ``size`` bytes are out."""
     data = bytes(data)
-    words = words_at_every_byte(data)
+    end = len(data)
+    even, odd = _u16_arrays(data)
     masks = MASKS
     out = bytearray()
     position = 0
@@ -221,7 +219,9 @@ def decompress_plain(data, size, where="compressed data"):
     nibble_at = 0        # the byte whose high nibble the next length-7 match uses, or 0
     try:
         while produced < size:
-            flags = words[position] | words[position + 2] << 16
+            if position + 4 > end:
+                raise IndexError
+            flags = int.from_bytes(data[position:position + 4], "little")
             position += 4
             count = 32                                    # flag bits left in this word
             while count:
@@ -236,7 +236,7 @@ def decompress_plain(data, size, where="compressed data"):
                     if not bits:
                         break
                 count = bits - 1
-                match = words[position]
+                match = (odd if position & 1 else even)[position >> 1]
                 position += 2
                 length = (match & 7) + PLAIN_MIN_MATCH
                 if length == 7 + PLAIN_MIN_MATCH:
@@ -251,10 +251,12 @@ def decompress_plain(data, size, where="compressed data"):
                         length = data[position]
                         position += 1
                         if length == 255:
-                            length = words[position]
+                            length = data[position] | data[position + 1] << 8
                             position += 2
                             if length == 0:
-                                length = words[position] | words[position + 2] << 16
+                                if position + 4 > end:
+                                    raise IndexError
+                                length = int.from_bytes(data[position:position + 4], "little")
                                 position += 4
                             if length < PLAIN_LONG_LENGTH:
                                 raise XpressError("%s: corrupt match length %d at byte 0x%x"
