@@ -410,6 +410,9 @@ class TriageDumpBackend(ReadsFileMappedRanges, KernelDumpBase):
                 break
             blobs.append({"tag": str(uuid.UUID(bytes_le=tag)), "size": data_size, "offset": data_offset})
             offset = data_offset + data_size + post_pad
+        if len(blobs) == MAX_BLOBS and offset + layout["size"] <= file_size:
+            self.problems.add("secondary_data_cut", None, "the first %d DumpBlob records are listed; the rest, from "
+                              "file offset 0x%x, are not" % (MAX_BLOBS, offset), "note", offset=offset)
         return blobs
 
     def mm_information(self):
