@@ -1,6 +1,12 @@
 """Benchmark of compressed .etl reading (figures printed, nothing asserted).
 
-Builds a ~20 MB trace of 64 KiB buffers (StackWalk walks, key references and
+Plain LZ77 XPRESS first: every compressed buffer of PerfView's real traces
+(../shared/realworld/etl/perfview__net.4.5.2.{x64,x86}.etl, what Windows' ETW
+compression writes) decompressed with ``dbgext.etl.xpress.decompress_plain``
+side by side with dissect.util's ``lzxpress.decompress`` (pure Python, the
+reference the tests compare with) on the same buffers: MB/s of output.
+
+Then XPRESS Huffman: builds a ~20 MB trace of 64 KiB buffers (StackWalk walks, key references and
 definitions with realistic kernel/user frames, plus classic events with text-like
 payloads), stores every buffer but the header compressed with the tests'
 LZ77+Huffman compressor (tests/xpress_support.py; cached under the temp
@@ -13,7 +19,7 @@ directory, it takes a while in pure Python), then measures in one run:
 
 Times are CPU seconds of this process (the machine may be shared).
 
-    python scripts/bench_xpress.py [--megabytes N] [--repeat N]
+    python scripts/bench_xpress.py [--megabytes N] [--repeat N] [--plain-only]
 """
 
 import argparse
@@ -26,13 +32,16 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+sys.path.insert(0, os.path.dirname(HERE))   # this checkout's dbgext, not an installed one
 
 from dbgext.etl import EtlReader, EtlWriter  # noqa: E402
 from dbgext.etl import format as fmt  # noqa: E402
-from dbgext.etl.xpress import decompress  # noqa: E402
+from dbgext.etl.xpress import decompress, decompress_plain  # noqa: E402
 from xpress_support import compress_etl  # noqa: E402
 
 BUFFER_SIZE = 0x10000
+REAL_ETL = os.path.join(os.path.dirname(os.path.dirname(HERE)), "shared", "realworld", "etl")
+REAL_TRACES = ("perfview__net.4.5.2.x64.etl", "perfview__net.4.5.2.x86.etl")
 NT_BASE = 0xFFFFF80000000000
 USER_BASE = 0x00007FF700000000
 
@@ -99,6 +108,40 @@ def compressed_buffers(path):
     return found
 
 
+def best_time(function, buffers, repeat):
+    """The best of ``repeat`` CPU times of ``function(payload, size)`` over ``buffers``."""
+    best = None
+    for _ in range(repeat):
+        started = time.process_time()
+        for payload, size in buffers:
+            function(payload, size)
+        elapsed = time.process_time() - started
+        best = elapsed if best is None else min(best, elapsed)
+    return best
+
+
+def bench_plain(repeat):
+    """Plain XPRESS on the real traces' buffers, dbgext beside dissect.util."""
+    try:
+        from dissect.util.compression import lzxpress
+    except ImportError:
+        lzxpress = None
+    for name in REAL_TRACES:
+        path = os.path.join(REAL_ETL, name)
+        if not os.path.exists(path):
+            print("plain XPRESS: %s is missing" % path)
+            continue
+        buffers = compressed_buffers(path)
+        output = sum(size for _, size in buffers)
+        ours = best_time(decompress_plain, buffers, repeat)
+        line = ("plain XPRESS, %s: %d buffers, %.1f MB out: dbgext %.1f MB/s"
+                % (name, len(buffers), output / 1e6, output / 1e6 / ours))
+        if lzxpress is not None:
+            theirs = best_time(lambda payload, size: lzxpress.decompress(payload), buffers, 1)
+            line += ", dissect.util %.1f MB/s (%.1fx)" % (output / 1e6 / theirs, theirs / ours)
+        print(line + " (CPU time, best of %d)" % repeat)
+
+
 def read_all(path):
     events = 0
     payload = 0
@@ -113,7 +156,11 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--megabytes", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--plain-only", action="store_true", help="only plain XPRESS on the real traces")
     args = parser.parse_args(argv)
+    bench_plain(args.repeat)
+    if args.plain_only:
+        return 0
     plain_path, packed_path = cached_traces(args.megabytes)
     plain_size, packed_size = os.path.getsize(plain_path), os.path.getsize(packed_path)
     print("trace: %.1f MB uncompressed, %.1f MB compressed (%.1fx), %d-byte buffers"
@@ -121,14 +168,9 @@ def main(argv=None):
 
     buffers = compressed_buffers(packed_path)
     output = sum(size for _, size in buffers)
-    best = None
-    for _ in range(args.repeat):
-        started = time.process_time()
-        for payload, size in buffers:
-            decompress(payload, size)
-        elapsed = time.process_time() - started
-        best = elapsed if best is None else min(best, elapsed)
-    print("decompress: %d buffers, %.1f MB out in %.2f CPU s = %.1f MB/s of output (%.1f MB/s of input), best of %d"
+    best = best_time(decompress, buffers, args.repeat)
+    print("XPRESS Huffman decompress: %d buffers, %.1f MB out in %.2f CPU s = %.1f MB/s of output "
+          "(%.1f MB/s of input), best of %d"
           % (len(buffers), output / 1e6, best, output / 1e6 / best, sum(len(p) for p, _ in buffers) / 1e6 / best,
              args.repeat))
 

@@ -12,12 +12,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies
 
 import dbgext
+from dbgext.address import TargetResolver, evaluate
 from dbgext.cli import main
 from dbgext.dumpinfo import analyze
 from dbgext.errors import BadInput, DbgextError
 from dbgext.layouts.dump_formats import (
     DUMP_DRIVER_ENTRY64, DUMP_HEADER64, PAGE_SIZE, TRIAGE_DATA_BLOCK_SIZE, TRIAGE_DUMP64, TRIAGE_OPTION_OVERFLOWED)
-from dbgext.target.kdump import KernelDumpBackend
+from dbgext.target.kdump import KernelDumpBackend, debugger_module_name
 from dbgext.target.triage_dump import TriageDumpBackend
 
 from dumps_support import (
@@ -114,11 +115,34 @@ def test_the_exception_record_comes_from_exception_offset(written, tmp_path):
     assert dbgext.open(changed).info()["exception"]["code"] == 0xC0000005
 
 
-def test_the_overflow_option_is_reported(written, tmp_path):
-    _, _, path = written
+def test_triage_options_all_ones_mean_all_options_not_an_overflow(written):
+    _, fields, path = written
+    assert fields["TriageOptions"] == 0xFFFFFFFF   # what real writers store
     assert dbgext.open(path).info()["triage_overflowed"] is False
-    changed = rewritten(tmp_path, path, {triage_field("TriageOptions"): ("<I", TRIAGE_OPTION_OVERFLOWED)})
+
+
+def test_the_overflow_bit_in_other_triage_options_is_reported(written, tmp_path):
+    _, _, path = written
+    changed = rewritten(tmp_path, path, {triage_field("TriageOptions"): ("<I", TRIAGE_OPTION_OVERFLOWED | 0x3)})
     assert dbgext.open(changed).info()["triage_overflowed"] is True
+    changed = rewritten(tmp_path, path, {triage_field("TriageOptions"): ("<I", 0xFFFFFFFF & ~TRIAGE_OPTION_OVERFLOWED)})
+    assert dbgext.open(changed).info()["triage_overflowed"] is False
+
+
+@pytest.mark.parametrize("cleared, unread", [
+    (0x200, [DATA_PAGE]), (0x800, [KI_PROCESSOR_BLOCK, FAULT_BLOCK]), (0x400, [KDBG_ADDRESS]),
+    (0x01, [DATA_PAGE, KI_PROCESSOR_BLOCK, FAULT_BLOCK, KDBG_ADDRESS])],
+    ids=["data page bit", "data blocks bit", "debugger data bit", "a basic part's bit"])
+def test_mini_dump_fields_gate_the_data_page_debugger_data_and_data_blocks(written, tmp_path, cleared, unread):
+    _, _, path = written
+    fields = struct.unpack_from("<I", open(path, "rb").read(), DUMP_HEADER64["MiniDumpFields"])[0]
+    changed = rewritten(tmp_path, path, {DUMP_HEADER64["MiniDumpFields"]: ("<I", fields & ~cleared)})
+    target = dbgext.open(changed)
+    for address in unread:
+        assert not target.is_readable(address), hex(address)
+    assert target.is_readable(STACK_POINTER)
+    notes = [p for p in target.info()["problems"] if p["kind"] == "triage_part_not_announced"]
+    assert notes and all(p["severity"] == "note" and "lacks 0x%x" % cleared in p["message"] for p in notes)
 
 
 # -- one address space ----------------------------------------------------------------------------
@@ -182,6 +206,17 @@ def test_everything_else_is_unreadable(written):
 # -- drivers, unloaded drivers, Mm -------------------------------------------------------------------
 
 
+def test_the_string_pool_holds_full_paths_with_lengths_in_characters(written):
+    _, fields, path = written
+    data = open(path, "rb").read()
+    length = struct.unpack_from("<I", data, fields["string:0"])[0]
+    text = data[fields["string:0"] + 4:fields["string:0"] + 4 + 2 * length].decode("utf-16-le")
+    assert (length, text) == (33, "\\SystemRoot\\system32\\ntoskrnl.exe")
+    assert [d["name"] for d in dbgext.open(path).info()["drivers"]] == [
+        "\\SystemRoot\\system32\\ntoskrnl.exe", "\\SystemRoot\\System32\\drivers\\mydrv.sys",
+        "\\SystemRoot\\System32\\drivers\\ACPI.sys"]
+
+
 def test_modules_come_from_the_driver_list_and_string_pool(written):
     _, _, path = written
     modules = dbgext.open(path).modules()
@@ -204,7 +239,10 @@ def test_the_broken_driver_is_named(written):
 
 
 def test_unloaded_drivers_keep_their_twelve_character_names(written):
-    _, _, path = written
+    _, fields, path = written
+    data = open(path, "rb").read()
+    entry = fields["UnloadedDriversOffset"] + 8 + 0x38
+    assert struct.unpack_from("<HH", data, entry) == (24, 24)   # Name.Length capped at DriverName's 24 bytes
     assert dbgext.open(path).info()["unloaded_drivers"] == [
         {"name": "oldfilter.sy", "start": 0xFFFFF80013000000, "end": 0xFFFFF80013010000},
         {"name": "averyveryver", "start": 0xFFFFF80014000000, "end": 0xFFFFF80014002000}]
@@ -268,6 +306,18 @@ def test_a_data_block_outside_the_file_is_reported_and_skipped(written, tmp_path
     assert not target.is_readable(KI_PROCESSOR_BLOCK)
 
 
+def test_overlapping_data_blocks_whose_bytes_agree_are_not_a_problem(written, tmp_path):
+    dump, fields, path = written
+    second = fields["DataBlocksOffset"] + TRIAGE_DATA_BLOCK_SIZE
+    first_offset = struct.unpack_from("<I", open(path, "rb").read(), fields["DataBlocksOffset"] + 8)[0]
+    # The second block maps 0x10 of the first block's own file bytes again, at their own address.
+    changed = rewritten(tmp_path, path, {second: ("<Q", KI_PROCESSOR_BLOCK + 0x10),
+                                         second + 8: ("<I", first_offset + 0x10), second + 12: ("<I", 0x10)})
+    target = dbgext.open(changed)
+    assert [p for p in target.info()["problems"] if p["kind"] == "triage_parts_overlap"] == []
+    assert target.read(KI_PROCESSOR_BLOCK, 0x20) == dump.data_blocks[0][1]
+
+
 def test_overlapping_data_blocks_keep_the_first_blocks_bytes(written, tmp_path):
     dump, fields, path = written
     second = fields["DataBlocksOffset"] + TRIAGE_DATA_BLOCK_SIZE
@@ -275,6 +325,7 @@ def test_overlapping_data_blocks_keep_the_first_blocks_bytes(written, tmp_path):
     target = dbgext.open(changed)
     problems = [p for p in target.info()["problems"] if p["kind"] == "triage_parts_overlap"]
     assert [(p["address"], p["severity"]) for p in problems] == [(KI_PROCESSOR_BLOCK + 0x10, "warning")]
+    assert "with different bytes" in problems[0]["message"]
     assert target.read(KI_PROCESSOR_BLOCK, 0x20) == dump.data_blocks[0][1]
     assert target.read(KI_PROCESSOR_BLOCK + 0x20, 0x30) == dump.data_blocks[1][1][0x10:]
 
@@ -295,7 +346,8 @@ def test_a_driver_name_running_past_the_pool_is_cut_and_reported(written, tmp_pa
     changed = rewritten(tmp_path, path, {last: ("<I", 0x7000)})
     target = dbgext.open(changed)
     assert target.modules()[2].image == "ACPI.sys"  # the NUL still ends it
-    changed = rewritten(tmp_path, path, {last: ("<I", 0x7000), last + 4 + 16: ("<H", 0x41)})
+    nul = last + 4 + 2 * struct.unpack_from("<I", open(path, "rb").read(), last)[0]
+    changed = rewritten(tmp_path, path, {last: ("<I", 0x7000), nul: ("<H", 0x41)})
     target = dbgext.open(changed)
     assert target.modules()[2].image.startswith("ACPI.sys")
     assert "driver_name_outside_pool" in kinds(target)
@@ -353,6 +405,15 @@ def test_lm_lists_the_driver_list(written):
     code, text = run(["lm", "--dump", path, "--json"])
     assert code == 0
     assert [m["name"] for m in json.loads(text)["modules"]] == ["nt", "mydrv", "ACPI"]
+
+
+def test_module_names_work_in_the_address_grammar(written):
+    _, _, path = written
+    code, text = run(["lm", "m", "acpi", "--dump", path])
+    assert code == 0 and "ACPI" in text and "mydrv" not in text
+    target = dbgext.open(path)
+    assert evaluate("mydrv+0x1234", TargetResolver(target)) == DRIVER_BASE + 0x1234
+    assert evaluate("nt", TargetResolver(target)) == NT_BASE
 
 
 def test_dps_reads_the_stack_at_rsp(written):
@@ -421,3 +482,57 @@ def test_analyses_that_scan_kernel_memory_say_in_one_line_why_they_need_a_bigger
     assert text.startswith("error: %s needs a kernel, full or active memory dump: a small memory dump holds only"
                            % what)
     assert len(text.strip().split("\n")) == 1
+
+
+@pytest.mark.parametrize("path, name", [
+    ("\\SystemRoot\\system32\\ntoskrnl.exe", "nt"), ("\\SystemRoot\\system32\\ntkrnlmp.exe", "nt"),
+    ("ntkrnlpa.exe", "nt"), ("ntkrpamp.exe", "nt"), ("\\SystemRoot\\System32\\drivers\\amdppm.sys", "amdppm"),
+    ("\\??\\C:\\Windows\\system32\\drivers\\AsIO2.sys", "AsIO2"), ("\\SystemRoot\\system32\\hal.dll", "hal"),
+    ("noextension", "noextension")])
+def test_a_module_is_named_by_its_file_name_without_extension_and_the_kernel_is_nt(path, name):
+    assert debugger_module_name(path) == name
+
+
+# -- secondary data after SizeOfDump ------------------------------------------------------------------
+
+BLOB_TAG = "54c84888-01d1-4c1e-bed6-282c98241303"
+
+
+def with_secondary_data(tmp_path, path, tail):
+    out = tmp_path / "secondary.dmp"
+    out.write_bytes(open(path, "rb").read() + tail)
+    return str(out)
+
+
+def blob(data, tag=BLOB_TAG, post_pad=0, announced=None):
+    import uuid
+    size = len(data) if announced is None else announced
+    return struct.pack("<I16sIII", 0x20, uuid.UUID(tag).bytes_le, size, 0, post_pad) + data + bytes(post_pad)
+
+
+def test_dumpblob_records_after_size_of_dump_are_listed_with_tag_and_size(written, tmp_path):
+    _, fields, path = written
+    tail = b"DumpBlob" + struct.pack("<II", 0x10, 19041) + blob(b"A" * 0x44, post_pad=4) + blob(b"B" * 0x10)
+    target = dbgext.open(with_secondary_data(tmp_path, path, tail))
+    start = fields["SizeOfDump"] + 0x10
+    assert target.info()["secondary_data"] == [
+        {"tag": BLOB_TAG, "size": 0x44, "offset": start + 0x20},
+        {"tag": BLOB_TAG, "size": 0x10, "offset": start + 0x20 + 0x44 + 4 + 0x20}]
+    assert target.info()["problems"] == []
+    code, text = run(["dumpinfo", "--dump", with_secondary_data(tmp_path, path, tail)])
+    assert "Secondary data after SizeOfDump (2 DumpBlob records, 0x54 bytes of data):" in text
+
+
+def test_a_dumpblob_record_cut_by_the_end_of_the_file_is_a_reported_problem(written, tmp_path):
+    _, _, path = written
+    tail = b"DumpBlob" + struct.pack("<II", 0x10, 19041) + blob(b"A" * 0x10) + blob(b"B" * 8, announced=0x1000)
+    target = dbgext.open(with_secondary_data(tmp_path, path, tail))
+    assert [b["size"] for b in target.info()["secondary_data"]] == [0x10]
+    assert kinds(target) == ["secondary_data_cut"]
+
+
+def test_bytes_after_size_of_dump_that_are_not_dumpblob_records_are_a_note(written, tmp_path):
+    _, _, path = written
+    target = dbgext.open(with_secondary_data(tmp_path, path, b"garbage!" * 4))
+    assert target.info()["secondary_data"] == []
+    assert [(p["kind"], p["severity"]) for p in target.info()["problems"]] == [("secondary_data_unknown", "note")]

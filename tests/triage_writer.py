@@ -10,13 +10,19 @@ its file offset as well as through the reader.
 lays them out after the DUMP_HEADER64 and the TRIAGE_DUMP64, each 8-byte
 aligned, the string pool after the driver list, and the ``DGRT`` marker last.
 It returns the file offsets it chose, so tests can corrupt exactly one field.
+
+It writes what real Windows 10/11 small dumps hold (checked against
+../shared/realworld/kernel/rizin__triage_x64.dmp): DUMP_STRING lengths in
+characters, full paths in the string pool (``\\SystemRoot\\system32\\ntoskrnl.exe``),
+unloaded-driver names whose Length is capped at the 24 bytes of DriverName, and
+TriageOptions 0xFFFFFFFF ("all options").
 """
 
 import struct
 
 from dbgext.layouts.dump_formats import (
     CONTEXT_AMD64, DUMP_DRIVER_ENTRY64, DUMP_MM_STORAGE64, DUMP_TYPE_TRIAGE, DUMP_UNLOADED_DRIVERS64,
-    MINIDUMP_FIELDS, TRIAGE_DATA_BLOCK, TRIAGE_DUMP64, TRIAGE_FORMAT, TRIAGE_VALID)
+    MINIDUMP_FIELDS, TRIAGE_DATA_BLOCK, TRIAGE_DUMP64, TRIAGE_FORMAT, TRIAGE_OPTIONS_ALL, TRIAGE_VALID)
 from dbgext.sample.kdump_writer import KernelDumpHeader, dump_header, exception_record, pack_context
 
 FIELD_BITS = dict((name, bit) for bit, name in MINIDUMP_FIELDS)
@@ -31,13 +37,13 @@ class SmallDump(object):
         self.stack = None            # (TopOfStack = the stack pointer, bytes from it upward)
         self.data_page = None        # (address, bytes)
         self.data_blocks = []        # [(address, bytes)]
-        self.drivers = []            # [(file name, base, size, TimeDateStamp, CheckSum)]
+        self.drivers = []            # [(file name or path, base, size, TimeDateStamp, CheckSum)]
         self.unloaded_drivers = []   # [(name, start, end)]
         self.mm = None               # {DUMP_MM_STORAGE64 field: value}
         self.prcb = self.thread = self.process = None   # structure copies (bytes)
         self.debugger_data = None    # KDDEBUGGER_DATA64 bytes (kdump_writer.pack_debugger_data)
         self.broken_driver = None    # index into drivers
-        self.triage_options = 0
+        self.triage_options = TRIAGE_OPTIONS_ALL
         self.service_pack_build = 0
 
     def write(self, path):
@@ -79,8 +85,9 @@ class SmallDump(object):
             list_offset = place(bytes(layout["size"] * len(self.drivers)), "driver_list")
             pool_offset = place(b"")
             for index, (name, _, _, _, _) in enumerate(self.drivers):
-                text = name.encode("utf-16-le")
-                strings["string:%d" % index] = place(struct.pack("<I", len(text)) + text + b"\0\0")
+                stored = driver_path(name)
+                strings["string:%d" % index] = place(struct.pack("<I", len(stored)) + stored.encode("utf-16-le")
+                                                     + b"\0\0")
             for index, (name, dll_base, size, timestamp, checksum) in enumerate(self.drivers):
                 entry = list_offset - base + index * layout["size"]
                 struct.pack_into("<I", out, entry + layout["DriverNameOffset"], strings["string:%d" % index])
@@ -123,15 +130,23 @@ class SmallDump(object):
         return fields
 
 
+def driver_path(name):
+    """The path the kernel stores for a driver: a bare file name goes where
+    Windows keeps it (the kernel and its DLLs in system32, drivers in drivers)."""
+    if "\\" in name:
+        return name
+    folder = "\\SystemRoot\\System32\\drivers\\" if name.lower().endswith(".sys") else "\\SystemRoot\\system32\\"
+    return folder + name
+
+
 def _unloaded(entries):
     layout = DUMP_UNLOADED_DRIVERS64
     out = bytearray(layout["Entries"] + layout["size"] * len(entries))
     struct.pack_into("<I", out, 0, len(entries))
     for index, (name, start, end) in enumerate(entries):
         entry = layout["Entries"] + index * layout["size"]
-        text = name.encode("utf-16-le")
-        struct.pack_into("<HHxxxxQ", out, entry + layout["Name"], len(text), len(text), 0)
-        short = text[:2 * layout["DriverNameChars"]]
+        short = name.encode("utf-16-le")[:2 * layout["DriverNameChars"]]
+        struct.pack_into("<HHxxxxQ", out, entry + layout["Name"], len(short), len(short), 0)
         out[entry + layout["DriverName"]:entry + layout["DriverName"] + len(short)] = short
         struct.pack_into("<QQ", out, entry + layout["StartAddress"], start, end)
     return bytes(out)

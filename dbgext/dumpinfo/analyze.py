@@ -17,7 +17,9 @@ def analyze(target):
     facts = dict(target.info())
     problems = ProblemLog(Problem.from_dict(p) for p in facts.get("problems") or () if isinstance(p, dict))
     layouts = [layout_source(target, name) for name in KERNEL_TYPES] if facts.get("mode") == "kernel" else []
-    return DumpInfoResult(facts, layouts, filetime_iso(facts.get("system_time")), problems.finish())
+    moment = (filetime_iso(facts.get("system_time")) if "system_time" in facts
+              else unix_time_iso(facts.get("time_date_stamp")))
+    return DumpInfoResult(facts, layouts, moment, problems.finish())
 
 
 def layout_source(target, type_name):
@@ -29,6 +31,14 @@ def layout_source(target, type_name):
     if hints:
         return {"type": type_name, "source": "KDDEBUGGER_DATA64", "fields": sorted(hints["fields"])}
     return {"type": type_name, "source": "built-in tables (by build)", "fields": None}
+
+
+def unix_time_iso(value):
+    """A minidump header's TimeDateStamp (seconds since 1970) in ISO 8601, or None."""
+    if not value:
+        return None
+    moment = datetime.datetime(1970, 1, 1) + datetime.timedelta(seconds=value)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def filetime_iso(value):

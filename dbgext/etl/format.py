@@ -31,17 +31,31 @@ BUFFER_FLAG_COMPRESSED = 0x40        # ETW_BUFFER_FLAG_COMPRESSED in BufferFlag 
 BUFFER_STATE_OFFSET = 0x2C
 
 # A compressed buffer keeps its 0x48-byte header uncompressed; BufferSize is then
-# its size on disk and SavedOffset its decompressed size (header included).  The
-# file says so in the logfile header (the first event of the first buffer, never
-# compressed): EVENT_TRACE_COMPRESSED_MODE in its LogFileMode, and the first
-# buffer's State then holds the format (COMPRESSION_FORMAT_*) in its low word.
+# its size on disk and SavedOffset its decompressed size (header included).
+#
+# Which algorithm decompresses a buffer (``compression_algorithm``):
+# 1. the file's header says: the logfile header (the first event of the first
+#    buffer, never compressed) has EVENT_TRACE_COMPRESSED_MODE in its LogFileMode,
+#    and then the first buffer's State low word holds the COMPRESSION_FORMAT_*:
+#    3, plain LZ77 XPRESS, in PerfView's real traces (Windows' own ETW
+#    compression); 4, XPRESS Huffman; 2, LZNT1;
+# 2. when the header announces no format it knows, the buffer says: a payload
+#    that opens with a 256-byte table of Huffman code lengths forming a complete
+#    prefix code is XPRESS Huffman (a plain XPRESS stream, which opens with a flag
+#    word and literals, practically never does), anything else plain XPRESS.
 LOGFILE_HEADER_MODE = 0x20            # TRACE_LOGFILE_HEADER.LogFileMode, from the payload
 EVENT_TRACE_COMPRESSED_MODE = 0x04000000
 COMPRESSION_FORMAT_LZNT1 = 2
-COMPRESSION_FORMAT_XPRESS = 3
-COMPRESSION_FORMAT_XPRESS_HUFF = 4    # what xperf and PerfView write
+COMPRESSION_FORMAT_XPRESS = 3         # Windows' ETW compression; PerfView's traces
+COMPRESSION_FORMAT_XPRESS_HUFF = 4
 COMPRESSION_FORMAT_NAMES = {COMPRESSION_FORMAT_LZNT1: "LZNT1", COMPRESSION_FORMAT_XPRESS: "XPRESS",
                             COMPRESSION_FORMAT_XPRESS_HUFF: "XPRESS Huffman"}
+
+# Bounds on decompression (a "bomb" is a buffer built to decode to far more than
+# it holds).  Real PerfView buffers decode to at most 14 times their size.
+MAX_COMPRESSION_RATIO = 256            # decoded payload <= this x the compressed payload
+MAX_DECOMPRESSED_BUFFER = 16 * 1024 * 1024
+MAX_DECOMPRESSED_FILE = 4 * 1024 * 1024 * 1024
 
 MARKER_FLAGS = 0xC0  # TRACE_HEADER_FLAG | TRACE_HEADER_EVENT_TRACE, the top byte
 

@@ -1,11 +1,16 @@
 """Read .etl files: buffers, then events with their provider, opcode and payload.
 
 Only the headers are interpreted (see ``format``); payloads are handed out as bytes.
-Compressed buffers (LZ77+Huffman, what xperf and PerfView write) are decompressed
-on the way (``xpress``).  Damage is reported, not raised: a buffer whose size is
-impossible ends the file walk, an event whose header is unknown or whose size
-runs past the buffer ends that buffer, and a buffer that cannot be decoded is
-skipped.  What was read and what was not is in ``EtlReader.summary`` (a
+Compressed buffers are decompressed on the way (``xpress``: plain LZ77 XPRESS,
+what Windows' ETW compression and so PerfView's traces use, XPRESS Huffman and
+LZNT1 (``lznt1``); ``format`` says how the algorithm is chosen).
+Every decompression is bounded (``format.MAX_COMPRESSION_RATIO`` per buffer,
+``MAX_DECOMPRESSED_BUFFER`` per buffer, ``max_decompressed`` per file), and a
+buffer that decodes to one repeated byte is skipped as a bomb: such buffers are
+counted, never decoded past the bounds.  Damage is reported, not raised: a
+buffer whose size is impossible ends the file walk, an event whose header is
+unknown or whose size runs past the buffer ends that buffer, and a buffer that
+cannot be decoded is skipped.  What was read and what was not is in ``EtlReader.summary`` (a
 :class:`ReadSummary`): commands show its one-line ``note()`` and put its
 ``as_dict()`` in their JSON, so skipped buffers are a count with one example,
 never one line per buffer and never silence.
@@ -23,7 +28,8 @@ import uuid
 from ..errors import BadInput
 from ..problems import Problem, ProblemLog
 from . import format as fmt
-from .xpress import decompress
+from . import lznt1
+from .xpress import XpressError, decoding_table, decompress, decompress_plain
 
 # LogFileMode in the logfile header event that opens the first buffer.
 _LOGFILE_MODE_OFFSET = fmt.BUFFER_HEADER_SIZE + fmt.SYSTEM_HEADER_SIZES[fmt.SYSTEM64] + fmt.LOGFILE_HEADER_MODE
@@ -34,10 +40,12 @@ class ReadSummary(object):
 
     Commands show ``note()`` (one line, or None when nothing was skipped) and put
     ``as_dict()`` in their JSON: ``{"buffers", "compressed_buffers",
-    "undecodable_buffers", "undecodable_example": problem or null, "problems":
-    [problem]}``, where the skipped buffers appear in ``problems`` once, as one
-    ``etl_buffers_undecodable`` problem carrying the count and the example.  A
-    caller that stops reading early calls ``finish()`` before using them."""
+    "undecodable_buffers", "undecodable_example": problem or null,
+    "bomb_buffers", "bomb_example": problem or null, "decompressed_bytes",
+    "problems": [problem]}``, where the skipped buffers appear in ``problems``
+    once per kind (``etl_buffers_undecodable``, ``etl_decompression_bombs``)
+    carrying the count and the example.  A caller that stops reading early calls
+    ``finish()`` before using them."""
 
     def __init__(self, path):
         self.path = path
@@ -45,6 +53,9 @@ class ReadSummary(object):
         self.compressed = 0           # compressed buffers decoded
         self.undecodable = 0          # buffers skipped because they could not be decoded
         self.example = None           # the first of those, as a Problem
+        self.bombs = 0                # buffers skipped by the decompression bounds
+        self.bomb_example = None
+        self.decompressed_bytes = 0   # output of every decompression so far (the per-file bound)
         self.problems = ProblemLog()  # damage: truncation, impossible sizes, corrupt events
         self._finished = False
 
@@ -54,20 +65,35 @@ class ReadSummary(object):
             self.example = Problem("etl_buffer_undecodable", offset=buffer.file_offset,
                                    message="buffer %d: %s" % (buffer.index, why))
 
+    def skip_bomb(self, buffer, why):
+        self.bombs += 1
+        if self.bomb_example is None:
+            self.bomb_example = Problem("etl_decompression_bomb", offset=buffer.file_offset,
+                                        message="buffer %d: %s" % (buffer.index, why))
+
+    def _undecodable_note(self):
+        return ("%d of %d buffers could not be decoded and were skipped (first: %s at offset 0x%x)"
+                % (self.undecodable, self.buffers, self.example.message, self.example.offset))
+
+    def _bomb_note(self):
+        return ("%d of %d compressed buffers were skipped as decompression bombs (first: %s at offset 0x%x)"
+                % (self.bombs, self.buffers, self.bomb_example.message, self.bomb_example.offset))
+
     def note(self):
         """One line about the skipped buffers, or None when every buffer was read."""
-        if not self.undecodable:
-            return None
-        return ("%s: %d of %d buffers could not be decoded and were skipped (first: %s at offset 0x%x)"
-                % (self.path, self.undecodable, self.buffers, self.example.message, self.example.offset))
+        parts = ([self._undecodable_note()] if self.undecodable else []) + ([self._bomb_note()] if self.bombs else [])
+        return "%s: %s" % (self.path, "; ".join(parts)) if parts else None
 
     def finish(self):
-        """Add the skipped buffers to ``problems`` as one problem (once); returns self."""
+        """Add the skipped buffers to ``problems``, one problem per kind (once); returns self."""
         if not self._finished:
             self._finished = True
             if self.undecodable:
                 self.problems.append(Problem("etl_buffers_undecodable", offset=self.example.offset,
-                                             message=self.note()))
+                                             message="%s: %s" % (self.path, self._undecodable_note())))
+            if self.bombs:
+                self.problems.append(Problem("etl_decompression_bombs", offset=self.bomb_example.offset,
+                                             message="%s: %s" % (self.path, self._bomb_note())))
             self.problems.finish()
         return self
 
@@ -75,7 +101,27 @@ class ReadSummary(object):
         return {"buffers": self.buffers, "compressed_buffers": self.compressed,
                 "undecodable_buffers": self.undecodable,
                 "undecodable_example": self.example.as_dict() if self.example else None,
+                "bomb_buffers": self.bombs,
+                "bomb_example": self.bomb_example.as_dict() if self.bomb_example else None,
+                "decompressed_bytes": self.decompressed_bytes,
                 "problems": self.problems.as_list()}
+
+
+class DecompressionBomb(BadInput):
+    """A buffer the decompression bounds refuse (the message says which bound)."""
+
+
+def buffer_algorithm(payload):
+    """The COMPRESSION_FORMAT_* of a compressed payload whose file announces none
+    (``format``, rule 2): XPRESS Huffman when it opens with a complete Huffman
+    code-length table, else plain XPRESS."""
+    if len(payload) > 256:
+        try:
+            decoding_table(payload[:256])
+            return fmt.COMPRESSION_FORMAT_XPRESS_HUFF
+        except XpressError:
+            pass
+    return fmt.COMPRESSION_FORMAT_XPRESS
 
 
 class Buffer(object):
@@ -99,17 +145,36 @@ class Buffer(object):
     def compressed(self):
         return bool(self.flags & fmt.BUFFER_FLAG_COMPRESSED)
 
-    def decompressed(self, compression_format):
+    def decompressed(self, compression_format, budget=fmt.MAX_DECOMPRESSED_FILE):
         """This buffer with its payload decompressed (``used`` = SavedOffset), or
-        XpressError/BadInput saying why it cannot be."""
-        if compression_format != fmt.COMPRESSION_FORMAT_XPRESS_HUFF:
-            raise BadInput("compression format %s is not supported (only XPRESS Huffman is)"
-                           % fmt.COMPRESSION_FORMAT_NAMES.get(compression_format, compression_format))
+        XpressError/BadInput saying why it cannot be, or DecompressionBomb when
+        the bounds refuse it: more than MAX_COMPRESSION_RATIO times the
+        compressed payload, more than MAX_DECOMPRESSED_BUFFER or ``budget`` (what
+        the file may still decompress to), or one repeated byte.
+        ``compression_format`` is the file's announced format, or None (then
+        the buffer decides: ``buffer_algorithm``)."""
         size = self.saved_offset
         if not fmt.BUFFER_HEADER_SIZE <= size <= fmt.MAX_BUFFER_SIZE:
             raise BadInput("impossible decompressed size %d (SavedOffset)" % size)
-        payload = decompress(self.data[fmt.BUFFER_HEADER_SIZE:], size - fmt.BUFFER_HEADER_SIZE,
-                             "buffer %d at offset 0x%x" % (self.index, self.file_offset))
+        compressed = self.data[fmt.BUFFER_HEADER_SIZE:]
+        wanted = size - fmt.BUFFER_HEADER_SIZE
+        if wanted > fmt.MAX_COMPRESSION_RATIO * max(len(compressed), 1):
+            raise DecompressionBomb("%d bytes would decode to %d (more than %d times)"
+                                    % (len(compressed), wanted, fmt.MAX_COMPRESSION_RATIO))
+        if wanted > min(fmt.MAX_DECOMPRESSED_BUFFER, budget):
+            raise DecompressionBomb("would decode to %d bytes, past the %s bound of %d"
+                                    % (wanted, "per-buffer" if wanted > fmt.MAX_DECOMPRESSED_BUFFER else "per-file",
+                                       min(fmt.MAX_DECOMPRESSED_BUFFER, budget)))
+        algorithm = compression_format if compression_format is not None else buffer_algorithm(compressed)
+        where = "buffer %d at offset 0x%x" % (self.index, self.file_offset)
+        if algorithm == fmt.COMPRESSION_FORMAT_XPRESS:
+            payload = decompress_plain(compressed, wanted, where)
+        elif algorithm == fmt.COMPRESSION_FORMAT_XPRESS_HUFF:
+            payload = decompress(compressed, wanted, where)
+        else:
+            payload = lznt1.decompress(compressed, wanted, where)
+        if payload and not payload.strip(payload[:1]):
+            raise DecompressionBomb("decodes to %d copies of byte 0x%02x" % (len(payload), payload[0]))
         buffer = Buffer(self.index, self.file_offset, self.data[:fmt.BUFFER_HEADER_SIZE] + payload)
         buffer.size = buffer.used = size
         return buffer
@@ -189,7 +254,7 @@ class EtlReader(object):
     ``summary`` says what was read and skipped.  A context manager: leaving it
     closes the file."""
 
-    def __init__(self, source, max_buffers=1000000):
+    def __init__(self, source, max_buffers=1000000, max_decompressed=fmt.MAX_DECOMPRESSED_FILE):
         if isinstance(source, (bytes, bytearray)):
             self._file = _MemoryBytes(source)
             self.path = "<bytes>"
@@ -197,6 +262,7 @@ class EtlReader(object):
             self._file = _FileBytes(source)
             self.path = source
         self.max_buffers = max_buffers
+        self.max_decompressed = max_decompressed
         self.summary = ReadSummary(self.path)
         head = self._file.read(0, _LOGFILE_MODE_OFFSET + 4)
         try:
@@ -222,13 +288,15 @@ class EtlReader(object):
 
     @staticmethod
     def _compression_format(head):
-        """The COMPRESSION_FORMAT_* the logfile header announces; XPRESS Huffman
-        (what every known writer uses) when it announces none."""
+        """The COMPRESSION_FORMAT_* the logfile header announces (``format``, rule
+        1), or None when it announces none it knows: each buffer decides then."""
         if fmt.looks_like_etl(head) and len(head) >= _LOGFILE_MODE_OFFSET + 4:
             mode = struct.unpack_from("<I", head, _LOGFILE_MODE_OFFSET)[0]
             if mode & fmt.EVENT_TRACE_COMPRESSED_MODE:
-                return struct.unpack_from("<H", head, fmt.BUFFER_STATE_OFFSET)[0]
-        return fmt.COMPRESSION_FORMAT_XPRESS_HUFF
+                announced = struct.unpack_from("<H", head, fmt.BUFFER_STATE_OFFSET)[0]
+                if announced in fmt.COMPRESSION_FORMAT_NAMES:
+                    return announced
+        return None
 
     def buffers(self):
         """The file's buffers as stored (compressed ones still compressed)."""
@@ -265,15 +333,27 @@ class EtlReader(object):
                                   message="%s changed while being read: the buffer at offset 0x%x is no longer "
                                   "in the file" % (self.path, offset))
 
-    def events(self):
+    def decoded_buffers(self):
+        """The file's buffers with compressed ones decompressed (within the bounds);
+        those that cannot be are counted in ``summary`` and left out."""
+        summary = self.summary
         for buffer in self.buffers():
             if buffer.compressed:
                 try:
-                    buffer = buffer.decompressed(self.compression_format)
-                except BadInput as error:
-                    self.summary.skip_buffer(buffer, str(error))
+                    buffer = buffer.decompressed(self.compression_format,
+                                                 self.max_decompressed - summary.decompressed_bytes)
+                except DecompressionBomb as error:
+                    summary.skip_bomb(buffer, str(error))
                     continue
-                self.summary.compressed += 1
+                except BadInput as error:
+                    summary.skip_buffer(buffer, str(error))
+                    continue
+                summary.compressed += 1
+                summary.decompressed_bytes += buffer.size - fmt.BUFFER_HEADER_SIZE
+            yield buffer
+
+    def events(self):
+        for buffer in self.decoded_buffers():
             for event in self._buffer_events(buffer):
                 yield event
 

@@ -1,6 +1,18 @@
-"""LZ77+Huffman ("XPRESS Huffman", COMPRESSION_FORMAT_XPRESS_HUFF) decompression,
-as [MS-XCA] section 2.2 specifies it; what compressed .etl buffers hold.
+"""The two XPRESS decompressions of compressed .etl buffers, as [MS-XCA] specifies
+them: plain LZ77 ("XPRESS", COMPRESSION_FORMAT_XPRESS, sections 2.3-2.4: what
+Windows' own ETW compression and so PerfView's traces hold) in
+:func:`decompress_plain`, and LZ77+Huffman ("XPRESS Huffman",
+COMPRESSION_FORMAT_XPRESS_HUFF, section 2.2) in :func:`decompress`.
 
+Plain XPRESS: 32-bit little-endian flag words, read from the most significant
+bit; a 0 bit is a literal byte, a 1 bit a match: a u16 whose low 3 bits are the
+length - 3 and whose high 13 bits the offset - 1.  Length 7 continues in a
+nibble (two matches share one byte: the low nibble first, the high nibble at the
+next such match), 15 in a byte, 255 in a u16 and, when that is 0, a u32.  The
+decoder copies each run of literals between two flag bits as one slice, and
+each match as one slice (a repeated pattern when it overlaps itself).
+
+XPRESS Huffman:
 The stream is a run of blocks, one per 64 KiB of output.  Each block starts with
 256 bytes holding the 4-bit code lengths of 512 symbols (low nibble = even
 symbol); canonical Huffman codes follow from the lengths alone.  Then comes a
@@ -11,7 +23,7 @@ the length - 3 (15 = the length follows in the byte stream: one byte, or 0xFF
 then a u16, or 0xFF, 0x0000 then a u32), the high nibble the bit length of the
 offset, whose top bit is implied.
 
-Speed: one lookup per symbol in a 2^15-entry table (symbol << 4 | code length),
+Speed of XPRESS Huffman: one lookup per symbol in a 2^15-entry table (symbol << 4 | code length),
 a bit buffer refilled seven words at a time from byte-swapped copies of the
 input, literals appended and matches copied as slices.
 ``scripts/bench_xpress.py`` measures it.
@@ -31,6 +43,8 @@ REFILL_BYTES = 14                    # 7 words per refill (measured: fewer refil
 REFILL_BITS = 8 * REFILL_BYTES
 SYMBOL_AND_OFFSET_BITS = 31          # a code (<= 15 bits) then its offset bits (<= 15), plus one
 MASKS = [(1 << n) - 1 for n in range(REFILL_BITS + SYMBOL_AND_OFFSET_BITS)]
+PLAIN_MIN_MATCH = 3
+PLAIN_LONG_LENGTH = 15 + 7           # what a u16/u32 length counts beyond the 3-bit and nibble steps
 
 
 class XpressError(BadInput):
@@ -170,3 +184,103 @@ def decompress(data, size, where="compressed data"):
         raise XpressError("%s: the compressed data ends at byte 0x%x with %d of %d bytes decoded"
                           % (where, end, produced, size))
     return bytes(out)
+
+
+def _u16_arrays(data):
+    """(words at even offsets, words at odd offsets) of ``data``, little-endian:
+    the u16 at byte p is ``arrays[p & 1][p >> 1]``, one C index instead of two
+    byte reads and a shift."""
+    count = len(data)
+    arrays = (array("H", data[:count & ~1]), array("H", data[1:1 + ((count - 1) & ~1)] if count > 1 else b""))
+    if sys.byteorder != "little":
+        for words in arrays:
+            words.byteswap()
+    return arrays
+
+
+def decompress_plain(data, size, where="compressed data"):
+    """The ``size`` bytes that ``data`` (bytes-like, plain LZ77 XPRESS) decodes to.
+
+    Raises :class:`XpressError` naming ``where`` when the data is corrupt: input
+    that ends before the output is complete, a match reaching before the start
+    or a long match running past ``size``.
+
+    The end is checked once per flag word, not per token: the tokens after the
+    last one of a flag word may run a few bytes past ``size`` (at most 32 short
+    ones) or past the input (the writer sets the unused flag bits, which read as
+    matches), and both are harmless once ``size`` bytes are out."""
+    data = bytes(data)
+    end = len(data)
+    even, odd = _u16_arrays(data)
+    masks = MASKS
+    out = bytearray()
+    position = 0
+    produced = 0
+    nibble_at = 0        # the byte whose high nibble the next length-7 match uses, or 0
+    try:
+        while produced < size:
+            if position + 4 > end:
+                raise IndexError
+            flags = int.from_bytes(data[position:position + 4], "little")
+            position += 4
+            count = 32                                    # flag bits left in this word
+            while count:
+                bits = (flags & masks[count]).bit_length()   # the next match is flag bit ``bits - 1``
+                if bits != count:
+                    # A run of literals, copied at once; a run cut by the end of the
+                    # input comes up short, which the check after the loop sees.
+                    take = count - bits
+                    out += data[position:position + take]
+                    position += take
+                    produced += take
+                    if not bits:
+                        break
+                count = bits - 1
+                match = (odd if position & 1 else even)[position >> 1]
+                position += 2
+                length = (match & 7) + PLAIN_MIN_MATCH
+                if length == 7 + PLAIN_MIN_MATCH:
+                    if nibble_at:
+                        length = data[nibble_at] >> 4
+                        nibble_at = 0
+                    else:
+                        nibble_at = position
+                        length = data[position] & 15
+                        position += 1
+                    if length == 15:
+                        length = data[position]
+                        position += 1
+                        if length == 255:
+                            length = data[position] | data[position + 1] << 8
+                            position += 2
+                            if length == 0:
+                                if position + 4 > end:
+                                    raise IndexError
+                                length = int.from_bytes(data[position:position + 4], "little")
+                                position += 4
+                            if length < PLAIN_LONG_LENGTH:
+                                raise XpressError("%s: corrupt match length %d at byte 0x%x"
+                                                  % (where, length, position))
+                            length -= PLAIN_LONG_LENGTH
+                        length += 15
+                    length += 7 + PLAIN_MIN_MATCH
+                    if produced + length > size:
+                        if produced >= size:                # past the last token: done
+                            break
+                        raise XpressError("%s: a match at output byte 0x%x runs 0x%x bytes past the expected size "
+                                          "0x%x" % (where, produced, produced + length - size, size))
+                start = produced - (match >> 3) - 1
+                if 0 <= start <= produced - length:
+                    out += out[start:start + length]
+                elif start < 0:
+                    raise XpressError("%s: a match at output byte 0x%x reaches back 0x%x bytes, before the start"
+                                      % (where, produced, produced - start))
+                else:                                     # the match repeats its own start
+                    out += (out[start:produced] * (length // (produced - start) + 1))[:length]
+                produced += length
+    except IndexError:
+        pass             # read past the input: an error only if the output is not complete
+    if produced < size or len(out) < size:
+        raise XpressError("%s: the compressed data ends at byte 0x%x with %d of %d bytes decoded"
+                          % (where, len(data), min(len(out), produced), size))
+    return bytes(out[:size]) if len(out) > size else bytes(out)

@@ -87,33 +87,49 @@ def load_etl_stream(path):
 
     A key can be redefined after a Delete Definition, so each reference resolves to
     the next definition of its key that follows it (or, for keys still cached at
-    the end, the rundown)."""
+    the end, the rundown).  A reference with no definition after it (events keep
+    coming while the rundown is written) resolves to the last one before it: after
+    a Rundown Definition the stack is still cached; after a Delete Definition the
+    key may have been reused, so that stack is a best guess, and the note counts
+    those.  References whose key is never defined in the file are left out."""
     from ..etl.stackwalk import stack_walk_records
     from ..etl import format as fmt
     records, summary = stack_walk_records(path)
     stream = StackStream(source="etl file %s" % path)
     stream.problems.extend(summary.problems)
+    definitions = (fmt.STACK_DELETE_DEFINITION, fmt.STACK_RUNDOWN_DEFINITION)
+    references = (fmt.STACK_KEY_KERNEL, fmt.STACK_KEY_USER)
     # Resolve from the end: the definition seen last (walking backwards) for a key is
     # the one that closes the reference's lifetime.
     resolved = [None] * len(records)
     current = {}
     for index in range(len(records) - 1, -1, -1):
         record = records[index]
-        if record.opcode in (fmt.STACK_DELETE_DEFINITION, fmt.STACK_RUNDOWN_DEFINITION):
+        if record.opcode in definitions:
             current[record.key] = record.frames
-        elif record.opcode in (fmt.STACK_KEY_KERNEL, fmt.STACK_KEY_USER):
+        elif record.opcode in references:
             resolved[index] = current.get(record.key)
-    unresolved = 0
+    unresolved = after_delete = 0
+    earlier = {}   # key -> (opcode, frames) of its latest definition so far
     for index, record in enumerate(records):
         if record.opcode == fmt.STACK_WALK:
             stream.add_split(record.frames)
-        elif record.opcode in (fmt.STACK_KEY_KERNEL, fmt.STACK_KEY_USER):
-            if resolved[index] is None:
+        elif record.opcode in definitions:
+            earlier[record.key] = (record.opcode, record.frames)
+        elif record.opcode in references:
+            frames = resolved[index]
+            if frames is None and record.key in earlier:
+                opcode, frames = earlier[record.key]
+                after_delete += opcode == fmt.STACK_DELETE_DEFINITION
+            if frames is None:
                 unresolved += 1
             else:
-                stream.add(resolved[index])
+                stream.add(frames)
     if unresolved:
         stream.notes.append("%d key references had no definition in the file and were left out" % unresolved)
+    if after_delete:
+        stream.notes.append("%d key references came after their key's last Delete Definition; they were resolved "
+                            "to that (deleted) stack" % after_delete)
     if not len(stream):
         stream.notes.append("no StackWalk events found")
     return stream

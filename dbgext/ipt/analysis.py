@@ -445,7 +445,11 @@ def _scan_etl(path, max_events, problems):
                          "trace_size": header["TraceSize"], "trace_position": header["TracePosition"],
                          "packets": stats.packets, "errors": stats.problems.count(),
                          "notes": list(buffer.notes)})
-    problems.extend(reader.summary.finish().problems)
+    summary = reader.summary.finish()
+    if not rows:
+        problems.add("ipt_scan_empty", None, "no IntelProcessorTrace events in the %d buffers searched (%d of them "
+                     "decompressed)" % (summary.buffers, summary.compressed), "note")
+    problems.extend(summary.problems)
     return rows
 
 

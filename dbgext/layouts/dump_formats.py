@@ -98,6 +98,7 @@ MAX_PHYSICAL_RUNS = 42                # what fits in the 700-byte PhysicalMemory
 UNSET_U32 = 0x45474150                # "PAGE" read as a u32
 UNSET_U64 = 0x4547415045474150
 MACHINE_AMD64 = 0x8664
+MACHINE_ARM64 = 0xAA64                # same PAGEDU64 header, ARM64 CONTEXT: refused (kdump.refuse_unsupported_machine)
 
 DUMP_TYPE_FULL = 1
 DUMP_TYPE_SUMMARY = 2
@@ -140,9 +141,14 @@ SUMMARY_DUMP64 = {
     "Bitmap": 0x38,
 }
 
-# SUMMARY_DUMP64 of the older summary dump (DumpType 2), offsets from file offset
-# 0x2000: u32 fields, then an RTL_BITMAP (u32 SizeOfBitMap, u64 Buffer) whose bits
-# follow; the same page-per-set-bit scheme as the bitmap dump.
+# SUMMARY_DUMP64 of the older summary dump (DumpType 2), offsets from the end of
+# the dump header (0x2000 on x64, 0x1000 on x86): u32 fields, then an RTL_BITMAP
+# (u32 SizeOfBitMap, then the Buffer pointer) whose bits follow; the same
+# page-per-set-bit scheme as the bitmap dump.  The kernel writes its in-memory
+# RTL_BITMAP as it is, so with natural alignment the pointer sits at +0x20 on
+# x64 and the bits start at +0x28; on x86 the pointer is at +0x1C and the bits at
+# +0x20 (ntiodump.h; dump-formats.md §1.3a, the end).  No real type-2 file was at
+# hand to confirm this: these follow the sources.
 SUMMARY_DUMP_OLD = {
     "offset": 0x2000,
     "Signature": 0x00,              # b"SDMP" ('PMDS' read as a u32)
@@ -152,8 +158,14 @@ SUMMARY_DUMP_OLD = {
     "BitmapSize": 0x10,             # number of bits, one per PFN
     "Pages": 0x14,                  # pages present
     "SizeOfBitMap": 0x18,
-    "Bitmap": 0x24,
+    "Bitmap": 0x28,                 # x64
+    "BitmapX86": 0x20,
 }
+
+
+def old_summary_layout(arch):
+    """SUMMARY_DUMP_OLD with ``Bitmap`` where ``arch`` ("x64" or "x86") puts the bits."""
+    return SUMMARY_DUMP_OLD if arch == "x64" else dict(SUMMARY_DUMP_OLD, Bitmap=SUMMARY_DUMP_OLD["BitmapX86"])
 
 # RDMP dumps (DumpType 8, 9, 10), offsets from file offset 0x2000: a 0x20-byte
 # header, 16 bytes (type 10: u32 NumberOfRanges, u16, u16, u64 TotalNumberOfPages),
@@ -207,7 +219,9 @@ TRIAGE_DUMP64 = {
 }
 TRIAGE_FORMAT = "<18IQ16sQ6I"       # the whole TRIAGE_DUMP64 in field order
 TRIAGE_VALID = b"TRGD"              # 'DGRT' read as a u32
-TRIAGE_OPTION_OVERFLOWED = 0x100
+TRIAGE_OPTION_OVERFLOWED = 0x100     # data was dropped to fit, unless TriageOptions is all ones
+TRIAGE_OPTIONS_ALL = 0xFFFFFFFF      # what real writers store: "every option", not a set of flags
+TRIAGE_BASIC_FIELDS = 0xFF           # MiniDumpFields context..broken driver: needed before any optional part
 # TRIAGE_DATA_BLOCK: u64 Address, u32 Offset (file), u32 Size.
 TRIAGE_DATA_BLOCK = "<QII"
 TRIAGE_DATA_BLOCK_SIZE = 16
@@ -241,6 +255,12 @@ DUMP_MM_STORAGE64 = {
                "KernelVerifier", "MmMaximumNonPagedPool", "MmAllocatedNonPagedPool", "PagedPoolMaximum",
                "PagedPoolAllocated", "CommittedPages", "CommittedPagesPeak", "CommitLimitMaximum"),
 }
+# Secondary data after a small dump's SizeOfDump (ntiodump.h): DUMP_BLOB_FILE_HEADER
+# {"DumpBlob", u32 HeaderSize, u32 BuildNumber}, then records of DUMP_BLOB_HEADER
+# {u32 HeaderSize, GUID Tag, u32 DataSize, u32 PrePad, u32 PostPad}, each followed
+# by PrePad bytes, its data and PostPad bytes.
+DUMP_BLOB_FILE_HEADER = {"size": 0x10, "signature": b"DumpBlob", "HeaderSize": 0x08, "BuildNumber": 0x0C}
+DUMP_BLOB_HEADER = {"size": 0x20, "format": "<I16sIII"}
 # MiniDumpFields (header 0x1038) bits: which parts a small dump holds.
 MINIDUMP_FIELDS = (
     (0x1, "context"), (0x2, "exception"), (0x4, "prcb"), (0x8, "process"), (0x10, "thread"),
@@ -457,6 +477,24 @@ MINIDUMP_STREAM = {
     "ThreadNames": 24,
 }
 MINIDUMP_SYSTEM_INFO_SIZE = 56
+# MINIDUMP_SYSTEM_INFO: u16 ProcessorArchitecture, ProcessorLevel, ProcessorRevision,
+# u8 NumberOfProcessors, ProductType, u32 MajorVersion, MinorVersion, BuildNumber,
+# PlatformId, CSDVersionRva (a MINIDUMP_STRING), u16 SuiteMask, Reserved2, then
+# CPU_INFORMATION (24 bytes; x86: char VendorId[12], Version, Features, AMD features).
+MINIDUMP_SYSTEM_INFO = {
+    "format": "<HHHBBIIIIIHH",
+    "fields": ("ProcessorArchitecture", "ProcessorLevel", "ProcessorRevision", "NumberOfProcessors",
+               "ProductType", "MajorVersion", "MinorVersion", "BuildNumber", "PlatformId", "CSDVersionRva",
+               "SuiteMask", "Reserved2"),
+    "VendorId": 0x20,
+}
+# PlatformId: Windows' VER_PLATFORM_* and the values breakpad and crashpad write
+# for other systems (breakpad's minidump_format.h MD_OS_*).
+MINIDUMP_PLATFORMS = {0: "Win32s", 1: "Windows 9x", 2: "Windows", 3: "Windows CE", 0x8000: "Unix",
+                      0x8101: "macOS", 0x8102: "iOS", 0x8201: "Linux", 0x8202: "Solaris", 0x8203: "Android",
+                      0x8204: "PS3", 0x8205: "Native Client", 0x8206: "Fuchsia"}
+WINDOWS_PLATFORM = 2
+PRODUCT_TYPES = {1: "workstation", 2: "domain controller", 3: "server"}
 MINIDUMP_MODULE_SIZE = 108
 MINIDUMP_THREAD_SIZE = 48
 # MINIDUMP_EXCEPTION_STREAM: u32 ThreadId, u32 pad, MINIDUMP_EXCEPTION (EXCEPTION_RECORD64

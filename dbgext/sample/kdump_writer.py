@@ -25,7 +25,8 @@ from ..layouts.dump_formats import (
     X86_DUMP_TYPES, DUMP_HEADER64, DUMP_TYPE_BITMAP, DUMP_TYPE_FULL, DUMP_TYPE_LIVE_BITMAP, DUMP_TYPE_RDMP_COMPLETE,
     DUMP_TYPE_RDMP_KERNEL, DUMP_TYPE_RDMP_KERNEL_USER, DUMP_TYPE_SUMMARY, EXCEPTION_RECORD64, KDBG_OWNER_TAG,
     KDDEBUGGER_DATA64, MACHINE_AMD64, MAX_PHYSICAL_RUNS, PAGE_SIZE, PTE_ACCESSED, PTE_DIRTY, PTE_LARGE,
-    PAGING, PTE_PRESENT, PTE_USER, PTE_WRITE, RDMP_HEADER64, RDMP_MARKER, SUMMARY_DUMP64, SUMMARY_DUMP_OLD)
+    PAGING, PTE_PRESENT, PTE_USER, PTE_WRITE, RDMP_HEADER64, RDMP_MARKER, SUMMARY_DUMP64, SUMMARY_DUMP_OLD,
+    old_summary_layout)
 from .scenario import KUSER_SHARED_DATA
 
 DEFAULT_DTB = 0x1A0000              # where Windows' boot PML4 conventionally sits
@@ -272,7 +273,7 @@ def write_physical_dump(path, physical, header, dump_type=DUMP_TYPE_FULL, arch="
     if dump_type == DUMP_TYPE_FULL:
         prologue = b""
     elif dump_type == DUMP_TYPE_SUMMARY:
-        prologue = _old_summary_dump(ordered, header_size)
+        prologue = _old_summary_dump(ordered, header_size, arch)
     elif dump_type in (DUMP_TYPE_BITMAP, DUMP_TYPE_LIVE_BITMAP):
         prologue = _summary_dump(ordered, header_size)
     else:
@@ -315,10 +316,12 @@ def _summary_dump(ordered_pages, start):
         "<QQQ", fixed, SUMMARY_DUMP64["FirstPage"], first_page, len(ordered_pages), bits))
 
 
-def _old_summary_dump(ordered_pages, start):
+def _old_summary_dump(ordered_pages, start, arch):
     """The DumpType 2 summary header (u32 fields, RTL_BITMAP) + bitmap."""
-    return _bitmap_prologue(SUMMARY_DUMP_OLD, ordered_pages, start, lambda fixed, first_page, bits: struct.pack_into(
-        "<IIII", fixed, SUMMARY_DUMP_OLD["HeaderSize"], first_page, bits, len(ordered_pages), bits))
+    return _bitmap_prologue(old_summary_layout(arch), ordered_pages, start,
+                            lambda fixed, first_page, bits: struct.pack_into(
+                                "<IIII", fixed, SUMMARY_DUMP_OLD["HeaderSize"], first_page, bits, len(ordered_pages),
+                                bits))
 
 
 def _bitmap_prologue(layout, ordered_pages, start, fill):

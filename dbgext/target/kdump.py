@@ -4,7 +4,9 @@ layouts of new dbgeng (8 = ``.dump /k``, 9 = ``/ka``, 10 = ``/f``).  x86
 (PAGEDUMP, a one-page DUMP_HEADER32): full, summary and bitmap, with PAE or
 non-PAE page tables as the header's PaeEnabled says.  Small memory dumps
 (DumpType 4, x64) hold no physical memory: :mod:`dbgext.target.triage_dump`.
-:func:`open_kernel_dump` picks the backend from the header.
+:func:`open_kernel_dump` picks the backend from the header.  ARM64 dumps
+(MachineImageType 0xAA64, the same header) are refused in one line, in one
+place: :func:`refuse_unsupported_machine`.
 
 The reader is our own: pages are read from the file with positioned reads (see
 :mod:`dbgext.target.dumpfile`: an mmap dies of SIGBUS when the file shrinks) and
@@ -40,9 +42,9 @@ from ..layouts.dump_formats import (
     CONTEXTS, DUMP_HEADER32, DUMP_HEADER64, DUMP_KIND, DUMP_TYPE_DESCRIPTION, DUMP_TYPE_FULL,
     DUMP_TYPE_RDMP_COMPLETE, DUMP_TYPE_RDMP_KERNEL, DUMP_TYPE_RDMP_KERNEL_USER, DUMP_TYPE_SUMMARY, DUMP_TYPE_TRIAGE,
     EXCEPTION_RECORD32, EXCEPTION_RECORD64, KDBG_OWNER_TAG, KDDEBUGGER_DATA64, KDDEBUGGER_DATA64_MAX_SIZE,
-    KDDEBUGGER_LAYOUTS, KLDR_DATA_TABLE_ENTRY, MAX_PHYSICAL_RUNS, MAX_PHYSICAL_RUNS_X86, MINIDUMP_FIELDS,
-    PAGING, PTE_LARGE, PTE_PFN_MASK, PTE_PRESENT, PTE_PROTOTYPE, PTE_TRANSITION, RDMP_HEADER64, RDMP_MARKER,
-    SUMMARY_DUMP64, SUMMARY_DUMP_OLD, UNSET_U32, UNSET_U64, X86_DUMP_TYPES)
+    KDDEBUGGER_LAYOUTS, KLDR_DATA_TABLE_ENTRY, MACHINE_ARM64, MAX_PHYSICAL_RUNS, MAX_PHYSICAL_RUNS_X86,
+    MINIDUMP_FIELDS, PAGING, PTE_LARGE, PTE_PFN_MASK, PTE_PRESENT, PTE_PROTOTYPE, PTE_TRANSITION, RDMP_HEADER64,
+    RDMP_MARKER, SUMMARY_DUMP64, UNSET_U32, UNSET_U64, X86_DUMP_TYPES, old_summary_layout)
 from ..problems import ProblemLog
 from .base import PAGE_SIZE, Backend, Module, Target, Thread, merge_ranges
 from .dumpfile import DumpFile
@@ -73,14 +75,33 @@ def mapped_page_budget(physical_pages):
 _NONZERO_BYTES = re.compile(b"[^\\x00]+")
 
 
-def debugger_module_name(file_name):
+# The kernel image's file names (uniprocessor, multiprocessor, PAE, both): WinDbg calls it ``nt``.
+KERNEL_IMAGE_NAMES = ("ntoskrnl", "ntkrnlmp", "ntkrnlpa", "ntkrpamp")
+
+
+def image_file_name(path):
+    """The file name of a module path as the loader or a small dump's string pool
+    stores it (``\\SystemRoot\\System32\\drivers\\amdppm.sys`` -> ``amdppm.sys``)."""
+    return path.replace("/", "\\").rpartition("\\")[2]
+
+
+def debugger_module_name(path):
     """WinDbg's name for a kernel module: ``nt`` for the kernel image, else the
-    file name without its extension (``ACPI.sys`` -> ``ACPI``)."""
-    lower = file_name.lower()
-    if lower.endswith(".exe") and lower.startswith(("ntoskrnl", "ntkrnl", "ntkrpamp")):
-        return "nt"
-    stem, dot, _ = file_name.rpartition(".")
-    return stem if dot else file_name
+    file name without its extension (``\\SystemRoot\\System32\\drivers\\ACPI.sys``
+    -> ``ACPI``)."""
+    stem, dot, _ = image_file_name(path).rpartition(".")
+    stem = stem if dot else image_file_name(path)
+    return "nt" if stem.lower() in KERNEL_IMAGE_NAMES else stem
+
+
+def refuse_unsupported_machine(path, machine):
+    """The one place that turns away kernel dumps of machines dbgext cannot read.
+    ARM64 dumps share the x64 signature and header but hold an ARM64 CONTEXT and
+    ARM64 page tables; decoding them as x64 gives wrong registers, so they are
+    refused until ARM64 is supported (replace this check then)."""
+    if machine == MACHINE_ARM64:
+        raise BadInput("%s: ARM64 kernel dump (MachineImageType 0x%X): ARM64 is not supported yet"
+                       % (path, machine))
 
 
 def open_kernel_dump(path):
@@ -116,6 +137,7 @@ class KernelDumpHeader(object):
             raise BadInput("%s: truncated kernel dump (%d bytes, the header alone is %d)"
                            % (path, dump_file.size, layout["size"]))
         data = self.data = dump_file.read(0, layout["size"])
+        refuse_unsupported_machine(path, self.u32("MachineImageType"))
         self.dump_type = self.u32("DumpType")
         if self.dump_type not in DUMP_KIND or (self.arch == "x86" and self.dump_type not in X86_DUMP_TYPES):
             supported = sorted(DUMP_KIND) if self.arch == "x64" else X86_DUMP_TYPES
@@ -517,7 +539,7 @@ class KernelDumpBackend(KernelDumpBase):
         return self._read_bitmap(self._after_header + layout["Bitmap"], bit_count, first_page, size)
 
     def _old_summary_bitmap(self, size):
-        layout = SUMMARY_DUMP_OLD
+        layout = old_summary_layout(self.arch)
         head = self._prologue(layout, layout["Bitmap"], (b"SDMPDUMP",), "summary", size)
         first_page, bit_count = struct.unpack_from("<II", head, layout["HeaderSize"])
         return self._read_bitmap(self._after_header + layout["Bitmap"], bit_count, first_page, size)
@@ -778,7 +800,7 @@ class KernelDumpBackend(KernelDumpBase):
             except DbgextError as error:
                 self.problems.add("module_entry_unreadable", entry, "loaded module entry: %s" % error)
                 continue
-            found.append(Module(debugger_module_name(file_name), base, size, file_name))
+            found.append(Module(debugger_module_name(file_name), base, size, image_file_name(file_name)))
         return found
 
     def _debugger_data_bytes(self):

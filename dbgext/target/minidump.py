@@ -28,9 +28,10 @@ from ..errors import BadInput
 from ..layouts.dump_formats import (
     ARCH_OF_PROCESSOR, CONTEXTS, MEM_COMMIT, MEMORY_STATES, MEMORY_TYPES, MINIDUMP_DIRECTORY_ENTRY_SIZE,
     MINIDUMP_EXCEPTION_STREAM, MINIDUMP_HEADER_SIZE, MINIDUMP_MEMORY_INFO, MINIDUMP_MEMORY_INFO_LIST_HEADER,
-    MINIDUMP_MODULE_SIZE, MINIDUMP_SIGNATURE, MINIDUMP_STREAM, MINIDUMP_SYSTEM_INFO_SIZE, MINIDUMP_THREAD_INFO,
-    MINIDUMP_THREAD_INFO_LIST_HEADER, MINIDUMP_THREAD_NAME, MINIDUMP_UNLOADED_MODULE,
-    MINIDUMP_UNLOADED_MODULE_LIST_HEADER, PAGE_MODIFIERS, PAGE_PROTECTIONS, TEB_STACK, THREAD_INFO_FLAGS)
+    MINIDUMP_MODULE_SIZE, MINIDUMP_PLATFORMS, MINIDUMP_SIGNATURE, MINIDUMP_STREAM, MINIDUMP_SYSTEM_INFO,
+    MINIDUMP_SYSTEM_INFO_SIZE, MINIDUMP_THREAD_INFO, MINIDUMP_THREAD_INFO_LIST_HEADER, MINIDUMP_THREAD_NAME,
+    MINIDUMP_UNLOADED_MODULE, MINIDUMP_UNLOADED_MODULE_LIST_HEADER, PAGE_MODIFIERS, PAGE_PROTECTIONS,
+    PRODUCT_TYPES, TEB_STACK, THREAD_INFO_FLAGS, WINDOWS_PLATFORM)
 from .base import Backend, Module, Thread
 from .dumpfile import DumpFile
 from .filemap import FileMappedRanges, ReadsFileMappedRanges
@@ -137,6 +138,7 @@ class MinidumpBackend(ReadsFileMappedRanges, Backend):
                            % (self.path, processor))
         self.arch = ARCH_OF_PROCESSOR[processor]
         self.build = struct.unpack_from("<I", system_info, 16)[0]
+        self.system = self._system_facts(system_info)
         self._modules = self._parse_modules()
         self._parse_memory()
         self.exception = self._parse_exception()
@@ -188,13 +190,41 @@ class MinidumpBackend(ReadsFileMappedRanges, Backend):
             raise BadInput("%s: corrupt string at file offset 0x%x (%d bytes)" % (self.path, rva, length))
         return self._bytes(rva + 4, length, "a string").decode("utf-16-le", "replace")
 
+    def _system_facts(self, system_info):
+        """What the SystemInfo stream says about the machine and the system that
+        wrote the dump: Windows, or (breakpad, crashpad) macOS, Linux, ..."""
+        layout = MINIDUMP_SYSTEM_INFO
+        values = dict(zip(layout["fields"], struct.unpack_from(layout["format"], system_info)))
+        platform_id = values["PlatformId"]
+        csd = ""
+        if values["CSDVersionRva"]:
+            try:
+                csd = self._string(values["CSDVersionRva"]).rstrip("\0")
+            except BadInput:
+                csd = ""
+        vendor = system_info[layout["VendorId"]:layout["VendorId"] + 12]
+        return {
+            "platform": MINIDUMP_PLATFORMS.get(platform_id, "unknown platform 0x%x" % platform_id),
+            "platform_id": platform_id,
+            "os_version": "%d.%d.%d" % (values["MajorVersion"], values["MinorVersion"], values["BuildNumber"]),
+            "csd_version": csd,
+            "product_type": PRODUCT_TYPES.get(values["ProductType"]) if platform_id == WINDOWS_PLATFORM else None,
+            "processors": values["NumberOfProcessors"],
+            "processor_level": values["ProcessorLevel"],
+            "processor_revision": values["ProcessorRevision"],
+            "cpu_vendor": vendor.decode("ascii") if vendor.isalnum() else None,
+        }
+
     def _parse_modules(self):
         modules = []
-        for base, size, _, timestamp, name_rva in self._entries("ModuleList",
-                                                                "<QIIII%dx" % (MINIDUMP_MODULE_SIZE - 24)):
-            file_name = self._string(name_rva).replace("/", "\\").rpartition("\\")[2]
+        self._module_paths = []
+        for base, size, checksum, timestamp, name_rva in self._entries("ModuleList",
+                                                                       "<QIIII%dx" % (MINIDUMP_MODULE_SIZE - 24)):
+            path = self._string(name_rva)
+            file_name = path.replace("/", "\\").rpartition("\\")[2]
             stem, dot, _ = file_name.rpartition(".")
             modules.append(Module(stem if dot else file_name, base, size, file_name, timestamp))
+            self._module_paths.append((path, checksum))
         return modules
 
     def _context(self, size, rva):
@@ -329,7 +359,8 @@ class MinidumpBackend(ReadsFileMappedRanges, Backend):
 
     def info(self):
         current = self.current_thread()
-        return {
+        facts = dict(self.system)
+        facts.update({
             "kind": self.kind,
             "arch": self.arch,
             "mode": "user",
@@ -346,7 +377,11 @@ class MinidumpBackend(ReadsFileMappedRanges, Backend):
             "partial_pages": len(self._memory.partial_pages()),
             "memory_info": self.memory_info_summary(),
             "unloaded_modules": [dict(module) for module in self.unloaded_modules],
-        }
+            "modules": [{"name": module.name, "base": module.base, "size": module.size, "timestamp": module.timestamp,
+                         "checksum": checksum, "path": path}
+                        for module, (path, checksum) in zip(self._modules, self._module_paths)],
+        })
+        return facts
 
     def close(self):
         if not self._file.closed:

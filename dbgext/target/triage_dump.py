@@ -15,33 +15,54 @@ address space:
   Thread.ApcState.Process, sized by KDDEBUGGER_DATA64's SizePrcb, SizeEThread
   and SizeEProcess.
 
-Everything else is unreadable, at byte granularity: pages partly covered are
-served with the uncovered bytes zero-filled and named by ``partial_pages``, which
-the Target honours as it does for minidumps.  Modules come from the driver list and its string
-pool; the bug check and the crashing context from the header.  A part that lies
-outside the file, overlaps another or names a string outside the pool is a
-reported problem; the rest of the dump stays usable.
+The data page, the debugger data and the data blocks are mapped only when the
+header's MiniDumpFields has all of 0xFF and the part's own bit, as Microsoft's
+debugger reads them.  Everything else is unreadable, at byte granularity: pages
+partly covered are served with the uncovered bytes zero-filled and named by
+``partial_pages``, which the Target honours as it does for minidumps.
+
+Modules come from the driver list and its string pool, which holds full paths on
+Windows 10 and 11 (``\\SystemRoot\\System32\\drivers\\amdppm.sys``): a module is
+named as WinDbg names it (``amdppm``; ``nt`` for the kernel) and its image is the
+file name.  The bug check and the crashing context come from the header;
+TriageOptions 0xFFFFFFFF means "all options", not an overflow.  The DumpBlob
+records after SizeOfDump are listed (tag and size).  A part that lies outside the
+file, overlaps another with different bytes (real dumps repeat memory in several
+data blocks) or names a string outside the pool is a reported problem; the rest
+of the dump stays usable.  An ARM64 dump is refused before this backend is built
+(``kdump.refuse_unsupported_machine``).
 """
 
 import struct
+import uuid
 from bisect import bisect_right
 
 from ..errors import BadInput
 from ..layouts.dump_formats import (
-    CONTEXT_AMD64, DUMP_DRIVER_ENTRY64, EXCEPTION_RECORD64, DUMP_MM_STORAGE64, DUMP_UNLOADED_DRIVERS64, KDDEBUGGER_DATA64_MAX_SIZE,
+    CONTEXT_AMD64, DUMP_BLOB_FILE_HEADER, DUMP_BLOB_HEADER, DUMP_DRIVER_ENTRY64, DUMP_MM_STORAGE64,
+    DUMP_UNLOADED_DRIVERS64, EXCEPTION_RECORD64, KDDEBUGGER_DATA64_MAX_SIZE, MINIDUMP_FIELDS, TRIAGE_BASIC_FIELDS,
     TRIAGE_DATA_BLOCK, TRIAGE_DATA_BLOCK_SIZE, TRIAGE_DUMP64, TRIAGE_FORMAT, TRIAGE_OPTION_OVERFLOWED,
-    TRIAGE_VALID)
+    TRIAGE_OPTIONS_ALL, TRIAGE_VALID)
 from .base import Module
 from .filemap import FileMappedRanges, ReadsFileMappedRanges
-from .kdump import KernelDumpBase, debugger_module_name, unpack_context, unpack_exception
+from .kdump import KernelDumpBase, debugger_module_name, image_file_name, unpack_context, unpack_exception
 
 TRIAGE_FIELDS = sorted((name for name in TRIAGE_DUMP64 if name not in ("offset", "size")),
                        key=lambda name: TRIAGE_DUMP64[name])
 MAX_NAME_BYTES = 0x1000
 MAX_UNLOADED_DRIVERS = 0x400
 MAX_COPY_SIZE = 0x10000   # a KPRCB is ~0x8000 bytes, an ETHREAD/EPROCESS ~0x1000
+MAX_BLOBS = 0x1000        # secondary data records read (the real x64 file has 20)
+MINIDUMP_FIELD_BITS = dict((name, bit) for bit, name in MINIDUMP_FIELDS)
 WHY_SMALL = ("a small memory dump holds only the crashing thread's stack, its KPRCB/ETHREAD/EPROCESS, "
              "the driver list and the few data blocks the kernel chose to save")
+
+
+def triage_overflowed(options):
+    """Whether the kernel dropped data to fit the dump: TRIAGE_OPTION_OVERFLOWED,
+    unless TriageOptions is all ones, which real writers store to mean "every
+    option" rather than a set of flags."""
+    return options != TRIAGE_OPTIONS_ALL and bool(options & TRIAGE_OPTION_OVERFLOWED)
 
 
 class TriageDumpBackend(ReadsFileMappedRanges, KernelDumpBase):
@@ -65,6 +86,8 @@ class TriageDumpBackend(ReadsFileMappedRanges, KernelDumpBase):
         self.parts = []      # what was mapped (or why not), for dumpinfo
         self._drivers = None
         self._current_context = None
+        self._debugger_data_allowed = None
+        self._secondary_data = None
         self._check_end_marker()
         self._map_parts()
 
@@ -129,10 +152,7 @@ class TriageDumpBackend(ReadsFileMappedRanges, KernelDumpBase):
                 region = self._regions[index]
                 if region[0] > cursor:
                     pieces.append((cursor, region[0]))
-                self.problems.add("triage_parts_overlap", max(cursor, region[0]), "%s overlaps %s; the bytes of %s "
-                                  "are kept" % (what, region[3], region[3]),
-                                  "warning" if region[3].startswith("data block") and
-                                  what.startswith("data block") else "note")
+                self._check_overlap(what, address, offset, region, max(cursor, region[0]), min(end, region[1]))
                 cursor = region[1]
             else:
                 pieces.append((cursor, end))
@@ -143,17 +163,46 @@ class TriageDumpBackend(ReadsFileMappedRanges, KernelDumpBase):
             self._regions.insert(at, [lo, hi, offset + (lo - address), what])
             part["mapped"] += hi - lo
 
+    def _check_overlap(self, what, address, offset, region, start, end):
+        """Report bytes [start, end) that ``what`` (mapped from file ``offset`` at
+        ``address``) and an earlier ``region`` both hold, unless they agree: real
+        dumps save the same memory in several data blocks."""
+        earlier = self.file.read(region[2] + (start - region[0]), end - start)
+        if earlier == self.file.read(offset + (start - address), end - start):
+            return
+        self.problems.add("triage_parts_overlap", start, "%s overlaps %s with different bytes; the bytes of %s "
+                          "are kept" % (what, region[3], region[3]),
+                          "warning" if region[3].startswith("data block") and what.startswith("data block")
+                          else "note")
+
     def _build_memory(self):
         """The parts mapped so far as the memory that reads serve."""
         self._memory = FileMappedRanges(self.file, [(start, end, offset) for start, end, offset, _ in self._regions])
 
+    def _announced(self, what, bit, offset):
+        """Whether the header's MiniDumpFields lets a reader use a part: Microsoft's
+        debugger reads the data page, the debugger data and the data blocks only
+        when all of the basic parts (0xFF) and the part's own bit are set.  A part
+        that is in the file but not announced is left out with a note."""
+        fields = self.header.u32("MiniDumpFields")
+        if (fields & TRIAGE_BASIC_FIELDS) == TRIAGE_BASIC_FIELDS and fields & bit:
+            return True
+        if offset:
+            self.problems.add("triage_part_not_announced", None, "%s at file offset 0x%x is not read: MiniDumpFields "
+                              "0x%x lacks 0x%x" % (what, offset, fields, (TRIAGE_BASIC_FIELDS | bit) & ~fields),
+                              "note", offset=offset)
+        return False
+
     def _map_parts(self):
         triage = self.triage
         self._map("stack", triage["TopOfStack"], triage["CallStackOffset"], triage["SizeOfCallStack"])
-        self._map("data page", triage["DataPageAddress"], triage["DataPageOffset"], triage["DataPageSize"])
-        self._map_data_blocks()
-        self._map("KDDEBUGGER_DATA64", self.header.pointer("KdDebuggerDataBlock"), triage["DebuggerDataOffset"],
-                  min(triage["DebuggerDataSize"], KDDEBUGGER_DATA64_MAX_SIZE))
+        if self._announced("the data page", MINIDUMP_FIELD_BITS["data_page"], triage["DataPageOffset"]):
+            self._map("data page", triage["DataPageAddress"], triage["DataPageOffset"], triage["DataPageSize"])
+        if self._announced("the data block table", MINIDUMP_FIELD_BITS["data_blocks"], triage["DataBlocksOffset"]):
+            self._map_data_blocks()
+        if self._debugger_data_announced():
+            self._map("KDDEBUGGER_DATA64", self.header.pointer("KdDebuggerDataBlock"), triage["DebuggerDataOffset"],
+                      min(triage["DebuggerDataSize"], KDDEBUGGER_DATA64_MAX_SIZE))
         self._build_memory()  # KiProcessorBlock is read through the parts mapped so far
         data = self.debugger_data()
         prcb = self._copy_address("KPRCB", triage["PrcbOffset"], self._prcb_address(data))
@@ -217,8 +266,16 @@ class TriageDumpBackend(ReadsFileMappedRanges, KernelDumpBase):
 
     # -- what the dump says ------------------------------------------------------------
 
+    def _debugger_data_announced(self):
+        if self._debugger_data_allowed is None:
+            self._debugger_data_allowed = self._announced("KDDEBUGGER_DATA64", MINIDUMP_FIELD_BITS["debugger_data"],
+                                                          self.triage["DebuggerDataOffset"])
+        return self._debugger_data_allowed
+
     def _debugger_data_bytes(self):
         triage = self.triage
+        if not self._debugger_data_announced():
+            return self.header.pointer("KdDebuggerDataBlock"), b""
         size = min(triage["DebuggerDataSize"], KDDEBUGGER_DATA64_MAX_SIZE)
         return self.header.pointer("KdDebuggerDataBlock"), self._part_bytes(
             "KDDEBUGGER_DATA64", triage["DebuggerDataOffset"], size)
@@ -244,8 +301,9 @@ class TriageDumpBackend(ReadsFileMappedRanges, KernelDumpBase):
 
     def modules(self):
         if self._modules is None:
-            self._modules = [Module(debugger_module_name(driver["name"]), driver["base"], driver["size"],
-                                    driver["name"], driver.get("timestamp")) for driver in self.drivers()]
+            self._modules = [Module(driver["module"], driver["base"], driver["size"],
+                                    image_file_name(driver["name"]), driver.get("timestamp"))
+                             for driver in self.drivers()]
         return list(self._modules)
 
     def drivers(self):
@@ -271,16 +329,18 @@ class TriageDumpBackend(ReadsFileMappedRanges, KernelDumpBase):
                 return struct.unpack_from(fmt, table, entry + layout[name])[0]
             base = field("DllBase", "<Q")
             name = self._pool_string(field("DriverNameOffset", "<I"), "driver %d" % index, base)
-            drivers.append({"name": name, "base": base, "size": field("SizeOfImage", "<I"),
+            drivers.append({"name": name, "module": debugger_module_name(name), "base": base,
+                            "size": field("SizeOfImage", "<I"),
                             "timestamp": field("TimeDateStamp", "<I"), "checksum": field("CheckSum", "<I"),
                             "entry_offset": offset + entry})
         return drivers
 
     def _pool_string(self, offset, what, base):
-        """A DUMP_STRING of the string pool.  Its Length is read as bytes (the
-        reference) but the text may run to twice that (readers differ: some count
-        characters); the first NUL ends it either way.  A string that does not lie
-        in the pool is reported and named after the module's base."""
+        """A DUMP_STRING of the string pool: u32 Length in characters (the kernel
+        writes Length / 2 whatever ntiodump.h's comment says), the UTF-16 text
+        (a full path on Windows 10 and 11), a NUL.  The first NUL ends it too.  A
+        string that does not lie in the pool is reported and named after the
+        module's base."""
         pool = self.triage["StringPoolOffset"]
         pool_end = pool + self.triage["StringPoolSize"]
         if not pool <= offset <= pool_end - 4:
@@ -288,11 +348,11 @@ class TriageDumpBackend(ReadsFileMappedRanges, KernelDumpBase):
                               "string pool [0x%x, 0x%x)" % (what, offset, pool, pool_end), offset=offset)
             return "Unknown_Module_%016x" % base
         length = struct.unpack("<I", self.file.read_within(offset, 4).ljust(4, b"\0"))[0]
-        text = self.file.read_within(offset + 4, min(2 * length + 2, pool_end - offset - 4, MAX_NAME_BYTES))
+        text = self.file.read_within(offset + 4, min(2 * length, pool_end - offset - 4, MAX_NAME_BYTES))
         end = next((i for i in range(0, len(text) - 1, 2) if text[i:i + 2] == b"\0\0"), None)
-        if end is None and len(text) < length:
-            self.problems.add("driver_name_outside_pool", base, "%s's name (%d bytes at file offset 0x%x) runs "
-                              "past the end of the string pool" % (what, length, offset), offset=offset)
+        if end is None and len(text) < 2 * length:
+            self.problems.add("driver_name_outside_pool", base, "%s's name (%d characters at file offset 0x%x) "
+                              "runs past the end of the string pool" % (what, length, offset), offset=offset)
         return text[:end if end is not None else len(text) & ~1].decode("utf-16-le", "replace")
 
     def unloaded_drivers(self):
@@ -317,6 +377,44 @@ class TriageDumpBackend(ReadsFileMappedRanges, KernelDumpBase):
             found.append({"name": name, "start": start, "end": end})
         return found
 
+    def secondary_data(self):
+        """The DumpBlob records after SizeOfDump: [{"tag": GUID, "size", "offset"}].
+        A DUMP_BLOB_FILE_HEADER ("DumpBlob", HeaderSize, BuildNumber) is followed
+        by records of DUMP_BLOB_HEADER (HeaderSize, GUID Tag, DataSize, PrePad,
+        PostPad) and their data; the tag says what the data is (components of
+        Windows register their own)."""
+        if self._secondary_data is None:
+            self._secondary_data = self._read_secondary_data()
+        return self._secondary_data
+
+    def _read_secondary_data(self):
+        offset, file_size = self.triage["SizeOfDump"], self.file.size
+        head = self.file.read_within(offset, DUMP_BLOB_FILE_HEADER["size"]) if offset < file_size else b""
+        if len(head) < DUMP_BLOB_FILE_HEADER["size"]:
+            return []
+        if head[:8] != DUMP_BLOB_FILE_HEADER["signature"]:
+            self.problems.add("secondary_data_unknown", None, "0x%x bytes after SizeOfDump (file offset 0x%x) are "
+                              "not DumpBlob records (found %r)" % (file_size - offset, offset, head[:8]), "note",
+                              offset=offset)
+            return []
+        offset += max(struct.unpack_from("<I", head, DUMP_BLOB_FILE_HEADER["HeaderSize"])[0],
+                      DUMP_BLOB_FILE_HEADER["size"])
+        layout, blobs = DUMP_BLOB_HEADER, []
+        while offset + layout["size"] <= file_size and len(blobs) < MAX_BLOBS:
+            record = self.file.read(offset, layout["size"])
+            header_size, tag, data_size, pre_pad, post_pad = struct.unpack(layout["format"], record)
+            data_offset = offset + max(header_size, layout["size"]) + pre_pad
+            if data_offset + data_size > file_size:
+                self.problems.add("secondary_data_cut", None, "DumpBlob %s at file offset 0x%x: 0x%x bytes announced, "
+                                  "the file ends first" % (uuid.UUID(bytes_le=tag), offset, data_size), offset=offset)
+                break
+            blobs.append({"tag": str(uuid.UUID(bytes_le=tag)), "size": data_size, "offset": data_offset})
+            offset = data_offset + data_size + post_pad
+        if len(blobs) == MAX_BLOBS and offset + layout["size"] <= file_size:
+            self.problems.add("secondary_data_cut", None, "the first %d DumpBlob records are listed; the rest, from "
+                              "file offset 0x%x, are not" % (MAX_BLOBS, offset), "note", offset=offset)
+        return blobs
+
     def mm_information(self):
         layout = DUMP_MM_STORAGE64
         data = self._part_bytes("the Mm information", self.triage["MmOffset"], struct.calcsize(layout["format"]))
@@ -328,7 +426,7 @@ class TriageDumpBackend(ReadsFileMappedRanges, KernelDumpBase):
         offset = self.triage["BrokenDriverOffset"]
         for driver in self.drivers():
             if offset and driver["entry_offset"] == offset:
-                return driver["name"]
+                return image_file_name(driver["name"])
         return None
 
     def _contents(self):
@@ -337,8 +435,9 @@ class TriageDumpBackend(ReadsFileMappedRanges, KernelDumpBase):
         facts = {"exception": unpack_exception(exception, 0)} if len(exception) == EXCEPTION_RECORD64["size"] else {}
         facts.update({
             "triage": dict((name, value) for name, value in triage.items() if name != "ArchitectureSpecific"),
-            "triage_overflowed": bool(triage["TriageOptions"] & TRIAGE_OPTION_OVERFLOWED),
+            "triage_overflowed": triage_overflowed(triage["TriageOptions"]),
             "parts": [dict(part) for part in self.parts],
+            "secondary_data": [dict(blob) for blob in self.secondary_data()],
             "drivers": [dict(driver) for driver in self.drivers()],
             "broken_driver": self._broken_driver(),
             "unloaded_drivers": self.unloaded_drivers(),

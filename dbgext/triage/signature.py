@@ -115,12 +115,14 @@ class CrashSignature(object):
 
 def module_identity(target, module):
     """(TimeDateStamp, SizeOfImage) from the module's PE header in target memory;
-    the loader's size and no timestamp when the header is not in the dump."""
+    when the header is not in the dump, what the dump's own module record says (a
+    minidump's module list, a small dump's driver list: both keep the image's
+    TimeDateStamp and size), the timestamp None when it has none."""
     from ..symbols.match import image_headers
 
     headers = image_headers(target, module)
     if headers is None:
-        return None, module.size
+        return module.timestamp, module.size
     return headers.timestamp, headers.size_of_image or module.size
 
 
@@ -180,10 +182,7 @@ def bucket_key(code, frame):
 def crash_signature(target, info, code, parameters):
     """The :class:`CrashSignature` of the crash described by ``info`` (target.info())."""
     result = CrashSignature()
-    # A small dump's own driver list knows the images' timestamps and sizes even
-    # though it holds none of their headers.
-    identities = dict((driver["base"], (driver.get("timestamp"), driver.get("size")))
-                      for driver in info.get("drivers") or () if isinstance(driver, dict) and "base" in driver)
+    identities = {}
     addresses, problems = unwind_faulting_thread(target)
     result.problems.extend(problems)
     result.frames = [place(target, address, how, identities) for address, how in addresses]
