@@ -35,6 +35,7 @@ import bisect
 import os
 import struct
 
+from .address import merge_ranges
 from .errors import BadInput
 from .problems import ProblemLog
 
@@ -168,9 +169,7 @@ class PEImage(object):
         self._segments = sorted(segments, key=lambda segment: segment.rva)
         self._starts = [segment.rva for segment in self._segments]
         self.holes = sorted(holes)
-        # The holes' union as sorted disjoint runs, for a bisect on every read
-        # (imported here: dbgext.target imports the PDB reader, which imports this module).
-        from .target.base import merge_ranges
+        # The holes' union as sorted disjoint runs, for a bisect on every read.
         runs = merge_ranges(self.holes)
         self._hole_starts, self._hole_ends = [start for start, _ in runs], [end for _, end in runs]
         self._file = file_bytes

@@ -6,7 +6,8 @@ import pytest
 
 from dbgext.errors import BadInput
 from dbgext.target.base import Module
-from dbgext.target.symbols import load_isf_directory, load_isf_file
+from dbgext.symbols.module import load_isf_file
+from dbgext.symbols.table import load_isf_directory
 from dbgext.sample.scenario import Scenario
 
 

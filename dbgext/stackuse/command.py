@@ -13,7 +13,7 @@ import argparse
 from ..address import parse_number
 from ..command import Command
 from ..errors import BadInput, SymbolNotFound
-from ..target.symbols import load_isf_directory
+from ..symbols.table import load_isf_directory
 from . import analysis
 from .callgraph import CallGraph, Program
 from .render import render_chain, render_functions, render_hogs, render_thread

@@ -36,10 +36,6 @@ class CabinetError(BadInput):
         super().__init__("bad cabinet %s: %s (%s)" % (path, field, detail))
 
 
-def is_cabinet(head):
-    return head[:4] == CAB_SIGNATURE
-
-
 def expand_cabinet(source, output, path, max_bytes):
     """Expand the single file of the cabinet open in ``source`` (a binary file at
     its start) into ``output``; (its name in the cabinet, bytes written)."""

@@ -7,7 +7,7 @@ page, the debug directory, the record — three small reads, never the whole ima
 from ..errors import BadInput, DbgextError
 from ..pe import (DEBUG_ENTRY, DEBUG_TYPE_CODEVIEW, DIRECTORY_DEBUG, DIRECTORY_EXPORT, MAX_DEBUG_ENTRIES,
                   MAX_RSDS, CodeView, PEImage, undecorate)
-from ..target.symbols import EXPORT_SYMBOLS, PDB_SYMBOLS, ModuleSymbols
+from .module import EXPORT_SYMBOLS, PDB_SYMBOLS, ModuleSymbols
 from .pdb import PdbError
 from .types import pdb_type_view
 
@@ -202,19 +202,3 @@ def _codeview_from_image_file(locator, module, identity, report):
     except BadInput as error:
         report("bad_image_file", str(error))
         return None
-
-
-def pe_file_symbols(image, option_paths, no_download=False, diagnostics=None):
-    """Symbols for a PE read from disk (``stackuse --pe FILE --symbols PATH``): the
-    ISF file named for it, else its PDB matched by the file's CodeView record;
-    None when the symbol path has neither.  ``option_paths``: ``--symbols`` values
-    (None: ``_NT_SYMBOL_PATH``)."""
-    from ..target.symbols import open_symbol_table
-    table = open_symbol_table(option_paths, (), no_download, diagnostics=diagnostics)
-    stem = image.name.rsplit(".", 1)[0]
-    isf = table.module_symbols(stem) or table.module_symbols(image.name)
-    if isf is not None:
-        return isf
-    codeview = image.codeview
-    pdb = table.locator.find_pdb(codeview, table.report) if codeview is not None else None
-    return PdbModuleSymbols(stem, pdb, table.report) if pdb is not None else None

@@ -8,7 +8,7 @@ import struct
 
 from ..errors import BadInput, SymbolNotFound
 from ..problems import ProblemLog
-from ..target.symbols import ISF_SYMBOLS, PDB_SYMBOLS
+from .module import ISF_SYMBOLS, PDB_SYMBOLS
 
 SCHEMA_VERSION = 1
 

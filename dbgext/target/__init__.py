@@ -5,7 +5,7 @@ import os
 
 from ..errors import BadInput
 from .base import PAGE_SIZE, Backend, Module, PartialRead, Target, Thread
-from .symbols import SymbolTable, open_symbol_table
+from ..symbols.table import SymbolTable, open_symbol_table
 
 __all__ = ["PAGE_SIZE", "Backend", "Module", "PartialRead", "Target", "Thread", "SymbolTable", "open_dump",
            "symbol_paths_beside"]
