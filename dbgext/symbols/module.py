@@ -5,11 +5,20 @@ and ISF files read into it and written from it."""
 import io
 import json
 import os
+from collections import namedtuple
 
 from .isf import read_isf_file
 from .types import isf_type_view
 
 PDB_SYMBOLS, ISF_SYMBOLS, EXPORT_SYMBOLS, NO_SYMBOLS = "pdb symbols", "isf symbols", "export symbols", "no symbols"
+
+SymbolEntry = namedtuple("SymbolEntry", "rva name size")
+
+
+def entry_order(entry):
+    """Sort key of entries: by address, procedures (sized) first."""
+    return entry.rva, entry.size is None
+
 
 class ModuleSymbols(object):
     """Symbols (name -> RVA) and types of one module: an ISF file's, or built in
@@ -32,15 +41,34 @@ class ModuleSymbols(object):
         """Short words for output that says where a name or layout came from."""
         return "isf %s" % self.module_name
 
+    def entries(self):
+        """Every :class:`SymbolEntry` of the module by address, procedures first at
+        an address: a name may stand at several addresses (C++ overloads, template
+        instances, same-named statics) and an address may have several names.
+        ``symbols`` ({name: rva}) keeps one address per name, for lookups by name."""
+        cached = getattr(self, "_entry_cache", None)
+        if cached is None:
+            cached = self._entry_cache = sorted((SymbolEntry(rva, name, None) for name, rva in self.symbols.items()),
+                                                key=entry_order)
+        return cached
+
     def sorted_symbols(self):
+        """(rvas, names) of :meth:`entries`, for bisecting by address."""
         if self._sorted is None:
-            pairs = sorted((rva, name) for name, rva in self.symbols.items())
-            self._sorted = ([rva for rva, _ in pairs], [name for _, name in pairs])
+            entries = self.entries()
+            self._sorted = ([entry.rva for entry in entries], [entry.name for entry in entries])
         return self._sorted
 
     def sizes(self):
         """{rva: size} of the symbols whose extent is known (PDB procedures)."""
-        return {}
+        return dict((entry.rva, entry.size) for entry in self.entries() if entry.size is not None)
+
+    def names_by_rva(self):
+        """{rva: name}: the first name at each address (a procedure's when there is one)."""
+        names = {}
+        for entry in self.entries():
+            names.setdefault(entry.rva, entry.name)
+        return names
 
     # -- types: one shape (TypeView) for every source ----------------------------------
 

@@ -205,6 +205,8 @@ class SymbolTable(object):
             rvas, names = table.sorted_symbols()
             index = bisect.bisect_right(rvas, address - module.base) - 1
             if index >= 0:
+                # Of the names at that address, the first: the procedure's when there is one.
+                index = bisect.bisect_left(rvas, rvas[index])
                 return module, names[index], rvas[index]
         return module, None, None
 
