@@ -33,6 +33,7 @@ from .download import ProgressBar
 from .path import SymbolLocator, symbol_path_elements
 
 LOG = logging.getLogger("dbgext.symbols")
+LOG.addHandler(logging.NullHandler())  # a script that configures no logging hears nothing (no "last resort")
 
 KERNEL_MODULE = "nt"
 # Kernel dump header facts (Target.info() keys) that are addresses of nt globals.
