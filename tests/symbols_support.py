@@ -382,3 +382,55 @@ def _compare(expected, found):
     missing = list((expected - found).elements())[:3]
     extra = list((found - expected).elements())[:3]
     return agree, max(sum(expected.values()), sum(found.values())), missing + extra
+
+
+# -- hand-made MSF files, for claims no linker writes ------------------------------------------
+
+def build_msf(streams, block_size=512, block_lists=None, sizes=None):
+    """An MSF 7.0 file holding ``streams`` (a list of bytes, or None for a nil
+    stream).  ``block_lists``/``sizes``: {stream index: blocks / size} stated in the
+    directory instead of the true ones (a block listed twice, a size past the file)."""
+    from dbgext.symbols.pdb import MSF_MAGIC, NIL_STREAM
+    blocks = [b"", b"", b""]            # superblock, two free block maps
+    lists, stated = [], []
+    for index, data in enumerate(streams):
+        if data is None:
+            lists.append([])
+            stated.append(NIL_STREAM)
+            continue
+        own = []
+        for at in range(0, len(data), block_size):
+            own.append(len(blocks))
+            blocks.append(data[at:at + block_size])
+        lists.append((block_lists or {}).get(index, own))
+        stated.append((sizes or {}).get(index, len(data)))
+    directory = struct.pack("<I", len(streams)) + struct.pack("<%dI" % len(stated), *stated)
+    for own in lists:
+        directory += struct.pack("<%dI" % len(own), *own)
+    directory_blocks = []
+    for at in range(0, len(directory), block_size):
+        directory_blocks.append(len(blocks))
+        blocks.append(directory[at:at + block_size])
+    block_map = len(blocks)
+    blocks.append(struct.pack("<%dI" % len(directory_blocks), *directory_blocks))
+    blocks[0] = MSF_MAGIC + struct.pack("<6I", block_size, 1, len(blocks) + 1, len(directory), 0, block_map)
+    return b"".join(block.ljust(block_size, b"\0") for block in blocks) + b"\0" * block_size
+
+
+def info_stream(guid=b"\x11" * 16, age=1):
+    return struct.pack("<III", 20000404, 0x12345678, age) + guid
+
+
+def tpi_stream(records, first_index=0x1000):
+    """A TPI stream (V80 header) holding ``records`` (each a leaf's bytes, kind first)."""
+    body = b""
+    for record in records:
+        record += b"\0" * (-(len(record) + 2) % 4)
+        body += struct.pack("<H", len(record)) + record
+    header = struct.pack("<IIIIIHHIIiIiIiI", 20040203, 56, first_index, first_index + len(records), len(body),
+                         0xFFFF, 0xFFFF, 4, 0, 0, 0, 0, 0, 0, 0)
+    return header + body
+
+
+def lf_enum(name, underlying, field_list=0):
+    return struct.pack("<HHHII", 0x1507, 0, 0, underlying, field_list) + name.encode() + b"\0"

@@ -35,6 +35,7 @@ MSF_MAGIC = b"Microsoft C/C++ MSF 7.00\r\n\x1aDS\0\0\0"
 NIL_STREAM = 0xFFFFFFFF
 
 STREAM_INFO, STREAM_TPI, STREAM_DBI = 1, 2, 3
+INFO_IDENTITY_BYTES = 28  # version, signature, age, GUID
 MACHINE_X86 = 0x14C  # the DBI stream's machine (IMAGE_FILE_MACHINE_I386)
 DBI_HEADER = struct.Struct("<iIIHHHHHHiiiiiIiiHHI")
 TPI_HEADER = struct.Struct("<IIIIIHHIIiIiIiI")
@@ -196,31 +197,49 @@ class MsfFile(object):
         if not 0 < block_map_block < self.block_count:
             self.fail("block map address", "block %d" % block_map_block)
         block_list = struct.unpack_from("<%dI" % directory_blocks, data, block_map_block * self.block_size)
-        directory = self._join(block_list, directory_bytes, "stream directory")
+        self._check_blocks(block_list, "stream directory")
+        directory = self._join(block_list, directory_bytes)
         stream_count = struct.unpack_from("<I", directory)[0]
         if stream_count > MAX_STREAMS or 4 + 4 * stream_count > directory_bytes:
             self.fail("stream count", "%d" % stream_count)
         sizes = struct.unpack_from("<%dI" % stream_count, directory, 4)
         cursor = 4 + 4 * stream_count
         self._streams = []
+        file_bytes = self.block_count * self.block_size
         for index, size in enumerate(sizes):
             if size == NIL_STREAM:
                 self._streams.append((0, ()))
                 continue
+            # A stream is at most the file, each block of it listed once: what a
+            # stream costs to read is then bounded by the file, whatever it claims.
+            if size > file_bytes:
+                self.fail("stream %d size" % index, "%d bytes in a file of %d" % (size, file_bytes))
             count = -(-size // self.block_size)
             if cursor + 4 * count > directory_bytes:
                 self.fail("stream %d block list" % index, "directory ends at byte %d" % directory_bytes)
             blocks = struct.unpack_from("<%dI" % count, directory, cursor)
             cursor += 4 * count
+            self._check_blocks(blocks, "stream %d block list" % index)
             self._streams.append((size, blocks))
 
-    def _join(self, blocks, size, what):
+    def _check_blocks(self, blocks, what):
+        """PdbError unless every block lies in the file and none is listed twice."""
+        if len(set(blocks)) != len(blocks):
+            seen = set()
+            for block in blocks:
+                if block in seen:
+                    self.fail(what, "block %d listed twice" % block)
+                seen.add(block)
+        for block in blocks:
+            if not 0 < block < self.block_count:
+                self.fail(what, "block %d outside the file's %d blocks" % (block, self.block_count))
+
+    def _join(self, blocks, size):
+        """The bytes of checked blocks (:meth:`_check_blocks`), cut to ``size``."""
         size_per_block = self.block_size
         pieces = []
         run_start = run_end = None
         for block in blocks:
-            if not 0 < block < self.block_count:
-                self.fail(what, "block %d outside the file's %d blocks" % (block, self.block_count))
             if run_end == block:
                 run_end += 1
                 continue
@@ -235,12 +254,16 @@ class MsfFile(object):
     def stream_size(self, index):
         return self._streams[index][0] if 0 <= index < len(self._streams) else 0
 
-    def stream(self, index, what):
-        """Stream ``index``'s bytes; ``what`` names it in errors."""
+    def stream(self, index, what, limit=None):
+        """Stream ``index``'s bytes (its first ``limit`` bytes when given); ``what``
+        names it in errors."""
         if not 0 <= index < len(self._streams):
             self.fail(what, "stream %d of %d" % (index, len(self._streams)))
         size, blocks = self._streams[index]
-        return self._join(blocks, size, what)
+        if limit is not None and limit < size:
+            size = limit
+            blocks = blocks[:-(-limit // self.block_size)]
+        return self._join(blocks, size)
 
     @property
     def closed(self):
@@ -279,7 +302,9 @@ class PdbFile(object):
     # -- identity ------------------------------------------------------------------------
 
     def _read_info(self):
-        info = self.msf.stream(STREAM_INFO, "PDB info stream")
+        # Only the identity is read before the GUID check: the rest (named streams,
+        # features) is never needed.
+        info = self.msf.stream(STREAM_INFO, "PDB info stream", limit=INFO_IDENTITY_BYTES)
         if len(info) < 28:
             self.fail("PDB info stream", "%d bytes" % len(info))
         self.version, self.signature, self.age = struct.unpack_from("<III", info)
@@ -676,6 +701,9 @@ class TypeTable(object):
         elif index >= self.first_index + len(self.offsets):
             record = CvType(index, "unknown", "<type 0x%x>" % index)
         else:
+            # Cached before decoding: a record that names itself (or a cycle back to
+            # it) finds this placeholder instead of recursing.
+            self._cache[index] = CvType(index, "unknown", "<type 0x%x>" % index)
             record = self._decode(index)
         self._cache[index] = record
         return record
@@ -702,7 +730,7 @@ class TypeTable(object):
             return record
         if kind == LF_ENUM:
             count, properties, underlying, field_list = unpack_from("<HHII", data, at)
-            base = self.get(underlying)
+            base = self._enum_base(underlying)
             record = CvType(index, "enum", _name(data, at + 12, end), base.size, underlying)
             record.forward = bool(properties & PROPERTY_FORWARD_REF)
             record.field_list = field_list
@@ -739,6 +767,24 @@ class TypeTable(object):
             record.fields, record.enumerators, record.field_list = _field_list(data, at, end, self, index)
             return record
         return CvType(index, "unknown", "<leaf 0x%04x>" % kind)
+
+    def _enum_base(self, index):
+        """The integer type under an enum, followed through modifiers and enums
+        named as underlying types by reading their raw records (no recursion),
+        at most MAX_TYPE_DEPTH steps; an unknown type when the chain does not end."""
+        data = self._data
+        for _ in range(MAX_TYPE_DEPTH):
+            if not self.first_index <= index < self.first_index + len(self.offsets):
+                return self.get(index)
+            at = self.offsets[index - self.first_index]
+            length, kind = struct.unpack_from("<HH", data, at)
+            if kind == LF_ENUM and length >= 10:
+                index = struct.unpack_from("<I", data, at + 8)[0]
+            elif kind == LF_MODIFIER and length >= 6:
+                index = struct.unpack_from("<I", data, at + 4)[0]
+            else:
+                return self.get(index)
+        return CvType(index, "unknown", "<type 0x%x: a chain of more than %d enums>" % (index, MAX_TYPE_DEPTH))
 
     # -- structure members ---------------------------------------------------------------------
 
