@@ -214,6 +214,29 @@ class LlvmTypes(object):
                 found[index] = (name, size, int(field_list, 16) if field_list.startswith("0x") else None)
         return found
 
+    def enum_definitions(self):
+        """{index: (name, size, field list index)} of every enum definition."""
+        found = {}
+        for index, (leaf, text) in self.records.items():
+            if leaf == "LF_ENUM" and "forward ref" not in text:
+                name = re.search(r"\] `(.*)`\n", text).group(1)
+                field_list = re.search(r"field list: (0x[0-9A-F]+|<no type>)", text).group(1)
+                found[index] = (name, self.size(index), int(field_list, 16) if field_list.startswith("0x") else None)
+        return found
+
+    def enumerators(self, field_list):
+        """[(name, value)] of an enum's field list and its continuations."""
+        values = []
+        seen = set()
+        while field_list is not None and field_list not in seen:
+            seen.add(field_list)
+            text = self.records[field_list][1]
+            values.extend((name, int(value)) for name, value in
+                          re.findall(r"LF_ENUMERATE \[(.*) = (-?\d+)\]\n", text + "\n"))
+            continued = re.search(r"LF_INDEX continuation = (0x[0-9A-F]+)", text)
+            field_list = int(continued.group(1), 16) if continued else None
+        return values
+
     def members(self, field_list):
         """[(name, type index, offset)] of a field list and its LF_INDEX continuations."""
         members = []
@@ -223,7 +246,7 @@ class LlvmTypes(object):
             text = self.records[field_list][1]
             members.extend((name, int(index, 16), int(offset)) for name, index, offset in re.findall(
                 r"LF_MEMBER \[name = `([^`]*)`, Type = (0x[0-9A-F]+)[^,]*, offset = (\d+)", text))
-            continued = re.search(r"LF_INDEX \[continuation = (0x[0-9A-F]+)\]", text)
+            continued = re.search(r"LF_INDEX continuation = (0x[0-9A-F]+)", text)
             field_list = int(continued.group(1), 16) if continued else None
         return members
 
@@ -371,6 +394,15 @@ def agreement(real):
                     agree += 1
                 else:
                     wrong.append((name, [(e, f) for e, f in zip(expected_members, found_members) if e != f][:3]))
+            # Enums: name, size (the underlying type's) and enumerators.
+            for index, (name, size, field_list) in sorted(llvm.enum_definitions().items()):
+                record = pdb.types.get(index)
+                found = (record.name, record.size, pdb.types.enumerators(record))
+                if found == (name, size, llvm.enumerators(field_list)):
+                    agree += 1
+                else:
+                    wrong.append((name, found[:2], (name, size)))
+                definitions[index] = name
             results["types"] = (agree, len(definitions), wrong[:5])
     finally:
         pdb.close()

@@ -1,8 +1,8 @@
 """The PDB reader on 26 PDBs written by Microsoft's linker (../shared/realworld/pdb),
 against llvm-pdbutil and, for the OMAP-relinked ones, Microsoft DIA's addresses:
 every public (name, RVA), every procedure (name, RVA, code size), every named
-structure's members (name, offset, type index, size) and every procedure of an
-OMAP PDB at the address DIA gives it."""
+structure's members (name, offset, type index, size), every enum (size and
+enumerators) and every procedure of an OMAP PDB at the address DIA gives it."""
 
 import pytest
 
