@@ -7,19 +7,39 @@ What it reads (see LLVM's "The PDB File Format" documentation for the layouts):
   (RSDS) record must match;
 * the DBI stream (3): module list with each module's symbol stream, the section
   map, and the optional debug header's section-header and OMAP streams, which turn
-  ``segment:offset`` into RVAs;
+  ``segment:offset`` into RVAs (:class:`Omap`, both ways, from whichever direction
+  the PDB has; without original section headers the ordinary ones are mapped, as
+  Syzygy leaves them);
 * symbol records: publics (``S_PUB32``) and globals from the symbol record stream,
   procedures with their code sizes (``S_GPROC32``/``S_LPROC32`` and the ``_ID``
-  forms) and data (``S_GDATA32``/``S_LDATA32``) from the module streams;
+  forms, funclets nested in their parents included) and data
+  (``S_GDATA32``/``S_LDATA32``) from the module streams;
 * the TPI stream (2): structures, unions, classes, enums, pointers, arrays, bit
-  fields, modifiers, procedures, field lists (continued through ``LF_INDEX``), with
-  forward references resolved to their definitions by name.
+  fields, modifiers, procedures, field lists (continued through ``LF_INDEX``), every
+  CodeView simple type, with forward references resolved to their definitions by name.
 
 Nothing is read until it is asked for: opening reads the superblock, the stream
-directory and the info stream; publics, procedures and types are parsed on first
-use and kept.  Every field that is used is checked against the data it points
-into; a bad one raises :class:`PdbError` naming the file and the field, so a broken
-PDB is reported once and the analysis goes on without it.
+directory and the info stream's first 28 bytes; publics, procedures and types are
+parsed on first use and kept.  Every field that is used is checked against the data
+it points into; a bad one raises :class:`PdbError` naming the file and the field, so
+a broken PDB is reported once and the analysis goes on without it.
+
+What the file claims, and what bounds it:
+
+=================================  ===============================================
+stream count                       MAX_STREAMS and the directory's size
+a stream's size                    the file's size (else PdbError)
+a stream's block list              each block inside the file and listed once
+                                   (else PdbError), checked before anything is copied
+the stream directory               one block of block numbers (at most block size / 4)
+DBI substream sizes                their sum within the DBI stream
+section map entries                the substream's bytes
+symbol and type record lengths     the stream they are in
+field-list continuations           MAX_FIELD_LIST_CHAIN, cycles stopped
+modifier / enum / array chains     MAX_TYPE_DEPTH, followed without recursion; a
+                                   record is cached before it is decoded
+OMAP entries                       the OMAP stream's bytes
+=================================  ===============================================
 """
 
 import bisect
