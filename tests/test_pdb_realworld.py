@@ -81,3 +81,30 @@ def test_an_80_bit_long_double_member_has_a_type_and_a_size(scratch):
         assert (fac.offset, fac.text, fac.size) == (0xA, "Float10B", 10)
     finally:
         pdb.close()
+
+
+def test_the_x86_fpo_and_frame_data_streams_are_the_ones_llvm_pdbutil_reads(scratch):
+    """What an FPO/FrameData reader is given: the optional debug streams' bytes
+    (FPO_DATA 16 bytes and FRAMEDATA 32 bytes a record, RVA first); an x64 PDB
+    has neither."""
+    import re
+    import struct
+    from dbgext.symbols.pdb import OPTIONAL_DEBUG_FPO, OPTIONAL_DEBUG_FRAME_DATA
+    real = RealPdb("msvc2010-x86-omap-reorder-funcs", scratch)
+    text = llvm_pdbutil("dump", "-fpo", real.for_llvm)
+    old, new = text.split("New FPO Data")
+    pdb = PdbFile(real.pdb)
+    try:
+        fpo = pdb.debug_stream(OPTIONAL_DEBUG_FPO)
+        assert [struct.unpack_from("<I", fpo, at)[0] for at in range(0, len(fpo), 16)] == \
+            [int(rva, 16) for rva in re.findall(r"\n([0-9A-F]{8}) \|", old)]
+        frames = pdb.debug_stream(OPTIONAL_DEBUG_FRAME_DATA)
+        assert [struct.unpack_from("<I", frames, at)[0] for at in range(0, len(frames), 32)] == \
+            [int(rva, 16) for rva in re.findall(r"\n([0-9A-F]{8}) \|", new)]
+    finally:
+        pdb.close()
+    pdb = PdbFile(RealPdb("msvc2013-x64-kmdf-driver", scratch).pdb)
+    try:
+        assert pdb.debug_stream(OPTIONAL_DEBUG_FPO) is None and pdb.debug_stream(OPTIONAL_DEBUG_FRAME_DATA) is None
+    finally:
+        pdb.close()

@@ -62,6 +62,8 @@ TPI_HEADER = struct.Struct("<IIIIIHHIIiIiIiI")
 MODULE_INFO = struct.Struct("<I28sHHIIIHHIII")
 SECTION_HEADER = struct.Struct("<8sIIIIIIHHI")
 OMAP_ENTRY = struct.Struct("<II")  # (address in one space, address in the other; 0: none)
+# The DBI optional debug header: which stream holds each kind of debug data.
+OPTIONAL_DEBUG_FPO, OPTIONAL_DEBUG_FRAME_DATA = 0, 9
 OPTIONAL_DEBUG_OMAP_TO_SOURCE, OPTIONAL_DEBUG_OMAP_FROM_SOURCE, OPTIONAL_DEBUG_SECTION_HEADERS = 3, 4, 5
 OPTIONAL_DEBUG_ORIGINAL_SECTION_HEADERS = 10
 
@@ -274,11 +276,11 @@ class MsfFile(object):
     def stream_size(self, index):
         return self._streams[index][0] if 0 <= index < len(self._streams) else 0
 
-    def stream(self, index, what, limit=None):
+    def stream(self, index, what=None, limit=None):
         """Stream ``index``'s bytes (its first ``limit`` bytes when given); ``what``
         names it in errors."""
         if not 0 <= index < len(self._streams):
-            self.fail(what, "stream %d of %d" % (index, len(self._streams)))
+            self.fail(what or "stream %d" % index, "stream %d of %d" % (index, len(self._streams)))
         size, blocks = self._streams[index]
         if limit is not None and limit < size:
             size = limit
@@ -422,6 +424,14 @@ class PdbFile(object):
         return self.dbi["modules"]
 
     # -- segment:offset -> RVA ---------------------------------------------------------------
+
+    def debug_stream(self, kind, what=None):
+        """The bytes of the optional debug header's stream ``kind``
+        (``OPTIONAL_DEBUG_FPO``, ``OPTIONAL_DEBUG_FRAME_DATA``...), or None when the
+        PDB has none.  Its addresses are the ones before any relink:
+        :meth:`source_rva` maps an image RVA to them."""
+        stream = self._optional_stream(kind)
+        return self.msf.stream(stream, what or "optional debug stream %d" % kind) if stream is not None else None
 
     def _optional_stream(self, index):
         streams = self.dbi["optional_streams"]
