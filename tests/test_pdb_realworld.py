@@ -8,7 +8,7 @@ import pytest
 
 from symbols_support import RealPdb, agreement, llvm_pdbutil, realworld_entries
 
-from dbgext.pe import PEImage
+from dbgext.pe import PEImage, undecorate
 from dbgext.symbols.pdb import PdbFile
 
 ENTRIES = realworld_entries()
@@ -108,3 +108,18 @@ def test_the_x86_fpo_and_frame_data_streams_are_the_ones_llvm_pdbutil_reads(scra
         assert pdb.debug_stream(OPTIONAL_DEBUG_FPO) is None and pdb.debug_stream(OPTIONAL_DEBUG_FRAME_DATA) is None
     finally:
         pdb.close()
+
+
+@pytest.mark.parametrize("entry", [entry for entry in ENTRIES if "omap" in entry])
+def test_the_publics_dia_lists_of_an_omap_pdb_are_at_its_addresses(entry, scratch):
+    import re
+    real = RealPdb(entry, scratch)
+    with open(real.sym) as handle:
+        dia = [(int(rva, 16), name) for rva, name in
+               re.findall(r"^PUBLIC (?:m )?([0-9a-f]+) [0-9a-f]+ (.*)$", handle.read(), re.M)]
+    pdb = PdbFile(real.pdb)
+    try:
+        ours = set((public.rva, undecorate(public.name)) for public in pdb.publics())
+    finally:
+        pdb.close()
+    assert len(dia) == 4 and all((rva, name) in ours for rva, name in dia)
