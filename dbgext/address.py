@@ -123,3 +123,14 @@ def parse_range(tokens, start, unit, default_count, resolver):
     if end < start:
         raise BadInput("range end %s is below the start address 0x%x" % (text, start))
     return (end - start) // unit + 1
+
+
+def merge_ranges(ranges):
+    """Sorted (start, end) ranges with touching and overlapping ones joined."""
+    merged = []
+    for start, end in sorted(ranges):
+        if merged and merged[-1][1] >= start:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged

@@ -14,6 +14,8 @@ import ctypes
 
 import capstone
 
+from .errors import BadInput
+
 # capstone's own cs_disasm and cs_insn, for DecodedRun: the binding's
 # disasm_lite reads every field of every instruction through ctypes, which costs
 # more than the decoding itself.
@@ -44,7 +46,9 @@ class Disassembler(object):
 
     @classmethod
     def for_arch(cls, arch):
-        """``"x64"``, ``"x86"`` or ``"arm64"`` (a PEImage's ``arch``)."""
+        """``"x64"``, ``"x86"`` or ``"arm64"`` (a PEImage's ``arch``); BadInput for another machine."""
+        if arch not in BITS:
+            raise BadInput("%s code cannot be disassembled (x86, x64 and arm64 only)" % arch)
         return cls(BITS[arch])
 
     def decode(self, code, address, count=0):

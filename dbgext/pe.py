@@ -35,11 +35,15 @@ import bisect
 import os
 import struct
 
+from .address import merge_ranges
 from .errors import BadInput
 from .problems import ProblemLog
 
-MACHINE_ARCH = {0x8664: "x64", 0x14C: "x86"}
-POINTER_SIZE = {"x64": 8, "x86": 4}
+# IMAGE_FILE_MACHINE_*: x86 and x64 are read for everything; the ARM64 kinds (an
+# ARM64X image says ARM64 in its header; ARM64EC is its x64-compatible code) for
+# their symbols, exports and directories.
+MACHINE_ARCH = {0x8664: "x64", 0x14C: "x86", 0xAA64: "arm64", 0xA641: "arm64ec", 0xA64E: "arm64x"}
+POINTER_SIZE = {"x64": 8, "x86": 4, "arm64": 8, "arm64ec": 8, "arm64x": 8}
 SECTION_HEADER_SIZE = 40
 SECTION_EXECUTE = 0x20000000 | 0x00000020  # IMAGE_SCN_MEM_EXECUTE | IMAGE_SCN_CNT_CODE
 SECTION_UNINITIALIZED = 0x00000080
@@ -59,11 +63,11 @@ COFF_SYMBOL_SIZE = 18
 COFF_FUNCTION_TYPE = 0x20          # DTYPE_FUNCTION << 4
 COFF_EXTERNAL, COFF_STATIC = 2, 3  # storage classes of code symbols
 
-# IMAGE_LOAD_CONFIG_DIRECTORY{32,64}: offsets of the SafeSEH and CFG tables.
+# IMAGE_LOAD_CONFIG_DIRECTORY{32,64} (by pointer size): offsets of the SafeSEH and CFG tables.
 LOAD_CONFIG_FIELDS = {
-    "x86": {"se_handler_table": (0x40, "I"), "se_handler_count": (0x44, "I"),
+    4: {"se_handler_table": (0x40, "I"), "se_handler_count": (0x44, "I"),
             "guard_function_table": (0x50, "I"), "guard_function_count": (0x54, "I"), "guard_flags": (0x58, "I")},
-    "x64": {"se_handler_table": (0x60, "Q"), "se_handler_count": (0x68, "Q"),
+    8: {"se_handler_table": (0x60, "Q"), "se_handler_count": (0x68, "Q"),
             "guard_function_table": (0x80, "Q"), "guard_function_count": (0x88, "Q"), "guard_flags": (0x90, "I")},
 }
 GUARD_ENTRY_EXTRA_SHIFT = 28  # GuardFlags bits 28-31: extra bytes per CFG table entry
@@ -165,9 +169,7 @@ class PEImage(object):
         self._segments = sorted(segments, key=lambda segment: segment.rva)
         self._starts = [segment.rva for segment in self._segments]
         self.holes = sorted(holes)
-        # The holes' union as sorted disjoint runs, for a bisect on every read
-        # (imported here: dbgext.target imports the PDB reader, which imports this module).
-        from .target.base import merge_ranges
+        # The holes' union as sorted disjoint runs, for a bisect on every read.
         runs = merge_ranges(self.holes)
         self._hole_starts, self._hole_ends = [start for start, _ in runs], [end for _, end in runs]
         self._file = file_bytes
@@ -589,7 +591,7 @@ class PEImage(object):
         rva = found[0]
         declared = self.unpack("<I", rva)[0]
         fields = {}
-        for field, (offset, fmt) in LOAD_CONFIG_FIELDS[self.arch].items():
+        for field, (offset, fmt) in LOAD_CONFIG_FIELDS[self.pointer_size].items():
             if offset + struct.calcsize(fmt) <= declared:
                 value = self.unpack("<" + fmt, rva + offset)
                 if value is not None:
@@ -673,7 +675,7 @@ def _parse_header_fields(raw, name, origin):
     (machine, section_count, timestamp, symbol_table, symbol_count, optional_size,
      _) = struct.unpack_from("<HHIIIHH", raw, nt + 4)
     if machine not in MACHINE_ARCH:
-        fail("unsupported machine type 0x%x (x64 and x86 only)" % machine)
+        fail("unsupported machine type 0x%x (x64, x86 and ARM64 only)" % machine)
     optional = nt + 24
     if optional + optional_size > len(raw) or optional_size < 0x60:
         fail("optional header truncated")

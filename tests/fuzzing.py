@@ -439,7 +439,7 @@ def read_pdb(path, directory):
 
 
 def load_isf(path, directory):
-    from dbgext.target.symbols import load_isf_file
+    from dbgext.symbols.module import load_isf_file
     load_isf_file(path)
 
 

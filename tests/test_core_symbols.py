@@ -6,7 +6,8 @@ import pytest
 
 from dbgext.errors import BadInput
 from dbgext.target.base import Module
-from dbgext.target.symbols import load_isf_directory, load_isf_file
+from dbgext.symbols.module import load_isf_file
+from dbgext.symbols.table import load_isf_directory
 from dbgext.sample.scenario import Scenario
 
 
@@ -99,3 +100,44 @@ def test_isf_member_types_of_any_shape_display_without_failing(tmp_path):
     view = table.type_view("T")
     assert [member.name for member in view.members] == sorted(fields)
     assert table.layout("T")[0] == 8 and table.field_offset("T", "f5") == 5
+
+
+def _compressed(path, opener, chunks):
+    with opener(str(path), "wb") as handle:
+        for chunk in chunks:
+            handle.write(chunk)
+
+
+@pytest.mark.parametrize("suffix", [".json.xz", ".json.gz"])
+def test_a_compressed_isf_file_is_read_and_named_by_its_stem(tmp_path, suffix):
+    import gzip
+    import lzma
+    path = tmp_path / ("mydrv" + suffix)
+    _compressed(path, lzma.open if suffix.endswith("xz") else gzip.open,
+                [json.dumps({"symbols": {"DriverEntry": {"address": 16}}}).encode()])
+    loaded = load_isf_file(str(path))
+    assert (loaded.module_name, loaded.symbols) == ("mydrv", {"DriverEntry": 16})
+
+
+@pytest.mark.parametrize("suffix", [".json.xz", ".json.gz"])
+def test_a_compression_bomb_is_refused_once_it_passes_the_cap_not_expanded_whole(tmp_path, monkeypatch, suffix):
+    """Spaces then valid JSON: the stream is read only to the cap (here 1 MiB)."""
+    import gzip
+    import lzma
+    from dbgext.symbols import isf
+    monkeypatch.setattr(isf, "MAX_ISF_BYTES", 1 << 20)
+    path = tmp_path / ("nt" + suffix)
+    _compressed(path, lzma.open if suffix.endswith("xz") else gzip.open,
+                [b" " * (1 << 20)] * 16 + [b'{"symbols": {}}'])
+    assert path.stat().st_size < 64 << 10
+    with pytest.raises(BadInput, match=r"cannot read symbol file .*nt%s: more than 1048576 bytes once "
+                                       r"decompressed" % suffix.replace(".", r"\.")):
+        load_isf_file(str(path))
+
+
+def test_json_nested_too_deeply_is_one_line(tmp_path):
+    path = tmp_path / "nt.json"
+    path.write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(BadInput) as caught:
+        load_isf_file(str(path))
+    assert str(caught.value) == "cannot read symbol file %s: nested too deeply" % path

@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from symbols_support import build_dll, read_everything
+from symbols_support import build_dll, build_msf, info_stream, lf_enum, read_everything, tpi_stream
 
 from dbgext.errors import BadInput
 from dbgext.symbols.pdb import MSF_MAGIC, PdbError, PdbFile
@@ -79,3 +79,75 @@ def test_mutated_pdbs_raise_only_dbgexts_errors(tmp_path, good_pdb):
         except BadInput:
             outcomes["refused"] += 1
     assert outcomes["read"] and outcomes["refused"]
+
+
+# -- claims and cycles (issue #27): what the file says it holds, bounded by what it holds ------
+
+def test_a_block_listed_twice_in_a_stream_is_a_bad_pdb_refused_at_open(tmp_path):
+    """The info stream lists one block 65,536 times (it cost 2 GB when the blocks
+    were copied before anything was checked): refused at open, by its size when
+    that is past the file, else by the repeated block."""
+    path = write(tmp_path, build_msf([None, info_stream()], block_size=4096, block_lists={1: [3] * 65536},
+                                     sizes={1: 65536 * 4096}))
+    with pytest.raises(PdbError, match="stream 1 size"):
+        PdbFile(path)
+    path = write(tmp_path, build_msf([None, info_stream()], block_size=4096, block_lists={1: [3] * 65536},
+                                     sizes={1: 60 * 4096}))
+    with pytest.raises(PdbError, match="stream 1 block list.*block 3 listed twice"):
+        PdbFile(path)
+
+
+def test_a_stream_longer_than_the_file_is_a_bad_pdb(tmp_path):
+    path = write(tmp_path, build_msf([None, info_stream()], sizes={1: 1 << 30}))
+    with pytest.raises(PdbError, match="stream 1 size.*1073741824 bytes in a file of"):
+        PdbFile(path)
+
+
+def test_only_the_identity_of_the_info_stream_is_read_before_the_guid_check(tmp_path, monkeypatch):
+    from dbgext.symbols.pdb import MsfFile
+    read = []
+    original = MsfFile._join
+
+    def recording(self, blocks, size):
+        read.append(size)
+        return original(self, blocks, size)
+
+    monkeypatch.setattr(MsfFile, "_join", recording)
+    path = write(tmp_path, build_msf([None, info_stream() + b"\xAA" * 100000]))
+    pdb = PdbFile(path)
+    assert pdb.guid == b"\x11" * 16 and pdb.age == 1
+    assert read[1:] == [28]        # the directory, then 28 bytes of the 100 KB info stream
+    pdb.close()
+
+
+def test_an_enum_naming_itself_as_its_underlying_type_reads_as_an_unsized_enum():
+    from dbgext.symbols.pdb import TypeTable
+    from dbgext.symbols.types import pdb_type_text, pdb_type_view
+    types = TypeTable(tpi_stream([lf_enum("_SELF", 0x1000)]), "self.pdb", 8)
+    record = types.find("_SELF")
+    assert (record.kind, record.name, record.size) == ("enum", "_SELF", None)
+    assert pdb_type_view(types, record).enumerators == [] and pdb_type_text(types, 0x1000) == "_SELF"
+
+
+def test_a_long_enum_chain_ends_at_the_depth_bound_without_recursion():
+    """2,000 enums, each the next one's underlying type, and the last an Int4B:
+    past MAX_TYPE_DEPTH the size is unknown, never a RecursionError."""
+    import sys
+    from dbgext.symbols.pdb import MAX_TYPE_DEPTH, TypeTable
+    count = 2000
+    records = [lf_enum("E%d" % index, 0x1000 + index + 1) for index in range(count - 1)] + [lf_enum("Last", 0x74)]
+    types = TypeTable(tpi_stream(records), "chain.pdb", 8)
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(200)  # a recursion per link would need 2,000 frames
+    try:
+        assert types.find("E0").size is None
+        assert types.find("E%d" % (count - MAX_TYPE_DEPTH + 1)).size == 4
+        assert len(types.names()) == count
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+def test_a_cycle_of_enums_reads_as_unsized():
+    from dbgext.symbols.pdb import TypeTable
+    types = TypeTable(tpi_stream([lf_enum("A", 0x1001), lf_enum("B", 0x1000)]), "cycle.pdb", 8)
+    assert types.find("A").size is None and types.find("B").size is None

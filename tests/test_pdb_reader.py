@@ -7,7 +7,7 @@ import pytest
 
 from symbols_support import build_dll, llvm_pdbutil
 
-from dbgext.symbols.pdb import PdbFile
+from dbgext.symbols.pdb import Omap, PdbFile
 from dbgext.symbols.types import pdb_type_text, pdb_type_view
 
 
@@ -155,8 +155,18 @@ def test_simple_and_unknown_type_indices_do_not_raise(pdb):
 def test_an_omap_moves_addresses_as_the_optimizer_moved_the_code(pdb):
     """Segment RVAs are pre-optimization addresses; the OMAP maps them to the
     image's (a zero target: code the optimizer removed)."""
-    pdb._sections = ([0x1000, 0x5000], ([0x1000, 0x1100, 0x1200], [0x3000, 0, 0x2000]))
+    pdb._sections = ([0x1000, 0x5000], Omap([(0x1000, 0x3000), (0x1100, 0), (0x1200, 0x2000)], None))
     assert pdb.rva(1, 0x10) == 0x3010
     assert pdb.rva(1, 0x150) is None
     assert pdb.rva(2, 0x4) == 0x2000 + 0x5004 - 0x1200
     assert pdb.rva(3, 0) is None and pdb.rva(0, 0) is None
+
+
+def test_a_pdb_with_one_omap_direction_maps_both_ways_by_its_inverse():
+    """OMAP-to-source alone (image -> source) also answers source -> image, and
+    the other way round; each direction is sorted whatever order the file has."""
+    to_source = Omap(None, [(0x3000, 0x1000), (0x2000, 0x1200), (0x3100, 0)])
+    assert to_source.to_source(0x3010) == 0x1010 and to_source.to_source(0x3150) is None
+    assert to_source.to_image(0x1010) == 0x3010 and to_source.to_image(0x1204) == 0x2004
+    from_source = Omap([(0x1000, 0x3000), (0x1200, 0x2000)], None)
+    assert from_source.to_source(0x2004) == 0x1204 and from_source.to_source(0x1000) is None

@@ -141,7 +141,7 @@ def test_windbg_output_links_functions_to_their_disassembly(driver_file):
 
 
 def test_symbols_name_functions_of_a_pe_file(driver_file, tmp_path):
-    from dbgext.target.symbols import ModuleSymbols, write_isf_file
+    from dbgext.symbols.module import ModuleSymbols, write_isf_file
     path, built = driver_file
     directory = tmp_path / "symbols"
     directory.mkdir()

@@ -14,7 +14,7 @@ def analyse(arch, functions, symbols=None):
     built = build_pe(arch, functions)
     names = None
     if symbols:
-        names = {name: built.rvas[name] for name in symbols}
+        names = {built.rvas[name]: name for name in symbols}
     return built, analyse_built(built, arch, names)[1:]
 
 

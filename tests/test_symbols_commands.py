@@ -203,7 +203,7 @@ def test_pdb_types_feed_the_layout_lookup_and_say_so(kernel):
 
 def test_a_pe_on_disk_gets_its_pdb_symbols_for_stackuse(x64, tmp_path):
     from dbgext.pe import PEImage
-    from dbgext.symbols.match import pe_file_symbols
+    from dbgext.symbols.table import pe_file_symbols
     shutil.copy(x64.pdb, str(tmp_path))
     symbols = pe_file_symbols(PEImage.from_file(x64.dll), [str(tmp_path)])
     assert symbols.status == "pdb symbols" and symbols.symbols["CopyLeaf"] == rva(x64, "CopyLeaf")

@@ -12,6 +12,7 @@ import pytest
 
 from symbols_support import build_dll
 
+from dbgext.symbols.download import Limits, ProgressBar
 from dbgext.symbols.path import SymbolLocator, parse_symbol_path, symbol_path_elements
 
 
@@ -173,14 +174,14 @@ def server(tmp_path, built):
 def test_a_pdb_missing_from_the_cache_is_downloaded_with_a_progress_bar(tmp_path, built, server):
     cache = tmp_path / "cache"
     progress = io.StringIO()
-    locator = SymbolLocator(parse_symbol_path("srv*%s*%s" % (cache, server.url)), progress=progress)
+    locator = SymbolLocator(parse_symbol_path("srv*%s*%s" % (cache, server.url)), progress=ProgressBar(progress))
     pdb = locator.find_pdb(built.image.codeview, Reports())
     assert pdb is not None and pdb.path.startswith(str(cache))
     pdb.close()
     size = os.path.getsize(built.pdb) / 1e6
     assert progress.getvalue() == "downloading %s: %.1f MB\n" % (os.path.basename(built.pdb), size)
     # The second time it comes from the cache.
-    again = SymbolLocator(parse_symbol_path("srv*%s*%s" % (cache, server.url)), progress=progress)
+    again = SymbolLocator(parse_symbol_path("srv*%s*%s" % (cache, server.url)), progress=ProgressBar(progress))
     again.find_pdb(built.image.codeview, Reports()).close()
     assert len(server.requests) == 1
 
@@ -193,7 +194,7 @@ class Terminal(io.StringIO):
 def test_on_a_terminal_the_progress_bar_is_redrawn_in_place(tmp_path, built, server):
     progress = Terminal()
     SymbolLocator(parse_symbol_path("srv*%s*%s" % (tmp_path / "cache", server.url)),
-                  progress=progress).find_pdb(built.image.codeview, Reports()).close()
+                  progress=ProgressBar(progress)).find_pdb(built.image.codeview, Reports()).close()
     assert "\rdownloading %s [%s] 100%%" % (os.path.basename(built.pdb), "#" * 30) in progress.getvalue()
 
 
@@ -205,24 +206,25 @@ def test_no_download_means_no_request(tmp_path, built, server):
 
 def test_a_file_the_server_lacks_is_reported_once(tmp_path, built, server):
     shutil.rmtree(str(tmp_path / "served" / "symbols"))
-    locator = SymbolLocator(parse_symbol_path("srv*%s*%s" % (tmp_path / "cache", server.url)),
-                            progress=io.StringIO())
+    locator = SymbolLocator(parse_symbol_path("srv*%s*%s" % (tmp_path / "cache", server.url)))
     reports = Reports()
     for _ in range(2):
         assert locator.find_pdb(built.image.codeview, reports) is None
-    assert len(reports) == 1 and "HTTP 404" in reports[0][1] and len(server.requests) == 1
+    # Asked for as symsrv asks: name.pdb, then name.pd_, then file.ptr.
+    name = os.path.basename(built.pdb)
+    assert [request.rsplit("/", 1)[-1] for request in server.requests] == [name, name[:-1] + "_", "file.ptr"]
+    assert len(reports) == 1 and "HTTP 404" in reports[0][1]
     # Nor does the next target of the same process ask again (batch triage).
     SymbolLocator(parse_symbol_path("srv*%s*%s" % (tmp_path / "cache", server.url))).find_pdb(
         built.image.codeview, reports)
-    assert len(server.requests) == 1
-    assert os.listdir(str(tmp_path / "cache" / os.path.basename(built.pdb) /
-                          built.image.codeview.symbol_server_key)) == []
+    assert len(server.requests) == 3
+    assert os.listdir(str(tmp_path / "cache" / name / built.image.codeview.symbol_server_key)) == []
 
 
 def test_a_silent_server_times_out(tmp_path, built, server):
     server.stall = 2
-    locator = SymbolLocator(parse_symbol_path("srv*%s*%s" % (tmp_path / "cache", server.url)), timeout=0.3,
-                            progress=io.StringIO())
+    locator = SymbolLocator(parse_symbol_path("srv*%s*%s" % (tmp_path / "cache", server.url)),
+                            limits=Limits(timeout=0.3))
     reports = Reports()
     assert locator.find_pdb(built.image.codeview, reports) is None
     assert "timed out" in reports[0][1]

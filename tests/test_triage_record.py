@@ -8,7 +8,7 @@ import pytest
 
 from dbgext.errors import BadInput
 from dbgext.problems import Problem
-from dbgext.target.symbols import EXPORT_SYMBOLS
+from dbgext.symbols.module import EXPORT_SYMBOLS
 from dbgext.triage import record as record_module
 from dbgext.triage.bugchecks import BUGCHECK_NAMES, bugcheck_name, describe_crash
 from dbgext.triage.record import (STATUS_FAILED, STATUS_OK, Analysis, DumpRecord, build_record, content_hash,

@@ -20,7 +20,8 @@ import struct
 from ..target.base import PAGE_SIZE, Module, Target
 from ..target.base import Thread as TargetThread
 from ..target.image import ImageBackend
-from ..target.symbols import ModuleSymbols, SymbolTable, write_isf_file
+from ..symbols.module import ModuleSymbols, write_isf_file
+from ..symbols.table import SymbolTable
 
 # Where allocations go by default, per (arch, mode): realistic pool / heap ranges.
 HEAP_BASE = {

@@ -24,14 +24,14 @@ SCHEMA_VERSION = 1
 def open_module(target=None, pe=None, module=None, symbols=None, pdb=None):
     """(Program, ModuleFunctions or None) for a PE file or a target's module.
 
-    ``symbols``: extra function names {name: rva} (an ISF file's); ``pdb``: a PDB
+    ``symbols``: extra function names {rva: name} (an ISF file's); ``pdb``: a PDB
     file whose procedures name functions — both on top of what the image itself
     names (exports, COFF symbols)."""
     if pe is not None:
         program = Program()
         image = pe if isinstance(pe, PEImage) else PEImage.from_file(pe)
         if pdb is not None:
-            symbols = dict(symbols or {}, **pdb_functions(pdb, image))
+            symbols = _with(symbols, pdb_functions(pdb, image))
         return program, program.add_image(image, symbols)
     if target is None:
         raise BadInput("give a PE file, or a target with a module name")
@@ -43,12 +43,13 @@ def open_module(target=None, pe=None, module=None, symbols=None, pdb=None):
         raise BadInput("no module named %r in the target (loaded: %s)" % (module, _module_names(target)))
     if pdb is not None:
         image = PEImage.from_target(target, loaded)
-        return program, program.add_image(image, dict(symbols or {}, **pdb_functions(pdb, image)))
+        return program, program.add_image(image, _with(symbols, pdb_functions(pdb, image)))
     return program, program.add_target_module(loaded, symbols)
 
 
 def pdb_functions(path, image):
-    """{name: rva} of the procedures in the PDB at ``path``, refused (BadInput) when
+    """{rva: name} of the procedures in the PDB at ``path`` (each at its own address:
+    overloads and same-named statics too), refused (BadInput) when
     its GUID and age are not the ones ``image``'s CodeView record names."""
     from ..symbols.pdb import PdbFile
     pdb = PdbFile(path)
@@ -57,9 +58,19 @@ def pdb_functions(path, image):
         if codeview is not None and not pdb.matches(codeview.guid, codeview.age):
             raise BadInput("%s does not belong to %s (the image wants %s %s, age %d)"
                            % (path, image.name, codeview.pdb_name, codeview.guid_text, codeview.age))
-        return dict((procedure.name, procedure.rva) for procedure in pdb.procedures())
+        names = {}
+        for procedure in pdb.procedures():
+            names.setdefault(procedure.rva, procedure.name)
+        return names
     finally:
         pdb.close()
+
+
+def _with(symbols, more):
+    """{rva: name} of ``symbols`` with ``more``'s names added."""
+    merged = dict(symbols or {})
+    merged.update(more)
+    return merged
 
 
 def _module_names(target, limit=12):

@@ -100,12 +100,12 @@ class Program(object):
         return module
 
     def add_target_module(self, module, symbols=None):
-        """``symbols`` ({name: rva}) defaults to the target's symbols of the module."""
+        """``symbols`` ({rva: name}) defaults to the target's symbols of the module."""
         image = PEImage.from_target(self.target, module)
         if symbols is None:
             table = self.target.symbols.module_symbols(module.name)
             if table is not None:
-                symbols = table.symbols
+                symbols = table.names_by_rva()
         return self.add_image(image, symbols)
 
     def module_for(self, va, load=True):

@@ -1,6 +1,6 @@
 """``stackuse``: frame sizes, worst-case call chains, thread stack consumption.
 
-    dbgext stackuse functions (--pe FILE | --dump FILE --module NAME) [--jsonl] [--depth] [--pdb FILE]
+    dbgext stackuse functions (--pe FILE | --dump FILE --module NAME) [--jsonl] [--depth] [--symbols PATH | --pdb FILE]
     dbgext stackuse chain FUNCTION|ADDRESS (--pe FILE | --dump FILE [--module NAME])
     dbgext stackuse thread [KTHREAD] --dump FILE [--threshold BYTES]
     dbgext stackuse hogs [--top N] [--budget BYTES] (--pe FILE | --dump FILE --module NAME)
@@ -13,7 +13,8 @@ import argparse
 from ..address import parse_number
 from ..command import Command
 from ..errors import BadInput, SymbolNotFound
-from ..target.symbols import load_isf_directory
+from ..pe import PEImage
+from ..symbols.table import pe_file_symbols
 from . import analysis
 from .callgraph import CallGraph, Program
 from .render import render_chain, render_functions, render_hogs, render_thread
@@ -45,27 +46,29 @@ def add_arguments(parser):
 def _code_options(parser):
     parser.add_argument("--pe", metavar="FILE", help="analyse a PE file on disk instead of a target module")
     parser.add_argument("--module", metavar="NAME", help="module of the target to analyse")
-    parser.add_argument("--pdb", metavar="FILE", help="name functions from this PDB (its procedures)")
+    parser.add_argument("--pdb", metavar="FILE", help="name functions from this PDB (its procedures; shorthand "
+                        "for a --symbols path holding only it, refused unless its GUID and age match)")
 
 
 def run(ctx, args):
     if args.action == "thread":
         return _thread(ctx, args)
-    symbols = _symbols(args)
+    pe = PEImage.from_file(args.pe) if args.pe else None
+    symbols = _symbols(ctx, args, pe)
     target = None
     if not args.pe:
         if not ctx.has_target_source():
             raise BadInput("give --pe FILE, or --dump FILE with --module NAME")
         target = ctx.target
     if args.action == "functions":
-        result = analysis.analyze(target, args.pe, args.module, symbols, args.pdb, depth=args.depth)
+        result = analysis.analyze(target, pe, args.module, symbols, args.pdb, depth=args.depth)
         render_functions(ctx.out, result, jsonl=args.jsonl, as_json=args.json)
     elif args.action == "chain":
-        result = analysis.chain(_subject(ctx, args), target, args.pe, args.module, symbols, args.pdb)
+        result = analysis.chain(_subject(ctx, args), target, pe, args.module, symbols, args.pdb)
         render_chain(ctx.out, result, as_json=args.json)
     else:
         budget = parse_number(args.budget) if args.budget is not None else None
-        result = analysis.hogs(target, args.pe, args.module, symbols, args.pdb, top=parse_number(args.top),
+        result = analysis.hogs(target, pe, args.module, symbols, args.pdb, top=parse_number(args.top),
                                budget=budget)
         render_hogs(ctx.out, result, as_json=args.json)
     return 0
@@ -88,15 +91,15 @@ def _subject(ctx, args):
         return text
 
 
-def _symbols(args):
-    """Function names for a PE file from ``--symbols`` ISF files: the file named
-    after the image's stem (a target's modules get theirs from the target)."""
-    if not (args.pe and args.symbols):
+def _symbols(ctx, args, pe):
+    """Function names ({rva: name}) for a PE file on disk from the symbol path
+    (``--symbols``, else ``_NT_SYMBOL_PATH``): the ISF file named after the image,
+    else its PDB matched by GUID and age.  A target's modules get theirs from the
+    target; ``--pdb FILE`` names one PDB directly."""
+    if pe is None or args.pdb:
         return None
-    table = load_isf_directory(args.symbols)
-    stem = args.pe.replace("\\", "/").rsplit("/", 1)[-1]
-    module_symbols = table.module_symbols(stem.rsplit(".", 1)[0]) or table.module_symbols(stem)
-    return module_symbols.symbols if module_symbols is not None else None
+    table = pe_file_symbols(pe, args.symbols, args.no_download, diagnostics=ctx.err)
+    return table.names_by_rva() if table is not None else None
 
 
 def _thread(ctx, args):

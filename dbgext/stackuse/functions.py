@@ -112,7 +112,7 @@ class ModuleFunctions(object):
     """The functions of one image and the decoder over its code."""
 
     def __init__(self, image, symbols=None):
-        """``symbols``: {name: rva} from the debugger/ISF, or None."""
+        """``symbols``: {rva: name} from the debugger, an ISF file or a PDB, or None."""
         self.image = image
         self.name = image.name
         self.arch = image.arch
@@ -137,7 +137,7 @@ class ModuleFunctions(object):
         image = self.image
         base = image.image_base
         named = [("export", image.exports),
-                 ("symbol", dict((rva, name) for name, rva in symbols.items())),
+                 ("symbol", symbols),
                  ("coff", image.coff_functions)]
         for _, table in named:
             for rva, name in table.items():

@@ -1,6 +1,6 @@
 """volatility3's Intermediate Symbol Format (ISF), read as untrusted input.
 
-One JSON file (``.json`` or ``.json.xz``) per module with module-relative symbol
+One JSON file (``.json``, ``.json.xz`` or ``.json.gz``) per module with module-relative symbol
 addresses and user types with field offsets.  A file belongs to the module whose
 debugger name equals the file's stem (``nt.json`` -> ``nt``) unless its metadata
 names the module (``metadata.dbgext.module``).
@@ -10,12 +10,18 @@ fails raises :class:`IsfError` naming the file and the field (``symbols.Foo.addr
 a float, not an integer``), so callers report it once and go on without it.
 """
 
+import gzip
 import io
 import json
 import lzma
 import os
 
 from ..errors import BadInput
+
+
+COMPRESSED = (".json.xz", ".json.gz")
+# The most an ISF file may hold, decompressed: a Windows kernel's is about 30 MB.
+MAX_ISF_BYTES = 128 << 20
 
 
 class IsfError(BadInput):
@@ -108,15 +114,20 @@ def parse_isf(document, path, default_module):
 
 
 def read_isf_file(path):
-    """Read and validate one ISF file; IsfError/BadInput name the file."""
+    """Read and validate one ISF file; IsfError/BadInput name the file.
+
+    A compressed file is read as a stream and refused once it has given
+    ``MAX_ISF_BYTES`` (a few hundred kilobytes of ``.xz`` can hold gigabytes of
+    spaces); a JSON document nested deeper than the parser's recursion allows is
+    refused in one line ("nested too deeply")."""
     stem = os.path.basename(path).split(".json")[0]
     try:
-        if path.endswith(".xz"):
-            with lzma.open(path, "rt", encoding="utf-8") as handle:
-                document = json.load(handle)
-        else:
-            with io.open(path, "r", encoding="utf-8") as handle:
-                document = json.load(handle)
+        with _open(path) as handle:
+            text = handle.read(MAX_ISF_BYTES + 1)
+        if len(text) > MAX_ISF_BYTES:
+            raise BadInput("cannot read symbol file %s: more than %d bytes%s"
+                           % (path, MAX_ISF_BYTES, " once decompressed" if path.endswith(COMPRESSED) else ""))
+        document = json.loads(text.decode("utf-8"))
     except (OSError, ValueError, EOFError, lzma.LZMAError) as error:
         raise BadInput("cannot read symbol file %s: %s" % (path, error))
     except RecursionError:
@@ -124,5 +135,13 @@ def read_isf_file(path):
     return parse_isf(document, path, stem)
 
 
+def _open(path):
+    if path.endswith(".xz"):
+        return lzma.open(path, "rb")
+    if path.endswith(".gz"):
+        return gzip.open(path, "rb")
+    return io.open(path, "rb")
+
+
 def is_isf_name(name):
-    return name.endswith(".json") or name.endswith(".json.xz")
+    return name.endswith(".json") or name.endswith(COMPRESSED)

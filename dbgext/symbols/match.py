@@ -7,7 +7,7 @@ page, the debug directory, the record — three small reads, never the whole ima
 from ..errors import BadInput, DbgextError
 from ..pe import (DEBUG_ENTRY, DEBUG_TYPE_CODEVIEW, DIRECTORY_DEBUG, DIRECTORY_EXPORT, MAX_DEBUG_ENTRIES,
                   MAX_RSDS, CodeView, PEImage, undecorate)
-from ..target.symbols import EXPORT_SYMBOLS, PDB_SYMBOLS, ModuleSymbols
+from .module import EXPORT_SYMBOLS, PDB_SYMBOLS, ModuleSymbols, SymbolEntry, entry_order
 from .pdb import PdbError
 from .types import pdb_type_view
 
@@ -76,7 +76,7 @@ class PdbModuleSymbols(ModuleSymbols):
         self.path = pdb.path
         self._report = report
         self._symbols = None
-        self._sizes = None
+        self._entries = None
         self._sorted = None
         self._views = {}
         self.pointer_size = self._guarded(lambda: pdb.pointer_size, 8)
@@ -95,28 +95,35 @@ class PdbModuleSymbols(ModuleSymbols):
     @property
     def symbols(self):
         if self._symbols is None:
-            self._symbols, self._sizes = self._guarded(self._read_symbols, ({}, {}))
+            self._symbols, self._entries = self._guarded(self._read_symbols, ({}, []))
         return self._symbols
 
+    def entries(self):
+        self.symbols
+        return self._entries
+
     def _read_symbols(self):
+        """({name: first rva}, every SymbolEntry): each procedure at its own address
+        with its size, then variables, then publics not already named (undecorated
+        on x86; a C++ decorated public at a named address adds nothing)."""
         pdb = self.pdb
         decorated = pdb.is_x86
-        symbols, sizes = {}, {}
-        for procedure in pdb.procedures():
-            symbols[procedure.name] = procedure.rva
-            sizes[procedure.rva] = procedure.size
-        for data in pdb.data():
-            symbols.setdefault(data.name, data.rva)
-        named = set(symbols.values())
+        entries = [SymbolEntry(procedure.rva, procedure.name, procedure.size) for procedure in pdb.procedures()]
+        entries.extend(SymbolEntry(data.rva, data.name, None) for data in pdb.data())
+        seen = set((entry.name, entry.rva) for entry in entries)
+        named = set(entry.rva for entry in entries)
         for public in pdb.publics():
             if public.name.startswith("?") and public.rva in named:
-                continue  # a C++ decorated name of a function or variable already named plainly
-            symbols.setdefault(undecorate(public.name) if decorated else public.name, public.rva)
-        return symbols, sizes
-
-    def sizes(self):
-        self.symbols
-        return self._sizes
+                continue
+            name = undecorate(public.name) if decorated else public.name
+            if (name, public.rva) not in seen:
+                seen.add((name, public.rva))
+                entries.append(SymbolEntry(public.rva, name, None))
+        symbols = {}
+        for entry in entries:
+            symbols.setdefault(entry.name, entry.rva)
+        entries.sort(key=entry_order)
+        return symbols, entries
 
     def type_view(self, key):
         if key not in self._views:
@@ -202,19 +209,3 @@ def _codeview_from_image_file(locator, module, identity, report):
     except BadInput as error:
         report("bad_image_file", str(error))
         return None
-
-
-def pe_file_symbols(image, option_paths, no_download=False, diagnostics=None):
-    """Symbols for a PE read from disk (``stackuse --pe FILE --symbols PATH``): the
-    ISF file named for it, else its PDB matched by the file's CodeView record;
-    None when the symbol path has neither.  ``option_paths``: ``--symbols`` values
-    (None: ``_NT_SYMBOL_PATH``)."""
-    from ..target.symbols import open_symbol_table
-    table = open_symbol_table(option_paths, (), no_download, diagnostics=diagnostics)
-    stem = image.name.rsplit(".", 1)[0]
-    isf = table.module_symbols(stem) or table.module_symbols(image.name)
-    if isf is not None:
-        return isf
-    codeview = image.codeview
-    pdb = table.locator.find_pdb(codeview, table.report) if codeview is not None else None
-    return PdbModuleSymbols(stem, pdb, table.report) if pdb is not None else None

@@ -15,22 +15,21 @@ record; a file that does not match is refused with WinDbg's "mismatched PDB"
 message and the search goes on.  The same store gives module images
 (``name.sys/<TimeDateStamp><SizeOfImage>/name.sys``).
 
-Downloads happen only when the path names a URL and ``no_download`` is off; they
-show a progress bar on stderr and give up after ``timeout`` seconds of silence.
+Names are compared without regard to case (``XRay.pdb`` finds ``xray.pdb``).
+Downloads happen only when the path names a URL and ``no_download`` is off; how
+they are made safe against a hostile server or image is :mod:`dbgext.symbols.download`.
 """
 
 import os
-import sys
-import tempfile
 from collections import OrderedDict
 
 from ..errors import BadInput
+from ..pe import PEImage
+from .download import Limits, cache_name, fetch, store_url
 from .isf import is_isf_name
+from .pdb import PdbFile
 
 DEFAULT_CACHE = os.path.join("~", ".cache", "dbgext", "symbols")
-DOWNLOAD_TIMEOUT = 30.0
-DOWNLOAD_CHUNK = 1 << 16
-MAX_DOWNLOAD = 4 << 30   # no PDB or image is bigger; a server that streams forever is cut off
 
 
 class PathElement(object):
@@ -84,16 +83,21 @@ def parse_symbol_path(text, default_cache=None):
 # URLs that failed in this process: batch triage opens many dumps of one build and
 # must not wait for the same missing file (or dead server) once per dump.
 FAILED_DOWNLOADS = set()
+MAX_LISTED = 4096  # entries of one folder compared case-insensitively
 
 
 class SymbolLocator(object):
-    """Finds a module's PDB (or image) along the symbol path, downloading when allowed."""
+    """Finds a module's PDB (or image) along the symbol path, downloading when
+    allowed.  ``limits``: a :class:`~dbgext.symbols.download.Limits` (timeout,
+    deadline, minimum rate, size cap); ``progress``: a callback for download
+    progress (:class:`~dbgext.symbols.download.ProgressBar` in the CLI), None for
+    silence."""
 
-    def __init__(self, elements, no_download=False, timeout=DOWNLOAD_TIMEOUT, progress=None):
+    def __init__(self, elements, no_download=False, limits=None, progress=None):
         self.elements = list(elements)
         self.no_download = no_download
-        self.timeout = timeout
-        self.progress = progress if progress is not None else sys.stderr
+        self.limits = limits if limits is not None else Limits()
+        self.progress = progress
 
     @property
     def isf_paths(self):
@@ -111,40 +115,44 @@ class SymbolLocator(object):
         """An open :class:`~dbgext.symbols.pdb.PdbFile` matching ``codeview`` (GUID,
         age, PDB name), or None.  ``report(kind, message)`` hears about files that
         could not be used."""
-        name = _base_name(codeview.pdb_name)
+        name = cache_name(codeview.pdb_name)
+        if name is None:
+            report("symbol_name_refused", "refused the PDB name %r the image gives: not a file name"
+                   % codeview.pdb_name)
+            return None
         key = codeview.symbol_server_key
         for candidate in self._candidates(name, key, lambda element: element.kind == "file"
                                           and element.path.lower().endswith(".pdb")):
             found = _open_matching(candidate, codeview, report)
             if found is not None:
                 return found
+
+        def verify(path):
+            _verify_pdb(path, codeview)
+
         for element in self.elements:
-            if element.kind != "server" or not element.url:
-                continue
-            path = self._download(element, name, key, report)
-            if path is not None:
-                found = _open_matching(path, codeview, report)
+            if element.kind == "server" and element.url:
+                path = self._download(element, name, key, "pdb", verify, report)
+                found = _open_matching(path, codeview, report) if path is not None else None
                 if found is not None:
                     return found
-                report("mismatched_pdb_downloaded", "%s from %s does not match; removed" % (name, element.url))
-                _remove(path)
         return None
 
     def _candidates(self, name, key, take_file):
-        """Local paths to try, in path order, that exist."""
+        """Local paths to try, in path order, that exist (names compared without case)."""
         extension = os.path.splitext(name)[1].lstrip(".")
         seen = set()
         for element in self.elements:
             if element.kind == "file":
                 paths = [element.path] if take_file(element) else []
             elif element.kind == "dir":
-                paths = [os.path.join(element.path, name), os.path.join(element.path, name, key, name)]
+                paths = [_find(element.path, (name,)), _find(element.path, (name, key, name))]
                 if extension:
-                    paths.append(os.path.join(element.path, extension, name))
+                    paths.append(_find(element.path, (extension, name)))
             else:
-                paths = [os.path.join(store, name, key, name) for store in element.stores]
+                paths = [_find(store, (name, key, name)) for store in element.stores]
             for path in paths:
-                if path not in seen and os.path.isfile(path):
+                if path is not None and path not in seen and os.path.isfile(path):
                     seen.add(path)
                     yield path
 
@@ -153,131 +161,79 @@ class SymbolLocator(object):
     def find_image(self, image_name, timestamp, size_of_image, report):
         """The path of a module image (``name.sys/<TimeDateStamp><SizeOfImage>/name.sys``)
         in the stores or downloaded, or None."""
-        name = _base_name(image_name)
+        name = cache_name(image_name)
+        if name is None:
+            report("symbol_name_refused", "refused the image name %r: not a file name" % image_name)
+            return None
         key = "%08X%x" % (timestamp, size_of_image)
         for path in self._candidates(name, key, lambda element: _base_name(element.path).lower() == name.lower()):
             if _image_matches(path, timestamp, size_of_image):
                 return path
+
+        def verify(path):
+            if not _image_matches(path, timestamp, size_of_image):
+                raise BadInput("%s is not the image with TimeDateStamp %08X and SizeOfImage %x"
+                               % (path, timestamp, size_of_image))
+
         for element in self.elements:
             if element.kind == "server" and element.url:
-                path = self._download(element, name, key, report)
+                path = self._download(element, name, key, "image", verify, report)
                 if path is not None:
                     return path
         return None
 
     # -- downloads --------------------------------------------------------------------------
 
-    def _download(self, element, name, key, report):
+    def _download(self, element, name, key, kind, verify, report):
         """Fetch ``URL/name/key/name`` into the element's cache; the path or None."""
         if self.no_download:
             return None
-        url = "%s/%s/%s/%s" % (element.url.rstrip("/"), name, key, name)
+        url = store_url(element.url, name, key, name)
         if url in FAILED_DOWNLOADS:
             return None
-        target = os.path.join(element.stores[0], name, key, name)
         try:
-            return _fetch(url, target, self.timeout, self.progress)
+            return fetch(element.url, element.stores[0], name, key, kind, verify, self.limits, self.progress)
         except BadInput as error:
             FAILED_DOWNLOADS.add(url)
             report("symbol_download_failed", str(error))
             return None
 
 
-def _fetch(url, target, timeout, progress):
-    import socket
-    import urllib.error
-    import urllib.request
-    directory = os.path.dirname(target)
-    try:
-        os.makedirs(directory, exist_ok=True)
-    except OSError as error:
-        raise BadInput("cannot create symbol cache %s: %s" % (directory, error.strerror or error))
-    try:
-        response = urllib.request.urlopen(url, timeout=timeout)
-    except urllib.error.HTTPError as error:
-        raise BadInput("cannot download %s: HTTP %d %s" % (url, error.code, error.reason))
-    except (urllib.error.URLError, socket.timeout, OSError, ValueError) as error:
-        raise BadInput("cannot download %s: %s" % (url, getattr(error, "reason", None) or error))
-    handle, partial = tempfile.mkstemp(prefix=".download-", dir=directory)
-    bar = ProgressBar(progress, os.path.basename(target), _length(response))
-    try:
-        with response, os.fdopen(handle, "wb") as output:
-            received = 0
-            while True:
-                chunk = response.read(DOWNLOAD_CHUNK)
-                if not chunk:
-                    break
-                received += len(chunk)
-                if received > MAX_DOWNLOAD:
-                    raise BadInput("cannot download %s: more than %d bytes" % (url, MAX_DOWNLOAD))
-                output.write(chunk)
-                bar.update(received)
-        bar.finish(received)
-        os.replace(partial, target)
-    except (OSError, socket.timeout) as error:
-        bar.finish(None)
-        _remove(partial)
-        raise BadInput("cannot download %s: %s" % (url, getattr(error, "strerror", None) or error))
-    except BaseException:
-        bar.finish(None)
-        _remove(partial)
-        raise
-    return target
-
-
-def _length(response):
-    try:
-        return int(response.headers.get("Content-Length"))
-    except (TypeError, ValueError):
-        return None
-
-
-class ProgressBar(object):
-    """``name [#####     ] 45% 1.2/2.7 MB`` redrawn in place on one stderr line; a
-    stream that is not a terminal (a log, a pipe) gets only the closing line."""
-
-    WIDTH = 30
-
-    def __init__(self, stream, name, total):
-        self.stream = stream
-        self.name = name
-        self.total = total
-        self._shown = -1
-        isatty = getattr(stream, "isatty", None)
-        self._live = bool(isatty and isatty())
-
-    def update(self, received):
-        if not self._live:
-            return
-        if self.total:
-            percent = min(100, received * 100 // self.total)
-            if percent == self._shown:
-                return
-            self._shown = percent
-            filled = self.WIDTH * percent // 100
-            text = "%s [%s%s] %3d%% %.1f/%.1f MB" % (self.name, "#" * filled, " " * (self.WIDTH - filled), percent,
-                                                     received / 1e6, self.total / 1e6)
-        else:
-            text = "%s %.1f MB" % (self.name, received / 1e6)
-        self.stream.write("\rdownloading " + text)
-        self.stream.flush()
-
-    def finish(self, received):
-        outcome = "%.1f MB" % (received / 1e6) if received is not None else "failed"
-        self.stream.write("%sdownloading %s: %s\n" % ("\r" if self._live else "", self.name, outcome))
-        self.stream.flush()
-
-
-def _remove(path):
-    try:
-        os.remove(path)
-    except OSError:
-        pass
+def _find(root, parts):
+    """``root/parts...`` with each part matched without regard to case (a store
+    written on Windows, read here), or None."""
+    path = root
+    for part in parts:
+        exact = os.path.join(path, part)
+        if os.path.exists(exact):
+            path = exact
+            continue
+        try:
+            entries = os.listdir(path)
+        except OSError:
+            return None
+        wanted = part.lower()
+        matches = sorted(entry for entry in entries[:MAX_LISTED] if entry.lower() == wanted)
+        if not matches:
+            return None
+        path = os.path.join(path, matches[0])
+    return path
 
 
 def _base_name(path):
     """The file name of a path written on Windows or here."""
     return path.replace("\\", "/").rsplit("/", 1)[-1]
+
+
+def _verify_pdb(path, codeview):
+    """BadInput unless ``path`` is a PDB that ``codeview`` names."""
+    pdb = PdbFile(path)
+    try:
+        if not pdb.matches(codeview.guid, codeview.age):
+            raise BadInput("the downloaded %s is the PDB of another build: {%s} age %d, the module wants {%s} age %d"
+                           % (codeview.pdb_name, pdb.guid_text, pdb.dbi_age, codeview.guid_text, codeview.age))
+    finally:
+        pdb.close()
 
 
 def _open_matching(path, codeview, report):
@@ -302,7 +258,6 @@ MAX_OPEN_PDBS = 16
 
 def open_pdb(path):
     """A :class:`~dbgext.symbols.pdb.PdbFile` for ``path``, shared while the file is unchanged."""
-    from .pdb import PdbFile
     try:
         status = os.stat(path)
     except OSError as error:
@@ -318,7 +273,6 @@ def open_pdb(path):
 
 
 def _image_matches(path, timestamp, size_of_image):
-    from ..pe import PEImage
     try:
         image = PEImage.from_file(path)
     except BadInput:

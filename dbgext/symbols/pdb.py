@@ -7,19 +7,39 @@ What it reads (see LLVM's "The PDB File Format" documentation for the layouts):
   (RSDS) record must match;
 * the DBI stream (3): module list with each module's symbol stream, the section
   map, and the optional debug header's section-header and OMAP streams, which turn
-  ``segment:offset`` into RVAs;
+  ``segment:offset`` into RVAs (:class:`Omap`, both ways, from whichever direction
+  the PDB has; without original section headers the ordinary ones are mapped, as
+  Syzygy leaves them);
 * symbol records: publics (``S_PUB32``) and globals from the symbol record stream,
   procedures with their code sizes (``S_GPROC32``/``S_LPROC32`` and the ``_ID``
-  forms) and data (``S_GDATA32``/``S_LDATA32``) from the module streams;
+  forms, funclets nested in their parents included) and data
+  (``S_GDATA32``/``S_LDATA32``) from the module streams;
 * the TPI stream (2): structures, unions, classes, enums, pointers, arrays, bit
-  fields, modifiers, procedures, field lists (continued through ``LF_INDEX``), with
-  forward references resolved to their definitions by name.
+  fields, modifiers, procedures, field lists (continued through ``LF_INDEX``), every
+  CodeView simple type, with forward references resolved to their definitions by name.
 
 Nothing is read until it is asked for: opening reads the superblock, the stream
-directory and the info stream; publics, procedures and types are parsed on first
-use and kept.  Every field that is used is checked against the data it points
-into; a bad one raises :class:`PdbError` naming the file and the field, so a broken
-PDB is reported once and the analysis goes on without it.
+directory and the info stream's first 28 bytes; publics, procedures and types are
+parsed on first use and kept.  Every field that is used is checked against the data
+it points into; a bad one raises :class:`PdbError` naming the file and the field, so
+a broken PDB is reported once and the analysis goes on without it.
+
+What the file claims, and what bounds it:
+
+=================================  ===============================================
+stream count                       MAX_STREAMS and the directory's size
+a stream's size                    the file's size (else PdbError)
+a stream's block list              each block inside the file and listed once
+                                   (else PdbError), checked before anything is copied
+the stream directory               one block of block numbers (at most block size / 4)
+DBI substream sizes                their sum within the DBI stream
+section map entries                the substream's bytes
+symbol and type record lengths     the stream they are in
+field-list continuations           MAX_FIELD_LIST_CHAIN, cycles stopped
+modifier / enum / array chains     MAX_TYPE_DEPTH, followed without recursion; a
+                                   record is cached before it is decoded
+OMAP entries                       the OMAP stream's bytes
+=================================  ===============================================
 """
 
 import bisect
@@ -35,12 +55,16 @@ MSF_MAGIC = b"Microsoft C/C++ MSF 7.00\r\n\x1aDS\0\0\0"
 NIL_STREAM = 0xFFFFFFFF
 
 STREAM_INFO, STREAM_TPI, STREAM_DBI = 1, 2, 3
+INFO_IDENTITY_BYTES = 28  # version, signature, age, GUID
 MACHINE_X86 = 0x14C  # the DBI stream's machine (IMAGE_FILE_MACHINE_I386)
 DBI_HEADER = struct.Struct("<iIIHHHHHHiiiiiIiiHHI")
 TPI_HEADER = struct.Struct("<IIIIIHHIIiIiIiI")
 MODULE_INFO = struct.Struct("<I28sHHIIIHHIII")
 SECTION_HEADER = struct.Struct("<8sIIIIIIHHI")
-OPTIONAL_DEBUG_OMAP_FROM_SOURCE, OPTIONAL_DEBUG_SECTION_HEADERS = 4, 5
+OMAP_ENTRY = struct.Struct("<II")  # (address in one space, address in the other; 0: none)
+# The DBI optional debug header: which stream holds each kind of debug data.
+OPTIONAL_DEBUG_FPO, OPTIONAL_DEBUG_FRAME_DATA = 0, 9
+OPTIONAL_DEBUG_OMAP_TO_SOURCE, OPTIONAL_DEBUG_OMAP_FROM_SOURCE, OPTIONAL_DEBUG_SECTION_HEADERS = 3, 4, 5
 OPTIONAL_DEBUG_ORIGINAL_SECTION_HEADERS = 10
 
 S_END = 0x0006
@@ -67,19 +91,30 @@ PROPERTY_UNIQUE_NAME = 0x200
 NUMERIC_LEAVES = {0x8000: "<b", 0x8001: "<h", 0x8002: "<H", 0x8003: "<i", 0x8004: "<I",
                   0x8009: "<q", 0x800A: "<Q"}
 
-# Simple (built-in) type indices: low byte = kind, bits 8-11 = pointer mode.
-# kind -> (WinDbg's dt name, size, struct char or None)
+# Simple (built-in) type indices: low byte = kind, bits 8-11 = pointer mode.  Every
+# kind CodeView defines (LLVM's SimpleTypeKind), as kind -> (the name dt shows, size,
+# struct format or None).  WinDbg's names where it has one; the rarer kinds are named
+# in the same style (Int16B, Float10B, Complex8B...).
 SIMPLE_TYPES = {
-    0x03: ("Void", 0, None), 0x08: ("Int4B", 4, "i"),
-    0x10: ("Char", 1, "b"), 0x20: ("UChar", 1, "B"), 0x70: ("Char", 1, "b"), 0x68: ("Char", 1, "b"),
-    0x69: ("UChar", 1, "B"), 0x71: ("Wchar", 2, "H"), 0x7A: ("Wchar", 2, "H"), 0x7B: ("Uint4B", 4, "I"),
+    0x00: ("None", 0, None), 0x03: ("Void", 0, None), 0x07: ("NotTranslated", 0, None),
+    0x08: ("HRESULT", 4, "i"), 0x04: ("Currency", 8, "q"),
+    0x10: ("Char", 1, "b"), 0x20: ("UChar", 1, "B"), 0x70: ("Char", 1, "b"), 0x71: ("Wchar", 2, "H"),
+    0x7A: ("Char16", 2, "H"), 0x7B: ("Char32", 4, "I"), 0x7C: ("Char8", 1, "B"),
+    0x68: ("Char", 1, "b"), 0x69: ("UChar", 1, "B"),
     0x11: ("Int2B", 2, "h"), 0x21: ("Uint2B", 2, "H"), 0x72: ("Int2B", 2, "h"), 0x73: ("Uint2B", 2, "H"),
     0x12: ("Int4B", 4, "i"), 0x22: ("Uint4B", 4, "I"), 0x74: ("Int4B", 4, "i"), 0x75: ("Uint4B", 4, "I"),
     0x13: ("Int8B", 8, "q"), 0x23: ("Uint8B", 8, "Q"), 0x76: ("Int8B", 8, "q"), 0x77: ("Uint8B", 8, "Q"),
-    0x40: ("Float", 4, "f"), 0x41: ("Double", 8, "d"),
-    0x30: ("Bool", 1, "B"), 0x31: ("Uint2B", 2, "H"), 0x32: ("Uint4B", 4, "I"), 0x33: ("Uint8B", 8, "Q"),
+    0x14: ("Int16B", 16, None), 0x24: ("Uint16B", 16, None), 0x78: ("Int16B", 16, None),
+    0x79: ("Uint16B", 16, None),
+    0x46: ("Float2B", 2, "e"), 0x40: ("Float", 4, "f"), 0x45: ("Float", 4, "f"), 0x44: ("Float6B", 6, None),
+    0x41: ("Double", 8, "d"), 0x42: ("Float10B", 10, None), 0x43: ("Float16B", 16, None),
+    0x56: ("Complex4B", 4, None), 0x50: ("Complex8B", 8, None), 0x55: ("Complex8B", 8, None),
+    0x54: ("Complex12B", 12, None), 0x51: ("Complex16B", 16, None), 0x52: ("Complex20B", 20, None),
+    0x53: ("Complex32B", 32, None),
+    0x30: ("Bool", 1, "B"), 0x31: ("Bool2B", 2, "H"), 0x32: ("Bool4B", 4, "I"), 0x33: ("Bool8B", 8, "Q"),
+    0x34: ("Bool16B", 16, None),
 }
-SIMPLE_POINTER_SIZE = {0x4: 4, 0x5: 4, 0x6: 8}  # near32, far32, near64
+SIMPLE_POINTER_SIZE = {0x1: 2, 0x2: 4, 0x3: 4, 0x4: 4, 0x5: 6, 0x6: 8, 0x7: 16}  # near, far, huge, near32, far32, near64, near128
 
 # Bounds on what a file states: they cap work, never allocation.
 MAX_STREAMS = 1 << 20
@@ -101,6 +136,42 @@ Public = namedtuple("Public", "name rva is_function")
 Procedure = namedtuple("Procedure", "name rva size is_global type_index")
 DataSymbol = namedtuple("DataSymbol", "name rva type_index is_global")
 ModuleInfo = namedtuple("ModuleInfo", "name object_name stream symbol_bytes")
+
+
+class Omap(object):
+    """The address map a relink (OMAP: BBT, Syzygy) leaves in a PDB, both ways.
+
+    Each direction is a sorted list of (start, target) pairs: an address maps to
+    ``target + (address - start)`` of the last pair starting at or below it, and to
+    nothing when that target is 0.  A PDB may carry one direction only; the other
+    is then the inverse of the one it has."""
+
+    def __init__(self, from_source, to_source):
+        self._to_image = _omap_table(from_source if from_source else _inverse(to_source))
+        self._to_source = _omap_table(to_source if to_source else _inverse(from_source))
+
+    def to_image(self, rva):
+        return _omap_lookup(self._to_image, rva)
+
+    def to_source(self, rva):
+        return _omap_lookup(self._to_source, rva)
+
+
+def _inverse(pairs):
+    return [(target, start) for start, target in pairs if target]
+
+
+def _omap_table(pairs):
+    pairs = sorted(pairs)
+    return [start for start, _ in pairs], [target for _, target in pairs]
+
+
+def _omap_lookup(table, rva):
+    starts, targets = table
+    index = bisect.bisect_right(starts, rva) - 1
+    if index < 0 or targets[index] == 0:
+        return None
+    return targets[index] + rva - starts[index]
 
 
 class MsfFile(object):
@@ -148,31 +219,49 @@ class MsfFile(object):
         if not 0 < block_map_block < self.block_count:
             self.fail("block map address", "block %d" % block_map_block)
         block_list = struct.unpack_from("<%dI" % directory_blocks, data, block_map_block * self.block_size)
-        directory = self._join(block_list, directory_bytes, "stream directory")
+        self._check_blocks(block_list, "stream directory")
+        directory = self._join(block_list, directory_bytes)
         stream_count = struct.unpack_from("<I", directory)[0]
         if stream_count > MAX_STREAMS or 4 + 4 * stream_count > directory_bytes:
             self.fail("stream count", "%d" % stream_count)
         sizes = struct.unpack_from("<%dI" % stream_count, directory, 4)
         cursor = 4 + 4 * stream_count
         self._streams = []
+        file_bytes = self.block_count * self.block_size
         for index, size in enumerate(sizes):
             if size == NIL_STREAM:
                 self._streams.append((0, ()))
                 continue
+            # A stream is at most the file, each block of it listed once: what a
+            # stream costs to read is then bounded by the file, whatever it claims.
+            if size > file_bytes:
+                self.fail("stream %d size" % index, "%d bytes in a file of %d" % (size, file_bytes))
             count = -(-size // self.block_size)
             if cursor + 4 * count > directory_bytes:
                 self.fail("stream %d block list" % index, "directory ends at byte %d" % directory_bytes)
             blocks = struct.unpack_from("<%dI" % count, directory, cursor)
             cursor += 4 * count
+            self._check_blocks(blocks, "stream %d block list" % index)
             self._streams.append((size, blocks))
 
-    def _join(self, blocks, size, what):
+    def _check_blocks(self, blocks, what):
+        """PdbError unless every block lies in the file and none is listed twice."""
+        if len(set(blocks)) != len(blocks):
+            seen = set()
+            for block in blocks:
+                if block in seen:
+                    self.fail(what, "block %d listed twice" % block)
+                seen.add(block)
+        for block in blocks:
+            if not 0 < block < self.block_count:
+                self.fail(what, "block %d outside the file's %d blocks" % (block, self.block_count))
+
+    def _join(self, blocks, size):
+        """The bytes of checked blocks (:meth:`_check_blocks`), cut to ``size``."""
         size_per_block = self.block_size
         pieces = []
         run_start = run_end = None
         for block in blocks:
-            if not 0 < block < self.block_count:
-                self.fail(what, "block %d outside the file's %d blocks" % (block, self.block_count))
             if run_end == block:
                 run_end += 1
                 continue
@@ -187,12 +276,16 @@ class MsfFile(object):
     def stream_size(self, index):
         return self._streams[index][0] if 0 <= index < len(self._streams) else 0
 
-    def stream(self, index, what):
-        """Stream ``index``'s bytes; ``what`` names it in errors."""
+    def stream(self, index, what=None, limit=None):
+        """Stream ``index``'s bytes (its first ``limit`` bytes when given); ``what``
+        names it in errors."""
         if not 0 <= index < len(self._streams):
-            self.fail(what, "stream %d of %d" % (index, len(self._streams)))
+            self.fail(what or "stream %d" % index, "stream %d of %d" % (index, len(self._streams)))
         size, blocks = self._streams[index]
-        return self._join(blocks, size, what)
+        if limit is not None and limit < size:
+            size = limit
+            blocks = blocks[:-(-limit // self.block_size)]
+        return self._join(blocks, size)
 
     @property
     def closed(self):
@@ -231,7 +324,9 @@ class PdbFile(object):
     # -- identity ------------------------------------------------------------------------
 
     def _read_info(self):
-        info = self.msf.stream(STREAM_INFO, "PDB info stream")
+        # Only the identity is read before the GUID check: the rest (named streams,
+        # features) is never needed.
+        info = self.msf.stream(STREAM_INFO, "PDB info stream", limit=INFO_IDENTITY_BYTES)
         if len(info) < 28:
             self.fail("PDB info stream", "%d bytes" % len(info))
         self.version, self.signature, self.age = struct.unpack_from("<III", info)
@@ -330,6 +425,14 @@ class PdbFile(object):
 
     # -- segment:offset -> RVA ---------------------------------------------------------------
 
+    def debug_stream(self, kind, what=None):
+        """The bytes of the optional debug header's stream ``kind``
+        (``OPTIONAL_DEBUG_FPO``, ``OPTIONAL_DEBUG_FRAME_DATA``...), or None when the
+        PDB has none.  Its addresses are the ones before any relink:
+        :meth:`source_rva` maps an image RVA to them."""
+        stream = self._optional_stream(kind)
+        return self.msf.stream(stream, what or "optional debug stream %d" % kind) if stream is not None else None
+
     def _optional_stream(self, index):
         streams = self.dbi["optional_streams"]
         if index < len(streams) and streams[index] != 0xFFFF and self.msf.stream_size(streams[index]):
@@ -346,34 +449,47 @@ class PdbFile(object):
 
     @property
     def sections(self):
-        """(segment RVAs, OMAP or None): segment N (1-based) starts at rvas[N-1]."""
+        """(segment RVAs, :class:`Omap` or None): segment N (1-based) starts at
+        rvas[N-1], in the address space the symbols were written in."""
         if self._sections is None:
-            omap_stream = self._optional_stream(OPTIONAL_DEBUG_OMAP_FROM_SOURCE)
-            original = self._section_rvas(OPTIONAL_DEBUG_ORIGINAL_SECTION_HEADERS, "original section headers")
-            if omap_stream is not None and original is not None:
-                data = self.msf.stream(omap_stream, "OMAP stream")
-                pairs = struct.unpack_from("<%dI" % (len(data) // 4 // 2 * 2), data)
-                omap = (list(pairs[0::2]), list(pairs[1::2]))
-                self._sections = (original, omap)
-            else:
+            from_source = self._omap(OPTIONAL_DEBUG_OMAP_FROM_SOURCE, "OMAP-from-source stream")
+            to_source = self._omap(OPTIONAL_DEBUG_OMAP_TO_SOURCE, "OMAP-to-source stream")
+            omap = Omap(from_source, to_source) if from_source or to_source else None
+            rvas = None
+            if omap is not None:
+                # Symbols are in the addresses before the relink: the original headers
+                # when the PDB kept them, else (Syzygy does this) the ordinary ones.
+                rvas = self._section_rvas(OPTIONAL_DEBUG_ORIGINAL_SECTION_HEADERS, "original section headers")
+            if rvas is None:
                 rvas = self._section_rvas(OPTIONAL_DEBUG_SECTION_HEADERS, "section headers")
-                if rvas is None:
-                    self.fail("section headers stream", "missing from the DBI optional debug header")
-                self._sections = (rvas, None)
+            if rvas is None:
+                self.fail("section headers stream", "missing from the DBI optional debug header")
+            self._sections = (rvas, omap)
         return self._sections
 
+    def _omap(self, index, what):
+        """An OMAP stream's (from, to) pairs, or None when the PDB lacks it."""
+        stream = self._optional_stream(index)
+        if stream is None:
+            return None
+        data = self.msf.stream(stream, what)
+        return list(OMAP_ENTRY.iter_unpack(data[:len(data) // OMAP_ENTRY.size * OMAP_ENTRY.size])) or None
+
     def rva(self, segment, offset):
-        """The RVA of ``segment:offset``, or None for a segment the PDB doesn't have."""
+        """The RVA of ``segment:offset`` in the image, or None for a segment the PDB
+        doesn't have or code the relink removed."""
         rvas, omap = self.sections
         if not 1 <= segment <= len(rvas):
             return None
         rva = rvas[segment - 1] + offset
-        if omap is None:
-            return rva
-        index = bisect.bisect_right(omap[0], rva) - 1
-        if index < 0 or omap[1][index] == 0:
-            return None
-        return omap[1][index] + rva - omap[0][index]
+        return rva if omap is None else omap.to_image(rva)
+
+    def source_rva(self, rva):
+        """The address before the relink of the image's ``rva`` (what the PDB's own
+        address-keyed tables, such as FPO and frame data, are written in); ``rva``
+        itself when the PDB has no OMAP; None for code the relink added."""
+        omap = self.sections[1]
+        return rva if omap is None else omap.to_source(rva)
 
     # -- symbols ---------------------------------------------------------------------------
 
@@ -416,9 +532,9 @@ class PdbFile(object):
                 self.fail(what, "%d symbol bytes in a stream of %d" % (module.symbol_bytes, len(data)))
             data = data[:module.symbol_bytes]
             unpack_from = struct.unpack_from
-            # Records follow the CV_SIGNATURE_C13 word; a procedure's body (locals,
-            # blocks) is skipped to the S_END the procedure names.
-            for kind, payload, end in _records(data, self, what, start=4, skip_procedure_bodies=True):
+            # Records follow the CV_SIGNATURE_C13 word; procedures nest (a funclet,
+            # ``dtor$0``, ``catch$0``, lies inside its parent's body), so every record is read.
+            for kind, payload, end in _records(data, self, what, start=4):
                 if kind in PROCEDURE_KINDS and end - payload >= 35:
                     (_, _, _, code_size, _, _, type_index, offset,
                      segment) = unpack_from("<IIIIIIIIH", data, payload)
@@ -468,10 +584,8 @@ class PdbFile(object):
         self.msf.close()
 
 
-def _records(data, pdb, what, start=0, skip_procedure_bodies=False):
-    """(kind, payload start, end) of each record in a symbol stream; with
-    ``skip_procedure_bodies``, the records after a procedure up to its S_END are
-    passed over."""
+def _records(data, pdb, what, start=0):
+    """(kind, payload start, end) of each record in a symbol stream."""
     at = start
     limit = len(data)
     unpack_from = struct.unpack_from
@@ -481,10 +595,6 @@ def _records(data, pdb, what, start=0, skip_procedure_bodies=False):
         if length < 2 or end > limit:
             pdb.fail(what, "record at offset %d runs past the stream" % at)
         yield kind, at + 4, end
-        if skip_procedure_bodies and kind in PROCEDURE_KINDS and end - at >= 12:
-            proc_end = unpack_from("<I", data, at + 8)[0]
-            if end < proc_end + 4 <= limit:
-                end = proc_end + 2 + unpack_from("<H", data, proc_end)[0]
         at = end
 
 
@@ -621,6 +731,9 @@ class TypeTable(object):
         elif index >= self.first_index + len(self.offsets):
             record = CvType(index, "unknown", "<type 0x%x>" % index)
         else:
+            # Cached before decoding: a record that names itself (or a cycle back to
+            # it) finds this placeholder instead of recursing.
+            self._cache[index] = CvType(index, "unknown", "<type 0x%x>" % index)
             record = self._decode(index)
         self._cache[index] = record
         return record
@@ -647,7 +760,7 @@ class TypeTable(object):
             return record
         if kind == LF_ENUM:
             count, properties, underlying, field_list = unpack_from("<HHII", data, at)
-            base = self.get(underlying)
+            base = self._enum_base(underlying)
             record = CvType(index, "enum", _name(data, at + 12, end), base.size, underlying)
             record.forward = bool(properties & PROPERTY_FORWARD_REF)
             record.field_list = field_list
@@ -684,6 +797,24 @@ class TypeTable(object):
             record.fields, record.enumerators, record.field_list = _field_list(data, at, end, self, index)
             return record
         return CvType(index, "unknown", "<leaf 0x%04x>" % kind)
+
+    def _enum_base(self, index):
+        """The integer type under an enum, followed through modifiers and enums
+        named as underlying types by reading their raw records (no recursion),
+        at most MAX_TYPE_DEPTH steps; an unknown type when the chain does not end."""
+        data = self._data
+        for _ in range(MAX_TYPE_DEPTH):
+            if not self.first_index <= index < self.first_index + len(self.offsets):
+                return self.get(index)
+            at = self.offsets[index - self.first_index]
+            length, kind = struct.unpack_from("<HH", data, at)
+            if kind == LF_ENUM and length >= 10:
+                index = struct.unpack_from("<I", data, at + 8)[0]
+            elif kind == LF_MODIFIER and length >= 6:
+                index = struct.unpack_from("<I", data, at + 4)[0]
+            else:
+                return self.get(index)
+        return CvType(index, "unknown", "<type 0x%x: a chain of more than %d enums>" % (index, MAX_TYPE_DEPTH))
 
     # -- structure members ---------------------------------------------------------------------
 
@@ -792,5 +923,5 @@ def _simple_type(index, pointer_size):
 def _pointer(index, size, referent, pointer_size):
     """A pointer record; ``fmt`` "P" when it is the target's pointer size."""
     record = CvType(index, "pointer", None, size, referent)
-    record.fmt = "P" if size == pointer_size else ("Q" if size == 8 else "I")
+    record.fmt = "P" if size == pointer_size else {2: "H", 4: "I", 8: "Q"}.get(size)
     return record

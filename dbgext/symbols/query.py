@@ -8,7 +8,7 @@ import struct
 
 from ..errors import BadInput, SymbolNotFound
 from ..problems import ProblemLog
-from ..target.symbols import ISF_SYMBOLS, PDB_SYMBOLS
+from .module import ISF_SYMBOLS, PDB_SYMBOLS
 
 SCHEMA_VERSION = 1
 
@@ -36,12 +36,11 @@ class SymbolHit(object):
 
 
 def _hits_at(table, module, rva):
-    """Every name of ``module`` at ``rva`` (aliases included)."""
-    rvas, names = table.sorted_symbols()
-    sizes = table.sizes()
-    first = bisect.bisect_left(rvas, rva)
-    last = bisect.bisect_right(rvas, rva)
-    return [SymbolHit(module.name, names[i], module.base + rva, sizes.get(rva)) for i in range(first, last)]
+    """Every name of ``module`` at ``rva`` (aliases included), the procedure's first."""
+    rvas, _ = table.sorted_symbols()
+    entries = table.entries()
+    return [SymbolHit(module.name, entry.name, module.base + rva, entry.size)
+            for entry in entries[bisect.bisect_left(rvas, rva):bisect.bisect_right(rvas, rva)]]
 
 
 class NearestResult(object):
@@ -120,13 +119,12 @@ def match_symbols(target, pattern, limit=MAX_X_RESULTS):
         if table is None or not table.symbols:
             without.append(module.name)
             continue
-        sizes = table.sizes()
-        for name, rva in table.symbols.items():
-            if fnmatch.fnmatchcase(name.lower(), name_pattern):
+        for entry in table.entries():
+            if fnmatch.fnmatchcase(entry.name.lower(), name_pattern):
                 if len(hits) >= limit:
                     truncated = True
                     break
-                hits.append(SymbolHit(module.name, name, module.base + rva, sizes.get(rva)))
+                hits.append(SymbolHit(module.name, entry.name, module.base + entry.rva, entry.size))
     hits.sort(key=lambda hit: (hit.address, hit.name))
     return MatchResult(pattern, hits, without, truncated)
 

@@ -5,7 +5,7 @@ import os
 
 from ..errors import BadInput
 from .base import PAGE_SIZE, Backend, Module, PartialRead, Target, Thread
-from .symbols import SymbolTable, open_symbol_table
+from ..symbols.table import SymbolTable, open_symbol_table
 
 __all__ = ["PAGE_SIZE", "Backend", "Module", "PartialRead", "Target", "Thread", "SymbolTable", "open_dump",
            "symbol_paths_beside"]
@@ -22,8 +22,9 @@ def open_dump(path, symbols=None, cache_pages=8192, no_download=False, diagnosti
 
     ``symbols``: symbol path elements (ISF files, PDBs, directories, ``srv*CACHE*URL``;
     see :mod:`dbgext.symbols.path`); None means "beside the dump, then _NT_SYMBOL_PATH".
-    ``no_download``: never fetch from a symbol server; ``diagnostics``: the Output
-    symbol warnings and download progress go to (default: stderr)."""
+    ``no_download``: never fetch from a symbol server; ``diagnostics``: the CLI's
+    Output for symbol warnings and download progress (default: none — problems go to
+    ``target.symbols.problems`` and ``logging``, downloads are silent)."""
     try:
         with open(path, "rb") as handle:
             magic = handle.read(8)

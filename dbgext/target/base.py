@@ -14,10 +14,10 @@ that returns what it could read plus the holes (Fay's TryRead).
 import struct
 from collections import OrderedDict
 
-from ..address import parse_number
+from ..address import merge_ranges, parse_number
 from ..errors import BadInput, NeedsBiggerDump, UnreadableMemory
 from ..render.text import hexaddr
-from .symbols import SymbolTable
+from ..symbols.table import SymbolTable
 
 PAGE_SIZE = 0x1000
 PAGE_MASK = ~(PAGE_SIZE - 1)
@@ -218,17 +218,6 @@ class PartialRead(object):
             if start < address + size and address < end:
                 return False
         return True
-
-
-def merge_ranges(ranges):
-    """Sorted (start, end) ranges with touching and overlapping ones joined."""
-    merged = []
-    for start, end in sorted(ranges):
-        if merged and merged[-1][1] >= start:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-        else:
-            merged.append((start, end))
-    return merged
 
 
 class ListWalk(object):

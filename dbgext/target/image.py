@@ -2,7 +2,7 @@
 builder use it; it is also what a dump backend degenerates to once loaded."""
 
 from .base import PAGE_SIZE, Backend
-from .symbols import SymbolTable
+from ..symbols.table import SymbolTable
 
 
 class ImageBackend(Backend):

@@ -17,7 +17,8 @@ import re
 
 from ..errors import DbgextError
 from .base import PAGE_SIZE, Backend, Module, Target, Thread
-from .symbols import EXPORT_SYMBOLS, NO_SYMBOLS, PDB_SYMBOLS, ModuleSymbols, SymbolTable
+from ..symbols.module import EXPORT_SYMBOLS, NO_SYMBOLS, PDB_SYMBOLS, ModuleSymbols
+from ..symbols.table import SymbolTable
 
 # One loadBytes call covers at most this many pages (pykd's count is 32-bit and a
 # huge list of ints costs memory; 1 MiB runs keep calls few and lists modest).
@@ -182,7 +183,7 @@ class PykdBackend(Backend):
 
 
 class PykdSymbols(SymbolTable):
-    """The :class:`dbgext.target.symbols.SymbolTable` interface answered by the
+    """The :class:`dbgext.symbols.table.SymbolTable` interface answered by the
     debugger's own symbols (findSymbol, getOffset, typeInfo), with every answer
     cached — inside WinDbg the same address or type is asked about many times.
     Module binding and lookup by address are SymbolTable's."""

@@ -30,7 +30,7 @@ import weakref
 
 from ..errors import DbgextError
 from ..problems import ProblemLog
-from ..target.symbols import EXPORT_SYMBOLS, NO_SYMBOLS
+from ..symbols.module import EXPORT_SYMBOLS, NO_SYMBOLS
 from .bugchecks import FAULTING_ADDRESS_ARGUMENT
 
 MAX_FRAMES = 16

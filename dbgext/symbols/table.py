@@ -13,23 +13,27 @@ Sources, per module, in the order a WinDbg user expects:
 
 A module's source is looked for the first time the module is asked about, and
 kept.  A source that cannot be used (a malformed file, a mismatched PDB) is
-reported once, in :attr:`SymbolTable.problems` and as a warning line, and the
+reported once, in :attr:`SymbolTable.problems` and to ``logging`` (the CLI
+shows it as a warning line), and the
 module goes on with the next source.  The pykd backend answers the same questions
 from the debugger (:class:`dbgext.target.pykd_backend.PykdSymbols`).
 """
 
 import bisect
-import io
-import json
+import logging
 import os
-import sys
 
 from ..errors import BadInput, DbgextError
+from ..layouts import Layout
 from ..problems import ProblemLog
-from ..symbols.isf import is_isf_name, read_isf_file
-from ..symbols.types import isf_type_view
+from .isf import is_isf_name
+from .match import PdbModuleSymbols, locate_module_symbols
+from .module import NO_SYMBOLS, load_isf_file
+from .download import ProgressBar
+from .path import SymbolLocator, symbol_path_elements
 
-PDB_SYMBOLS, ISF_SYMBOLS, EXPORT_SYMBOLS, NO_SYMBOLS = "pdb symbols", "isf symbols", "export symbols", "no symbols"
+LOG = logging.getLogger("dbgext.symbols")
+LOG.addHandler(logging.NullHandler())  # a script that configures no logging hears nothing (no "last resort")
 
 KERNEL_MODULE = "nt"
 # Kernel dump header facts (Target.info() keys) that are addresses of nt globals.
@@ -39,113 +43,8 @@ HEADER_GLOBALS = {"ps_loaded_module_list": "PsLoadedModuleList", "ps_active_proc
 NOT_GLOBALS = ("KernBase", "OwnerTag", "Size", "ThCallbackStack", "NextCallback", "FramePointer", "PaeEnabled")
 
 
-class ModuleSymbols(object):
-    """Symbols (name -> RVA) and types of one module: an ISF file's, or built in
-    memory.  Subclasses (PDB, exports, the debugger) fill the same interface."""
-
-    status = ISF_SYMBOLS
-    pointer_size = 8
-
-    def __init__(self, module_name, symbols=None, types=None, base_types=None, path=None):
-        self.module_name = module_name
-        self.symbols = dict(symbols or {})
-        # type name -> {"size": int, "fields": {name: {"offset": int, "type": {...}}}}
-        self.types = dict(types or {})
-        self.base_types = dict(base_types or _BASE_TYPES)
-        self.path = path
-        self._sorted = None
-
-    @property
-    def source(self):
-        """Short words for output that says where a name or layout came from."""
-        return "isf %s" % self.module_name
-
-    def sorted_symbols(self):
-        if self._sorted is None:
-            pairs = sorted((rva, name) for name, rva in self.symbols.items())
-            self._sorted = ([rva for rva, _ in pairs], [name for _, name in pairs])
-        return self._sorted
-
-    def sizes(self):
-        """{rva: size} of the symbols whose extent is known (PDB procedures)."""
-        return {}
-
-    # -- types: one shape (TypeView) for every source ----------------------------------
-
-    def type_view(self, key):
-        entry = self.types.get(key)
-        return isf_type_view(key, entry, self.base_types, self.pointer_size) if entry else None
-
-    def type_names(self):
-        return sorted(self.types)
-
-    def variable_type(self, name):
-        """The type key of a global variable (for ``dt MODULE!variable``), or None."""
-        return None
-
-    def type_size(self, type_name):
-        view = self.type_view(type_name)
-        return view.size if view is not None else None
-
-    def field_offset(self, type_name, field_path):
-        view = self.type_view(type_name)
-        total = 0
-        parts = field_path.split(".")
-        for index, part in enumerate(parts):
-            member = view.member(part) if view is not None else None
-            if member is None:
-                return None
-            total += member.offset
-            if index + 1 < len(parts):
-                view = self.type_view(member.nested) if member.nested is not None else None
-        return total
-
-    def layout(self, type_name):
-        """(size, {field: (offset, fmt)}) of a type, or None."""
-        view = self.type_view(type_name)
-        if view is None:
-            return None
-        fields = {}
-        for member in view.members:
-            fields.setdefault(member.name, (member.offset, member.fmt))
-        return view.size, fields
-
-    # -- ISF -----------------------------------------------------------------------------
-
-    def to_isf(self):
-        """An ISF document (volatility3 schema 6.x) describing this module."""
-        user_types = {}
-        for name, entry in self.types.items():
-            fields = {}
-            for field_name, field in entry["fields"].items():
-                fields[field_name] = {"offset": field["offset"],
-                                      "type": field.get("type") or {"kind": "base", "name": "unsigned char"}}
-            user_types[name] = {"kind": "struct", "size": entry["size"], "fields": fields}
-        return {
-            "metadata": {
-                "format": "6.2.0",
-                "producer": {"name": "dbgext", "version": "0.1.0"},
-                "dbgext": {"module": self.module_name},
-            },
-            "base_types": _BASE_TYPES,
-            "user_types": user_types,
-            "enums": {},
-            "symbols": {name: {"address": rva} for name, rva in sorted(self.symbols.items())},
-        }
-
-
-_BASE_TYPES = {
-    "unsigned char": {"kind": "char", "size": 1, "signed": False, "endian": "little"},
-    "unsigned short": {"kind": "int", "size": 2, "signed": False, "endian": "little"},
-    "unsigned long": {"kind": "int", "size": 4, "signed": False, "endian": "little"},
-    "unsigned long long": {"kind": "int", "size": 8, "signed": False, "endian": "little"},
-    "long": {"kind": "int", "size": 4, "signed": True, "endian": "little"},
-    "pointer": {"kind": "int", "size": 8, "signed": False, "endian": "little"},
-}
-
-
-def _warn_on_stderr(problem):
-    sys.stderr.write("warning: %s\n" % problem.message)
+def _log(problem):
+    LOG.warning("%s", problem.message)
 
 
 class SymbolTable(object):
@@ -153,7 +52,7 @@ class SymbolTable(object):
 
     ``locator`` (a :class:`dbgext.symbols.path.SymbolLocator`) finds a module's
     symbols on demand; ``report`` is called once per problem found with a symbol
-    source (default: a warning line on stderr)."""
+    source (default: a warning to ``logging``; the library never prints)."""
 
     def __init__(self, per_module=None, locator=None, report=None):
         self._per_module = {}  # lower-case module name -> ModuleSymbols given explicitly (ISF)
@@ -166,7 +65,7 @@ class SymbolTable(object):
         self._modules = []
         self._bases = []
         self.problems = ProblemLog()
-        self._report = report or _warn_on_stderr
+        self._report = report or _log
 
     def add(self, module_symbols):
         self._per_module[module_symbols.module_name.lower()] = module_symbols
@@ -215,7 +114,6 @@ class SymbolTable(object):
     def _locate(self, module):
         if self._target is None:
             return None
-        from ..symbols.match import locate_module_symbols
         return locate_module_symbols(self._target, module, self.locator, self)
 
     def status(self, module_name):
@@ -308,6 +206,8 @@ class SymbolTable(object):
             rvas, names = table.sorted_symbols()
             index = bisect.bisect_right(rvas, address - module.base) - 1
             if index >= 0:
+                # Of the names at that address, the first: the procedure's when there is one.
+                index = bisect.bisect_left(rvas, rvas[index])
                 return module, names[index], rvas[index]
         return module, None, None
 
@@ -369,19 +269,11 @@ class SymbolTable(object):
         found = table.layout(bare) if table is not None else None
         if found is None:
             return None
-        from ..layouts import Layout
         size, fields = found
         return Layout(bare, size, fields, table.source, table.pointer_size)
 
 
 # -- ISF files -------------------------------------------------------------------------
-
-def load_isf_file(path):
-    """Read one ISF file (``.json`` or ``.json.xz``) into ModuleSymbols; BadInput
-    naming the file (and the field) when it cannot be used."""
-    parsed = read_isf_file(path)
-    return ModuleSymbols(parsed.module_name, parsed.symbols, parsed.types, parsed.base_types or None, path)
-
 
 def load_isf_directory(paths, table=None):
     """A SymbolTable from ISF files and/or directories of them.  A file that cannot
@@ -400,19 +292,27 @@ def load_isf_directory(paths, table=None):
     return table
 
 
-def write_isf_file(module_symbols, directory):
-    path = os.path.join(directory, module_symbols.module_name + ".json")
-    with io.open(path, "w", encoding="utf-8") as handle:
-        json.dump(module_symbols.to_isf(), handle, indent=1, sort_keys=True)
-    return path
-
-
 def open_symbol_table(option_paths, beside=(), no_download=False, environ=None, diagnostics=None):
     """The SymbolTable of a run over a dump: ISF files and PDBs along the symbol
     path (``--symbols`` values, else ``beside`` then ``_NT_SYMBOL_PATH``).
-    ``diagnostics``: an Output for warnings and download progress (default: stderr)."""
-    from ..symbols.path import SymbolLocator, symbol_path_elements
+    ``diagnostics``: the CLI's Output for warnings and a download progress bar; without
+    it, problems go to ``logging`` and downloads are silent."""
     report = (lambda problem: diagnostics.line("warning: %s" % problem.message)) if diagnostics else None
     locator = SymbolLocator(symbol_path_elements(option_paths, beside, environ), no_download,
-                            progress=diagnostics.stream if diagnostics else None)
+                            progress=ProgressBar(diagnostics.stream) if diagnostics else None)
     return load_isf_directory(locator.isf_paths, SymbolTable(locator=locator, report=report))
+
+
+def pe_file_symbols(image, option_paths, no_download=False, diagnostics=None):
+    """Symbols for a PE read from disk (``stackuse --pe FILE --symbols PATH``): the
+    ISF file named for it, else its PDB matched by the file's CodeView record;
+    None when the symbol path has neither.  ``option_paths``: ``--symbols`` values
+    (None: ``_NT_SYMBOL_PATH``)."""
+    table = open_symbol_table(option_paths, (), no_download, diagnostics=diagnostics)
+    stem = image.name.rsplit(".", 1)[0]
+    isf = table.module_symbols(stem) or table.module_symbols(image.name)
+    if isf is not None:
+        return isf
+    codeview = image.codeview
+    pdb = table.locator.find_pdb(codeview, table.report) if codeview is not None else None
+    return PdbModuleSymbols(stem, pdb, table.report) if pdb is not None else None
