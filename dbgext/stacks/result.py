@@ -27,7 +27,8 @@ class Frame(object):
     frame's child-SP minus the previous one's (None for frame 0)."""
 
     __slots__ = ("index", "child_sp", "ip", "return_address", "return_slot", "found_by", "module",
-                 "function", "frame_pointer", "memory", "trap_frame", "machine_frame", "arguments")
+                 "function", "frame_pointer", "memory", "trap_frame", "machine_frame", "arguments",
+                 "unconfirmed")
 
     def __init__(self, index, child_sp, ip, found_by, module=None, function=None, frame_pointer=None):
         self.index = index
@@ -43,6 +44,9 @@ class Frame(object):
         self.machine_frame = None         # address of the machine frame this frame's unwind crossed
         self.trap_frame = None            # the _KTRAP_FRAME holding that machine frame (kernel)
         self.arguments = []               # kv's "Args to Child": the stack slots above the return address
+        # The return address into this frame was taken without reading the call
+        # before it (the module's code is in neither the dump nor an image file).
+        self.unconfirmed = False
 
     def as_dict(self):
         return {
@@ -52,6 +56,7 @@ class Frame(object):
             "return_address": self.return_address,
             "return_slot": self.return_slot,
             "found_by": self.found_by,
+            "unconfirmed": self.unconfirmed,
             "module": self.module,
             "function": self.function,
             "frame_pointer": self.frame_pointer,
