@@ -220,3 +220,22 @@ def epilogue_offset(path, function):
     if after is None:
         raise AssertionError("%s has no add rsp in %s" % (function, path))
     return after
+
+
+def tail_call_epilogue_offsets(path, function):
+    """Offsets in ``function`` of each instruction after its last ``add rsp`` up
+    to and including the indirect ``jmp`` that ends it (a tail call)."""
+    from dbgext.disasm import Disassembler
+
+    image, data = _load(path)
+    start = image.exports_by_name[function]
+    end = next(e for b, e, _ in image.runtime_functions if b == start)
+    offsets = None
+    for address, size, mnemonic, operands in Disassembler(64).decode(data[start:end], start):
+        if mnemonic == "add" and operands.startswith("rsp,"):
+            offsets = []
+        elif offsets is not None:
+            offsets.append(address - start)
+            if mnemonic.endswith("jmp"):
+                return offsets
+    raise AssertionError("%s ends in no tail jmp after add rsp in %s" % (function, path))

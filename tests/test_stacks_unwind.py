@@ -237,6 +237,39 @@ def test_a_scan_takes_a_return_address_whose_call_site_is_unreadable_as_unconfir
     assert result.frames[1].ip == placed.at("Inner", 9) and result.frames[1].unconfirmed
 
 
+def test_an_epilogue_ending_in_a_jump_to_the_functions_own_start_is_an_epilogue():
+    # A recursive tail call: add rsp; pop rbx; jmp Self.  Stopped on the pop, only
+    # the pop and the return remain; the prologue's codes would read 0x20 too high.
+    functions = [
+        Function("Top", [b"\x48\x83\xec\x28", ("call", "Self"), b"\x48\x83\xc4\x28", b"\xc3"],
+                 {"prolog_size": 4, "slots": alloc_slots(4, 0x28)}),
+        Function("Self", [b"\x53", b"\x48\x83\xec\x20", b"\x48\x83\xc4\x20", b"\x5b", ("jmp", "Self")],
+                 {"prolog_size": 5, "slots": alloc_slots(5, 0x20) + push_slot(1, RBX)}),
+    ]
+    placed = Placed(functions)
+    sp0 = placed.stack_base - 0x400
+    placed.put(sp0, 0xB0B, placed.at("Top", 9))                  # saved RBX, return into Top
+    placed.put(sp0 + 0x10 + 0x28, 0)
+    result = placed.walk({"rip": placed.at("Self", 9), "rsp": sp0})
+    assert [frame.function for frame in result.frames] == ["drv!Self+0x9", "drv!Top+0x9"]
+    assert [frame.child_sp - sp0 for frame in result.frames] == [0, 0x10]
+    assert list(result.problems) == []
+
+
+def test_return_address_zero_while_the_stack_above_holds_a_return_address_is_reported():
+    placed = Placed(chained())
+    sp0 = placed.stack_base - 0x400
+    placed.put(sp0, 0)                                          # Leaf "returns" to 0 ...
+    placed.put(sp0 + 0x48, placed.at("Top", 9))                 # ... but the stack goes on
+    result = placed.walk({"rip": placed.at("Leaf"), "rsp": sp0}, bounds=True)
+    assert len(result.frames) == 1 and result.frames[0].return_address == 0
+    assert kinds(result) == ["walk_ended_early"]
+    assert "drv!Top+0x9" in result.problems[0].message
+    # At the real end of a stack nothing is said.
+    placed.put(sp0 + 0x48, 0)
+    assert kinds(placed.walk({"rip": placed.at("Leaf"), "rsp": sp0}, bounds=True)) == []
+
+
 def recursion():
     return [Function("Recurse", [b"\x48\x83\xec\x28", ("call", "Recurse"), b"\x48\x83\xc4\x28", b"\xc3"],
                      {"prolog_size": 4, "slots": alloc_slots(4, 0x28)})]
