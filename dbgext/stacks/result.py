@@ -6,6 +6,8 @@ many frames came from unwind data and how many from scanning), so nothing
 downstream reads memory or recomputes.
 """
 
+from collections import namedtuple
+
 from ..problems import ProblemLog
 
 SCHEMA_VERSION = 1
@@ -17,6 +19,13 @@ SCHEMA_VERSION = 1
 #   frame_chain  the previous frame's frame pointer chain (x86 EBP)
 #   scan         a stack slot that looks like a return address (last resort)
 FOUND_BY = ("context", "unwind", "frame_chain", "scan")
+
+# One step of a walk, from a frame to its caller: the caller's registers, how it
+# was found, the slot its return address was read from, the machine frame crossed
+# (or None), whether a call precedes the return address (False: the code was not
+# there to read), and the bytes of parameters the unwound function was passed
+# (x86 frame data: they lie between the caller's ESP and its locals).
+Step = namedtuple("Step", "registers found_by return_slot machine_frame confirmed parameters")
 
 
 class Frame(object):

@@ -14,11 +14,13 @@ modules whose missing images made frames less certain, with what would help.
 from ..errors import UnreadableMemory
 from ..problems import ProblemLog
 from .images import Images
-from .result import Frame, StackResult
+from ..symbols.framedata import read_frame_table
+from ..symbols.pdb import PdbError
+from .result import Frame, StackResult, Step
 from .scan import ReturnAddresses, scan_for_return
 from .threads import selected_thread, stack_bounds, trap_frame_of, waiting_kernel_thread
 from .x64 import UnwindError, unwind_function, unwind_leaf
-from .x86 import unwind_frame_chain
+from .x86 import unwind_at_entry, unwind_frame_chain, unwind_frame_data
 
 MAX_FRAMES = 256
 ARGUMENT_SLOTS = 4    # kv's "Args to Child"
@@ -50,6 +52,7 @@ class Unwinder(object):
         self.image_loader = image_loader
         self._images = None
         self._returns = None
+        self._frame_tables = {}  # module base -> its PDB's FrameTable (x86), or None
 
     def walk(self, thread=None, max_frames=MAX_FRAMES):
         target = self.target
@@ -117,7 +120,7 @@ class Unwinder(object):
                                 "%s-%s" % (self.target.format_address(bounds[0]),
                                            self.target.format_address(bounds[1])))
             bounds = None
-        found_by, unconfirmed = "context", False
+        found_by, unconfirmed, callee_parameters = "context", False, 0
         seen = set()
         frames = result.frames
         while True:
@@ -133,10 +136,10 @@ class Unwinder(object):
                 frame.memory = sp - frames[-1].child_sp
             frames.append(frame)
             seen.add((ip, sp))
-            step = self._step(frame, module, registers, result.problems, bounds)
+            step = self._step(frame, module, registers, result.problems, bounds, callee_parameters)
             if step is None:
                 return
-            caller, how, slot, machine_frame, confirmed = step
+            caller, how, slot, machine_frame, confirmed, callee_parameters = step
             frame.return_address, frame.return_slot = caller[self.ip_name], slot
             frame.machine_frame = machine_frame
             if machine_frame is not None and self.kernel:
@@ -162,9 +165,8 @@ class Unwinder(object):
                 return
             registers, ip, sp, found_by, unconfirmed = caller, new_ip, new_sp, how, not confirmed
 
-    def _step(self, frame, module, registers, problems, bounds):
-        """(caller registers, how the caller was found, return slot, machine frame,
-        whether the return address was confirmed by its call site) or None."""
+    def _step(self, frame, module, registers, problems, bounds, callee_parameters):
+        """The :class:`~dbgext.stacks.result.Step` to the caller, or None."""
         target = self.target
         step = None
         try:
@@ -174,8 +176,11 @@ class Unwinder(object):
                     step = unwind_frame_chain(target, registers, frame.index == 0, self._returns, bounds,
                                               self._code_at)
             elif target.arch == "x86" and (module is not None or frame.index == 0):
-                step = unwind_frame_chain(target, registers, frame.index == 0, self._returns, bounds,
-                                          self._code_at)
+                if module is not None:
+                    step = self._unwind_x86(module, registers, problems, frame, bounds, callee_parameters)
+                if step is None:
+                    step = unwind_frame_chain(target, registers, frame.index == 0, self._returns, bounds,
+                                              self._code_at)
         except UnreadableMemory as error:
             problems.add("stack_unreadable", error.address, "unwinding %s needs stack memory at %s that is "
                          "unreadable" % (frame.function, target.format_address(error.address)))
@@ -200,14 +205,40 @@ class Unwinder(object):
             if code.corrupt:
                 return None  # its entry may be one of those dropped: not evidence of a leaf
             step = unwind_leaf(registers, read)
-            return step.registers, "unwind", step.return_slot, None, True
+            return Step(step.registers, "unwind", step.return_slot, None, True, 0)
         try:
             step = unwind_function(code.image, module.base, entry, registers, read, code.code_window(rva),
                                    code.info_cache)
         except UnwindError as error:
             problems.add(error.kind, error.address, "%s: %s" % (frame.function, error))
             return None
-        return step.registers, "unwind", step.return_slot, step.machine_frame, True
+        return Step(step.registers, "unwind", step.return_slot, step.machine_frame, True, 0)
+
+    def _unwind_x86(self, module, registers, problems, frame, bounds, callee_parameters):
+        """The step by the FPO/FrameData record of the module's PDB covering EIP, or None."""
+        table = self._frame_table(module, problems)
+        rva = registers["eip"] - module.base
+        record = table.find(rva) if table is not None else None
+        if record is None:
+            # No record here: in frame 0, a function's first instruction or a linker thunk.
+            if table is not None and frame.index == 0:
+                return unwind_at_entry(self.target, registers, self._returns, rva in table.function_starts,
+                                       self._code_at)
+            return None
+        return unwind_frame_data(self.target, record, rva - record.rva, registers, frame.index == 0,
+                                 self._returns, callee_parameters, bounds)
+
+    def _frame_table(self, module, problems):
+        if module.base not in self._frame_tables:
+            self._frame_tables[module.base] = None
+            symbols = self.target.symbols.module_symbols(module.name)
+            pdb = getattr(symbols, "pdb", None)
+            if pdb is not None:
+                try:
+                    self._frame_tables[module.base] = read_frame_table(pdb)
+                except PdbError as error:
+                    problems.add("frame_data_unreadable", module.base, str(error), "warning")
+        return self._frame_tables[module.base]
 
     def _code_at(self, address, size):
         """Code the target lacks, from the image file of the module holding it."""
@@ -224,7 +255,7 @@ class Unwinder(object):
         slot, value, confirmed = found
         caller = dict(registers)
         caller[self.ip_name], caller[self.sp_name] = value, slot + self.pointer_size
-        return caller, "scan", slot, None, confirmed
+        return Step(caller, "scan", slot, None, confirmed, 0)
 
     def _check_end(self, frame, sp, bounds, problems):
         """Return address 0 ends a walk quietly only where the stack ends too: a
