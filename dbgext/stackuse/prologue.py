@@ -47,7 +47,7 @@ MAX_ARGUMENT_LOOKAHEAD = 24
 # ...` is handled as a destination): the stack-probe size survives them.
 KEEPS_ACCUMULATOR = frozenset(["mov", "lea", "push", "test", "cmp", "movzx", "movsx", "nop"])
 PROBE_LOOKAHEAD = 4
-SEH_RECORD_LOOKAHEAD = 12
+SEH_RECORD_LOOKAHEAD = 24  # MSVC puts the locals, saves and the cookie between the record and fs:[0]
 # Mnemonics that end a path through a function (besides ret/jmp).
 STOPS = frozenset(["int3", "ud2", "hlt", "iretq", "iretd", "sysret", "sysexit"])
 # Mnemonics that move SP without naming it as an operand.
@@ -495,7 +495,8 @@ def _scan_path(decoder, start, arch, callees):
             # 48; push 0; push buffer; call memset`); only a first `push ecx`
             # stays a local without asking (`push ecx; push esi; push edi`).
             reserves_local = op_str in SCRATCH and op_str not in written and (
-                state.depth == 0 or not _is_argument_push(decoder, next_address, callees, op_str == "eax"))
+                state.depth == 0 or _addressed_through_frame_pointer(decoder, next_address, state)
+                or not _is_argument_push(decoder, next_address, callees, op_str == "eax"))
             if not reserves_local and not _feeds_frame_helper(decoder, next_address, callees) and not (
                     _installs_seh_record(decoder, next_address)):
                 break
@@ -556,18 +557,43 @@ def _is_argument_push(decoder, address, callees, explicit_only=False):
     return False
 
 
+def _addressed_through_frame_pointer(decoder, address, state):
+    """True when, before the next call, jump or return, the code at ``address``
+    addresses the slot a push just before it filled (or one below it) through the
+    frame pointer: ``push ecx; push ecx; push ebx; lea eax, [ebp - 8]`` — a local
+    (MSVC reserves 4-byte locals so), never an outgoing argument."""
+    frame = state.copies.get("ebp")
+    if frame is None:
+        return False
+    slot = frame - (state.depth + 4)      # the pushed slot's displacement from EBP
+    for _ in range(MAX_ARGUMENT_LOOKAHEAD):
+        insn = decoder.at(address)
+        if insn is None:
+            return False
+        mnemonic, op_str = insn[2], insn[3]
+        if mnemonic == "call" or mnemonic[0] == "j" or mnemonic.startswith("ret"):
+            return False
+        for operand in split_operands(op_str):
+            displacement = memory_displacement(operand, "ebp")
+            if displacement is not None and displacement <= slot:
+                return True
+        address += insn[1]
+    return False
+
+
 def _argument_bytes_after(decoder, address, callee_pops, pops=True):
     """Bytes of arguments a call removes: ``add esp, N`` (or, with ``pops``, a pop
-    of a scratch register) right after it, plus what the callee pops itself; None
-    when neither says anything."""
+    of a scratch register) right after it, plus what the callee pops itself (0 for
+    a callee followed and found to pop nothing); None when neither is known."""
     following = decoder.at(address)
     cleaned = 0
     if following is not None and following[2] == "add" and following[3].startswith("esp, "):
         cleaned = parse_int(following[3][5:]) or 0
     elif pops and following is not None and following[2] == "pop" and following[3] in SCRATCH:
         cleaned = 4
-    total = cleaned + (callee_pops or 0)
-    return total or None
+    if callee_pops is None:
+        return cleaned or None
+    return cleaned + callee_pops
 
 
 def _installs_seh_record(decoder, address):

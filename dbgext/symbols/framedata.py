@@ -77,6 +77,15 @@ class FrameRecord(object):
         """The program reads the caller's frame from EBP (an EBP frame, not FPO)."""
         return self.program.startswith("$T0 $ebp =")
 
+    @property
+    def frame_bytes(self):
+        """The function's stack below its return address where this record applies,
+        outgoing arguments aside: ``cbLocals + cbSavedRegs``, plus the saved EBP of
+        a frame-pointer function (EBP frames, and realigned ones whose program reads
+        EBP back from below the return address), which ``cbSavedRegs`` leaves out."""
+        saved_ebp = self.uses_frame_pointer or "$ebp $T1 4 - ^ =" in " ".join(self.program.split())
+        return self.locals + self.saved_registers + (4 if saved_ebp else 0)
+
     def __repr__(self):
         return "FrameRecord(0x%x+0x%x, %s, %r)" % (self.rva, self.size, self.source, self.program)
 
@@ -95,6 +104,19 @@ class FrameTable(object):
 
     def __len__(self):
         return len(self.frame_data) + len(self.fpo)
+
+    def function_frames(self):
+        """{function start RVA: its deepest :attr:`FrameRecord.frame_bytes`} over
+        each FrameData function's start record and the records nested in it."""
+        frames = {}
+        start = None
+        for record in self.frame_data:
+            if record.function_start:
+                start = record
+                frames[record.rva] = record.frame_bytes
+            elif start is not None and record.rva < start.rva + start.size:
+                frames[start.rva] = max(frames[start.rva], record.frame_bytes)
+        return frames
 
     def find(self, rva):
         """The innermost record covering ``rva``, or None."""
