@@ -51,7 +51,7 @@ def _commands(config, source, asm, out):
 
 def _cache_directory():
     digest = hashlib.sha256()
-    for path in sorted(glob.glob(os.path.join(SOURCES, "*"))):
+    for path in sorted(path for path in glob.glob(os.path.join(SOURCES, "*")) if os.path.isfile(path)):
         with open(path, "rb") as handle:
             digest.update(handle.read())
     for tool in (MINGW, "clang"):
