@@ -184,3 +184,57 @@ def test_k_reproduces_every_stack_an_executed_msvc_x86_image_had(folder, exe, pd
         found_by.update(frame.found_by for frame in result.frames[1:len(expected)])
     assert found_by["scan"] == 0
     assert found_by["unwind"] > 0      # FPO/FrameData, the EBP chain where no record applies
+
+
+# -- bad input ----------------------------------------------------------------------------------
+
+class GarbledPdb(object):
+    """A PDB whose FPO, FrameData and info streams are random bytes."""
+
+    def __init__(self, generator):
+        self.path = "garbled.pdb"
+        self.streams = dict((index, bytes(generator.getrandbits(8) for _ in range(generator.randrange(0, 200))))
+                            for index in (0, 1, 9))
+        self.msf = self
+
+    def optional_debug_stream(self, index, what):
+        return self.streams[index]
+
+    def stream(self, index, what):
+        return self.streams[1]
+
+    def procedures(self):
+        return []
+
+    def publics(self):
+        return []
+
+
+def test_garbled_frame_data_streams_raise_pdb_error_or_read_never_anything_else():
+    import random
+
+    from dbgext.symbols.pdb import PdbError
+
+    generator = random.Random(28)
+    for _ in range(300):
+        try:
+            table = read_frame_table(GarbledPdb(generator))
+        except PdbError:
+            continue
+        for record in table.frame_data + table.fpo:
+            assert isinstance(record.program, str)
+
+
+def test_garbled_program_strings_raise_program_error_only():
+    import random
+
+    generator = random.Random(28)
+    tokens = ["$T0", "$T1", "$eip", "$esp", "$ebp", "$20", ".raSearch", ".cbLocals", "4", "-8", "0", "+", "-", "*",
+              "/", "%", "@", "^", "=", "x", "0x10"]
+    values = {"$esp": 0x1000, "$ebp": 0x2000, "$eip": 0x401000, ".raSearch": 0x1010, ".cbLocals": 8}
+    for _ in range(2000):
+        program = " ".join(generator.choice(tokens) for _ in range(generator.randrange(1, 12)))
+        try:
+            evaluate(program, dict(values), memory({0x1000: 1, 0x1010: 0x401234, 0x2000: 0x3000}))
+        except ProgramError:
+            pass
