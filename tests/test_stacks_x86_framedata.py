@@ -8,7 +8,8 @@ as dbghelp uses them.
   function from its entry with a known ESP, following its calls inside the image;
   at every function entry, every call and every return point the emulator's own
   record of the live calls is the stack, and ``k`` must give exactly those frames
-  (return address and child-SP) from the stopped state with the image's PDB.
+  (return address and child-SP) from the stopped state with the image's PDB —
+  with the image in memory, and without it (as a minidump holds the stack).
 """
 
 import collections
@@ -159,9 +160,11 @@ def stops_of(folder, exe, pdb_name):
             break
     name = exe.rsplit(".", 1)[0]
 
-    def target_at(stop):
+    def target_at(stop, with_code=True):
         scenario = Scenario("x86", "user")
         scenario.add_module(name, image.image_base, len(data), image=exe, content=data)
+        if not with_code:
+            scenario.unmap(image.image_base, len(data))     # a minidump: stacks, no code
         scenario.write(X86_STACK_LIMIT, stop.stack)
         scenario.threads.append(Thread(1, stack_base=X86_STACK_LIMIT, stack_size=X86_STACK_SIZE,
                                        registers=stop.registers))
@@ -171,17 +174,21 @@ def stops_of(folder, exe, pdb_name):
     return target_at, stops[:MAX_STOPS]
 
 
+@pytest.mark.parametrize("with_code", [True, False], ids=["image-in-memory", "minidump-without-code"])
 @pytest.mark.parametrize("folder,exe,pdb_name", X86_PROGRAMS)
-def test_k_reproduces_every_stack_an_executed_msvc_x86_image_had(folder, exe, pdb_name):
+def test_k_reproduces_every_stack_an_executed_msvc_x86_image_had(folder, exe, pdb_name, with_code):
+    # Without the code (a minidump) the PDB still tells a return address from a
+    # pointer to data: it must lie inside a function the PDB describes.
     target_at, stops = stops_of(folder, exe, pdb_name)
     assert len(stops) >= 40
     found_by = collections.Counter()
     for stop in stops:
         expected = stop.expected_frames()[:-1]          # the planted outermost return is no frame
-        result = analyze(target_at(stop))
+        result = analyze(target_at(stop, with_code))
         assert [(frame.ip, frame.child_sp) for frame in result.frames[:len(expected)]] == expected, (
             "stopped at %s" % result.frames[0].function)
         found_by.update(frame.found_by for frame in result.frames[1:len(expected)])
+        assert not with_code or not any(frame.unconfirmed for frame in result.frames[:len(expected)])
     assert found_by["scan"] == 0
     assert found_by["unwind"] > 0      # FPO/FrameData, the EBP chain where no record applies
 

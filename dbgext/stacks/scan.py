@@ -4,7 +4,8 @@ A slot is taken for a return address when its value points into a loaded module'
 code (past its header page) *and* the bytes just before it are a ``call``
 instruction — what ``dps`` readers and WinDbg's fallback do.  Where those bytes
 cannot be read (a minidump holds no code, and no image file was found) the value
-is still a candidate, but an *unconfirmed* one: the frame it gives says so.  A
+is still a candidate, but an *unconfirmed* one: the frame it gives says so — unless
+the module's symbols place it outside every function (a pointer to data).  A
 scan can take a stale return address (left by an earlier, finished call) for a
 frame, which is why the walker only scans where no unwind data or frame chain
 applies and marks such frames ``scan``.
@@ -39,9 +40,13 @@ class ReturnAddresses(object):
     is True (a call precedes it), None (it points into a module's code but the call
     site cannot be read: unconfirmed) or False (not a return address)."""
 
-    def __init__(self, target, images):
+    def __init__(self, target, images, code_map=None):
         self.target = target
         self.images = images
+        # code_map(module, rva): True inside a function symbols describe, False
+        # outside every one, None when they say nothing — asked only where the
+        # call site cannot be read.
+        self.code_map = code_map
         self._known = {}
         modules = images.modules
         # Most stack slots are data: a range test spares them the module lookup.
@@ -55,6 +60,11 @@ class ReturnAddresses(object):
         if known is self:
             known = self._known[value] = self._follows_call(value)
         return known
+
+    def inside_function(self, value):
+        """True when symbols place ``value`` inside a function (past its start)."""
+        module = self.images.module_at(value)
+        return bool(module is not None and self.code_map is not None and self.code_map(module, value - module.base))
 
     def plausible(self, value):
         """A candidate: confirmed, or unconfirmed for want of code."""
@@ -71,7 +81,8 @@ class ReturnAddresses(object):
         code = self.images.code_for(module).code(value - CALL_WINDOW - module.base, CALL_WINDOW)
         if len(code) == CALL_WINDOW:
             return follows_call(code)
-        return None
+        inside = self.code_map(module, value - module.base) if self.code_map is not None else None
+        return None if inside is not False else False
 
 
 def scan_for_return(target, returns, start, top, pointer_size, confirmed_only=False):

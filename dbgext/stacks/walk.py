@@ -72,7 +72,7 @@ class Unwinder(object):
     def images(self):
         if self._images is None:
             self._images = Images(self.target, None, self.image_loader)
-            self._returns = ReturnAddresses(self.target, self._images)
+            self._returns = ReturnAddresses(self.target, self._images, self._inside_function)
         return self._images
 
     # -- the thread -------------------------------------------------------------------------
@@ -223,10 +223,16 @@ class Unwinder(object):
             # No record here: in frame 0, a function's first instruction or a linker thunk.
             if table is not None and frame.index == 0:
                 return unwind_at_entry(self.target, registers, self._returns, rva in table.function_starts,
-                                       self._code_at)
+                                       not table.inside_function(rva), self._code_at)
             return None
         return unwind_frame_data(self.target, record, rva - record.rva, registers, frame.index == 0,
                                  self._returns, callee_parameters, bounds)
+
+    def _inside_function(self, module, rva):
+        """Whether the module's PDB (its frame table, once loaded) puts ``rva``
+        inside a function; None when there is no table."""
+        table = self._frame_tables.get(module.base)
+        return table.inside_function(rva) if table is not None else None
 
     def _frame_table(self, module, problems):
         if module.base not in self._frame_tables:

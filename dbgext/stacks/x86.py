@@ -51,13 +51,16 @@ def unwind_frame_chain(target, registers, first, returns, bounds=None, code_at=N
     return _returned(registers, fp + size, read(fp + size), read(fp), returns, REGISTER_NAMES[target.arch])
 
 
-def unwind_at_entry(target, registers, returns, function_start, code_at=None):
+def unwind_at_entry(target, registers, returns, function_start, outside_functions, code_at=None):
     """Frame 0 where a PDB has no frame record: at a function's first instruction
     (``function_start``), or on a linker thunk — one ``jmp rel32`` (an
     incremental-link table entry) or ``jmp dword ptr [IAT]`` — nothing is pushed:
-    the return address is at ``[esp]``.  None elsewhere."""
+    the return address is at ``[esp]``.  Where the code cannot be read, code
+    outside every function the PDB describes (``outside_functions``) is taken for
+    such a thunk.  None elsewhere."""
     head = _code(target, registers["eip"], 2, code_at)
-    if not function_start and head[:1] != JUMP_REL32 and head != IMPORT_THUNK:
+    thunk = head[:1] == JUMP_REL32 or head == IMPORT_THUNK if head else outside_functions
+    if not function_start and not thunk:
         return None
     esp = registers["esp"]
     return _returned(registers, esp, target.u32(esp), registers.get("ebp"), returns, REGISTER_NAMES["x86"])
@@ -102,8 +105,9 @@ def unwind_frame_data(target, record, offset, registers, first, returns, callee_
             slot = start + 4 * index
             if bounds is not None and slot + 4 > bounds[1]:
                 break
-            verdict = returns.verdict(read(slot))
-            if verdict is True or (verdict is None and index < RA_SEARCH_SLOTS):
+            value = read(slot)
+            verdict = returns.verdict(value)
+            if verdict is True or (verdict is None and (index < RA_SEARCH_SLOTS or returns.inside_function(value))):
                 return slot
         raise ProgramError("no return address above %s" % target.format_address(start))
     values = dict(("$" + name, registers.get(name)) for name in X86_REGISTERS)

@@ -24,7 +24,8 @@ numbers and the frame's values ``.raSearch``/``.raSearchStart``, ``.cbLocals``,
 Breakpad find it: from ESP + the callee's parameters + ``cbLocals`` +
 ``cbSavedRegs``, the first of four slots holding a return address; past them (a
 call site whose arguments are pushed: ``push``es are not in the record), the
-first slot up to 64 whose value a ``call`` precedes.
+first slot up to 64 whose value a ``call`` precedes or, where the code cannot be
+read, that lies inside a function the PDB describes.
 
 PDBs relinked with OMAP keep frame data in the pre-relink RVAs; those are not
 translated (such modules are walked by their frame chain).
@@ -95,12 +96,25 @@ class FrameTable(object):
     where its functions start (procedures and public functions: an assembler
     function such as ``_chkstk`` has a public symbol and no frame record)."""
 
-    def __init__(self, frame_data, fpo, function_starts=()):
+    def __init__(self, frame_data, fpo, function_starts=(), procedures=()):
         self.frame_data = sorted(frame_data, key=lambda record: (record.rva, -record.size))
         self.fpo = sorted(fpo, key=lambda record: record.rva)
         self._starts = [record.rva for record in self.frame_data]
         self._fpo_starts = [record.rva for record in self.fpo]
         self.function_starts = frozenset(function_starts)
+        self._procedures = sorted(procedures)           # (rva, size) of the PDB's procedures
+        self._procedure_starts = [rva for rva, _ in self._procedures]
+
+    def inside_function(self, rva):
+        """True when ``rva`` lies inside a function the PDB describes (a procedure,
+        or a frame record's block) past its first byte: where a return address can
+        point.  Code is then not needed to tell one from a pointer to data."""
+        if rva in self.function_starts:
+            return False
+        index = bisect.bisect_right(self._procedure_starts, rva) - 1
+        if index >= 0 and rva < sum(self._procedures[index]):
+            return True
+        return self.find(rva) is not None
 
     def __len__(self):
         return len(self.frame_data) + len(self.fpo)
@@ -156,9 +170,10 @@ def read_frame_table(pdb):
             # somewhere among its saved registers: the caller's EBP stays unknown.
             program = FRAME_POINTER_PROGRAM if frame == FRAME_NONFPO else FPO_PROGRAM
             fpo.append(FrameRecord(rva, size, locals_ * 4, params * 4, registers * 4, prolog, program, True, "fpo"))
-    starts = set(procedure.rva for procedure in pdb.procedures())
+    procedures = [(procedure.rva, procedure.size) for procedure in pdb.procedures()]
+    starts = set(rva for rva, _ in procedures)
     starts.update(public.rva for public in pdb.publics() if public.is_function)
-    return FrameTable(frame_data, fpo, starts)
+    return FrameTable(frame_data, fpo, starts, procedures)
 
 
 def _string_table(pdb):
