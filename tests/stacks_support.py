@@ -243,6 +243,7 @@ def tail_call_epilogue_offsets(path, function):
 
 # -- real MSVC x86 images executed in the emulator ----------------------------------------------
 
+# Real files written by Windows and Microsoft's tools (never copied into the repository).
 REALWORLD = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.pardir, "shared",
                          "realworld")
 X86_STACK_LIMIT = 0x00200000

@@ -8,16 +8,17 @@ WinDbg follows them."""
 
 import io
 import json
-from pathlib import Path
+import os
 
 from dbgext.cli import main
+from stacks_support import REALWORLD
 
-MINIDUMPS = Path(__file__).resolve().parents[1].parent / "shared" / "realworld" / "minidumps"
+MINIDUMPS = os.path.join(REALWORLD, "minidumps")
 
 
 def k(name, *args):
     out, err = io.StringIO(), io.StringIO()
-    code = main(["k", "--dump", str(MINIDUMPS / name)] + list(args), stream=out, error_stream=err)
+    code = main(["k", "--dump", os.path.join(MINIDUMPS, name)] + list(args), stream=out, error_stream=err)
     assert code == 0, "k on %s: %s" % (name, err.getvalue())
     return out.getvalue(), err.getvalue()
 

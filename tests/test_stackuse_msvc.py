@@ -87,9 +87,9 @@ def test_every_dll_of_the_wheel_is_analysed_without_a_traceback(member):
 
 from dbgext.symbols.framedata import read_frame_table  # noqa: E402
 from dbgext.symbols.pdb import PdbFile  # noqa: E402
+from stacks_support import REALWORLD  # noqa: E402
 
-PDB_ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.pardir, "shared",
-                        "realworld", "pdb")
+PDB_ROOT = os.path.join(REALWORLD, "pdb")
 FRAMEDATA_AGREEMENT = [  # (folder, image, pdb, functions agreeing, functions with FrameData)
     ("msvc2003-x86-compiled2003", "Compiled2003.exe", "Compiled2003.pdb", 637, 713),
     ("msvc2005-x86-native2005", "native2005.exe", "native2005.pdb", 43, 52),
