@@ -407,6 +407,11 @@ def scan_prologue(decoder, entry, callees=NoCallees()):
     a jump, or on x86 at a push that is not a callee-saved register save (an
     outgoing argument).  A conditional branch taken before any stack change is
     followed too when the fall-through path never builds a frame (shrink-wrapping).
+    On x86 a conditional branch taken after the frame began is followed, from the
+    state at the branch, when the fall-through path is an early exit — it ends in
+    a return or jump, or releases stack below the branch's depth (MSVC's
+    ``pop ebx; ...; call __security_check_cookie; ret``): the branch's path goes on
+    building the frame (callee-saved registers pushed only there).
     """
     arch = decoder.arch
     result = PrologueResult()
@@ -414,15 +419,17 @@ def scan_prologue(decoder, entry, callees=NoCallees()):
         result.frame_size = decoder.common_frame(entry)
         if result.frame_size is not None:
             return result
-    pending = [entry]
+    pending = [(entry, None)]
     seen_paths = set()
     best = None
     while pending and len(seen_paths) < MAX_PROLOGUE_PATHS:
-        start = pending.pop(0)
+        start, resumed = pending.pop(0)
         if start in seen_paths:
             continue
         seen_paths.add(start)
-        frame, dynamic, problem, branches, padding = _scan_path(decoder, start, arch, callees)
+        frame, dynamic, problem, branches, padding, continuations = _scan_path(decoder, start, arch, callees,
+                                                                               resumed)
+        pending.extend(continuations)
         result.padding = max(result.padding, padding)
         if dynamic:
             result.dynamic = dynamic
@@ -431,26 +438,34 @@ def scan_prologue(decoder, entry, callees=NoCallees()):
         if problem and best is None:
             result.problem = problem
         if frame == 0 or frame is None:
-            pending.extend(branches)
+            pending.extend((branch, None) for branch in branches)
     if best is not None:
         result.frame_size = best
         result.problem = None
     return result
 
 
-def _scan_path(decoder, start, arch, callees):
-    state = SpState()
-    body_started = False
-    written = set()
-    deepest = 0
+def _scan_path(decoder, start, arch, callees, resumed=None):
+    """One path from ``start`` (``resumed``: the (state, written registers, body
+    started) of a branch taken after the frame began).  Returns (deepest frame,
+    dynamic, problem, branches taken before any stack change, padding, the
+    continuations [(branch target, resumed)] of an early exit)."""
+    if resumed is None:
+        state, written, body_started = SpState(), set(), False
+    else:
+        state, written, body_started = resumed[0].copy(), set(resumed[1]), resumed[2]
+    deepest = state.depth - state.padding
     branches = []
+    # Branches taken after the frame began: [target, depth at the branch, resumed,
+    # the lowest depth since (below the branch's: the path released its frame)].
+    later_branches = []
     address = start
     dynamic = None
     saves = CALLEE_SAVED[arch]
     for _ in range(MAX_PROLOGUE_INSTRUCTIONS):
         insn = decoder.at(address)
         if insn is None:
-            return (deepest if deepest else None), dynamic, decoder.problem(address), branches, state.padding
+            return (deepest if deepest else None), dynamic, decoder.problem(address), branches, state.padding, []
         _, size, mnemonic, op_str = insn
         next_address = address + size
         if mnemonic == "call":
@@ -475,11 +490,16 @@ def _scan_path(decoder, start, arch, callees):
             address = next_address
             continue
         if mnemonic.startswith("ret") or mnemonic == "jmp" or mnemonic in STOPS:
+            for branch in later_branches:
+                branch[3] = -1  # an exit: every branch before it leads on
             break
         if mnemonic[0] == "j" or mnemonic.startswith("loop"):
             target = direct_target(op_str)
             if target is not None and state.depth == 0:
                 branches.append(target)
+            elif target is not None and arch == "x86" and target > address:
+                later_branches.append([target, state.depth, (state.copy(), set(written), body_started),
+                                       state.depth])
             address = next_address
             continue
         if arch == "x86" and mnemonic == "push" and not (
@@ -523,11 +543,14 @@ def _scan_path(decoder, start, arch, callees):
             elif operands and ("[esp" in operands[0] or "[ebp" in operands[0]):
                 body_started = True
         deepest = max(deepest, state.depth - state.padding)
+        for branch in later_branches:
+            branch[3] = min(branch[3], state.depth)
         address = next_address
         if arch == "x64" and mnemonic == "sub" and op_str.startswith("rsp"):
             # The x64 ABI makes the fixed allocation the prologue's last SP change.
             break
-    return deepest, dynamic, None, branches, state.padding
+    continuations = [(target, resumed) for target, depth, resumed, lowest in later_branches if lowest < depth]
+    return deepest, dynamic, None, branches, state.padding, continuations
 
 
 def _is_argument_push(decoder, address, callees, explicit_only=False):
