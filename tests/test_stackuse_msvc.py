@@ -146,6 +146,10 @@ def test_framedata_agreement_does_not_depend_on_how_a_function_was_found():
     ("msvc2017-x86-crash", "crash.exe", "crash.pdb", 0x1420, 68),
     # mov eax, 0x3038; call <incremental-link thunk to _chkstk>.
     ("msvc2003-x86-compiled2003", "Compiled2003.exe", "Compiled2003.pdb", 0x2B9C0, 12352),
+    # mov edi, edi; push ebp; mov ebp, esp; push edi; ...; jbe L; mov eax, error;
+    # jmp exit; L: push esi — the save pushed only past the early exit.
+    ("msvc2013-x86-kmdf-driver", "Native_x86_VS2013_KernelModeDriver.sys", "Native_x86_VS2013_KernelModeDriver.pdb",
+     0x1710, 12),
 ])
 def test_msvc_x86_prologues_framedata_describes(folder, image, pdb_name, rva, frame):
     assert framedata_frames(folder, pdb_name)[rva] == frame
