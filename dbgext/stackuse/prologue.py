@@ -459,6 +459,7 @@ def _scan_path(decoder, start, arch, callees, resumed=None):
     # Branches taken after the frame began: [target, depth at the branch, resumed,
     # the lowest depth since (below the branch's: the path released its frame)].
     later_branches = []
+    kept = None   # (scratch register, depth after its push, deepest before it): `push ecx; ...; pop ecx`
     address = start
     dynamic = None
     saves = CALLEE_SAVED[arch]
@@ -478,6 +479,7 @@ def _scan_path(decoder, start, arch, callees, resumed=None):
                 dynamic = "call at 0x%x allocates a variable size on the stack" % address
                 break
             kind, detail = effect
+            kept = None
             if kind == "frame":
                 if not apply_frame_helper(decoder, start, address, state, detail):
                     break
@@ -530,11 +532,23 @@ def _scan_path(decoder, start, arch, callees, resumed=None):
             # cookie; mov [esp+56], eax; ... push ebx; push esi`), and pushes the
             # cookie into its exception registration record before linking it.
             break
+        before = deepest
+        depth_before = state.depth
         step = apply_sp_effect(arch, mnemonic, op_str, state)
         if step is not None:
             if step.dynamic:
                 dynamic = step.dynamic
             break
+        if kept is not None and mnemonic == "pop" and op_str == kept[0] and depth_before == kept[1]:
+            # MSVC's debug prologue keeps ECX (`this`) across the fill of its frame
+            # (`push ecx; lea edi, [ebp-N]; mov ecx, N/4; mov eax, 0xcccccccc; rep
+            # stosd; pop ecx`): a register kept, not a slot of the frame.
+            deepest = kept[2]
+        if state.depth != depth_before or "[esp" in op_str:
+            # ... unless the slot is written or read: then it is a local (clang's
+            # `push eax; mov [esp], eax; fild [esp]; pop eax`).
+            kept = (op_str, state.depth, before) if arch == "x86" and mnemonic == "push" and op_str in SCRATCH \
+                else None
         if mnemonic != "push":
             operands = [operand.strip() for operand in op_str.split(",", 1)]
             # `mov edi, edi` (the hotpatch pad) writes nothing new.
