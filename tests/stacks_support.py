@@ -51,7 +51,7 @@ def _commands(config, source, asm, out):
 
 def _cache_directory():
     digest = hashlib.sha256()
-    for path in sorted(glob.glob(os.path.join(SOURCES, "*"))):
+    for path in sorted(path for path in glob.glob(os.path.join(SOURCES, "*")) if os.path.isfile(path)):
         with open(path, "rb") as handle:
             digest.update(handle.read())
     for tool in (MINGW, "clang"):
@@ -220,3 +220,142 @@ def epilogue_offset(path, function):
     if after is None:
         raise AssertionError("%s has no add rsp in %s" % (function, path))
     return after
+
+
+def tail_call_epilogue_offsets(path, function):
+    """Offsets in ``function`` of each instruction after its last ``add rsp`` up
+    to and including the indirect ``jmp`` that ends it (a tail call)."""
+    from dbgext.disasm import Disassembler
+
+    image, data = _load(path)
+    start = image.exports_by_name[function]
+    end = next(e for b, e, _ in image.runtime_functions if b == start)
+    offsets = None
+    for address, size, mnemonic, operands in Disassembler(64).decode(data[start:end], start):
+        if mnemonic == "add" and operands.startswith("rsp,"):
+            offsets = []
+        elif offsets is not None:
+            offsets.append(address - start)
+            if mnemonic.endswith("jmp"):
+                return offsets
+    raise AssertionError("%s ends in no tail jmp after add rsp in %s" % (function, path))
+
+
+# -- real MSVC x86 images executed in the emulator ----------------------------------------------
+
+# Real files written by Windows and Microsoft's tools (never copied into the repository).
+REALWORLD = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.pardir, "shared",
+                         "realworld")
+X86_STACK_LIMIT = 0x00200000
+X86_STACK_SIZE = 0x10000
+X86_REGISTERS = ("eax", "ecx", "edx", "ebx", "esp", "ebp", "esi", "edi", "eip")
+LOW_MEMORY = 0x10000       # mapped zero page(s): null pointers read zeros instead of faulting
+
+
+class X86Stop(object):
+    """One point of an execution: registers, the stack, and the live calls
+    (innermost first: (return address, slot))."""
+
+    def __init__(self, registers, stack, calls):
+        self.registers = registers
+        self.stack = stack
+        self.calls = calls
+
+    def expected_frames(self):
+        """[(ip, child-SP)] innermost first, from the shadow stack."""
+        return [(self.registers["eip"], self.registers["esp"])] + [
+            (return_address, slot + 4) for return_address, slot in self.calls]
+
+
+def load_x86_image(path):
+    """(PEImage, its bytes laid out as in memory) for an image at its preferred base."""
+    image = PEImage.from_file(path)
+    data = bytearray(image.size_of_image)
+    for rva, size in [(0, 0x1000)] + [(section.rva, section.size) for section in image.sections]:
+        piece = image.read_partial(rva, size)
+        data[rva:rva + len(piece)] = piece
+    return image, bytes(data)
+
+
+def execute_x86(image, data, entry_rva, planted_return, functions, max_instructions=3000):
+    """Run the function at ``entry_rva`` (arguments all zero, ``planted_return`` as
+    its return address) following every call to a function (an RVA in
+    ``functions``, or a ``jmp rel32`` thunk) inside the image, and return an
+    :class:`X86Stop` at each function entry, each ``call`` about to execute and
+    each instruction just after a call returned — the points where a frame is
+    whole.  The run ends at a call or jump out of the image (an import), a call
+    into the middle of a function (an SEH funclet), at the outermost return, or
+    after ``max_instructions``."""
+    unicorn = pytest.importorskip("unicorn")
+    x86 = pytest.importorskip("unicorn.x86_const")
+    from dbgext.disasm import Disassembler, base_mnemonic
+
+    base = image.image_base
+    size = (len(data) + 0xFFF) & ~0xFFF
+    machine = unicorn.Uc(unicorn.UC_ARCH_X86, unicorn.UC_MODE_32)
+    machine.mem_map(0, LOW_MEMORY)
+    machine.mem_map(base, size)
+    machine.mem_write(base, data)
+    machine.mem_map(X86_STACK_LIMIT, X86_STACK_SIZE)
+    esp = X86_STACK_LIMIT + X86_STACK_SIZE - 0x100
+    machine.mem_write(esp, planted_return.to_bytes(4, "little"))
+    registers = dict((name, getattr(x86, "UC_X86_REG_" + name.upper())) for name in X86_REGISTERS)
+    for index, name in enumerate(("ebx", "esi", "edi", "ebp")):
+        machine.reg_write(registers[name], 0x1000 * (index + 1) + 0x11)
+    machine.reg_write(registers["esp"], esp)
+    decoder = Disassembler(32)
+    calls = [(planted_return, esp)]
+    stops = []
+    returned_to = [None]
+    entered = [True]
+
+    def state():
+        return dict((name, machine.reg_read(number)) for name, number in registers.items())
+
+    def on_code(uc, address, length, _):
+        instruction = decoder.one(bytes(uc.mem_read(address, length)), address)
+        mnemonic = base_mnemonic(instruction[2]) if instruction else ""
+        if entered[0] or returned_to[0] == address or mnemonic == "call":
+            stops.append(X86Stop(state(), bytes(uc.mem_read(X86_STACK_LIMIT, X86_STACK_SIZE)), list(calls)))
+        entered[0] = False
+        returned_to[0] = None
+        if mnemonic in ("call", "jmp"):
+            target = _branch_target(uc, instruction[3], registers, address + length)
+            if target is None or not base <= target < base + size or (
+                    mnemonic == "call" and target - base not in functions and data[target - base] != 0xE9):
+                uc.emu_stop()
+                return
+            if mnemonic == "call":
+                calls.insert(0, (address + length, uc.reg_read(registers["esp"]) - 4))
+                entered[0] = True
+        elif mnemonic == "ret":
+            returned_to[0] = calls.pop(0)[0]
+            if not calls:
+                uc.emu_stop()
+
+    machine.hook_add(unicorn.UC_HOOK_CODE, on_code)
+    try:
+        machine.emu_start(base + entry_rva, planted_return, count=max_instructions)
+    except unicorn.UcError:
+        pass  # a fault ends the run; the points before it stand
+    return stops
+
+
+def _branch_target(uc, operands, registers, following):
+    """Where a call/jmp goes: an immediate, or a dword in memory at a constant
+    address (an import's IAT slot); None when it depends on registers."""
+    text = operands.strip()
+    try:
+        return int(text, 0)
+    except ValueError:
+        pass
+    if text.startswith("dword ptr [") and text.endswith("]"):
+        try:
+            slot = int(text[len("dword ptr ["):-1], 0)
+        except ValueError:
+            return None
+        try:
+            return int.from_bytes(uc.mem_read(slot, 4), "little")
+        except Exception:
+            return None
+    return None

@@ -132,3 +132,30 @@ def test_k_walks_a_waiting_kernel_thread_from_its_switch_frame_and_the_running_o
     document = json.loads(text)
     assert document["thread"]["kernel_thread"] == info["thread"]
     assert document["frames"][0]["function"] == "sampledrv!CopyLeaf"
+
+
+def test_k_finds_a_module_image_the_minidump_lacks_in_a_symbol_store_folder_by_timestamp_and_size(tmp_path):
+    # A minidump as Windows writes them: the module list (name, base, size,
+    # TimeDateStamp) but no byte of the image.  The image is found only in the
+    # store's chain.dll/<TimeDateStamp><SizeOfImage>/ folder, not on an image path.
+    stopped = run("clang-O2", "entry", 5, stop_at="leaf")
+    scenario = stopped.scenario(mode="user")
+    module = scenario.modules[0]
+    module.timestamp = stopped.image.timestamp
+    scenario.unmap(module.base, module.size)
+    path = str(tmp_path / "no-image.mdmp")
+    write_minidump(scenario, path)
+    store = tmp_path / "store"
+    folder = store / "chain.dll" / ("%08X%x" % (stopped.image.timestamp, stopped.image.size_of_image))
+    folder.mkdir(parents=True)
+    with open(build("clang-O2"), "rb") as source, open(str(folder / "chain.dll"), "wb") as copy:
+        copy.write(source.read())
+    code, text, err = k("--dump", path, "--json")
+    without = json.loads(text)
+    assert [problem["kind"] for problem in without["problems"]][-1] == "no_unwind_data"
+    code, text, err = k("--dump", path, "--json", "--symbols", str(store), "--no-download")
+    document = json.loads(text)
+    assert [(frame["ip"], frame["child_sp"]) for frame in document["frames"]] == stopped.expected_frames()
+    assert [frame["found_by"] for frame in document["frames"]] == ["context"] + ["unwind"] * 3
+    assert not any(frame["unconfirmed"] for frame in document["frames"])
+    assert document["problems"] == []

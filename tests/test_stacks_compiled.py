@@ -17,7 +17,7 @@ from dbgext.stacks import analyze
 from dbgext.stacks.scan import follows_call
 from dbgext.stackuse.callgraph import Program, depths_in
 
-from stacks_support import CONFIGS, IMAGE_BASE, build, epilogue_offset, run
+from stacks_support import CONFIGS, IMAGE_BASE, build, epilogue_offset, run, tail_call_epilogue_offsets
 
 
 def walked(stopped, **options):
@@ -137,3 +137,18 @@ def test_k_over_a_kernel_dump_file_written_from_an_executed_stack(tmp_path):
     assert main(["k", "--dump", dump, "--frame-sizes"], stream=out) == 0
     text = out.getvalue()
     assert "chain!isr_stub+0xa" in text and "Memory" in text
+
+
+@pytest.mark.parametrize("config", ["mingw-O2", "clang-O2"])   # -O0 and clang-fp make a call and ret
+def test_a_frame_stopped_on_each_instruction_of_an_indirect_tail_call_epilogue_unwinds_exactly(config):
+    # (pop ...;) rex.W jmp reg: the REX.W marks the jump as the epilogue's end, so
+    # the pops still to run are emulated instead of undoing the whole prologue.
+    offsets = tail_call_epilogue_offsets(build(config), "tail_indirect")
+    assert len(offsets) >= 1
+    for offset in offsets:
+        stopped = run(config, "dispatch", 5, stop_at=("tail_indirect", offset))
+        result = walked(stopped)
+        assert frames_of(result) == stopped.expected_frames(), "stopped at tail_indirect+0x%x" % offset
+        assert names_of(result) == ["chain!tail_indirect", "chain!dispatch"]
+        assert [frame.found_by for frame in result.frames] == ["context", "unwind"]
+        assert list(result.problems) == []

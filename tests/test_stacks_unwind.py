@@ -144,6 +144,132 @@ def test_x86_frames_follow_the_ebp_chain():
     assert [frame.frame_pointer for frame in result.frames] == [ebp_b, ebp_b, ebp_a]
 
 
+def x86_chain():
+    """A -> B -> C on an EBP chain: (placed, registers stopped in C, A's frame, B's frame)."""
+    functions = [
+        Function("A", [b"\x55", b"\x8b\xec", b"\x83\xec\x08", ("call", "B"), b"\xc9", b"\xc3"]),
+        Function("B", [b"\x55", b"\x8b\xec", ("call", "C"), b"\x5d", b"\xc3"]),
+        Function("C", [b"\x55", b"\x8b\xec", b"\x90", b"\x5d", b"\xc3"]),
+    ]
+    placed = Placed(functions, arch="x86", mode="user", base=0x400000)
+    ebp_a = placed.stack_base - 0x100
+    ebp_b = ebp_a - 16
+    ebp_c = ebp_b - 8
+    placed.put(ebp_a, 0, 0)                                     # A's frame: the end of the chain
+    placed.put(ebp_b, ebp_a, placed.at("A", 11))
+    placed.put(ebp_c, ebp_b, placed.at("B", 8))
+    return placed, {"eip": placed.at("C", 3), "esp": ebp_c, "ebp": ebp_c}, ebp_a, ebp_b
+
+
+def test_an_x86_chain_without_code_in_the_dump_is_followed_unconfirmed_and_says_what_would_confirm_it():
+    placed, registers, ebp_a, ebp_b = x86_chain()
+    placed.scenario.unmap(placed.base, placed.built.size)        # a minidump: no code, no headers
+    result = placed.walk(registers, bounds=True)
+    assert [frame.function for frame in result.frames] == ["drv!C+0x3", "drv!B+0x8", "drv!A+0xb"]
+    assert [frame.found_by for frame in result.frames] == ["context", "frame_chain", "frame_chain"]
+    assert [frame.unconfirmed for frame in result.frames] == [False, True, True]
+    assert result.frames[-1].return_address == 0                # [ebp_a + 4]: the chain's end
+    assert [(problem.kind, problem.message) for problem in result.problems] == [
+        ("no_unwind_data", "no code to confirm the frames of drv.sys: give --image-path or a symbol path with "
+                           "the image store")]
+    # The image file supplies the code: the same chain, confirmed, and nothing to report.
+    loaded = placed.walk(registers, bounds=True, image_loader=lambda module: PEImage.from_bytes(placed.built.data))
+    assert [frame.unconfirmed for frame in loaded.frames] == [False, False, False]
+    assert [frame.found_by for frame in loaded.frames] == ["context", "frame_chain", "frame_chain"]
+    assert list(loaded.problems) == []
+
+
+def test_an_x86_chain_whose_return_address_follows_no_call_is_not_followed():
+    placed, registers, ebp_a, ebp_b = x86_chain()
+    placed.put(ebp_b + 4, placed.at("A", 3))                    # into A, but after no call
+    placed.put(ebp_b + 8, placed.at("A", 11))                   # a real return address above it
+    result = placed.walk(registers, bounds=True)
+    assert [frame.found_by for frame in result.frames][:3] == ["context", "frame_chain", "scan"]
+    assert result.frames[2].ip == placed.at("A", 11) and not result.frames[2].unconfirmed
+
+
+@pytest.mark.parametrize("where", ["below_esp", "above_the_stack"])
+def test_an_x86_frame_pointer_outside_the_stack_is_no_chain(where):
+    placed, registers, ebp_a, ebp_b = x86_chain()
+    placed.scenario.unmap(placed.base, placed.built.size)
+    registers["ebp"] = registers["esp"] - 8 if where == "below_esp" else placed.stack_base - 4
+    placed.put(registers["esp"] + 4, placed.at("B", 8))          # found by scanning instead
+    result = placed.walk(registers, bounds=True)
+    assert [frame.found_by for frame in result.frames][:2] == ["context", "scan"]
+    assert result.frames[1].function == "drv!B+0x8" and result.frames[1].unconfirmed
+
+
+def x64_frame_pointer_chain():
+    """Outer -> Inner -> Leaf built with push rbp; mov rbp, rsp and no .pdata."""
+    functions = [
+        Function("Outer", [b"\x55", b"\x48\x89\xe5", ("call", "Inner"), b"\x5d", b"\xc3"]),
+        Function("Inner", [b"\x55", b"\x48\x89\xe5", ("call", "Leaf"), b"\x5d", b"\xc3"]),
+        Function("Leaf", [b"\x90", b"\xc3"]),
+    ]
+    placed = Placed(functions, mode="user", base=0x140000000)
+    rbp_outer = placed.stack_base - 0x200
+    rbp_inner = rbp_outer - 0x20
+    placed.put(rbp_outer, 0, 0)
+    placed.put(rbp_inner, rbp_outer, placed.at("Outer", 9))
+    placed.put(rbp_inner - 8, placed.at("Inner", 9))
+    return placed, {"rip": placed.at("Leaf", 1), "rsp": rbp_inner - 8, "rbp": rbp_inner}
+
+
+def test_x64_without_unwind_data_follows_the_rbp_chain_before_scanning():
+    placed, registers = x64_frame_pointer_chain()
+    result = placed.walk(registers, bounds=True)
+    # Leaf never pushed rbp: the chain starts at Inner's frame (Leaf's caller is
+    # found through it as WinDbg's frame-pointer walk does).
+    assert [frame.function for frame in result.frames] == ["drv!Leaf+0x1", "drv!Outer+0x9"]
+    assert [frame.found_by for frame in result.frames] == ["context", "frame_chain"]
+    assert [problem.kind for problem in result.problems] == ["no_unwind_data"]
+    assert "no unwind data for drv.sys: give --image-path or a symbol path with the image store" in \
+        result.problems[0].message
+
+
+def test_a_scan_takes_a_return_address_whose_call_site_is_unreadable_as_unconfirmed_not_rejected():
+    placed, registers = x64_frame_pointer_chain()
+    placed.scenario.unmap(placed.base, placed.built.size)
+    registers["rbp"] = 1                                         # no chain to follow
+    placed.put(registers["rsp"] + 8, placed.base + 0x10)         # into the header page: never code
+    result = placed.walk(registers, bounds=True)
+    assert [frame.found_by for frame in result.frames][:2] == ["context", "scan"]
+    assert result.frames[1].ip == placed.at("Inner", 9) and result.frames[1].unconfirmed
+
+
+def test_an_epilogue_ending_in_a_jump_to_the_functions_own_start_is_an_epilogue():
+    # A recursive tail call: add rsp; pop rbx; jmp Self.  Stopped on the pop, only
+    # the pop and the return remain; the prologue's codes would read 0x20 too high.
+    functions = [
+        Function("Top", [b"\x48\x83\xec\x28", ("call", "Self"), b"\x48\x83\xc4\x28", b"\xc3"],
+                 {"prolog_size": 4, "slots": alloc_slots(4, 0x28)}),
+        Function("Self", [b"\x53", b"\x48\x83\xec\x20", b"\x48\x83\xc4\x20", b"\x5b", ("jmp", "Self")],
+                 {"prolog_size": 5, "slots": alloc_slots(5, 0x20) + push_slot(1, RBX)}),
+    ]
+    placed = Placed(functions)
+    sp0 = placed.stack_base - 0x400
+    placed.put(sp0, 0xB0B, placed.at("Top", 9))                  # saved RBX, return into Top
+    placed.put(sp0 + 0x10 + 0x28, 0)
+    result = placed.walk({"rip": placed.at("Self", 9), "rsp": sp0})
+    assert [frame.function for frame in result.frames] == ["drv!Self+0x9", "drv!Top+0x9"]
+    assert [frame.child_sp - sp0 for frame in result.frames] == [0, 0x10]
+    assert list(result.problems) == []
+
+
+def test_return_address_zero_while_the_stack_above_holds_a_return_address_is_reported():
+    placed = Placed(chained())
+    sp0 = placed.stack_base - 0x400
+    placed.put(sp0, 0)                                          # Leaf "returns" to 0 ...
+    placed.put(sp0 + 0x48, placed.at("Top", 9))                 # ... but the stack goes on
+    result = placed.walk({"rip": placed.at("Leaf"), "rsp": sp0}, bounds=True)
+    assert len(result.frames) == 1 and result.frames[0].return_address == 0
+    assert kinds(result) == ["walk_ended_early"]
+    assert "drv!Top+0x9" in result.problems[0].message
+    # At the real end of a stack nothing is said.
+    placed.put(sp0 + 0x48, 0)
+    assert kinds(placed.walk({"rip": placed.at("Leaf"), "rsp": sp0}, bounds=True)) == []
+
+
 def recursion():
     return [Function("Recurse", [b"\x48\x83\xec\x28", ("call", "Recurse"), b"\x48\x83\xc4\x28", b"\xc3"],
                      {"prolog_size": 4, "slots": alloc_slots(4, 0x28)})]

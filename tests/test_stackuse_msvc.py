@@ -67,3 +67,92 @@ def test_every_dll_of_the_wheel_is_analysed_without_a_traceback(member):
     assert len(result.functions) > 500
     sized = [function for function in result.functions if function.frame_size is not None or function.dynamic]
     assert len(sized) >= 0.95 * len(result.functions)
+
+
+# -- MSVC's own FrameData as the referee ------------------------------------------------------
+#
+# For every x86 function MSVC describes in a PDB, its FrameData records give the
+# frame: cbLocals + cbSavedRegs (+ the saved EBP of a frame-pointer function) at
+# the deepest of the function's nested records.  The real images and PDBs are in
+# ../shared/realworld/pdb; stackuse reads the image (the PDB gives only the names
+# and where functions start) and must find the same frame.  Counted per image:
+# 1073 of the 1194 functions with FrameData agree.  The rest, by kind:
+# callee-saved registers pushed only deeper in the body (shrink-wrapped past a
+# call or a loop: FrameData counts them, the prologue scan stops at the call);
+# VS2003 debug builds, whose cbSavedRegs is 8 for an EBP frame whatever its
+# prologue pushes; SEH __finally blocks called inside their own function (taken
+# for a helper that moves ESP: "dynamic"); FrameData that does not describe a
+# hand-written prologue (_RTC_CheckEsp).
+
+from dbgext.symbols.framedata import read_frame_table  # noqa: E402
+from dbgext.symbols.pdb import PdbFile  # noqa: E402
+from stacks_support import REALWORLD  # noqa: E402
+
+PDB_ROOT = os.path.join(REALWORLD, "pdb")
+FRAMEDATA_AGREEMENT = [  # (folder, image, pdb, functions agreeing, functions with FrameData)
+    ("msvc2003-x86-compiled2003", "Compiled2003.exe", "Compiled2003.pdb", 638, 713),
+    ("msvc2005-x86-native2005", "native2005.exe", "native2005.pdb", 46, 52),
+    ("msvc2010-x86-comclient", "comclient.exe", "comclient.pdb", 43, 47),
+    ("msvc2012-x86-vs2012", "vs2012.exe", "vs2012.pdb", 45, 50),
+    ("msvc2013-x86-kmdf-driver", "Native_x86_VS2013_KernelModeDriver.sys", "Native_x86_VS2013_KernelModeDriver.pdb",
+     38, 39),
+    ("msvc2015-x86-exe", "Native_x86_VS2015_Default.exe", "Native_x86_VS2015_Default.pdb", 107, 113),
+    ("msvc2017-x86-crash", "crash.exe", "crash.pdb", 79, 90),
+    ("msvc2022-x86-xcpt4", "xcpt4.exe", "xcpt4.pdb", 77, 90),
+]
+
+
+def framedata_frames(folder, pdb_name):
+    return read_frame_table(PdbFile(os.path.join(PDB_ROOT, folder, pdb_name))).function_frames()
+
+
+def stackuse_frames(folder, image, pdb_name, with_pdb=True):
+    result = analyze(pe=os.path.join(PDB_ROOT, folder, image),
+                     pdb=os.path.join(PDB_ROOT, folder, pdb_name) if with_pdb else None)
+    return dict((function.rva, function) for function in result.functions)
+
+
+@pytest.mark.parametrize("folder,image,pdb_name,agreeing,total", FRAMEDATA_AGREEMENT)
+def test_frames_agree_with_msvc_framedata(folder, image, pdb_name, agreeing, total):
+    truth = framedata_frames(folder, pdb_name)
+    found = stackuse_frames(folder, image, pdb_name)
+    assert len(truth) == total
+    agree = sorted(rva for rva, size in truth.items() if rva in found and found[rva].frame_size == size)
+    assert len(agree) >= agreeing, "%d of %d agree" % (len(agree), total)
+
+
+def test_framedata_agreement_does_not_depend_on_how_a_function_was_found():
+    # crash.exe without its PDB: functions come from calls, pointers and the gap
+    # sweep; each gets the frame the same prologue analysis gives with the PDB.
+    folder, image, pdb_name = FRAMEDATA_AGREEMENT[6][:3]
+    with_pdb = stackuse_frames(folder, image, pdb_name)
+    without = stackuse_frames(folder, image, pdb_name, with_pdb=False)
+    common = set(with_pdb) & set(without)
+    assert len(common) >= 80
+    assert {function.origin for rva, function in without.items() if rva in common} >= {"call", "gap"}
+    assert [rva for rva in sorted(common) if with_pdb[rva].frame_size != without[rva].frame_size] == []
+
+
+@pytest.mark.parametrize("folder,image,pdb_name,rva,frame", [
+    # push ebp; mov ebp, esp; push ecx; push 0x40890c; lea eax, [ebp - 4]: the
+    # `push ecx` slot is addressed through EBP — a local, not the call's argument.
+    ("msvc2022-x86-xcpt4", "xcpt4.exe", "xcpt4.pdb", 0x1050, 8),
+    # ... and the same after an exception registration record (VS2003).
+    ("msvc2003-x86-compiled2003", "Compiled2003.exe", "Compiled2003.pdb", 0x18230, 20),
+    # push -1; push handler; mov eax, fs:[0]; push eax; sub esp, 36; cookie;
+    # push ebx; push esi; push edi; push eax; lea eax, [ebp - 12]; mov fs:[0], eax:
+    # thirteen instructions between the record's first push and its link.
+    ("msvc2017-x86-crash", "crash.exe", "crash.pdb", 0x1420, 68),
+    # push ebp; mov ebp, esp; sub esp, 0xcc; push ebx; push esi; push edi; push ecx;
+    # lea edi, [ebp - 0xcc]; ...; rep stosd; pop ecx: ECX kept across the fill.
+    ("msvc2005-x86-native2005", "native2005.exe", "native2005.pdb", 0x11CB0, 220),
+    # mov eax, 0x3038; call <incremental-link thunk to _chkstk>.
+    ("msvc2003-x86-compiled2003", "Compiled2003.exe", "Compiled2003.pdb", 0x2B9C0, 12352),
+    # mov edi, edi; push ebp; mov ebp, esp; push edi; ...; jbe L; mov eax, error;
+    # jmp exit; L: push esi — the save pushed only past the early exit.
+    ("msvc2013-x86-kmdf-driver", "Native_x86_VS2013_KernelModeDriver.sys", "Native_x86_VS2013_KernelModeDriver.pdb",
+     0x1710, 12),
+])
+def test_msvc_x86_prologues_framedata_describes(folder, image, pdb_name, rva, frame):
+    assert framedata_frames(folder, pdb_name)[rva] == frame
+    assert stackuse_frames(folder, image, pdb_name)[rva].frame_size == frame

@@ -7,7 +7,7 @@
 from ..command import Command
 from ..errors import EXIT_ERROR, BadInput, UnreadableMemory
 from .images import images_from_directories
-from .render import render_stack
+from .render import render_stack, render_warnings
 from .threads import trap_frame_thread
 from .walk import MAX_FRAMES, analyze
 
@@ -62,6 +62,7 @@ def run(ctx, args):
         ctx.out.json(result.as_dict())
     elif result.frames:
         render_stack(ctx.out, result, target.format_address, frame_sizes=args.frame_sizes, verbose=args.verbose)
+        render_warnings(ctx.err, result, verbose=args.verbose)
     if not result.frames:
         for problem in result.problems:
             ctx.err.line("error: %s" % problem.message)

@@ -150,19 +150,18 @@ class Images(object):
             if loaded is not None and loaded.arch == self.target.arch:
                 image = loaded
                 entries, corrupt = self._entries(loaded)
-        if image is not None and not entries and image.arch == "x64":
-            self.problems.add("no_unwind_data", module.base, "%s has no readable unwind data (.pdata): its "
-                              "frames are found by scanning" % module.name, "warning")
+        # No image, or none with unwind data: the walk says so once (no_unwind_data).
         return ModuleCode(module, image, entries, corrupt)
+
+    def lacks_unwind_data(self, module):
+        """True when the module was needed and no image with unwind data was found."""
+        loaded = self._loaded.get(module.base)
+        return loaded is not None and not loaded.has_unwind_data
 
     def _from_target(self, module):
         from ..symbols.match import image_headers
         headers = image_headers(self.target, module)
-        if headers is None:
-            self.problems.add("image_unreadable", module.base, "the PE headers of %s at %s are not in the target"
-                              % (module.name, self.target.format_address(module.base)), "warning")
-            return None
-        return TargetImage(self.target, module, headers)
+        return TargetImage(self.target, module, headers) if headers is not None else None
 
     def _entries(self, image):
         """(the image's .pdata sorted without impossible entries, whether any were

@@ -4,6 +4,7 @@ Columns: frame number, Child-SP (ChildEBP on x86), RetAddr, Call Site; ``kf``'s
 Memory column (bytes between this frame's child-SP and the previous one's);
 ``kv``'s Args to Child, how each frame was found and trap frames.  Inside WinDbg
 the Child-SP opens ``dps`` on the frame and the call site opens ``u`` at it.
+Warnings (scanned or unconfirmed frames, the walk's problems) go to stderr.
 """
 
 
@@ -24,7 +25,7 @@ def render_stack(out, result, format_address, frame_sizes=False, verbose=False):
                 "" if frame.return_address is None else format_address(frame.return_address)]
         if verbose:
             row += [" ".join("?" if value is None else format_address(value) for value in frame.arguments),
-                    frame.found_by]
+                    frame.found_by + (" (unconfirmed)" if frame.unconfirmed else "")]
         call_site = frame.function
         if verbose and frame.trap_frame is not None:
             call_site += " (TrapFrame @ %s)" % format_address(frame.trap_frame)
@@ -38,10 +39,16 @@ def render_stack(out, result, format_address, frame_sizes=False, verbose=False):
     if result.kernel_thread is not None:
         thread += " (KTHREAD %s)" % format_address(result.kernel_thread)
     out.table(rows, headers, links=links, title=thread)
+
+
+def render_warnings(err, result, verbose=False):
+    """What makes the stack less certain, for stderr: scanned frames and the
+    walk's problems (among them, once, what would give a better stack)."""
     scanned = sum(1 for frame in result.frames if frame.found_by == "scan")
+    unconfirmed = sum(1 for frame in result.frames if frame.unconfirmed)
     if scanned and not verbose:
-        out.line("%d frame(s) found by scanning the stack: they may be stale (kv shows which)" % scanned)
-    if result.problems:
-        out.line("")
-        for problem in result.problems:
-            out.line(str(problem))
+        err.line("%d frame(s) found by scanning the stack: they may be stale (kv shows which)" % scanned)
+    if unconfirmed and not verbose:
+        err.line("%d frame(s) not confirmed by a call before their return address (kv shows which)" % unconfirmed)
+    for problem in result.problems:
+        err.line(str(problem))

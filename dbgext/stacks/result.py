@@ -6,6 +6,8 @@ many frames came from unwind data and how many from scanning), so nothing
 downstream reads memory or recomputes.
 """
 
+from collections import namedtuple
+
 from ..problems import ProblemLog
 
 SCHEMA_VERSION = 1
@@ -18,6 +20,13 @@ SCHEMA_VERSION = 1
 #   scan         a stack slot that looks like a return address (last resort)
 FOUND_BY = ("context", "unwind", "frame_chain", "scan")
 
+# One step of a walk, from a frame to its caller: the caller's registers, how it
+# was found, the slot its return address was read from, the machine frame crossed
+# (or None), whether a call precedes the return address (False: the code was not
+# there to read), and the bytes of parameters the unwound function was passed
+# (x86 frame data: they lie between the caller's ESP and its locals).
+Step = namedtuple("Step", "registers found_by return_slot machine_frame confirmed parameters")
+
 
 class Frame(object):
     """One frame.  ``ip`` is where the frame's function is executing: the context's
@@ -27,7 +36,8 @@ class Frame(object):
     frame's child-SP minus the previous one's (None for frame 0)."""
 
     __slots__ = ("index", "child_sp", "ip", "return_address", "return_slot", "found_by", "module",
-                 "function", "frame_pointer", "memory", "trap_frame", "machine_frame", "arguments")
+                 "function", "frame_pointer", "memory", "trap_frame", "machine_frame", "arguments",
+                 "unconfirmed")
 
     def __init__(self, index, child_sp, ip, found_by, module=None, function=None, frame_pointer=None):
         self.index = index
@@ -43,6 +53,9 @@ class Frame(object):
         self.machine_frame = None         # address of the machine frame this frame's unwind crossed
         self.trap_frame = None            # the _KTRAP_FRAME holding that machine frame (kernel)
         self.arguments = []               # kv's "Args to Child": the stack slots above the return address
+        # The return address into this frame was taken without reading the call
+        # before it (the module's code is in neither the dump nor an image file).
+        self.unconfirmed = False
 
     def as_dict(self):
         return {
@@ -52,6 +65,7 @@ class Frame(object):
             "return_address": self.return_address,
             "return_slot": self.return_slot,
             "found_by": self.found_by,
+            "unconfirmed": self.unconfirmed,
             "module": self.module,
             "function": self.function,
             "frame_pointer": self.frame_pointer,

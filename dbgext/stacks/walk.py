@@ -1,20 +1,26 @@
 """The stack walk: frame 0 from the thread's context, then one frame at a time with
 the best method that applies — x64 unwind data (RtlVirtualUnwind's semantics),
-the x86 EBP chain — and a scan of the stack only where neither applies.
+the frame-pointer chain (x86 EBP; x64 RBP in a module without unwind data) — and
+a scan of the stack only where neither applies.
 
 Every walk is bounded (``max_frames``, a bounded scan per frame), stops on a loop
 (a stack pointer that does not grow without a machine frame to explain it, or a
 frame seen before) and turns unreadable memory into a Problem with its address.
+A walk that ends with return address 0 while the stack above still holds a
+return address is reported (it may have ended early), and so, once, are the
+modules whose missing images made frames less certain, with what would help.
 """
 
 from ..errors import UnreadableMemory
 from ..problems import ProblemLog
 from .images import Images
-from .result import Frame, StackResult
+from ..symbols.framedata import read_frame_table
+from ..symbols.pdb import PdbError
+from .result import Frame, StackResult, Step
 from .scan import ReturnAddresses, scan_for_return
 from .threads import selected_thread, stack_bounds, trap_frame_of, waiting_kernel_thread
 from .x64 import UnwindError, unwind_function, unwind_leaf
-from .x86 import unwind_frame_chain
+from .x86 import unwind_at_entry, unwind_frame_chain, unwind_frame_data
 
 MAX_FRAMES = 256
 ARGUMENT_SLOTS = 4    # kv's "Args to Child"
@@ -46,6 +52,7 @@ class Unwinder(object):
         self.image_loader = image_loader
         self._images = None
         self._returns = None
+        self._frame_tables = {}  # module base -> its PDB's FrameTable (x86), or None
 
     def walk(self, thread=None, max_frames=MAX_FRAMES):
         target = self.target
@@ -56,6 +63,7 @@ class Unwinder(object):
         if chosen is not None:
             self._describe_thread(chosen, result)
             self._walk(chosen.registers, result, max(1, max_frames))
+            self._report_missing_images(result.frames, result.problems)
             self._fill_arguments(result.frames)
         result.problems.finish()
         return result
@@ -64,7 +72,7 @@ class Unwinder(object):
     def images(self):
         if self._images is None:
             self._images = Images(self.target, None, self.image_loader)
-            self._returns = ReturnAddresses(self.target, self._images)
+            self._returns = ReturnAddresses(self.target, self._images, self._inside_function)
         return self._images
 
     # -- the thread -------------------------------------------------------------------------
@@ -112,7 +120,7 @@ class Unwinder(object):
                                 "%s-%s" % (self.target.format_address(bounds[0]),
                                            self.target.format_address(bounds[1])))
             bounds = None
-        found_by = "context"
+        found_by, unconfirmed, callee_parameters = "context", False, 0
         seen = set()
         frames = result.frames
         while True:
@@ -123,21 +131,24 @@ class Unwinder(object):
             module = self.images.module_at(ip)
             frame = Frame(len(frames), sp, ip, found_by, module.name if module else None,
                           self.target.symbolize(ip), registers.get("ebp") if self.target.arch == "x86" else None)
+            frame.unconfirmed = unconfirmed
             if frames:
                 frame.memory = sp - frames[-1].child_sp
             frames.append(frame)
             seen.add((ip, sp))
-            step = self._step(frame, module, registers, result.problems, bounds)
+            step = self._step(frame, module, registers, result.problems, bounds, callee_parameters)
             if step is None:
                 return
-            caller, how, slot, machine_frame = step
+            caller, how, slot, machine_frame, confirmed, callee_parameters = step
             frame.return_address, frame.return_slot = caller[self.ip_name], slot
             frame.machine_frame = machine_frame
             if machine_frame is not None and self.kernel:
                 frame.trap_frame = trap_frame_of(self.target, machine_frame)
             new_ip, new_sp = caller[self.ip_name], caller[self.sp_name]
             if new_ip == 0:
-                return  # the thread's first frame: nothing called it
+                # The thread's first frame, nothing called it: unless the stack goes on.
+                self._check_end(frame, new_sp, bounds, result.problems)
+                return
             if machine_frame is None and new_sp <= sp:
                 result.problems.add("stack_not_increasing", sp, "unwinding %s gave a stack pointer %s that is not "
                                     "above the frame's: walk stopped" % (frame.function,
@@ -152,17 +163,24 @@ class Unwinder(object):
                 result.problems.add("sp_outside_stack", new_sp, "unwinding %s leaves the thread's stack: walk "
                                     "stopped" % frame.function)
                 return
-            registers, ip, sp, found_by = caller, new_ip, new_sp, how
+            registers, ip, sp, found_by, unconfirmed = caller, new_ip, new_sp, how, not confirmed
 
-    def _step(self, frame, module, registers, problems, bounds):
-        """(caller registers, how the caller was found, return slot, machine frame) or None."""
+    def _step(self, frame, module, registers, problems, bounds, callee_parameters):
+        """The :class:`~dbgext.stacks.result.Step` to the caller, or None."""
         target = self.target
         step = None
         try:
             if target.arch == "x64" and module is not None:
                 step = self._unwind_x64(module, registers, problems, frame)
+                if step is None and not self.images.code_for(module).has_unwind_data:
+                    step = unwind_frame_chain(target, registers, frame.index == 0, self._returns, bounds,
+                                              self._code_at)
             elif target.arch == "x86" and (module is not None or frame.index == 0):
-                step = unwind_frame_chain(target, registers, frame.index == 0, self._returns)
+                if module is not None:
+                    step = self._unwind_x86(module, registers, problems, frame, bounds, callee_parameters)
+                if step is None:
+                    step = unwind_frame_chain(target, registers, frame.index == 0, self._returns, bounds,
+                                              self._code_at)
         except UnreadableMemory as error:
             problems.add("stack_unreadable", error.address, "unwinding %s needs stack memory at %s that is "
                          "unreadable" % (frame.function, target.format_address(error.address)))
@@ -187,14 +205,51 @@ class Unwinder(object):
             if code.corrupt:
                 return None  # its entry may be one of those dropped: not evidence of a leaf
             step = unwind_leaf(registers, read)
-            return step.registers, "unwind", step.return_slot, None
+            return Step(step.registers, "unwind", step.return_slot, None, True, 0)
         try:
             step = unwind_function(code.image, module.base, entry, registers, read, code.code_window(rva),
                                    code.info_cache)
         except UnwindError as error:
             problems.add(error.kind, error.address, "%s: %s" % (frame.function, error))
             return None
-        return step.registers, "unwind", step.return_slot, step.machine_frame
+        return Step(step.registers, "unwind", step.return_slot, step.machine_frame, True, 0)
+
+    def _unwind_x86(self, module, registers, problems, frame, bounds, callee_parameters):
+        """The step by the FPO/FrameData record of the module's PDB covering EIP, or None."""
+        table = self._frame_table(module, problems)
+        rva = registers["eip"] - module.base
+        record = table.find(rva) if table is not None else None
+        if record is None:
+            # No record here: in frame 0, a function's first instruction or a linker thunk.
+            if table is not None and frame.index == 0:
+                return unwind_at_entry(self.target, registers, self._returns, rva in table.function_starts,
+                                       not table.inside_function(rva), self._code_at)
+            return None
+        return unwind_frame_data(self.target, record, rva - record.rva, registers, frame.index == 0,
+                                 self._returns, callee_parameters, bounds)
+
+    def _inside_function(self, module, rva):
+        """Whether the module's PDB (its frame table, once loaded) puts ``rva``
+        inside a function; None when there is no table."""
+        table = self._frame_tables.get(module.base)
+        return table.inside_function(rva) if table is not None else None
+
+    def _frame_table(self, module, problems):
+        if module.base not in self._frame_tables:
+            self._frame_tables[module.base] = None
+            symbols = self.target.symbols.module_symbols(module.name)
+            pdb = getattr(symbols, "pdb", None)
+            if pdb is not None:
+                try:
+                    self._frame_tables[module.base] = read_frame_table(pdb)
+                except PdbError as error:
+                    problems.add("frame_data_unreadable", module.base, str(error), "warning")
+        return self._frame_tables[module.base]
+
+    def _code_at(self, address, size):
+        """Code the target lacks, from the image file of the module holding it."""
+        module = self.images.module_at(address)
+        return self.images.code_for(module).code(address - module.base, size) if module else b""
 
     def _scan(self, frame, registers, problems, bounds):
         top = bounds[1] if bounds else frame.child_sp + STACK_SPAN_GUESS
@@ -203,10 +258,40 @@ class Unwinder(object):
             problems.add("no_return_address", frame.child_sp, "no return address found by scanning above %s: "
                          "walk ended" % self.target.format_address(frame.child_sp), "warning")
             return None
-        slot, value = found
+        slot, value, confirmed = found
         caller = dict(registers)
         caller[self.ip_name], caller[self.sp_name] = value, slot + self.pointer_size
-        return caller, "scan", slot, None
+        return Step(caller, "scan", slot, None, confirmed, 0)
+
+    def _check_end(self, frame, sp, bounds, problems):
+        """Return address 0 ends a walk quietly only where the stack ends too: a
+        confirmed return address above ``sp`` says the unwind went wrong."""
+        if bounds is None:
+            return
+        found = scan_for_return(self.target, self._returns, sp, bounds[1], self.pointer_size, confirmed_only=True)
+        if found is not None:
+            slot, value, _ = found
+            problems.add("walk_ended_early", sp, "unwinding %s gave return address 0, but the stack above holds "
+                         "a return address into %s at %s: the walk may have ended early"
+                         % (frame.function, self.target.symbolize(value), self.target.format_address(slot)),
+                         "warning")
+
+    def _report_missing_images(self, frames, problems):
+        """One problem naming the modules whose frames lacked unwind data (x64) or
+        code to confirm them (x86), and what would supply it."""
+        names = []
+        x64 = self.target.arch == "x64"
+        for frame in frames:
+            module = self.images.module_at(frame.ip)
+            if module is not None and (self.images.lacks_unwind_data(module) if x64 else frame.unconfirmed):
+                name = module.image.replace("\\", "/").rsplit("/", 1)[-1]
+                if name not in names:
+                    names.append(name)
+        if not names:
+            return
+        what = "no unwind data for" if x64 else "no code to confirm the frames of"
+        problems.add("no_unwind_data", None, "%s %s: give --image-path or a symbol path with the image store"
+                     % (what, ", ".join(names)), "warning")
 
     def _fill_arguments(self, frames):
         """Each frame's stack slots just above its return address (kv's Args to

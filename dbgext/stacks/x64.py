@@ -6,7 +6,8 @@ known) and the RUNTIME_FUNCTION covering ``rip``:
 * the *establisher frame* is RSP, or the frame register minus its offset once the
   prologue has set it (``SET_FPREG`` executed, or the prologue is complete);
 * when ``rip`` is inside an epilogue (``add rsp``/``lea rsp`` then ``pop``s, then
-  ``ret`` or a tail ``jmp``) the epilogue's remaining instructions are emulated,
+  ``ret`` or a tail ``jmp``, see :func:`_ends_function`) the epilogue's remaining
+  instructions are emulated,
   because the unwind codes no longer describe the stack there;
 * otherwise the unwind codes are undone in order — only those whose prologue
   offset was reached when ``rip`` is inside the prologue — then the parent entries
@@ -219,22 +220,25 @@ def _emulate_epilogue(code, rip, function_begin, function_end, info, registers, 
 
 
 def _ends_function(code, at, address, function_begin, function_end):
-    """``ret``, ``rep ret``, ``ret imm16``, or a jump leaving the function (a tail call)."""
+    """What ends an epilogue for Windows' unwinder: ``ret``, ``rep ret``, ``ret
+    imm16``; a relative jump out of the function or to its own start (tail calls,
+    recursive ones included); ``jmp qword ptr [rip+disp32]`` (an import tail call);
+    and any indirect ``jmp`` (``FF /4``) with a REX.W prefix — compilers add the
+    REX.W (``48 ff e0``: rex.W jmp rax) precisely to mark an indirect tail call."""
     if at >= len(code):
         return False
     byte = code[at]
     if byte in (0xC3, 0xC2) or (byte == 0xF3 and at + 1 < len(code) and code[at + 1] == 0xC3):
         return True
-    if byte == 0xE9 and at + 5 <= len(code):
-        target = address + 5 + _signed(int.from_bytes(code[at + 1:at + 5], "little"), 4)
-        return not function_begin <= target < function_end
-    if byte == 0xEB and at + 2 <= len(code):
-        target = address + 2 + _signed(code[at + 1], 1)
-        return not function_begin <= target < function_end
-    # jmp qword ptr [rip+disp32], with or without REX.W: an import tail call.
-    if code[at:at + 2] == b"\xff\x25" or code[at:at + 3] == b"\x48\xff\x25":
+    if byte in (0xE9, 0xEB):
+        size = 5 if byte == 0xE9 else 2
+        if at + size > len(code):
+            return False
+        target = address + size + _signed(int.from_bytes(code[at + 1:at + size], "little"), size - 1)
+        return target == function_begin or not function_begin <= target < function_end
+    if code[at:at + 2] == b"\xff\x25":
         return True
-    return False
+    return byte & 0xF8 == 0x48 and at + 2 < len(code) and code[at + 1] == 0xFF and code[at + 2] & 0x38 == 0x20
 
 
 def _signed(value, size):

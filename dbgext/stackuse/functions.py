@@ -9,7 +9,7 @@ scan otherwise; when both exist they are compared and any disagreement is kept.
 
 import bisect
 
-from ..disasm import parse_int
+from ..disasm import direct_target, parse_int
 from ..stacks.unwind_data import UNW_FLAG_CHAININFO, frame_from_unwind
 from .layouts import FRAME_HELPER_EPILOGS, FRAME_HELPERS, HELPER_CODE
 from .prologue import STACK_PROBE_NAMES, Decoder, is_named, scan_prologue
@@ -295,7 +295,9 @@ class ModuleFunctions(object):
     def callee_kind(self, va):
         """What a call to ``va`` does to the caller's stack (see
         :func:`prologue.helper_call_effect`): "probe", "frame <name>", "epilog", "call"
-        for an ordinary function already followed, None when nothing is known."""
+        for an ordinary function already followed, None when nothing is known.  A
+        ``jmp rel32`` thunk (an incremental-link table entry) is what it jumps to."""
+        va = self._through_thunk(va)
         name = self.names.get(va)
         if name is not None:
             for kind, fragments in HELPER_NAMES:
@@ -333,8 +335,17 @@ class ModuleFunctions(object):
 
     def pops_of(self, va):
         """Bytes the function at ``va`` pops on return (``ret N``), once followed."""
-        function = self.functions.get(va)
-        return function.ret_pop if function is not None else None
+        function = self.functions.get(self._through_thunk(va))
+        return function.ret_pop if function is not None and function.body_end is not None else None
+
+    def _through_thunk(self, va):
+        """x86: where a ``jmp rel32`` thunk at ``va`` (an incremental-link table
+        entry) leads; else ``va``."""
+        if self.arch != "x86":
+            return va
+        thunk = self.decoder.at(va)
+        target = direct_target(thunk[3]) if thunk is not None and thunk[2] == "jmp" else None
+        return target if target is not None else va
 
     def contains(self, va):
         return 0 <= va - self.image.image_base < self.image.size_of_image

@@ -47,7 +47,7 @@ MAX_ARGUMENT_LOOKAHEAD = 24
 # ...` is handled as a destination): the stack-probe size survives them.
 KEEPS_ACCUMULATOR = frozenset(["mov", "lea", "push", "test", "cmp", "movzx", "movsx", "nop"])
 PROBE_LOOKAHEAD = 4
-SEH_RECORD_LOOKAHEAD = 12
+SEH_RECORD_LOOKAHEAD = 24  # MSVC puts the locals, saves and the cookie between the record and fs:[0]
 # Mnemonics that end a path through a function (besides ret/jmp).
 STOPS = frozenset(["int3", "ud2", "hlt", "iretq", "iretd", "sysret", "sysexit"])
 # Mnemonics that move SP without naming it as an operand.
@@ -407,6 +407,11 @@ def scan_prologue(decoder, entry, callees=NoCallees()):
     a jump, or on x86 at a push that is not a callee-saved register save (an
     outgoing argument).  A conditional branch taken before any stack change is
     followed too when the fall-through path never builds a frame (shrink-wrapping).
+    On x86 a conditional branch taken after the frame began is followed, from the
+    state at the branch, when the fall-through path is an early exit — it ends in
+    a return or jump, or releases stack below the branch's depth (MSVC's
+    ``pop ebx; ...; call __security_check_cookie; ret``): the branch's path goes on
+    building the frame (callee-saved registers pushed only there).
     """
     arch = decoder.arch
     result = PrologueResult()
@@ -414,15 +419,17 @@ def scan_prologue(decoder, entry, callees=NoCallees()):
         result.frame_size = decoder.common_frame(entry)
         if result.frame_size is not None:
             return result
-    pending = [entry]
+    pending = [(entry, None)]
     seen_paths = set()
     best = None
     while pending and len(seen_paths) < MAX_PROLOGUE_PATHS:
-        start = pending.pop(0)
+        start, resumed = pending.pop(0)
         if start in seen_paths:
             continue
         seen_paths.add(start)
-        frame, dynamic, problem, branches, padding = _scan_path(decoder, start, arch, callees)
+        frame, dynamic, problem, branches, padding, continuations = _scan_path(decoder, start, arch, callees,
+                                                                               resumed)
+        pending.extend(continuations)
         result.padding = max(result.padding, padding)
         if dynamic:
             result.dynamic = dynamic
@@ -431,26 +438,35 @@ def scan_prologue(decoder, entry, callees=NoCallees()):
         if problem and best is None:
             result.problem = problem
         if frame == 0 or frame is None:
-            pending.extend(branches)
+            pending.extend((branch, None) for branch in branches)
     if best is not None:
         result.frame_size = best
         result.problem = None
     return result
 
 
-def _scan_path(decoder, start, arch, callees):
-    state = SpState()
-    body_started = False
-    written = set()
-    deepest = 0
+def _scan_path(decoder, start, arch, callees, resumed=None):
+    """One path from ``start`` (``resumed``: the (state, written registers, body
+    started) of a branch taken after the frame began).  Returns (deepest frame,
+    dynamic, problem, branches taken before any stack change, padding, the
+    continuations [(branch target, resumed)] of an early exit)."""
+    if resumed is None:
+        state, written, body_started = SpState(), set(), False
+    else:
+        state, written, body_started = resumed[0].copy(), set(resumed[1]), resumed[2]
+    deepest = state.depth - state.padding
     branches = []
+    # Branches taken after the frame began: [target, depth at the branch, resumed,
+    # the lowest depth since (below the branch's: the path released its frame)].
+    later_branches = []
+    kept = None   # (scratch register, depth after its push, deepest before it): `push ecx; ...; pop ecx`
     address = start
     dynamic = None
     saves = CALLEE_SAVED[arch]
     for _ in range(MAX_PROLOGUE_INSTRUCTIONS):
         insn = decoder.at(address)
         if insn is None:
-            return (deepest if deepest else None), dynamic, decoder.problem(address), branches, state.padding
+            return (deepest if deepest else None), dynamic, decoder.problem(address), branches, state.padding, []
         _, size, mnemonic, op_str = insn
         next_address = address + size
         if mnemonic == "call":
@@ -463,6 +479,7 @@ def _scan_path(decoder, start, arch, callees):
                 dynamic = "call at 0x%x allocates a variable size on the stack" % address
                 break
             kind, detail = effect
+            kept = None
             if kind == "frame":
                 if not apply_frame_helper(decoder, start, address, state, detail):
                     break
@@ -475,11 +492,16 @@ def _scan_path(decoder, start, arch, callees):
             address = next_address
             continue
         if mnemonic.startswith("ret") or mnemonic == "jmp" or mnemonic in STOPS:
+            for branch in later_branches:
+                branch[3] = -1  # an exit: every branch before it leads on
             break
         if mnemonic[0] == "j" or mnemonic.startswith("loop"):
             target = direct_target(op_str)
             if target is not None and state.depth == 0:
                 branches.append(target)
+            elif target is not None and arch == "x86" and target > address:
+                later_branches.append([target, state.depth, (state.copy(), set(written), body_started),
+                                       state.depth])
             address = next_address
             continue
         if arch == "x86" and mnemonic == "push" and not (
@@ -495,7 +517,8 @@ def _scan_path(decoder, start, arch, callees):
             # 48; push 0; push buffer; call memset`); only a first `push ecx`
             # stays a local without asking (`push ecx; push esi; push edi`).
             reserves_local = op_str in SCRATCH and op_str not in written and (
-                state.depth == 0 or not _is_argument_push(decoder, next_address, callees, op_str == "eax"))
+                state.depth == 0 or _addressed_through_frame_pointer(decoder, next_address, state)
+                or not _is_argument_push(decoder, next_address, callees, op_str == "eax"))
             if not reserves_local and not _feeds_frame_helper(decoder, next_address, callees) and not (
                     _installs_seh_record(decoder, next_address)):
                 break
@@ -509,11 +532,23 @@ def _scan_path(decoder, start, arch, callees):
             # cookie; mov [esp+56], eax; ... push ebx; push esi`), and pushes the
             # cookie into its exception registration record before linking it.
             break
+        before = deepest
+        depth_before = state.depth
         step = apply_sp_effect(arch, mnemonic, op_str, state)
         if step is not None:
             if step.dynamic:
                 dynamic = step.dynamic
             break
+        if kept is not None and mnemonic == "pop" and op_str == kept[0] and depth_before == kept[1]:
+            # MSVC's debug prologue keeps ECX (`this`) across the fill of its frame
+            # (`push ecx; lea edi, [ebp-N]; mov ecx, N/4; mov eax, 0xcccccccc; rep
+            # stosd; pop ecx`): a register kept, not a slot of the frame.
+            deepest = kept[2]
+        if state.depth != depth_before or "[esp" in op_str:
+            # ... unless the slot is written or read: then it is a local (clang's
+            # `push eax; mov [esp], eax; fild [esp]; pop eax`).
+            kept = (op_str, state.depth, before) if arch == "x86" and mnemonic == "push" and op_str in SCRATCH \
+                else None
         if mnemonic != "push":
             operands = [operand.strip() for operand in op_str.split(",", 1)]
             # `mov edi, edi` (the hotpatch pad) writes nothing new.
@@ -522,11 +557,14 @@ def _scan_path(decoder, start, arch, callees):
             elif operands and ("[esp" in operands[0] or "[ebp" in operands[0]):
                 body_started = True
         deepest = max(deepest, state.depth - state.padding)
+        for branch in later_branches:
+            branch[3] = min(branch[3], state.depth)
         address = next_address
         if arch == "x64" and mnemonic == "sub" and op_str.startswith("rsp"):
             # The x64 ABI makes the fixed allocation the prologue's last SP change.
             break
-    return deepest, dynamic, None, branches, state.padding
+    continuations = [(target, resumed) for target, depth, resumed, lowest in later_branches if lowest < depth]
+    return deepest, dynamic, None, branches, state.padding, continuations
 
 
 def _is_argument_push(decoder, address, callees, explicit_only=False):
@@ -556,18 +594,43 @@ def _is_argument_push(decoder, address, callees, explicit_only=False):
     return False
 
 
+def _addressed_through_frame_pointer(decoder, address, state):
+    """True when, before the next call, jump or return, the code at ``address``
+    addresses the slot a push just before it filled (or one below it) through the
+    frame pointer: ``push ecx; push ecx; push ebx; lea eax, [ebp - 8]`` — a local
+    (MSVC reserves 4-byte locals so), never an outgoing argument."""
+    frame = state.copies.get("ebp")
+    if frame is None:
+        return False
+    slot = frame - (state.depth + 4)      # the pushed slot's displacement from EBP
+    for _ in range(MAX_ARGUMENT_LOOKAHEAD):
+        insn = decoder.at(address)
+        if insn is None:
+            return False
+        mnemonic, op_str = insn[2], insn[3]
+        if mnemonic == "call" or mnemonic[0] == "j" or mnemonic.startswith("ret"):
+            return False
+        for operand in split_operands(op_str):
+            displacement = memory_displacement(operand, "ebp")
+            if displacement is not None and displacement <= slot:
+                return True
+        address += insn[1]
+    return False
+
+
 def _argument_bytes_after(decoder, address, callee_pops, pops=True):
     """Bytes of arguments a call removes: ``add esp, N`` (or, with ``pops``, a pop
-    of a scratch register) right after it, plus what the callee pops itself; None
-    when neither says anything."""
+    of a scratch register) right after it, plus what the callee pops itself (0 for
+    a callee followed and found to pop nothing); None when neither is known."""
     following = decoder.at(address)
     cleaned = 0
     if following is not None and following[2] == "add" and following[3].startswith("esp, "):
         cleaned = parse_int(following[3][5:]) or 0
     elif pops and following is not None and following[2] == "pop" and following[3] in SCRATCH:
         cleaned = 4
-    total = cleaned + (callee_pops or 0)
-    return total or None
+    if callee_pops is None:
+        return cleaned or None
+    return cleaned + callee_pops
 
 
 def _installs_seh_record(decoder, address):

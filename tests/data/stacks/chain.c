@@ -53,3 +53,18 @@ NOINLINE EXPORT int stale(int x)
 NOINLINE EXPORT int isr_body(void) { return leaf(7) + 1; }
 
 EXPORT int entry(int x) { return outer(x) + stale(x); }
+
+/* Ends in an indirect tail call once its saved registers are restored: clang
+ * emits `add rsp, 0x28; pop rdi; pop rsi; rex.W jmp rax`, MinGW gcc `add rsp,
+ * 0x28; rex.WB jmp r8` (the REX.W marks the jump as an epilogue's end). */
+typedef int (*operation)(int);
+operation volatile operations[2] = {leaf, middle};
+
+NOINLINE EXPORT int tail_indirect(int x)
+{
+    operation f = operations[x & 1];
+    int y = middle(x);
+    return f(y + x);
+}
+
+EXPORT int dispatch(int x) { return tail_indirect(x) + 1; }
