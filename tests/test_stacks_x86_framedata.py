@@ -204,8 +204,11 @@ class GarbledPdb(object):
                             for index in (0, 1, 9))
         self.msf = self
 
-    def optional_debug_stream(self, index, what):
+    def debug_stream(self, index, what):
         return self.streams[index]
+
+    def source_rva(self, rva):
+        return rva
 
     def stream(self, index, what):
         return self.streams[1]

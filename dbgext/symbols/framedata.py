@@ -34,9 +34,8 @@ translated (such modules are walked by their frame chain).
 import bisect
 import struct
 
-from .pdb import PdbError, STREAM_INFO
+from .pdb import OPTIONAL_DEBUG_FPO, OPTIONAL_DEBUG_FRAME_DATA, PdbError, STREAM_INFO
 
-OPTIONAL_DEBUG_FPO, OPTIONAL_DEBUG_FRAME_DATA = 0, 9
 FPO_DATA = struct.Struct("<IIIHH")            # ulOffStart cbProcSize cdwLocals cdwParams bits
 FRAME_DATA = struct.Struct("<IIIIIIHHI")      # rva block locals params stkmax program prolog savedregs flags
 FRAME_FPO, FRAME_TRAP, FRAME_TSS, FRAME_NONFPO = 0, 1, 2, 3
@@ -96,7 +95,7 @@ class FrameTable(object):
     where its functions start (procedures and public functions: an assembler
     function such as ``_chkstk`` has a public symbol and no frame record)."""
 
-    def __init__(self, frame_data, fpo, function_starts=(), procedures=()):
+    def __init__(self, frame_data, fpo, function_starts=(), procedures=(), to_source=None):
         self.frame_data = sorted(frame_data, key=lambda record: (record.rva, -record.size))
         self.fpo = sorted(fpo, key=lambda record: record.rva)
         self._starts = [record.rva for record in self.frame_data]
@@ -104,6 +103,9 @@ class FrameTable(object):
         self.function_starts = frozenset(function_starts)
         self._procedures = sorted(procedures)           # (rva, size) of the PDB's procedures
         self._procedure_starts = [rva for rva, _ in self._procedures]
+        # Frame records keep the addresses of the image before an OMAP relink; the
+        # procedures and every caller use the relinked image's.
+        self._to_source = to_source
 
     def inside_function(self, rva):
         """True when ``rva`` lies inside a function the PDB describes (a procedure,
@@ -133,7 +135,11 @@ class FrameTable(object):
         return frames
 
     def find(self, rva):
-        """The innermost record covering ``rva``, or None."""
+        """The innermost record covering the image's ``rva``, or None."""
+        if self._to_source is not None:
+            rva = self._to_source(rva)
+            if rva is None:
+                return None
         return _covering(self.frame_data, self._starts, rva) or _covering(self.fpo, self._fpo_starts, rva)
 
 
@@ -150,7 +156,7 @@ def read_frame_table(pdb):
     """The :class:`FrameTable` of ``pdb`` (a :class:`~dbgext.symbols.pdb.PdbFile`);
     raises PdbError when its streams are corrupt."""
     frame_data = []
-    data = pdb.optional_debug_stream(OPTIONAL_DEBUG_FRAME_DATA, "FrameData stream")
+    data = pdb.debug_stream(OPTIONAL_DEBUG_FRAME_DATA, "FrameData stream")
     if data:
         names = _string_table(pdb)
         # A stream whose size is not a multiple of the record starts with a relocation pointer.
@@ -160,7 +166,7 @@ def read_frame_table(pdb):
                                           _string_at(pdb, names, program), bool(flags & FRAME_DATA_FUNCTION_START),
                                           "framedata"))
     fpo = []
-    data = pdb.optional_debug_stream(OPTIONAL_DEBUG_FPO, "FPO stream")
+    data = pdb.debug_stream(OPTIONAL_DEBUG_FPO, "FPO stream")
     if data:
         for rva, size, locals_, params, bits in FPO_DATA.iter_unpack(data[:len(data) - len(data) % FPO_DATA.size]):
             prolog, registers, frame = bits & 0xFF, (bits >> 8) & 7, bits >> 14
@@ -173,7 +179,7 @@ def read_frame_table(pdb):
     procedures = [(procedure.rva, procedure.size) for procedure in pdb.procedures()]
     starts = set(rva for rva, _ in procedures)
     starts.update(public.rva for public in pdb.publics() if public.is_function)
-    return FrameTable(frame_data, fpo, starts, procedures)
+    return FrameTable(frame_data, fpo, starts, procedures, pdb.source_rva)
 
 
 def _string_table(pdb):

@@ -439,13 +439,6 @@ class PdbFile(object):
             return streams[index]
         return None
 
-    def optional_debug_stream(self, index, what):
-        """The bytes of stream ``index`` of the DBI optional debug header (0 FPO,
-        4 OMAP from source, 5 section headers, 9 FrameData, ...), or None when the
-        PDB has none; ``what`` names it in errors."""
-        stream = self._optional_stream(index)
-        return self.msf.stream(stream, what) if stream is not None else None
-
     def _section_rvas(self, index, what):
         stream = self._optional_stream(index)
         if stream is None:
