@@ -21,7 +21,7 @@ ARGUMENT_SLOTS = 4    # kv's "Args to Child"
 ARGUMENTS_READ_LIMIT = 0x10000  # frames spanning more (a machine frame onto another stack) are read one by one
 STACK_SPAN_GUESS = 1 << 20  # how far above the context's SP a scan may look when the bounds are unknown
 
-NAMES = {"x64": ("rip", "rsp"), "x86": ("eip", "esp")}
+NAMES = {"x64": ("rip", "rsp"), "x86": ("eip", "esp"), "arm64": ("pc", "sp")}
 SWITCH_FRAME_SOURCE = "KTHREAD switch frame"  # thread_source of a waiting kernel thread's walk
 
 
@@ -163,6 +163,8 @@ class Unwinder(object):
                 step = self._unwind_x64(module, registers, problems, frame)
             elif target.arch == "x86" and (module is not None or frame.index == 0):
                 step = unwind_frame_chain(target, registers, frame.index == 0, self._returns)
+            elif target.arch == "arm64":
+                return self._unwind_arm64(frame, problems)
         except UnreadableMemory as error:
             problems.add("stack_unreadable", error.address, "unwinding %s needs stack memory at %s that is "
                          "unreadable" % (frame.function, target.format_address(error.address)))
@@ -195,6 +197,14 @@ class Unwinder(object):
             problems.add(error.kind, error.address, "%s: %s" % (frame.function, error))
             return None
         return step.registers, "unwind", step.return_slot, step.machine_frame
+
+    def _unwind_arm64(self, frame, problems):
+        """ARM64 stops at frame 0 (the context's pc and sp), saying so in one
+        line, until dbgext.stacks.arm64_unwind is wired in here (replace this
+        method with the step it gives)."""
+        problems.add("arm64_unwind_not_wired", frame.child_sp, "ARM64 unwinding is not wired yet: only frame 0, "
+                     "from the context, is shown", "note")
+        return None
 
     def _scan(self, frame, registers, problems, bounds):
         top = bounds[1] if bounds else frame.child_sp + STACK_SPAN_GUESS
