@@ -134,7 +134,7 @@ class MinidumpBackend(ReadsFileMappedRanges, Backend):
             raise BadInput("%s: minidump without a SystemInfo stream (architecture unknown)" % self.path)
         processor, = struct.unpack_from("<H", system_info, 0)
         if processor not in ARCH_OF_PROCESSOR:
-            raise BadInput("%s: unsupported processor architecture %d (x64 and x86 are supported)"
+            raise BadInput("%s: unsupported processor architecture %d (x64, x86 and ARM64 are supported)"
                            % (self.path, processor))
         self.arch = ARCH_OF_PROCESSOR[processor]
         self.build = struct.unpack_from("<I", system_info, 16)[0]
@@ -327,7 +327,7 @@ class MinidumpBackend(ReadsFileMappedRanges, Backend):
         else the captured stack range."""
         stack_base, stack_limit = row["stack_start"] + row["stack_size"], row["stack_start"]
         fields = TEB_STACK[self.arch]
-        pair = "<2Q" if self.arch == "x64" else "<2I"
+        pair = "<2I" if self.arch == "x86" else "<2Q"
         tib = self._memory.read(row["teb"] + fields["StackBase"], struct.calcsize(pair)) if row["teb"] else None
         if tib is not None:
             base, limit = struct.unpack(pair, tib)
