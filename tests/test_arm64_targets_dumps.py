@@ -12,12 +12,14 @@ refuses them.  kdmp-parser 0.7.4 has no ARM64 support (AMD64 CONTEXT, x64 page
 walk only); it still reads these files' physical pages, which checks their
 physical layout (runs, bitmap, RDMP ranges)."""
 
+import io
 import random
 import struct
 
 import pytest
 
 import dbgext
+from dbgext.cli import main
 from dbgext.layouts.arm64 import CONTEXT_ARM64
 from dbgext.layouts.dump_formats import DUMP_HEADER64, PAGE_SIZE
 from dbgext.sample.kdump_writer import (
@@ -94,6 +96,17 @@ def test_the_mapped_ranges_are_the_scenarios_pages_in_both_halves_plus_the_self_
     assert set(scenario.pages) <= mapped
     assert all(self_map <= va < self_map + (1 << 39) for va in mapped - set(scenario.pages))
     assert USER_BLOB & ~0xFFF in mapped and NT_BASE in mapped
+
+
+def test_dumpinfo_says_arm64_and_never_offers_x64_tables_for_arm64_structures(written):
+    _, path = written
+    out = io.StringIO()
+    assert main(["dumpinfo", "--dump", path], stream=out, error_stream=io.StringIO()) == 0
+    text = out.getvalue()
+    assert "Machine:          ARM64, processors: 1, build 19045" in text
+    assert "Context:          pc=fffff800`00001230 sp=ffffc080`00000800" in text
+    assert "_KTHREAD   from KDDEBUGGER_DATA64" in text
+    assert "_KPCR      from none (no type information, no KDDEBUGGER_DATA64 offsets, no built-in ARM64 table)" in text
 
 
 def test_modules_and_kddebugger_data64_come_through_the_arm64_walk(written):
