@@ -12,7 +12,15 @@ the order a WinDbg user trusts them:
 2. the dump's own ``KDDEBUGGER_DATA64`` offsets (``backend.layout_hints``);
 3. the built-in tables for the target's architecture and build.
 
-Every result says which source answered, so the output can say it too.  Dump *file*
+Every result says which source answered, so the output can say it too.
+
+ARM64 has no built-in kernel structure tables (its _KTHREAD, _KPRCB and trap
+frame are not x64's), so without type information its offsets come from
+KDDEBUGGER_DATA64, read with the field formats of a 64-bit row.  Verified on the
+real ARM64 small dump: _KTHREAD's InitialStack, StackLimit and KernelStack from
+its KDDEBUGGER_DATA64 bracket the context's sp (``stackuse thread``: 2320 bytes
+used, 29856 left).  Tables of plain 64-bit data opt in to serving ARM64 with
+their x64 rows (:class:`BuiltinLayouts` ``arm64_as_x64``).  Dump *file*
 formats live in :mod:`dbgext.layouts.dump_formats`: they are not target types.
 """
 

@@ -1,4 +1,5 @@
-"""User-mode minidumps ('MDMP'), x64 and x86.
+"""User-mode minidumps ('MDMP'), x64, x86 and ARM64 (SystemInfo's
+ProcessorArchitecture 9, 0 and 12).
 
 Our own reader; the ``minidump`` package is the independent oracle in the tests
 (both must agree byte for byte).  The file is read with positioned reads
@@ -16,10 +17,15 @@ zero-filled (the Target works in whole pages) and :meth:`partial_pages` says
 which bytes of it are real, so the Target reports the rest as unreadable.
 
 Streams read besides memory and modules: the thread list with each thread's
-CONTEXT (x64 or x86), ThreadInfoList (creation time, start address, flags),
+CONTEXT (x64, x86 or CONTEXT_ARM64), ThreadInfoList (creation time, start address, flags),
 thread names, the exception stream (with its own context, the one WinDbg's
 ``.ecxr`` shows), MemoryInfoList (regions and protections, for an
 ``!address``-like listing) and the unloaded-module list.
+
+ARM64 was checked only on minidumps our writer makes (no real Windows ARM64
+minidump was at hand): the TEB's NT_TIB and the PEB chain are taken to be the
+x64 ones (``dump_formats.TEB_STACK`` / ``PROCESS_BLOCKS``).  Breakpad's own ARM64
+number (0x8003, with a different context layout) is not read.
 """
 
 import struct
