@@ -343,6 +343,7 @@ class _Session(object):
     def __init__(self, target, mode, dump, registers, threads, bugcheck, build, stack, process):
         self.target = target
         self.ptr_size = target.pointer_size
+        self.arch = target.arch   # "x64", "x86" or "arm64": the CPUType the fake reports
         self.mode = mode
         self.dump = dump
         self.registers = {name.lower(): value for name, value in registers.items()}
@@ -906,13 +907,15 @@ def _build_module(session):
     def isWindbgExt():
         return hasattr(sys.stdout, "writedml")
 
+    cpu_type = {"x64": "AMD64", "x86": "I386", "arm64": "ARM64"}[session.arch]
+
     @export
     def getCPUType():
-        return fake.CPUType.AMD64 if ptr == 8 else fake.CPUType.I386
+        return getattr(fake.CPUType, cpu_type)
 
     @export
     def getCPUMode():
-        return fake.CPUType.AMD64 if ptr == 8 else fake.CPUType.I386
+        return getattr(fake.CPUType, cpu_type)
 
     @export
     def getExecutionStatus():
@@ -1577,10 +1580,12 @@ def _build_module(session):
             raise DbgException("Call IDebugRegisters2::GetDescription failed\nHRESULT 0x80070057")
         return register_names[index]
 
-    special = {"ip": ("rip", "eip"), "sp": ("rsp", "esp"), "fp": ("rbp", "ebp")}
+    # getIP/getSP/getFP and cpu().ip/.sp/.fp: the architecture's registers.
+    special = {"x64": {"ip": "rip", "sp": "rsp", "fp": "rbp"}, "x86": {"ip": "eip", "sp": "esp", "fp": "ebp"},
+               "arm64": {"ip": "pc", "sp": "sp", "fp": "fp"}}[session.arch]
 
     def special_register(kind):
-        return register_value(special[kind][0 if ptr == 8 else 1])
+        return register_value(special[kind])
 
     @export
     def getIP():
@@ -1777,9 +1782,8 @@ def _build_module(session):
         fp = frameOffset = property(lambda self: self._register("fp"))
 
         def _register(self, kind):
-            names = special[kind]
             registers = self._thread.registers or session.registers
-            return registers.get(names[0 if ptr == 8 else 1], 0)
+            return registers.get(special[kind], 0)
 
         def isCurrent(self):
             return self.id == 0

@@ -49,7 +49,7 @@ def write_minidump(scenario, path, memory_list="memory64", exception=None, captu
     ``unloaded_modules``: optional [{"name", "base", "size", "checksum",
     "time_date_stamp"}] for an UnloadedModuleList."""
     if scenario.mode != "user" or scenario.arch not in PROCESSOR_ARCHITECTURE:
-        raise ValueError("minidumps need a user-mode x64 or x86 scenario, not %s/%s"
+        raise ValueError("minidumps need a user-mode x64, x86 or arm64 scenario, not %s/%s"
                          % (scenario.arch, scenario.mode))
     if memory_list not in ("memory64", "memory"):
         raise ValueError("memory_list must be 'memory64' or 'memory', not %r" % (memory_list,))

@@ -2,7 +2,7 @@
 small dumps, .etl traces), as a new user would run them: no traceback, no
 internal error (exit code 3), and no silent empty output.  A command that gives
 nothing on stdout, or fails, says why on stderr in one line; a file dbgext cannot
-handle (an ARM64 dump, a malformed minidump) is refused in one line."""
+handle (a malformed minidump) is refused in one line."""
 
 import io
 from pathlib import Path
@@ -22,14 +22,14 @@ INTERNAL_ERROR = 3
 def dump_commands(path):
     """Every command that takes a dump, with arguments that fit the dump (its
     registers, a module it has)."""
-    pointer_size, module = 8, "nt"
+    arch, module = "x64", "nt"
     try:
         with dbgext.open(str(path)) as target:
-            pointer_size = target.pointer_size
+            arch = target.arch
             module = target.modules()[0].name if target.modules() else module
     except DbgextError:
         pass   # every command must then refuse the file in one line
-    sp, ip = ("@rsp", "@rip") if pointer_size == 8 else ("@esp", "@eip")
+    sp, ip = {"x64": ("@rsp", "@rip"), "x86": ("@esp", "@eip"), "arm64": ("@sp", "@pc")}[arch]
     commands = [["dumpinfo"], ["lm"], ["k"], ["triage"], ["db", sp], ["dd", sp], ["dq", sp], ["dps", sp],
                 ["ln", ip], ["x", module + "!*"], ["dt", "nt!_KTHREAD"], ["rtltrace", "--find"], ["etwstacks"],
                 ["ipt", "scan"], ["stackuse", "thread"]]

@@ -11,11 +11,9 @@ import pytest
 
 import dbgext
 from dbgext.cli import main
-from dbgext.errors import BadInput
 
 REALWORLD = Path(__file__).resolve().parents[1].parent / "shared" / "realworld" / "kernel"
 X64 = REALWORLD / "rizin__triage_x64.dmp"
-ARM64 = REALWORLD / "rizin__triage_arm64.dmp"
 
 NT_BASE = 0xFFFFF8047BA00000
 AMDPPM_BASE = 0xFFFFF8048B580000
@@ -121,11 +119,3 @@ def test_k_and_triage_name_the_faulting_module_amdppm():
     record = json.loads(text)
     assert code == 0 and record["bucket"] == "0x1000007E_amdppm+0x334c"
     assert (record["faulting"]["module"], record["faulting"]["image"]) == ("amdppm", "amdppm.sys")
-
-
-def test_an_arm64_small_dump_is_refused_in_one_line():
-    with pytest.raises(BadInput, match=r"ARM64 kernel dump \(MachineImageType 0xAA64\): ARM64 is not supported yet"):
-        dbgext.open(real(ARM64))
-    code, out, err = run(["dumpinfo", "--dump", real(ARM64)])
-    assert code == 1 and out == ""
-    assert len(err.strip().splitlines()) == 1 and "ARM64 is not supported yet" in err

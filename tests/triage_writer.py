@@ -21,7 +21,7 @@ TriageOptions 0xFFFFFFFF ("all options").
 import struct
 
 from dbgext.layouts.dump_formats import (
-    CONTEXT_AMD64, DUMP_DRIVER_ENTRY64, DUMP_MM_STORAGE64, DUMP_TYPE_TRIAGE, DUMP_UNLOADED_DRIVERS64,
+    CONTEXTS, DUMP_DRIVER_ENTRY64, DUMP_MM_STORAGE64, DUMP_TYPE_TRIAGE, DUMP_UNLOADED_DRIVERS64,
     MINIDUMP_FIELDS, TRIAGE_DATA_BLOCK, TRIAGE_DUMP64, TRIAGE_FORMAT, TRIAGE_OPTIONS_ALL, TRIAGE_VALID)
 from dbgext.sample.kdump_writer import KernelDumpHeader, dump_header, exception_record, pack_context
 
@@ -29,11 +29,13 @@ FIELD_BITS = dict((name, bit) for bit, name in MINIDUMP_FIELDS)
 
 
 class SmallDump(object):
-    """The parts of one small dump.  ``header`` is a KernelDumpHeader (bug check,
-    registers, build, KdDebuggerDataBlock); the rest are set by the caller."""
+    """The parts of one small dump of an ``arch`` ("x64" or "arm64") machine.
+    ``header`` is a KernelDumpHeader (bug check, registers by ``arch``'s names,
+    build, KdDebuggerDataBlock); the rest are set by the caller."""
 
-    def __init__(self, header=None):
+    def __init__(self, header=None, arch="x64"):
         self.header = header or KernelDumpHeader()
+        self.arch = arch
         self.stack = None            # (TopOfStack = the stack pointer, bytes from it upward)
         self.data_page = None        # (address, bytes)
         self.data_blocks = []        # [(address, bytes)]
@@ -64,8 +66,8 @@ class SmallDump(object):
             return offset
 
         # A small dump stores the crashing context twice: in the header and here.
-        fields["ContextOffset"] = place(pack_context(CONTEXT_AMD64, self.header.registers), "context")
-        fields["ExceptionOffset"] = place(exception_record(self.header), "exception")
+        fields["ContextOffset"] = place(pack_context(CONTEXTS[self.arch], self.header.registers), "context")
+        fields["ExceptionOffset"] = place(exception_record(self.header, self.arch), "exception")
         if self.mm is not None:
             fields["MmOffset"] = place(struct.pack(DUMP_MM_STORAGE64["format"], *[
                 self.mm.get(name, 0) for name in DUMP_MM_STORAGE64["fields"]]), "mm_info")
@@ -120,7 +122,7 @@ class SmallDump(object):
         order = sorted(fields, key=lambda name: TRIAGE_DUMP64[name])
         values = [fields[name] if name != "ArchitectureSpecific" else bytes(16) for name in order]
         self.header.minidump_fields = sum(FIELD_BITS[name] for name in present)
-        head = dump_header(self.header, [], 0, DUMP_TYPE_TRIAGE, file_size)
+        head = dump_header(self.header, [], 0, DUMP_TYPE_TRIAGE, file_size, self.arch)
         with open(path, "wb") as handle:
             handle.write(head)
             handle.write(struct.pack(TRIAGE_FORMAT, *values))

@@ -30,6 +30,9 @@ def layout_source(target, type_name):
     hints = target.backend.layout_hints(type_name)
     if hints:
         return {"type": type_name, "source": "KDDEBUGGER_DATA64", "fields": sorted(hints["fields"])}
+    if target.arch == "arm64":   # the built-in kernel structure tables are x64's and x86's
+        return {"type": type_name, "source": "none (no type information, no KDDEBUGGER_DATA64 offsets, no "
+                "built-in ARM64 table)", "fields": None}
     return {"type": type_name, "source": "built-in tables (by build)", "fields": None}
 
 

@@ -1,9 +1,11 @@
 """Text for a DumpInfoResult, laid out like WinDbg's ``.dumpdebug`` / ``vertarget``."""
 
-from ..layouts.dump_formats import MACHINE_AMD64, MACHINE_I386
+from ..layouts.dump_formats import MACHINE_AMD64, MACHINE_ARM64, MACHINE_I386
 from ..render.text import hexaddr
 
-MACHINES = {MACHINE_AMD64: "x64 (AMD64)", MACHINE_I386: "x86"}
+MACHINES = {MACHINE_AMD64: "x64 (AMD64)", MACHINE_I386: "x86", MACHINE_ARM64: "ARM64"}
+# The instruction and stack pointers the Context line shows, by the registers a context has.
+CONTEXT_LINE = (("rip", "rsp"), ("pc", "sp"), ("eip", "esp"))
 
 
 def lines(result):
@@ -44,7 +46,7 @@ def lines(result):
                                                               ", ".join(_address(p) for p in exception["parameters"]))
                                                           if exception.get("parameters") else ""))
     registers = facts.get("registers") or {}
-    pc, sp = ("rip", "rsp") if "rip" in registers else ("eip", "esp")
+    pc, sp = next((pair for pair in CONTEXT_LINE if pair[0] in registers), CONTEXT_LINE[-1])
     if pc in registers:
         out.append("Context:          %s=%s %s=%s" % (pc, _address(registers[pc]), sp, _address(registers.get(sp))))
     if facts.get("current_thread") is not None:

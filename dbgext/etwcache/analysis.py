@@ -176,8 +176,8 @@ def analyze(target, cache=None, logger_context=None, variant=None, validate=True
     (WrongSignature, or UnreadableMemory) unless ``force``; a discovered logger's
     cache that cannot be walked is a problem of that logger.  Returns a
     StackCacheAnalysis."""
-    if target.arch != "x64":
-        raise BadInput("ETW stack cache layouts are known for x64 kernels only (target is %s)" % target.arch)
+    if target.arch not in ("x64", "arm64"):
+        raise BadInput("ETW stack cache layouts are known for x64 and ARM64 kernels only (target is %s)" % target.arch)
     if variant is not None and variant not in layouts.CACHE_VARIANTS:
         raise BadInput("unknown variant %r (known: %s)" % (variant, ", ".join(sorted(layouts.CACHE_VARIANTS))))
     found_layouts = None

@@ -7,6 +7,14 @@ come from type information when the target has it; ``BUILTIN`` is the
 fallback keyed by build number.  All of them are :class:`dbgext.layouts.Layout`
 data, the logger context and silo state looked up through
 :func:`dbgext.layouts.lookup_layout`.
+
+ARM64 kernels use the same tables (``arm64_as_x64``).  The cache header, its
+pieces and buckets are plain 64-bit data, and ARM64's 16-byte SLIST_HEADER has
+x64's shape (Depth in the low 16 bits, the next entry in the second quadword
+with its low 4 bits free).  The built-in _WMI_LOGGER_CONTEXT and
+_ETW_SILODRIVERSTATE offsets are x64's public type dumps, assumed for ARM64.
+None of this was verified on an ARM64 dump: the real one is a small memory dump,
+which holds no ETW buffers.  Type information, when the target has it, wins.
 """
 
 from ..layouts import BuiltinLayouts, Layout
@@ -75,7 +83,7 @@ BUILTIN = BuiltinLayouts({
         {"arch": "x64", "builds": (19041, 22631), "size": None,
          "fields": {"MaxLoggers": (0x10, "I"), "EtwpLoggerContext": (0x1C8, "Q")}},
     ],
-})
+}, arm64_as_x64=True)
 
 LOGGER_TYPE = "nt!_WMI_LOGGER_CONTEXT"
 SILO_TYPE = "nt!_ETW_SILODRIVERSTATE"

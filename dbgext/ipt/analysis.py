@@ -39,6 +39,9 @@ FILE_MAGICS = ((b"\x02\x82\x02\x82", "a raw trace starting with a PSB (ipt packe
                (b"%PDF", "a PDF document"), (b"PK\x03\x04", "a ZIP archive"), (b"\xff\xd8\xff", "a JPEG image"))
 
 
+NO_INTEL_PT_ON_ARM64 = "Intel PT does not exist on ARM64: this target has no IPT trace to decode"
+
+
 def analyze(target=None, action="flow", **options):
     """Run one ipt action.  ``target`` is a dbgext Target (code and trace memory) or
     None when files give everything.  Options by action:
@@ -57,6 +60,8 @@ def analyze(target=None, action="flow", **options):
     * scan: ``etl`` (a file) or target memory from ``start`` for ``length`` bytes;
       ``max_events``."""
     runners = {"packets": _packets, "flow": _flow, "event": _event, "scan": _scan}
+    if target is not None and target.arch == "arm64":
+        raise BadInput(NO_INTEL_PT_ON_ARM64)
     if action not in runners:
         raise BadInput("unknown ipt action %r (one of: %s)" % (action, ", ".join(ACTIONS)))
     return runners[action](target, **options)

@@ -12,7 +12,15 @@ the order a WinDbg user trusts them:
 2. the dump's own ``KDDEBUGGER_DATA64`` offsets (``backend.layout_hints``);
 3. the built-in tables for the target's architecture and build.
 
-Every result says which source answered, so the output can say it too.  Dump *file*
+Every result says which source answered, so the output can say it too.
+
+ARM64 has no built-in kernel structure tables (its _KTHREAD, _KPRCB and trap
+frame are not x64's), so without type information its offsets come from
+KDDEBUGGER_DATA64, read with the field formats of a 64-bit row.  Verified on the
+real ARM64 small dump: _KTHREAD's InitialStack, StackLimit and KernelStack from
+its KDDEBUGGER_DATA64 bracket the context's sp (``stackuse thread``: 2320 bytes
+used, 29856 left).  Tables of plain 64-bit data opt in to serving ARM64 with
+their x64 rows (:class:`BuiltinLayouts` ``arm64_as_x64``).  Dump *file*
 formats live in :mod:`dbgext.layouts.dump_formats`: they are not target types.
 """
 
@@ -69,12 +77,24 @@ class BuiltinLayouts(object):
     """Built-in layouts as data: ``{type_name: [{"arch": "x64", "builds": (min, max),
     "size": n, "fields": {name: (offset, fmt)}}, ...]}``.  ``builds`` is inclusive;
     ``None`` (or a missing key) matches every build.  The first matching row wins,
-    so list specific builds before general ones."""
+    so list specific builds before general ones.
 
-    def __init__(self, table):
+    With ``arm64_as_x64`` an ARM64 target with no row of its own takes the x64
+    row: for tables of structures Windows declares once for every 64-bit
+    machine (no CONTEXT, trap frame or per-processor fields inside), whose
+    owners say in their docstrings whether that was checked on ARM64."""
+
+    def __init__(self, table, arm64_as_x64=False):
         self.table = table
+        self.arm64_as_x64 = arm64_as_x64
 
     def find(self, type_name, arch, build):
+        row = self._find(type_name, arch, build)
+        if row is None and arch == "arm64" and self.arm64_as_x64:
+            row = self._find(type_name, "x64", build)
+        return row
+
+    def _find(self, type_name, arch, build):
         for row in self.table.get(type_name, ()):
             if row.get("arch", arch) != arch:
                 continue
@@ -95,6 +115,30 @@ def _description(row, build):
     return "built-in (build %s)" % (build if builds[0] != builds[1] else builds[0])
 
 
+def pointer_size_of(arch):
+    return 4 if arch == "x86" else 8
+
+
+def _field_formats(row):
+    return dict((name, fmt) for name, (_, fmt) in row["fields"].items()) if row else {}
+
+
+def _same_width_row(builtin, type_name, pointer_size, build):
+    """A built-in row of another architecture with the same pointer size: its
+    field *formats* (a pointer, a UCHAR) hold on every such machine, so offsets
+    from elsewhere (KDDEBUGGER_DATA64 on ARM64) can be read with them.  Its
+    offsets are never used."""
+    if builtin is None:
+        return None
+    for row in builtin.table.get(type_name, ()):
+        arch = row.get("arch")
+        if arch is not None and pointer_size_of(arch) == pointer_size:
+            found = builtin.find(type_name, arch, build)
+            if found is not None:
+                return found
+    return None
+
+
 def lookup_layout(target, type_name, builtin=None, fields=None):
     """The layout of ``type_name`` (``nt!_KTHREAD`` or ``_KTHREAD``) on ``target``.
 
@@ -105,7 +149,7 @@ def lookup_layout(target, type_name, builtin=None, fields=None):
     arch = target.arch
     row = builtin.find(bare, arch, target.build) if builtin is not None else None
     wanted = list(fields) if fields is not None else (list(row["fields"]) if row else [])
-    formats = dict((name, fmt) for name, (_, fmt) in row["fields"].items()) if row else {}
+    formats = _field_formats(row or _same_width_row(builtin, bare, pointer_size_of(arch), target.build))
     pointer_size = target.pointer_size
 
     typed = target.type_layout(type_name)

@@ -6,8 +6,12 @@ and the tests' minidump and small-dump writers) and the dump readers
 writer and reader share these numbers, the tests cross-check every file through
 independent parsers (kdmp-parser, ``minidump``) — a wrong offset here cannot hide.
 Facts: /work/shared/reference/dump-formats.md (DUMP_HEADER64, _SUMMARY_DUMP64,
-MINIDUMP_* from the Windows headers).
+MINIDUMP_* from the Windows headers).  ARM64's CONTEXT and page-table bits are in
+:mod:`dbgext.layouts.arm64` and :mod:`dbgext.target.arm64_paging`; the tables below
+keyed by architecture name it ``"arm64"``.
 """
+
+from .arm64 import CONTEXT_ARM64
 
 PAGE_SIZE = 0x1000
 
@@ -98,7 +102,9 @@ MAX_PHYSICAL_RUNS = 42                # what fits in the 700-byte PhysicalMemory
 UNSET_U32 = 0x45474150                # "PAGE" read as a u32
 UNSET_U64 = 0x4547415045474150
 MACHINE_AMD64 = 0x8664
-MACHINE_ARM64 = 0xAA64                # same PAGEDU64 header, ARM64 CONTEXT: refused (kdump.refuse_unsupported_machine)
+MACHINE_ARM64 = 0xAA64                # same PAGEDU64 header; the CONTEXT at 0x348 is CONTEXT_ARM64
+# The architecture a PAGEDU64 header's MachineImageType names (PAGEDUMP is always x86).
+ARCH_OF_MACHINE64 = {MACHINE_AMD64: "x64", MACHINE_ARM64: "arm64"}
 
 DUMP_TYPE_FULL = 1
 DUMP_TYPE_SUMMARY = 2
@@ -388,6 +394,12 @@ PAGING = {
                 "pfn_mask": PTE_PFN_MASK, "large": {1: (1 << 21, LARGE_2M_RESERVED)}, "ps_reserved": (0,)},
     "x86": {"levels": ((22, 1024), (12, 1024)), "entry": "I",
             "pfn_mask": 0xFFFFF000, "large": {0: (1 << 22, 0)}, "ps_reserved": ()},
+    # ARM64 (Windows on ARM: 4 KiB granule, 48-bit VA): the x64 shape, but descriptors
+    # say "table or block" with bit 1 (dbgext.target.arm64_paging decodes them), so the
+    # entry bits above are not used; blocks are 1 GiB (level 1) and 2 MiB (level 2).
+    "arm64": {"levels": ((39, 512), (30, 512), (21, 512), (12, 512)), "entry": "Q",
+              "pfn_mask": 0x0000FFFFFFFFF000, "large": {1: (1 << 30, 0), 2: (1 << 21, 0)}, "ps_reserved": (0,),
+              "descriptors": "arm64"},
 }
 
 # _KLDR_DATA_TABLE_ENTRY (x64), the entries of nt!PsLoadedModuleList.
@@ -411,7 +423,11 @@ KLDR_DATA_TABLE_ENTRY_X86 = {
     "FullDllName": 0x24,
     "BaseDllName": 0x2C,
 }
-KLDR_DATA_TABLE_ENTRY = {"x64": KLDR_DATA_TABLE_ENTRY_X64, "x86": KLDR_DATA_TABLE_ENTRY_X86}
+# ARM64 uses the x64 entry: the structure is the same 64-bit one (assumed from the
+# shared definition; the real ARM64 small dump's driver-list copies agree on
+# DllBase +0x30 and SizeOfImage +0x40).
+KLDR_DATA_TABLE_ENTRY = {"x64": KLDR_DATA_TABLE_ENTRY_X64, "x86": KLDR_DATA_TABLE_ENTRY_X86,
+                         "arm64": KLDR_DATA_TABLE_ENTRY_X64}
 
 # -- thread contexts --------------------------------------------------------------
 
@@ -456,7 +472,7 @@ CONTEXT_X86 = {
                  "efl": 0x202},
 }
 
-CONTEXTS = {"x64": CONTEXT_AMD64, "x86": CONTEXT_X86}
+CONTEXTS = {"x64": CONTEXT_AMD64, "x86": CONTEXT_X86, "arm64": CONTEXT_ARM64}
 
 # -- user-mode minidump -------------------------------------------------------------
 
@@ -530,9 +546,11 @@ MINIDUMP_UNLOADED_MODULE = "<QIIII"                   # 24 bytes
 # u64 RvaOfThreadName (a MINIDUMP_STRING; packed, 12 bytes per entry).
 MINIDUMP_THREAD_NAME = "<IQ"
 # NT_TIB at the start of a TEB: the stack's bounds (StackBase is the high end).
+# ARM64's NT_TIB is the 64-bit one (winnt.h defines one NT_TIB64 for both).
 TEB_STACK = {"x64": {"StackBase": 0x08, "StackLimit": 0x10}, "x86": {"StackBase": 0x04, "StackLimit": 0x08}}
-PROCESSOR_ARCHITECTURE = {"x64": 9, "x86": 0}
-ARCH_OF_PROCESSOR = {9: "x64", 0: "x86"}
+TEB_STACK["arm64"] = TEB_STACK["x64"]
+PROCESSOR_ARCHITECTURE = {"x64": 9, "x86": 0, "arm64": 12}
+ARCH_OF_PROCESSOR = dict((number, arch) for arch, number in PROCESSOR_ARCHITECTURE.items())
 
 # TEB -> PEB -> RTL_USER_PROCESS_PARAMETERS, per arch: what a process's first
 # thread points at (the ``minidump`` package walks it when a thread list exists).
@@ -544,3 +562,6 @@ PROCESS_BLOCKS = {
             "Peb.ProcessParameters": 0x10, "params_size": 0x2A0, "Params.Environment": 0x48,
             "Params.strings": (0x24, 0x30, 0x38, 0x40, 0x70)},
 }
+# Assumed, not checked on a real ARM64 minidump: the TEB, PEB and process parameters
+# are the 64-bit structures of x64 (their definitions are not per architecture).
+PROCESS_BLOCKS["arm64"] = PROCESS_BLOCKS["x64"]

@@ -6,6 +6,11 @@ ntdll and ntoskrnl builds).  User and kernel databases differ after CurrentSize,
 so each mode has its own built-in table; :func:`choose_layouts` looks the types up
 the one way (:func:`dbgext.layouts.lookup_layout`: type information first, else the
 built-in table) and says which source it used.
+
+ARM64 targets use the x64 tables (``arm64_as_x64``): the three structures are
+plain 64-bit data (ULONGs, pointers, a lock of pointer size), declared once
+for 64-bit Windows.  That is assumed, not verified: no ARM64 dump holding a
+trace database was at hand.
 """
 
 import struct
@@ -73,7 +78,7 @@ USER_LAYOUTS = BuiltinLayouts({
     ],
     SEGMENT_TYPE: [_SEGMENT_X64, _SEGMENT_X86],
     BLOCK_TYPE: [_BLOCK_X64, _BLOCK_X86],
-})
+}, arm64_as_x64=True)
 
 # ntoskrnl's databases: a different lock moves everything after CurrentSize.
 KERNEL_LAYOUTS = BuiltinLayouts({
@@ -86,7 +91,7 @@ KERNEL_LAYOUTS = BuiltinLayouts({
     ],
     SEGMENT_TYPE: [_SEGMENT_X64],
     BLOCK_TYPE: [_BLOCK_X64],
-})
+}, arm64_as_x64=True)
 
 # What differs between the modes besides the layouts.
 MODES = {
@@ -193,7 +198,7 @@ class _BuiltinOnly(object):
 
     def __init__(self, arch):
         self.arch = arch
-        self.pointer_size = 8 if arch == "x64" else 4
+        self.pointer_size = 4 if arch == "x86" else 8
 
     def type_layout(self, type_name):
         return None

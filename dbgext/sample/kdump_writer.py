@@ -1,8 +1,10 @@
-"""Write a Scenario as a Windows x64 kernel crash dump (PAGEDU64).
+"""Write a Scenario as a Windows x64 or ARM64 kernel crash dump (PAGEDU64).
 
 The writer plays the part of the machine: it assigns physical pages to the
-scenario's virtual pages, builds x64 4-level page tables for them (with a PML4
-self-map entry and the PML4 at a conventional physical address, so the
+scenario's virtual pages, builds 4-level page tables for them (x64's, or with
+``arch="arm64"`` ARM64 descriptors: 4 KiB granule, 48-bit VA, 2 MiB blocks, the
+one root serving both halves as dbgext.target.kdump assumes), with a top-level
+self-map entry and the root at a conventional physical address, so the
 page-table scans of memory-forensics tools find it), and writes either a full
 dump (DumpType 1: run table + pages) or a bitmap dump (DumpType 5/6: a
 ``_SUMMARY_DUMP64`` bitmap + pages).  Facts: shared/reference/dump-formats.md.
@@ -21,12 +23,13 @@ Two levels:
 import struct
 
 from ..layouts.dump_formats import (
-    CONTEXT_AMD64, CONTEXT_X86, DUMP_HEADER32, EXCEPTION_RECORD32, MACHINE_I386, MAX_PHYSICAL_RUNS_X86,
+    CONTEXT_X86, DUMP_HEADER32, EXCEPTION_RECORD32, MACHINE_I386, MAX_PHYSICAL_RUNS_X86,
     X86_DUMP_TYPES, DUMP_HEADER64, DUMP_TYPE_BITMAP, DUMP_TYPE_FULL, DUMP_TYPE_LIVE_BITMAP, DUMP_TYPE_RDMP_COMPLETE,
     DUMP_TYPE_RDMP_KERNEL, DUMP_TYPE_RDMP_KERNEL_USER, DUMP_TYPE_SUMMARY, EXCEPTION_RECORD64, KDBG_OWNER_TAG,
     KDDEBUGGER_DATA64, MACHINE_AMD64, MAX_PHYSICAL_RUNS, PAGE_SIZE, PTE_ACCESSED, PTE_DIRTY, PTE_LARGE,
     PAGING, PTE_PRESENT, PTE_USER, PTE_WRITE, RDMP_HEADER64, RDMP_MARKER, SUMMARY_DUMP64, SUMMARY_DUMP_OLD,
-    old_summary_layout)
+    CONTEXTS, MACHINE_ARM64, old_summary_layout)
+from ..target import arm64_paging
 from .scenario import KUSER_SHARED_DATA
 
 DEFAULT_DTB = 0x1A0000              # where Windows' boot PML4 conventionally sits
@@ -39,6 +42,18 @@ DATA_PHYSICAL_BASE = 0x1000000
 PAGES_PER_DATA_RUN = 0x1000
 MAX_DATA_RUN_HOLES = 16
 TABLE_FLAGS = PTE_PRESENT | PTE_WRITE | PTE_ACCESSED | PTE_DIRTY
+# The entry bits of each 64-bit paging mode: a table's, a 4 KiB page's and a large
+# page's (2 MiB), and what a user page adds.
+ENTRY_BITS = {
+    "x64": {"table": TABLE_FLAGS, "page": TABLE_FLAGS, "large": TABLE_FLAGS | PTE_LARGE, "user": PTE_USER},
+    "arm64": {"table": arm64_paging.DESCRIPTOR_VALID | arm64_paging.DESCRIPTOR_TABLE_OR_PAGE,
+              "page": arm64_paging.DESCRIPTOR_VALID | arm64_paging.DESCRIPTOR_TABLE_OR_PAGE
+              | arm64_paging.DESCRIPTOR_ACCESS_FLAG,
+              "large": arm64_paging.DESCRIPTOR_VALID | arm64_paging.DESCRIPTOR_ACCESS_FLAG,   # a block
+              "user": arm64_paging.DESCRIPTOR_AP_EL0},
+}
+MACHINES = {"x64": MACHINE_AMD64, "arm64": MACHINE_ARM64}
+INSTRUCTION_POINTER = {"x64": "rip", "x86": "eip", "arm64": "pc"}
 BREAKPOINT_EXCEPTION = 0x80000003
 
 
@@ -47,12 +62,15 @@ def is_canonical(address):
     return top == 0 or top == 0x1FFFF
 
 
-def write_kernel_dump(scenario, path, bitmap=False, dump_type=None, large_pages=True):
+def write_kernel_dump(scenario, path, bitmap=False, dump_type=None, large_pages=True, arch="x64", registers=None):
     """Write ``scenario`` (x64, kernel mode) as a kernel crash dump; returns ``path``.
 
     ``bitmap`` selects DumpType 5 over 1; ``dump_type`` may force any
     physical-memory type (1, 2, 5, 6, 8, 9, 10).  With ``large_pages``, every 2 MiB-aligned, fully mapped
-    2 MiB of virtual memory is mapped by one large-page PDE."""
+    2 MiB of virtual memory is mapped by one large-page PDE (an ARM64 2 MiB block).
+    ``arch="arm64"`` writes the scenario's memory as an ARM64 machine's (its
+    64-bit structures are the same there), with ``registers`` the ARM64 context
+    to store ({"pc": ..., "sp": ...}) in place of the scenario's x64 one."""
     if scenario.arch != "x64" or scenario.mode != "kernel":
         raise ValueError("kernel dumps need an x64 kernel-mode scenario, not %s/%s"
                          % (scenario.arch, scenario.mode))
@@ -64,17 +82,17 @@ def write_kernel_dump(scenario, path, bitmap=False, dump_type=None, large_pages=
         scenario.map_kuser_shared_data()
     virtual_pages = {va: bytes(data) for va, data in scenario.pages.items()
                      if va not in scenario.excluded_pages}
-    physical, dtb = build_physical_memory(virtual_pages, large_pages=large_pages)
+    physical, dtb = build_physical_memory(virtual_pages, large_pages=large_pages, arch=arch)
     header = KernelDumpHeader(
         directory_table_base=dtb,
         build=scenario.build,
         bugcheck=scenario.bugcheck,
-        registers=scenario.registers,
+        registers=scenario.registers if registers is None else registers,
         system_time=scenario.system_time,
         ps_loaded_module_list=scenario.ps_loaded_module_list,
         kd_debugger_data_block=scenario.kd_debugger_data_block,
     )
-    return write_physical_dump(path, physical, header, dump_type)
+    return write_physical_dump(path, physical, header, dump_type, arch=arch)
 
 
 class KernelDumpHeader(object):
@@ -98,9 +116,10 @@ class KernelDumpHeader(object):
 # -- physical layout and page tables -------------------------------------------------
 
 
-def build_physical_memory(virtual_pages, large_pages=True):
+def build_physical_memory(virtual_pages, large_pages=True, arch="x64"):
     """Assign physical pages to ``virtual_pages`` ({va: 4 KiB bytes}) and build the
-    page tables mapping them.  Returns ({pa: 4 KiB bytes}, dtb)."""
+    ``arch`` ("x64" or "arm64") page tables mapping them.  Returns ({pa: 4 KiB
+    bytes}, dtb)."""
     for va in virtual_pages:
         if va & (PAGE_SIZE - 1) or not is_canonical(va):
             raise ValueError("virtual page 0x%x is not a canonical page address" % va)
@@ -130,14 +149,12 @@ def build_physical_memory(virtual_pages, large_pages=True):
 
     used_pml4 = {(va >> 39) & 0x1FF for va in ordered}
     self_map = _self_map_index(used_pml4)
-    tables = _PageTables(DEFAULT_DTB, data_floor=DATA_PHYSICAL_BASE)
+    tables = _PageTables(DEFAULT_DTB, data_floor=DATA_PHYSICAL_BASE, paging=arch)
+    bits = ENTRY_BITS[arch]
     for va, (pa, is_large) in sorted(leaf_of.items()):
-        flags = TABLE_FLAGS | (PTE_USER if va >> 47 == 0 else 0)
-        if is_large:
-            tables.map_large(va, pa, flags)
-        else:
-            tables.map_page(va, pa, flags)
-    tables.set_entry(DEFAULT_DTB, self_map, DEFAULT_DTB | TABLE_FLAGS)
+        user = bits["user"] if va >> 47 == 0 else 0
+        tables.map(va, pa, bits["large" if is_large else "page"] | user, bits["table"] | user, large=is_large)
+    tables.set_entry(DEFAULT_DTB, self_map, DEFAULT_DTB | bits["table"])
     for pa, table in tables.pages.items():
         physical[pa] = bytes(table)
     return physical, DEFAULT_DTB
@@ -207,13 +224,15 @@ class _PageTables(object):
                                 self.top_flags if above == 0 and self.top_flags else flags)
         return table
 
-    def map_large(self, va, pa, flags):
-        level = len(self.levels) - 2
-        self.set_entry(self._table_at(va, level, flags), self._index(va, level), pa | flags | PTE_LARGE)
+    def map(self, va, pa, entry_bits, table_bits, large=False):
+        """Map ``va`` to ``pa`` by an entry with ``entry_bits`` (a 4 KiB page, or
+        with ``large`` a large page one level up), making the tables on the way
+        with ``table_bits``."""
+        level = len(self.levels) - (2 if large else 1)
+        self.set_entry(self._table_at(va, level, table_bits), self._index(va, level), pa | entry_bits)
 
     def map_page(self, va, pa, flags):
-        level = len(self.levels) - 1
-        self.set_entry(self._table_at(va, level, flags), self._index(va, level), pa | flags)
+        self.map(va, pa, flags, flags)
 
 
 def build_physical_memory_x86(virtual_pages, pae=True):
@@ -259,17 +278,17 @@ def write_physical_dump(path, physical, header, dump_type=DUMP_TYPE_FULL, arch="
     """Write {pa: 4 KiB bytes} as a kernel dump of ``dump_type``; returns path.
     ``arch="x86"`` writes a 32-bit PAGEDUMP (types 1, 2 and 5) whose header
     says whether the tables are PAE ones."""
-    if dump_type not in (PHYSICAL_DUMP_TYPES if arch == "x64" else X86_DUMP_TYPES):
+    if dump_type not in (PHYSICAL_DUMP_TYPES if arch != "x86" else X86_DUMP_TYPES):
         raise ValueError("cannot write an %s DumpType %r" % (arch, dump_type))
     for pa, data in physical.items():
         if pa & (PAGE_SIZE - 1) or len(data) != PAGE_SIZE:
             raise ValueError("physical page 0x%x must be page-aligned and 4 KiB long" % pa)
     runs = physical_runs(physical)
-    most = MAX_PHYSICAL_RUNS if arch == "x64" else MAX_PHYSICAL_RUNS_X86
+    most = MAX_PHYSICAL_RUNS if arch != "x86" else MAX_PHYSICAL_RUNS_X86
     if len(runs) > most:
         raise ValueError("%d physical runs; a dump header holds at most %d" % (len(runs), most))
     ordered = sorted(physical)
-    header_size = (DUMP_HEADER64 if arch == "x64" else DUMP_HEADER32)["size"]
+    header_size = (DUMP_HEADER64 if arch != "x86" else DUMP_HEADER32)["size"]
     if dump_type == DUMP_TYPE_FULL:
         prologue = b""
     elif dump_type == DUMP_TYPE_SUMMARY:
@@ -280,8 +299,8 @@ def write_physical_dump(path, physical, header, dump_type=DUMP_TYPE_FULL, arch="
         prologue = _rdmp_header(runs, len(ordered), dump_type)
     first_page = header_size + len(prologue)
     file_size = first_page + PAGE_SIZE * len(ordered)
-    if arch == "x64":
-        head = dump_header(header, runs, len(ordered), dump_type, file_size)
+    if arch != "x86":
+        head = dump_header(header, runs, len(ordered), dump_type, file_size, arch)
     else:
         head = dump_header32(header, runs, len(ordered), dump_type, file_size, pae)
     with open(path, "wb") as handle:
@@ -364,15 +383,16 @@ def pack_debugger_data(values, size=0x380):
     return bytes(out)
 
 
-def dump_header(header, runs, page_count, dump_type, file_size):
-    """The 0x2000-byte DUMP_HEADER64 (every unset byte "PAGE")."""
+def dump_header(header, runs, page_count, dump_type, file_size, arch="x64"):
+    """The 0x2000-byte DUMP_HEADER64 of an ``arch`` ("x64" or "arm64") machine
+    (every unset byte "PAGE")."""
     h = DUMP_HEADER64
     out = bytearray(b"PAGE" * (h["size"] // 4))
     out[h["ValidDump"]:h["ValidDump"] + 4] = b"DU64"
     struct.pack_into("<II", out, h["MajorVersion"], 0xF, header.build)
     struct.pack_into("<QQQQ", out, h["DirectoryTableBase"], header.directory_table_base, 0,
                      header.ps_loaded_module_list, header.ps_active_process_head)
-    struct.pack_into("<IIII", out, h["MachineImageType"], MACHINE_AMD64, header.processors,
+    struct.pack_into("<IIII", out, h["MachineImageType"], MACHINES[arch], header.processors,
                      header.bugcheck[0], 0)
     struct.pack_into("<4Q", out, h["BugCheckParameters"], *header.bugcheck[1:5])
     out[h["VersionUser"]:h["VersionUser"] + 32] = bytes(32)
@@ -380,9 +400,9 @@ def dump_header(header, runs, page_count, dump_type, file_size):
     struct.pack_into("<IIQ", out, h["PhysicalMemoryBlock"], len(runs), 0, page_count)
     for index, (base, count) in enumerate(runs):
         struct.pack_into("<QQ", out, h["PhysicalMemoryRuns"] + 16 * index, base, count)
-    context = pack_context(CONTEXT_AMD64, header.registers)
+    context = pack_context(CONTEXTS[arch], header.registers)
     out[h["ContextRecord"]:h["ContextRecord"] + len(context)] = context
-    exception = exception_record(header)
+    exception = exception_record(header, arch)
     out[h["Exception"]:h["Exception"] + len(exception)] = exception
     struct.pack_into("<IIQQ", out, h["DumpType"], dump_type, 0, file_size, header.system_time)
     out[h["Comment"]:h["Comment"] + 128] = bytes(128)
@@ -418,15 +438,17 @@ def dump_header32(header, runs, page_count, dump_type, file_size, pae):
     return bytes(out)
 
 
-def exception_record(header):
-    """The EXCEPTION_RECORD64 the writers store: a breakpoint at the context's rip."""
+def exception_record(header, arch="x64"):
+    """The EXCEPTION_RECORD64 the writers store: a breakpoint at the context's
+    instruction pointer."""
     exception = bytearray(EXCEPTION_RECORD64["size"])
-    struct.pack_into("<IIQQI", exception, 0, BREAKPOINT_EXCEPTION, 0, 0, header.registers.get("rip", 0), 0)
+    struct.pack_into("<IIQQI", exception, 0, BREAKPOINT_EXCEPTION, 0, 0,
+                     header.registers.get(INSTRUCTION_POINTER[arch], 0), 0)
     return bytes(exception)
 
 
 def pack_context(layout, registers):
-    """A CONTEXT (``CONTEXT_AMD64`` or ``CONTEXT_X86`` layout) holding ``registers``
+    """A CONTEXT (``CONTEXT_AMD64``, ``CONTEXT_X86`` or ``CONTEXT_ARM64`` layout) holding ``registers``
     ({"rip": ..., "rsp": ...}); unknown register names are an error."""
     out = bytearray(layout["size"])
     struct.pack_into("<I", out, layout["ContextFlags"], layout["flags"])

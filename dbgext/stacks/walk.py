@@ -27,7 +27,7 @@ ARGUMENT_SLOTS = 4    # kv's "Args to Child"
 ARGUMENTS_READ_LIMIT = 0x10000  # frames spanning more (a machine frame onto another stack) are read one by one
 STACK_SPAN_GUESS = 1 << 20  # how far above the context's SP a scan may look when the bounds are unknown
 
-NAMES = {"x64": ("rip", "rsp"), "x86": ("eip", "esp")}
+NAMES = {"x64": ("rip", "rsp"), "x86": ("eip", "esp"), "arm64": ("pc", "sp")}
 SWITCH_FRAME_SOURCE = "KTHREAD switch frame"  # thread_source of a waiting kernel thread's walk
 
 
@@ -181,6 +181,8 @@ class Unwinder(object):
                 if step is None:
                     step = unwind_frame_chain(target, registers, frame.index == 0, self._returns, bounds,
                                               self._code_at)
+            elif target.arch == "arm64":
+                return self._unwind_arm64(frame, problems)
         except UnreadableMemory as error:
             problems.add("stack_unreadable", error.address, "unwinding %s needs stack memory at %s that is "
                          "unreadable" % (frame.function, target.format_address(error.address)))
@@ -250,6 +252,14 @@ class Unwinder(object):
         """Code the target lacks, from the image file of the module holding it."""
         module = self.images.module_at(address)
         return self.images.code_for(module).code(address - module.base, size) if module else b""
+
+    def _unwind_arm64(self, frame, problems):
+        """ARM64 stops at frame 0 (the context's pc and sp), saying so in one
+        line, until dbgext.stacks.arm64_unwind is wired in here (replace this
+        method with the step it gives)."""
+        problems.add("arm64_unwind_not_wired", frame.child_sp, "ARM64 unwinding is not wired yet: only frame 0, "
+                     "from the context, is shown", "note")
+        return None
 
     def _scan(self, frame, registers, problems, bounds):
         top = bounds[1] if bounds else frame.child_sp + STACK_SPAN_GUESS

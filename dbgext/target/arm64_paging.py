@@ -112,6 +112,25 @@ def table_base(virtual, ttbr0, ttbr1):
     return None
 
 
+def step(descriptor, level):
+    """One level of the walk: what a *valid* ``descriptor`` at ``level`` (0-3)
+    leads to — the next table's address (an int, levels 0-2), the mapping as
+    ``(output address, size)`` (a page at level 3, a block at 1 or 2), or the
+    fault's reason (a str: "invalid", "reserved_descriptor", "block_at_level_0").
+    The kernel dump reader walks with it too."""
+    if not descriptor & DESCRIPTOR_VALID:
+        return "invalid"
+    if level < 3:
+        if descriptor & DESCRIPTOR_TABLE_OR_PAGE:
+            return descriptor & OUTPUT_ADDRESS_MASK
+        if level == 0:
+            return "block_at_level_0"
+    elif not descriptor & DESCRIPTOR_TABLE_OR_PAGE:
+        return "reserved_descriptor"
+    size = 1 << LEVEL_SHIFTS[level]
+    return (descriptor & OUTPUT_ADDRESS_MASK & ~(size - 1), size)
+
+
 def translate(virtual, ttbr0, ttbr1, read_entry):
     """Walk the tables for ``virtual``: a :class:`Translation`, or a (falsy)
     :class:`TranslationFault`."""
@@ -125,18 +144,13 @@ def translate(virtual, ttbr0, ttbr1, read_entry):
         if descriptor is None:
             return TranslationFault(virtual, "table_not_in_dump", level, entry_address, None, path)
         path.append((level, entry_address, descriptor))
-        if not descriptor & DESCRIPTOR_VALID:
-            return TranslationFault(virtual, "invalid", level, entry_address, descriptor, path)
-        if descriptor & DESCRIPTOR_TABLE_OR_PAGE and level < 3:
-            table = descriptor & OUTPUT_ADDRESS_MASK
+        found = step(descriptor, level)
+        if found.__class__ is int:
+            table = found
             continue
-        # A page (level 3) or a block (levels 1 and 2) maps the address.
-        size = 1 << shift
-        if level == 3 and not descriptor & DESCRIPTOR_TABLE_OR_PAGE:
-            return TranslationFault(virtual, "reserved_descriptor", level, entry_address, descriptor, path)
-        if level == 0:
-            return TranslationFault(virtual, "block_at_level_0", level, entry_address, descriptor, path)
-        base = descriptor & OUTPUT_ADDRESS_MASK & ~(size - 1)
+        if found.__class__ is str:
+            return TranslationFault(virtual, found, level, entry_address, descriptor, path)
+        base, size = found
         return Translation(virtual, base | (virtual & (size - 1)), size, level, descriptor, path)
 
 

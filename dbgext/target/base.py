@@ -16,13 +16,14 @@ from collections import OrderedDict
 
 from ..address import merge_ranges, parse_number
 from ..errors import BadInput, NeedsBiggerDump, UnreadableMemory
+from ..layouts.arm64 import REGISTER_ALIASES as ARM64_REGISTER_ALIASES
 from ..render.text import hexaddr
 from ..symbols.table import SymbolTable
 
 PAGE_SIZE = 0x1000
 PAGE_MASK = ~(PAGE_SIZE - 1)
 
-ARCH_POINTER_SIZE = {"x64": 8, "x86": 4}
+ARCH_POINTER_SIZE = {"x64": 8, "x86": 4, "arm64": 8}
 
 _U8, _U16, _U32, _I32, _U64 = (struct.Struct(f) for f in ("<B", "<H", "<I", "<i", "<Q"))
 
@@ -91,14 +92,19 @@ _UNASKED = object()
 _TOO_LARGE = "a single read of 0x%x bytes is larger than dbgext reads at once (128 MiB)"
 
 
-# WinDbg names the flags register ``efl``; the CONTEXT structure calls it EFlags.
+# Other names of a register, per architecture.  x86/x64: WinDbg names the flags
+# register ``efl``; the CONTEXT structure calls it EFlags.  ARM64: x29/x30 are fp/lr,
+# and WinDbg's pseudo-registers $ip and $csp (``@$ip`` reaches here as ``ip``) are
+# pc and sp.
 _REGISTER_ALIASES = {"eflags": "efl", "rflags": "efl"}
+_ARCH_REGISTER_ALIASES = {"arm64": dict(ARM64_REGISTER_ALIASES, csp="sp")}
 
 
 class Thread(object):
     """A thread with a register context: a minidump's thread, a kernel dump's
     crashing thread, the debugger's current thread.  ``registers`` maps lowercase
-    register names (``rip``, ``rsp``… or ``eip``, ``esp``…) to values."""
+    register names (``rip``, ``rsp``…, ``eip``, ``esp``… or ARM64's ``x0``…``x28``,
+    ``fp``, ``lr``, ``sp``, ``pc``) to values."""
 
     __slots__ = ("id", "registers", "kernel_thread", "teb", "stack_base", "stack_limit", "name")
 
@@ -705,8 +711,9 @@ class Target(object):
         if thread is None:
             raise BadInput("@%s: this target holds no register context" % name)
         name = name.lower()
+        aliases = _ARCH_REGISTER_ALIASES.get(self.arch, _REGISTER_ALIASES)
         try:
-            return thread.registers[_REGISTER_ALIASES.get(name, name)]
+            return thread.registers[aliases.get(name, name)]
         except KeyError:
             raise BadInput("@%s: no such register in the %s context of thread %s" % (name, self.arch, thread.id))
 

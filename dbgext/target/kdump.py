@@ -1,12 +1,22 @@
-"""Windows kernel crash dumps whose pages are physical memory.  x64 (PAGEDU64):
-full (DumpType 1), summary (2), bitmap (5; 6 = live kernel dump) and the RDMP
-layouts of new dbgeng (8 = ``.dump /k``, 9 = ``/ka``, 10 = ``/f``).  x86
-(PAGEDUMP, a one-page DUMP_HEADER32): full, summary and bitmap, with PAE or
-non-PAE page tables as the header's PaeEnabled says.  Small memory dumps
-(DumpType 4, x64) hold no physical memory: :mod:`dbgext.target.triage_dump`.
-:func:`open_kernel_dump` picks the backend from the header.  ARM64 dumps
-(MachineImageType 0xAA64, the same header) are refused in one line, in one
-place: :func:`refuse_unsupported_machine`.
+"""Windows kernel crash dumps whose pages are physical memory.  x64 and ARM64
+(PAGEDU64, told apart by MachineImageType 0x8664 / 0xAA64): full (DumpType 1),
+summary (2), bitmap (5; 6 = live kernel dump) and the RDMP layouts of new dbgeng
+(8 = ``.dump /k``, 9 = ``/ka``, 10 = ``/f``).  x86 (PAGEDUMP, a one-page
+DUMP_HEADER32): full, summary and bitmap, with PAE or non-PAE page tables as the
+header's PaeEnabled says.  Small memory dumps (DumpType 4, x64 and ARM64) hold
+no physical memory: :mod:`dbgext.target.triage_dump`.  :func:`open_kernel_dump`
+picks the backend from the header (:func:`machine_arch` the architecture).
+
+ARM64 differs from x64 in two places only: the CONTEXT at 0x348 is
+CONTEXT_ARM64 (:mod:`dbgext.layouts.arm64`), and the page tables are ARM64
+descriptors, walked with :func:`dbgext.target.arm64_paging.step` (4 KiB granule,
+48-bit VA, 1 GiB and 2 MiB blocks).  The header's DirectoryTableBase is taken as
+the root of *both* halves' walk: nothing in the reference says whether it holds
+TTBR0 or TTBR1, and Windows on ARM gives the kernel half the x64 layout (kernel
+addresses from 0xFFFF8000`00000000, user ones below 0x00008000`00000000, one
+root whose upper 256 entries are the kernel's), so the walk and the canonical-
+address rule are x64's.  This is an assumption, checked only on the dumps our
+writer makes.  Windows' software PTEs of ARM64 (transition pages) are not read.
 
 The reader is our own: pages are read from the file with positioned reads (see
 :mod:`dbgext.target.dumpfile`: an mmap dies of SIGBUS when the file shrinks) and
@@ -42,14 +52,17 @@ from ..layouts.dump_formats import (
     CONTEXTS, DUMP_HEADER32, DUMP_HEADER64, DUMP_KIND, DUMP_TYPE_DESCRIPTION, DUMP_TYPE_FULL,
     DUMP_TYPE_RDMP_COMPLETE, DUMP_TYPE_RDMP_KERNEL, DUMP_TYPE_RDMP_KERNEL_USER, DUMP_TYPE_SUMMARY, DUMP_TYPE_TRIAGE,
     EXCEPTION_RECORD32, EXCEPTION_RECORD64, KDBG_OWNER_TAG, KDDEBUGGER_DATA64, KDDEBUGGER_DATA64_MAX_SIZE,
-    KDDEBUGGER_LAYOUTS, KLDR_DATA_TABLE_ENTRY, MACHINE_ARM64, MAX_PHYSICAL_RUNS, MAX_PHYSICAL_RUNS_X86,
-    MINIDUMP_FIELDS, PAGING, PTE_LARGE, PTE_PFN_MASK, PTE_PRESENT, PTE_PROTOTYPE, PTE_TRANSITION, RDMP_HEADER64,
+    KDDEBUGGER_LAYOUTS, KLDR_DATA_TABLE_ENTRY, MAX_PHYSICAL_RUNS, MAX_PHYSICAL_RUNS_X86,
+    ARCH_OF_MACHINE64, MINIDUMP_FIELDS, PAGING, PTE_LARGE, PTE_PFN_MASK, PTE_PRESENT, PTE_PROTOTYPE, PTE_TRANSITION, RDMP_HEADER64,
     RDMP_MARKER, SUMMARY_DUMP64, UNSET_U32, UNSET_U64, X86_DUMP_TYPES, old_summary_layout)
 from ..problems import ProblemLog
+from . import arm64_paging
+from .arm64_paging import TTBR_BASE_MASK
 from .base import PAGE_SIZE, Backend, Module, Target, Thread, merge_ranges
 from .dumpfile import DumpFile
 
 MAX_MODULES = 4096
+_ARM64_PAGE = arm64_paging.DESCRIPTOR_VALID | arm64_paging.DESCRIPTOR_TABLE_OR_PAGE
 # Translations are cached per 2 MiB of virtual space; the bound keeps a scan of
 # a huge dump from holding every page table in memory.
 MAX_CACHED_REGIONS = 8192
@@ -94,14 +107,10 @@ def debugger_module_name(path):
     return "nt" if stem.lower() in KERNEL_IMAGE_NAMES else stem
 
 
-def refuse_unsupported_machine(path, machine):
-    """The one place that turns away kernel dumps of machines dbgext cannot read.
-    ARM64 dumps share the x64 signature and header but hold an ARM64 CONTEXT and
-    ARM64 page tables; decoding them as x64 gives wrong registers, so they are
-    refused until ARM64 is supported (replace this check then)."""
-    if machine == MACHINE_ARM64:
-        raise BadInput("%s: ARM64 kernel dump (MachineImageType 0x%X): ARM64 is not supported yet"
-                       % (path, machine))
+def machine_arch(machine):
+    """The architecture of a PAGEDU64 dump by its MachineImageType: "arm64" for
+    0xAA64, else "x64" (what every PAGEDU64 dump was taken for before ARM64)."""
+    return ARCH_OF_MACHINE64.get(machine, "x64")
 
 
 def open_kernel_dump(path):
@@ -120,8 +129,8 @@ def open_kernel_dump(path):
 
 
 class KernelDumpHeader(object):
-    """The DUMP_HEADER64 (x64, "PAGEDU64") or DUMP_HEADER32 (x86, "PAGEDUMP")
-    facts every kernel dump type shares."""
+    """The DUMP_HEADER64 (x64 and ARM64, "PAGEDU64") or DUMP_HEADER32 (x86,
+    "PAGEDUMP") facts every kernel dump type shares."""
 
     def __init__(self, dump_file):
         path = dump_file.path
@@ -130,23 +139,24 @@ class KernelDumpHeader(object):
             raise BadInput("%s is not a kernel dump (signature %r)" % (path, magic[0:4]))
         if magic[4:8] not in (b"DU64", b"DUMP"):
             raise BadInput("%s: bad kernel dump header (ValidDump %r)" % (path, magic[4:8]))
-        self.arch = "x64" if magic[4:8] == b"DU64" else "x86"
-        layout = self.layout = DUMP_HEADER64 if self.arch == "x64" else DUMP_HEADER32
-        self._pointer = "<Q" if self.arch == "x64" else "<I"
+        wide = magic[4:8] == b"DU64"
+        layout = self.layout = DUMP_HEADER64 if wide else DUMP_HEADER32
+        self._pointer = "<Q" if wide else "<I"
         if dump_file.size < layout["size"]:
             raise BadInput("%s: truncated kernel dump (%d bytes, the header alone is %d)"
                            % (path, dump_file.size, layout["size"]))
         data = self.data = dump_file.read(0, layout["size"])
-        refuse_unsupported_machine(path, self.u32("MachineImageType"))
+        self.arch = machine_arch(self.u32("MachineImageType")) if wide else "x86"
         self.dump_type = self.u32("DumpType")
         if self.dump_type not in DUMP_KIND or (self.arch == "x86" and self.dump_type not in X86_DUMP_TYPES):
-            supported = sorted(DUMP_KIND) if self.arch == "x64" else X86_DUMP_TYPES
+            supported = sorted(DUMP_KIND) if wide else X86_DUMP_TYPES
             raise BadInput("%s: unsupported %s kernel dump type %d (types %s are supported)"
                            % (path, self.arch, self.dump_type, ", ".join(str(t) for t in supported)))
         self.kind = DUMP_KIND[self.dump_type]
-        if self.arch == "x64":
-            self.paging = "x64"
-            self.dtb = self.u64("DirectoryTableBase") & PTE_PFN_MASK
+        if wide:
+            # ARM64: a TTBR's base address bits (the ASID above them and CnP in bit 0 dropped).
+            self.paging = self.arch
+            self.dtb = self.u64("DirectoryTableBase") & (PTE_PFN_MASK if self.arch == "x64" else TTBR_BASE_MASK)
         else:
             self.paging = "x86-pae" if data[layout["PaeEnabled"]] else "x86"
             # A PAE CR3 names a 32-byte aligned PDPT; a non-PAE one a page directory.
@@ -442,6 +452,8 @@ class KernelDumpBackend(KernelDumpBase):
             self._entry = paging["entry"]
             self._pfn_mask = paging["pfn_mask"]
             self._large = paging["large"]
+            if paging.get("descriptors") == "arm64":
+                self._next_table, self._leaf_frame = self._next_table_arm64, self._leaf_frame_arm64
             self._ps_reserved = paging["ps_reserved"]
             self._region_shift = self._levels[-2][0]
             self._region_mask = (1 << self._region_shift) - 1
@@ -482,9 +494,9 @@ class KernelDumpBackend(KernelDumpBase):
     def _run_table(self):
         header = self.header
         run_count = header.u32("PhysicalMemoryBlock")
-        if run_count > (MAX_PHYSICAL_RUNS if self.arch == "x64" else MAX_PHYSICAL_RUNS_X86):
+        if run_count > (MAX_PHYSICAL_RUNS if self.arch != "x86" else MAX_PHYSICAL_RUNS_X86):
             raise BadInput("%s: corrupt kernel dump header (%d physical memory runs)" % (self.path, run_count))
-        pair = "<QQ" if self.arch == "x64" else "<II"
+        pair = "<QQ" if self.arch != "x86" else "<II"
         start = header.layout["PhysicalMemoryRuns"]
         table = header.data[start:start + struct.calcsize(pair) * run_count]
         return self._runs_from(table, self._after_header, "run", pair)[0]
@@ -607,6 +619,23 @@ class KernelDumpBackend(KernelDumpBase):
             return None
         return pa
 
+    def _next_table_arm64(self, entry, level):
+        """:meth:`_next_table` for ARM64 descriptors (:func:`arm64_paging.step`)."""
+        found = arm64_paging.step(entry, level)
+        if found.__class__ is int:
+            return found
+        if found.__class__ is tuple and found[0] >> 12 <= self.layout.highest_pfn:
+            return found
+        return None
+
+    def _leaf_frame_arm64(self, descriptor):
+        """:meth:`_leaf_frame` for an ARM64 level-3 descriptor: a valid page's frame."""
+        if descriptor & _ARM64_PAGE == _ARM64_PAGE:
+            pfn = (descriptor & arm64_paging.OUTPUT_ADDRESS_MASK) >> 12
+            if pfn <= self.layout.highest_pfn:
+                return pfn
+        return None
+
     def _region(self, region):
         """How the virtual region numbered ``region`` (va >> region shift: 2 MiB,
         4 MiB without PAE) is mapped: None, the physical base of a large page, or
@@ -648,8 +677,8 @@ class KernelDumpBackend(KernelDumpBase):
 
     def _region_of(self, virtual_address):
         """The region number of a virtual address, or -1 outside the address
-        space (non-canonical on x64, above 4 GiB on x86)."""
-        if self.arch == "x64":
+        space (non-canonical on x64 and ARM64, above 4 GiB on x86)."""
+        if self.arch != "x86":
             top = virtual_address >> 47
             if top != 0 and top != 0x1FFFF:
                 return -1
@@ -751,7 +780,7 @@ class KernelDumpBackend(KernelDumpBase):
         ranges = []
         canonical_hole = 1 << 47
         for start, end in walk.ranges(self.dtb, 0):
-            if self.arch != "x64":
+            if self.arch == "x86":
                 ranges.append((start, end))
                 continue
             # The PML4's lower and upper halves are the user and (sign-extended)

@@ -1,4 +1,5 @@
-"""User-mode minidumps ('MDMP'), x64 and x86.
+"""User-mode minidumps ('MDMP'), x64, x86 and ARM64 (SystemInfo's
+ProcessorArchitecture 9, 0 and 12).
 
 Our own reader; the ``minidump`` package is the independent oracle in the tests
 (both must agree byte for byte).  The file is read with positioned reads
@@ -16,10 +17,15 @@ zero-filled (the Target works in whole pages) and :meth:`partial_pages` says
 which bytes of it are real, so the Target reports the rest as unreadable.
 
 Streams read besides memory and modules: the thread list with each thread's
-CONTEXT (x64 or x86), ThreadInfoList (creation time, start address, flags),
+CONTEXT (x64, x86 or CONTEXT_ARM64), ThreadInfoList (creation time, start address, flags),
 thread names, the exception stream (with its own context, the one WinDbg's
 ``.ecxr`` shows), MemoryInfoList (regions and protections, for an
 ``!address``-like listing) and the unloaded-module list.
+
+ARM64 was checked only on minidumps our writer makes (no real Windows ARM64
+minidump was at hand): the TEB's NT_TIB and the PEB chain are taken to be the
+x64 ones (``dump_formats.TEB_STACK`` / ``PROCESS_BLOCKS``).  Breakpad's own ARM64
+number (0x8003, with a different context layout) is not read.
 """
 
 import struct
@@ -134,7 +140,7 @@ class MinidumpBackend(ReadsFileMappedRanges, Backend):
             raise BadInput("%s: minidump without a SystemInfo stream (architecture unknown)" % self.path)
         processor, = struct.unpack_from("<H", system_info, 0)
         if processor not in ARCH_OF_PROCESSOR:
-            raise BadInput("%s: unsupported processor architecture %d (x64 and x86 are supported)"
+            raise BadInput("%s: unsupported processor architecture %d (x64, x86 and ARM64 are supported)"
                            % (self.path, processor))
         self.arch = ARCH_OF_PROCESSOR[processor]
         self.build = struct.unpack_from("<I", system_info, 16)[0]
@@ -327,7 +333,7 @@ class MinidumpBackend(ReadsFileMappedRanges, Backend):
         else the captured stack range."""
         stack_base, stack_limit = row["stack_start"] + row["stack_size"], row["stack_start"]
         fields = TEB_STACK[self.arch]
-        pair = "<2Q" if self.arch == "x64" else "<2I"
+        pair = "<2I" if self.arch == "x86" else "<2Q"
         tib = self._memory.read(row["teb"] + fields["StackBase"], struct.calcsize(pair)) if row["teb"] else None
         if tib is not None:
             base, limit = struct.unpack(pair, tib)

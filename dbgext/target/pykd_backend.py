@@ -16,6 +16,7 @@ space — finders running inside WinDbg must be given a range to search.
 import re
 
 from ..errors import DbgextError
+from ..layouts.arm64 import REGISTER_NAMES as ARM64_REGISTER_NAMES
 from .base import PAGE_SIZE, Backend, Module, Target, Thread
 from ..symbols.module import EXPORT_SYMBOLS, NO_SYMBOLS, PDB_SYMBOLS, ModuleSymbols
 from ..symbols.table import SymbolTable
@@ -33,6 +34,8 @@ REGISTERS = {
     "x64": ("rax", "rbx", "rcx", "rdx", "rsi", "rdi", "rbp", "rsp", "r8", "r9", "r10", "r11", "r12",
             "r13", "r14", "r15", "rip", "efl"),
     "x86": ("eax", "ebx", "ecx", "edx", "esi", "edi", "ebp", "esp", "eip", "efl"),
+    # WinDbg's ARM64 names: x0-x28, fp (x29), lr (x30), sp, pc, cpsr.
+    "arm64": ARM64_REGISTER_NAMES + ("cpsr",),
 }
 
 # pykd's findSymbol displacement ("nt!Foo+1a", "nt+1a", "nt!Foo-8") -> dbgext's "+0x1a".
@@ -48,14 +51,26 @@ def import_pykd():
     return pykd
 
 
+def session_arch(pykd):
+    """The architecture of the code WinDbg's context is in: "arm64" when the
+    effective processor mode (getCPUMode) is ARM64, else by the pointer size
+    ("x64" or "x86": a WOW64 process in x86 mode is x86).  32-bit ARM is refused."""
+    mode = pykd.getCPUMode()
+    if mode == pykd.CPUType.ARM64:
+        return "arm64"
+    if mode == pykd.CPUType.ARM:
+        raise DbgextError("the debugger's target is 32-bit ARM: dbgext reads x64, x86 and ARM64")
+    return "x64" if pykd.ptrSize() == 8 else "x86"
+
+
 class PykdBackend(Backend):
     kind = "pykd"
 
     def __init__(self, pykd=None):
         self.pykd = pykd or import_pykd()
-        self.arch = "x64" if self.pykd.ptrSize() == 8 else "x86"
+        self.arch = session_arch(self.pykd)
         # pykd sign-extends 32-bit addresses (addr64); dbgext keeps them 32-bit.
-        self.address_mask = 0xFFFFFFFFFFFFFFFF if self.arch == "x64" else 0xFFFFFFFF
+        self.address_mask = 0xFFFFFFFF if self.arch == "x86" else 0xFFFFFFFFFFFFFFFF
         self._info = None
 
     def read_page(self, page_address):

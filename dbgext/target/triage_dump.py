@@ -29,8 +29,13 @@ TriageOptions 0xFFFFFFFF means "all options", not an overflow.  The DumpBlob
 records after SizeOfDump are listed (tag and size).  A part that lies outside the
 file, overlaps another with different bytes (real dumps repeat memory in several
 data blocks) or names a string outside the pool is a reported problem; the rest
-of the dump stays usable.  An ARM64 dump is refused before this backend is built
-(``kdump.refuse_unsupported_machine``).
+of the dump stays usable.
+
+ARM64 small dumps (MachineImageType 0xAA64) have the same TRIAGE_DUMP64, driver
+list, string pool and KDDEBUGGER_DATA64; only the context is CONTEXT_ARM64.
+Checked on the real ARM64 small dump (Windows 11 22000): 245 drivers named from
+the pool, the KPRCB/ETHREAD/EPROCESS copies placed through KDDEBUGGER_DATA64's
+offsets, the stack copy from TopOfStack = the context's sp.
 """
 
 import struct
@@ -39,7 +44,7 @@ from bisect import bisect_right
 
 from ..errors import BadInput
 from ..layouts.dump_formats import (
-    CONTEXT_AMD64, DUMP_BLOB_FILE_HEADER, DUMP_BLOB_HEADER, DUMP_DRIVER_ENTRY64, DUMP_MM_STORAGE64,
+    CONTEXTS, DUMP_BLOB_FILE_HEADER, DUMP_BLOB_HEADER, DUMP_DRIVER_ENTRY64, DUMP_MM_STORAGE64,
     DUMP_UNLOADED_DRIVERS64, EXCEPTION_RECORD64, KDDEBUGGER_DATA64_MAX_SIZE, MINIDUMP_FIELDS, TRIAGE_BASIC_FIELDS,
     TRIAGE_DATA_BLOCK, TRIAGE_DATA_BLOCK_SIZE, TRIAGE_DUMP64, TRIAGE_FORMAT, TRIAGE_OPTION_OVERFLOWED,
     TRIAGE_OPTIONS_ALL, TRIAGE_VALID)
@@ -287,11 +292,12 @@ class TriageDumpBackend(ReadsFileMappedRanges, KernelDumpBase):
         """The header's context; the TRIAGE_DUMP64's copy when the header has none."""
         thread = KernelDumpBase.current_thread(self)
         if self._current_context is None:  # read once: a cut-short part is reported once
-            context = self._part_bytes("the context", self.triage["ContextOffset"], CONTEXT_AMD64["size"])
-            copied = not self.header.has_context and len(context) == CONTEXT_AMD64["size"]
+            layout = CONTEXTS[self.arch]
+            context = self._part_bytes("the context", self.triage["ContextOffset"], layout["size"])
+            copied = not self.header.has_context and len(context) == layout["size"]
             data = self.debugger_data()
             copy = self.triage["ThreadOffset"]
-            self._current_context = (unpack_context(CONTEXT_AMD64, context, 0) if copied else None,
+            self._current_context = (unpack_context(layout, context, 0) if copied else None,
                                      self._pointer_in_copy(copy, data.get("OffsetKThreadInitialStack")),
                                      self._pointer_in_copy(copy, data.get("OffsetKThreadStackLimit")))
         registers, thread.stack_base, thread.stack_limit = self._current_context

@@ -110,7 +110,10 @@ register_analysis("etwstacks", summarize_etwstacks, requires="dbgext.etwcache",
 
 def summarize_ipt(target):
     from ..ipt import analyze
+    from ..ipt.analysis import NO_INTEL_PT_ON_ARM64
 
+    if target.arch == "arm64":
+        return {"skipped": NO_INTEL_PT_ON_ARM64}
     if _cannot_list_memory(target):
         return {"skipped": CANNOT_SCAN}
     scan = analyze(target, "scan", max_events=MAX_IPT_EVENTS)
