@@ -93,10 +93,18 @@ def test_text_summary_shows_configuration_histograms_and_advice(cached):
     assert "occupancy" in text and "frames per stack" in text and "advice" in text
 
 
-def test_buckets_lists_mru_order_with_a_limit(cached):
-    scenario, _context, _builder = cached
-    code, text = run(["etwstacks", "--buckets", "--limit", "2"], scenario.target())
-    assert code == 0 and "position 0 = most recently used" in text and "--limit 0n2" in text
+def test_buckets_lists_the_first_limit_non_empty_buckets_each_in_mru_order(cached):
+    scenario, _context, builder = cached
+    non_empty = [index for index in range(257) if builder.bucket_entries(index)]
+    # Enough buckets to reach the first one holding more than one stack.
+    limit = 1 + next(n for n, index in enumerate(non_empty) if len(builder.bucket_entries(index)) > 1)
+    code, text = run(["etwstacks", "--buckets", "--limit", "0n%d" % limit], scenario.target())
+    assert code == 0 and "position 0 = most recently used" in text and "--limit 0n%d" % limit in text
+    table = text.split("buckets (position 0 = most recently used):")[1].split("(more non-empty")[0]
+    rows = [line.split()[:3] for line in table.strip().splitlines()[2:]]
+    # The builder's bucket lists run from the list head's Flink: most recently used first.
+    assert rows == [[str(index), str(position), hexaddr(key)] for index in non_empty[:limit]
+                    for position, key in enumerate(builder.bucket_entries(index))]
 
 
 def test_key_lookup_symbolizes_the_stack(cached):

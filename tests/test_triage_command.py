@@ -120,7 +120,6 @@ def test_each_action_has_its_own_help():
 
 
 def test_the_report_of_a_missing_database_says_how_to_make_one(tmp_path):
-    pytest.importorskip("duckdb")
     code, text = triage("report", "--db", str(tmp_path / "none.duckdb"))
     assert code == 1 and "run `dbgext triage PATH... --db" in text
 

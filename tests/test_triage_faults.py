@@ -17,13 +17,11 @@ import time
 
 import pytest
 
-pytest.importorskip("duckdb")
+from dbgext.cli import main
+from dbgext.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_PROBLEMS
+from dbgext.triage.store import TriageStore
 
-from dbgext.cli import main  # noqa: E402
-from dbgext.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_PROBLEMS  # noqa: E402
-from dbgext.triage.store import TriageStore  # noqa: E402
-
-from triage_support import crash_scenario, write_dump  # noqa: E402
+from triage_support import crash_scenario, write_dump
 
 TESTS_DIRECTORY = os.path.dirname(os.path.abspath(__file__))
 PLUGIN = "triage_support:register_test_analyses"

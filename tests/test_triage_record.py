@@ -129,7 +129,6 @@ def test_a_minidump_is_named_by_its_exception():
 
 
 def test_without_a_named_faulting_address_the_first_frame_past_the_plumbing_is_blamed():
-    pytest.importorskip("dbgext.stacks")
     scenario = crash_scenario()
     scenario.bugcheck = (0xE2, 0, 0, 0, 0)    # MANUALLY_INITIATED_CRASH names no instruction
     record = build_record(scenario.target(), analyses=[])

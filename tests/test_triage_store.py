@@ -2,15 +2,13 @@
 
 import pytest
 
-pytest.importorskip("duckdb")
-
-from dbgext.errors import DbgextError  # noqa: E402
-from dbgext.problems import Problem  # noqa: E402
-from dbgext.triage.record import DumpRecord, failed_record  # noqa: E402
-from dbgext.triage.report import build_report, render_report  # noqa: E402
-from dbgext.triage.signature import CrashFrame, bucket_key  # noqa: E402
-from dbgext.triage.store import TriageStore  # noqa: E402
-from dbgext.render.output import Output  # noqa: E402
+from dbgext.errors import DbgextError
+from dbgext.problems import Problem
+from dbgext.triage.record import DumpRecord, failed_record
+from dbgext.triage.report import build_report, render_report
+from dbgext.triage.signature import CrashFrame, bucket_key
+from dbgext.triage.store import TriageStore
+from dbgext.render.output import Output
 
 DRIVER_BASE = 0xFFFFF80001000000
 
