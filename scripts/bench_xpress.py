@@ -27,8 +27,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
-from dbgext.etl import EtlReader, EtlWriter  # noqa: E402
+from dbgext.etl import EtlReader  # noqa: E402
 from dbgext.etl import format as fmt  # noqa: E402
+from etl_writer import EtlWriter  # noqa: E402
 from dbgext.etl.xpress import decompress  # noqa: E402
 from xpress_support import compress_etl  # noqa: E402
 

@@ -11,13 +11,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-run_suite() {
-    local python=$1 venv=$2 extras=$3
+make_venv() {
+    local python=$1 venv=$2
     [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[$extras]"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[test,dask]"
+}
+
+run_suite() {
+    local venv=$1
     echo "== tests under $("$venv/bin/python" --version)"
     "$venv/bin/python" -m pytest -q -p no:cacheprovider
 }
 
-run_suite python3 .venv "test,dask"
-PYENV_VERSION=3.8.18 run_suite python3.8 .venv38 "test,dask"
+# Both venvs first: each run reads triage databases the other Python writes.
+make_venv python3 .venv
+PYENV_VERSION=3.8.18 make_venv python3.8 .venv38
+run_suite .venv
+run_suite .venv38

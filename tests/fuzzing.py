@@ -336,7 +336,7 @@ def _mingw_pe_seed(directory):
 
 
 def _etl_seed(directory):
-    from dbgext.etl.writer import EtlWriter
+    from etl_writer import EtlWriter
     writer = EtlWriter()
     rng = random.Random(7)
     for key in range(1, 40):

@@ -13,10 +13,11 @@ from hypothesis import strategies as st
 
 from dbgext.cli import main
 from dbgext.errors import BadInput
-from dbgext.etl import EtlReader, EtlWriter, looks_like_etl
+from dbgext.etl import EtlReader, looks_like_etl
 from dbgext.etl import format as fmt
 from dbgext.etl.stackwalk import stack_walk_records
 from dbgext.etl.xpress import XpressError, decompress
+from etl_writer import EtlWriter
 
 from xpress_support import compress, compress_etl, spec_example_literals, spec_example_long_match
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from dbgext.etl import EtlWriter
+from etl_writer import EtlWriter
 from dbgext.etwcache import fixtures, layouts
 
 from dbgext.errors import EXIT_PROBLEMS
@@ -62,7 +62,7 @@ def test_older_build_profile_places_stack_cache_at_0x348():
 def test_unknown_build_without_types_asks_for_addresses():
     scenario, context, builder = scenario_with_cache(STACKS, "B", 257, 300, build=30000, with_types=False)
     code, text = run(["etwstacks"], scenario.target(with_types=False))
-    assert code == 1 and "--logger-context" in text
+    assert code == 1 and "give the logger context's or the stack cache's address" in text
     code, document = run_json(["etwstacks", "--cache", "%x" % builder.address], scenario.target(with_types=False))
     assert code == 0
     [logger] = document["loggers"]

@@ -95,7 +95,7 @@ def test_layout_option_overrides_and_a_wrong_one_shows_problems():
     scenario, builder = database("kernel-x64", distinct=20, adds=20)
     document = run_json(["0x%x" % builder.address, "--layout", "user-x64"], target=scenario.target())
     assert document["layout"] == "user-x64"
-    assert document["layout_reason"] == "chosen with --layout"
+    assert document["layout_reason"] == "chosen by name"
     assert document["layout_sources"]["database"] == "built-in"
     assert document["problems"]
 

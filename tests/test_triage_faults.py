@@ -170,7 +170,7 @@ def test_parquet_onto_an_existing_export_is_refused_unless_forced(recorded, tmp_
     assert triage("report", "--db", db, "--parquet", str(export))[0] == EXIT_OK
     stamp = os.path.getmtime(str(export / "dumps.parquet"))
     code, text = triage("report", "--db", db, "--parquet", str(export))
-    assert code == EXIT_ERROR and "already exists (give --force to replace the export)" in text
+    assert code == EXIT_ERROR and "already exists (replace it to export again)" in text
     assert os.path.getmtime(str(export / "dumps.parquet")) == stamp
     assert triage("report", "--db", db, "--parquet", str(export), "--force")[0] == EXIT_OK
 

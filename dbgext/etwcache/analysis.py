@@ -5,7 +5,7 @@ results hold every derived fact and own their JSON (docs/json-schema/etwstacks.m
 
 from ..errors import BadInput, UnreadableMemory, WrongSignature
 from ..problems import ProblemLog
-from ..render.text import hexaddr
+from ..hexaddr import hexaddr
 from . import discover, layouts, replay
 from .validate import validate as validate_cache
 from .walk import read_cache

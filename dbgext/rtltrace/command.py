@@ -7,7 +7,7 @@ from ..errors import EXIT_PROBLEMS, BadInput
 from .analysis import TOP_TRACES, analyze, find
 from .result import SORTS
 from .layouts import LAYOUT_NAMES
-from .render import Links, render, render_candidates
+from .render import Links, render, render_candidates, render_notes
 
 
 def add_arguments(parser):
@@ -42,6 +42,8 @@ def _script(ctx):
 
 def run_find(ctx, args):
     start, end = (ctx.address(args.range[0]), ctx.address(args.range[1])) if args.range else (0, None)
+    if end is None and not ctx.target.can_list_memory():
+        raise BadInput("this target cannot list its memory: give --find --range START END")
     search = find(ctx.target, start, end)
     if args.json:
         ctx.out.json(search.as_dict())
@@ -68,6 +70,7 @@ def run(ctx, args):
     else:
         render(ctx.out, ctx.target, db, Links(_script(ctx)),
                "validate" if args.validate else "traces" if args.traces else "summary")
+        render_notes(ctx.err, db)
     return EXIT_PROBLEMS if args.validate and db.problems.errors else 0
 
 

@@ -91,7 +91,7 @@ def render_buckets(out, db):
     out.line("")
     out.line("Buckets: %d walked, %d occupied, %d empty, average chain %.2f, longest chain %d (bucket %s)"
              % (stats["buckets_walked"], stats["occupied_buckets"], stats["empty_buckets"],
-                stats["average_chain"], stats["longest_chain"]["length"], stats["longest_chain"]["bucket"]))
+                stats["average_chain"], stats["longest_chain"]["length"], _bucket(stats["longest_chain"]["bucket"])))
     histogram = stats["chain_histogram"]
     if histogram:
         top = max(count for _, count in histogram)
@@ -147,10 +147,15 @@ def render_top_traces(out, target, db, links):
         render_frames(out, target, db, block, links, indent="    ")
 
 
+def _bucket(index):
+    """A bucket index as --bucket takes it (hex, like every number dbgext reads)."""
+    return "-" if index is None else "0x%x" % index
+
+
 def render_frames(out, target, db, block, links, indent=""):
     label = target.format_address(block.address)
     out.markup_line(indent + out.link(label, links.frames(db, block))
-                    + _escape(out, "  count %d, depth %d, bucket %s" % (block.count, block.size, block.bucket)))
+                    + _escape(out, "  count %d, depth %d, bucket %s" % (block.count, block.size, _bucket(block.bucket))))
     for number, frame in enumerate(block.frames or ()):
         out.line("%s  %02d %s %s" % (indent, number, target.format_address(frame), target.symbolize(frame)))
 
@@ -174,8 +179,8 @@ def render_block(out, target, db, block, links):
 
 
 def render_bucket(out, target, db, bucket, blocks, links):
-    out.line("Bucket %d of %d at %s: %d blocks (newest first)"
-             % (bucket, db.field("NoOfBuckets"),
+    out.line("Bucket %s (of %d) at %s: %d blocks (newest first)"
+             % (_bucket(bucket), db.field("NoOfBuckets"),
                 target.format_address(db.field("Buckets") + bucket * db.layout.pointer_size), len(blocks)))
     for block in blocks:
         render_frames(out, target, db, block, links, indent="  ")
@@ -189,8 +194,13 @@ def render_problems(out, target, db, title="Problems"):
         out.table(rows, ["severity", "kind", "address", "message"], title="%s (%d):" % (title, len(db.problems)))
     else:
         out.line("%s: none%s" % (title, "" if db.complete else " found in what could be read"))
+
+
+def render_notes(err, db):
+    """The database's notes (facts worth knowing that are not problems), on the
+    diagnostics stream (stderr)."""
     for note in db.notes:
-        out.line("note: %s" % note)
+        err.line("note: %s" % note)
 
 
 def _where(target, problem):

@@ -5,7 +5,7 @@ the JSON document of it (docs/json-schema/rtltrace.md)."""
 from operator import attrgetter
 
 from ..problems import ProblemLog
-from ..render.text import hexaddr
+from ..hexaddr import hexaddr
 from .layouts import DATABASE_MAGIC
 
 SCHEMA_VERSION = 1

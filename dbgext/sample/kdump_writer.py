@@ -26,8 +26,10 @@ from ..layouts.dump_formats import (
     DUMP_TYPE_RDMP_KERNEL, DUMP_TYPE_RDMP_KERNEL_USER, DUMP_TYPE_SUMMARY, EXCEPTION_RECORD64, KDBG_OWNER_TAG,
     KDDEBUGGER_DATA64, MACHINE_AMD64, MAX_PHYSICAL_RUNS, PAGE_SIZE, PTE_ACCESSED, PTE_DIRTY, PTE_LARGE,
     PAGING, PTE_PRESENT, PTE_USER, PTE_WRITE, RDMP_HEADER64, RDMP_MARKER, SUMMARY_DUMP64, SUMMARY_DUMP_OLD)
-from .scenario import KUSER_SHARED_DATA
 
+# Where KUSER_SHARED_DATA is mapped: volatility's PML4 scan looks for it, so
+# Scenario writes one and the writer checks it is there.
+KUSER_SHARED_DATA = {"x64": 0xFFFFF78000000000}
 DEFAULT_DTB = 0x1A0000              # where Windows' boot PML4 conventionally sits
 PREFERRED_SELF_MAP_INDEX = 0x1ED    # the pre-1607 fixed self-map slot (0xFFFFF6FB7DBED000)
 LARGE_PAGE = 0x200000

@@ -38,10 +38,13 @@ def render_stack(out, result, format_address, frame_sizes=False, verbose=False):
     if result.kernel_thread is not None:
         thread += " (KTHREAD %s)" % format_address(result.kernel_thread)
     out.table(rows, headers, links=links, title=thread)
+
+
+def stack_diagnostics(result, verbose=False):
+    """The lines that go with a rendered stack to the diagnostics stream (stderr):
+    a note on scanned frames, then the walk's problems."""
+    lines = []
     scanned = sum(1 for frame in result.frames if frame.found_by == "scan")
     if scanned and not verbose:
-        out.line("%d frame(s) found by scanning the stack: they may be stale (kv shows which)" % scanned)
-    if result.problems:
-        out.line("")
-        for problem in result.problems:
-            out.line(str(problem))
+        lines.append("note: %d frame(s) found by scanning the stack: they may be stale (kv shows which)" % scanned)
+    return lines + [str(problem) for problem in result.problems]

@@ -16,7 +16,7 @@ from ..errors import BadInput, SymbolNotFound
 from ..target.symbols import load_isf_directory
 from . import analysis
 from .callgraph import CallGraph, Program
-from .render import render_chain, render_functions, render_hogs, render_thread
+from .render import render_chain, render_functions, render_hogs, render_problems, render_thread
 from .thread import walk_thread
 
 
@@ -68,6 +68,8 @@ def run(ctx, args):
         result = analysis.hogs(target, args.pe, args.module, symbols, args.pdb, top=parse_number(args.top),
                                budget=budget)
         render_hogs(ctx.out, result, as_json=args.json)
+    if not (args.json or getattr(args, "jsonl", False)):
+        render_problems(ctx.err, result.problems)
     return 0
 
 
@@ -110,6 +112,8 @@ def _thread(ctx, args):
     program = Program(target)
     stack = walk_thread(target, program, CallGraph(program), thread=thread, threshold=threshold)
     render_thread(ctx.out, stack, target, as_json=args.json)
+    if not args.json:
+        render_problems(ctx.err, stack.problems)
     return 0
 
 

@@ -4,7 +4,7 @@ layouts of new dbgeng (8 = ``.dump /k``, 9 = ``/ka``, 10 = ``/f``).  x86
 (PAGEDUMP, a one-page DUMP_HEADER32): full, summary and bitmap, with PAE or
 non-PAE page tables as the header's PaeEnabled says.  Small memory dumps
 (DumpType 4, x64) hold no physical memory: :mod:`dbgext.target.triage_dump`.
-:func:`open_kernel_dump` picks the backend from the header.
+:func:`dbgext.target.open_kernel_dump` picks the backend from the header.
 
 The reader is our own: pages are read from the file with positioned reads (see
 :mod:`dbgext.target.dumpfile`: an mmap dies of SIGBUS when the file shrinks) and
@@ -81,21 +81,6 @@ def debugger_module_name(file_name):
         return "nt"
     stem, dot, _ = file_name.rpartition(".")
     return stem if dot else file_name
-
-
-def open_kernel_dump(path):
-    """The backend for the kernel dump at ``path``: a small memory dump's or a
-    physical-memory dump's, by the header's DumpType."""
-    dump_file = DumpFile(path)
-    try:
-        header = KernelDumpHeader(dump_file)
-        if header.dump_type == DUMP_TYPE_TRIAGE:
-            from .triage_dump import TriageDumpBackend
-            return TriageDumpBackend(dump_file, header)
-        return KernelDumpBackend(dump_file, header)
-    except BaseException:
-        dump_file.close()
-        raise
 
 
 class KernelDumpHeader(object):
