@@ -166,3 +166,19 @@ def test_only_the_target_layer_calls_backends():
     assert sorted(module for module, lines in calls.items() if lines) == [
         "dbgext.ipt.sources",   # TEMPORARY (issue 26): the IPT branch moves it onto Target.can_list_memory.
     ]
+
+
+def _target_uses(path):
+    """Lines of ``path`` that use a name ``target`` (a parameter or variable)."""
+    with open(path, encoding="utf-8") as handle:
+        tree = ast.parse(handle.read(), path)
+    used = {node.lineno for node in ast.walk(tree) if isinstance(node, ast.Name) and node.id == "target"}
+    used.update(node.lineno for node in ast.walk(tree) if isinstance(node, ast.arg) and node.arg == "target")
+    return sorted(used)
+
+
+def test_renderers_never_touch_the_target():
+    """They get formatters and results that carry every name they show."""
+    touching = {module: _target_uses(path) for module, path in module_files().items()
+                if module.rsplit(".", 1)[-1] == "render" or module.startswith("dbgext.render.")}
+    assert {module: lines for module, lines in touching.items() if lines} == {}

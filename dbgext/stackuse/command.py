@@ -111,7 +111,7 @@ def _thread(ctx, args):
     threshold = parse_number(args.threshold) if args.threshold is not None else None
     program = Program(target)
     stack = walk_thread(target, program, CallGraph(program), thread=thread, threshold=threshold)
-    render_thread(ctx.out, stack, target, as_json=args.json)
+    render_thread(ctx.out, stack, target.format_address, as_json=args.json)
     if not args.json:
         render_problems(ctx.err, stack.problems)
     return 0

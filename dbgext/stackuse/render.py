@@ -75,11 +75,11 @@ def render_chain(out, result, as_json=False):
         out.line("  note: " + reason)
 
 
-def render_thread(out, stack, target, as_json=False):
+def render_thread(out, stack, fmt, as_json=False):
+    """``fmt``: addresses as WinDbg prints them (the target's format_address)."""
     if as_json:
         out.json(stack.as_dict())
         return
-    fmt = target.format_address
     out.line("thread %s (%s)" % (fmt(stack.thread) if stack.thread is not None else "?", stack.thread_source))
     out.line("stack: initial %s  limit %s  kernel stack %s" % (
         fmt(stack.initial_stack) if stack.initial_stack is not None else "?",
