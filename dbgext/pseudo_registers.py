@@ -6,7 +6,6 @@ on a kernel target, its TEB in user mode) and ``$proc`` (the EPROCESS it runs in
 from .address import TargetResolver
 from .errors import BadInput, LayoutNotFound
 from .layouts import lookup_layout
-from .stacks.threads import selected_thread
 
 NAMES = ("ip", "csp", "thread", "proc")
 POINTER_REGISTERS = {"x64": ("rip", "rsp"), "x86": ("eip", "esp")}
@@ -23,6 +22,9 @@ def pseudo_register(target, name):
     if name not in NAMES:
         raise BadInput("@$%s: unknown pseudo-register (dbgext knows %s)"
                        % (name, ", ".join("@$" + known for known in NAMES)))
+    # Imported here: every command resolves addresses, few name @$thread or @$proc,
+    # and WinDbg's !py starts each command in a fresh interpreter.
+    from .stacks.threads import selected_thread
     thread = selected_thread(target, _Ignored())
     if thread is None:
         raise BadInput("@$%s: this target has no thread" % name)
