@@ -33,7 +33,14 @@ def documents(tmp_path_factory):
         ["rtltrace"] + on_dump + ["--find"],
         ["ipt", "packets"] + on_dump + ["--address", "0x%x" % ipt["trace_address"], "--size", "0x%x" % ipt["trace_size"]],
         ["ln"] + on_dump + ["nt"], ["x"] + on_dump + ["nt!Ke*"], ["dt"] + on_dump + ["nt!_KTHREAD"],
-        ["db"] + on_dump + ["nt", "L10"], ["dps"] + on_dump + ["nt", "L4"]]
+        ["db"] + on_dump + ["nt", "L10"], ["dps"] + on_dump + ["nt", "L4"], ["lm"] + on_dump,
+        ["stackuse", "functions"] + on_dump + ["--module", "sampledrv", "--depth"],
+        ["stackuse", "chain", "sampledrv!DriverEntry"] + on_dump,
+        ["stackuse", "hogs"] + on_dump + ["--module", "sampledrv"],
+        ["etwstacks", "--key", "0x%x" % manifest["contents"]["etwstacks"]["keys"][0]] + on_dump,
+        ["ipt", "scan"] + on_dump,
+        ["triage", "report", "--db", str(directory / "triage.duckdb")]]
+    assert main(["triage", dump, "--db", str(directory / "triage.duckdb")], stream=io.StringIO()) == 0
     small = str(directory / "small.dmp")
     small_dump().write(small)
     minidump = str(directory / "user.mdmp")
