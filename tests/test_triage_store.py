@@ -189,17 +189,18 @@ def test_a_database_of_the_old_schema_is_refused_by_name(tmp_path):
 # -- across Python versions --------------------------------------------------------------------
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# scripts/test.sh's other venv: the newest DuckDB under the default Python, the
-# last one for 3.8 (1.2) under .venv38.
+# scripts/test.sh's other venv, beside the one running the tests: the newest DuckDB
+# under the default Python (.venv), the last one for 3.8, 1.2 (.venv38).
 OTHER_PYTHON = os.environ.get("DBGEXT_OTHER_PYTHON") or os.path.join(
-    ROOT, ".venv" if sys.version_info < (3, 9) else ".venv38", "bin", "python")
+    os.path.dirname(os.path.dirname(os.path.dirname(sys.executable))),
+    ".venv" if sys.version_info < (3, 9) else ".venv38", "bin", "python")
 READ_BACK = ("import sys; from dbgext.triage.store import TriageStore\n"
              "with TriageStore(sys.argv[1], read_only=True) as store:\n"
              "    print(sorted(store.status_by_hash().items()))\n")
 
 
 def test_a_database_written_here_is_read_by_the_other_supported_python_and_its_duckdb(tmp_path):
-    other = need_file(OTHER_PYTHON, "scripts/test.sh makes it; or set DBGEXT_OTHER_PYTHON")
+    other = need_file(OTHER_PYTHON, "scripts/test.sh makes both venvs; or set DBGEXT_OTHER_PYTHON")
     path = str(tmp_path / "results.duckdb")
     with TriageStore(path) as written:
         written.add(crash("a" * 64, "mydrv!CopyLeaf"))
