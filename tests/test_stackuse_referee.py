@@ -82,7 +82,8 @@ def test_the_referee_agrees_with_the_compiler_on_every_frame_that_does_not_reali
 
 def _hand_built(body, name):
     """stackuse's and the referee's view of ``body`` (calling ``takes_one``, which
-    reads the one argument it is given)."""
+    reads the one argument it is given).  The referee executes it: unicorn."""
+    need_module("unicorn")
     from dbgext.pe import PEImage
     from dbgext.stackuse.fixtures import Function, build_pe
     from stackuse_referee import Referee
