@@ -4,7 +4,8 @@ Numbers are hexadecimal by default (``1000``, ``0x1000``, ``fffff800`00001000``)
 ``0n`` marks decimal; ``module!symbol`` and bare ``module`` (its base) resolve
 through the target's symbols; terms combine with ``+`` and ``-``:
 ``nt!KiSystemStartup+10``; ``module+off`` is the module's base plus ``off``;
-``@rsp`` is a register of the selected thread.  A range after the start address is
+``@rsp`` is a register of the selected thread, ``@$ip`` a pseudo-register
+(dbgext.pseudo_registers resolves them for every command).  A range after the start address is
 ``L<count>`` (units, hex) or an inclusive end address, as WinDbg's ``d*`` commands
 take.  Every error names the token that failed.
 """
@@ -16,7 +17,8 @@ from .errors import BadInput, SymbolNotFound
 _HEX = re.compile(r"^(0x)?[0-9a-f]+$", re.IGNORECASE)
 _DECIMAL = re.compile(r"^0n[0-9]+$", re.IGNORECASE)
 _NAME = re.compile(r"^[A-Za-z_$?][\w$@?.:<>]*(![\w$@?.:<>~]+)?$")
-_REGISTER = re.compile(r"^@\$?[A-Za-z][A-Za-z0-9]*$")
+_REGISTER = re.compile(r"^@[A-Za-z][A-Za-z0-9]*$")
+_PSEUDO_REGISTER = re.compile(r"^@\$[A-Za-z][A-Za-z0-9]*$")
 _LENGTH = re.compile(r"^[Ll](\?)?\s*(.+)$")
 
 ADDRESS_LIMIT = 1 << 64
@@ -51,6 +53,10 @@ class TargetResolver(object):
 
     def register(self, name):
         return self._target.register(name)
+
+    def pseudo_register(self, name):
+        """``@$name``: dbgext.pseudo_registers.PseudoRegisterResolver knows them."""
+        raise BadInput("@$%s: pseudo-registers are not resolved here" % name)
 
 
 def evaluate(text, resolver):
@@ -87,7 +93,9 @@ def _term(piece, text, resolver):
     if _HEX.match(number):
         return int(number, 16)
     if _REGISTER.match(piece):
-        return resolver.register(piece.lstrip("@").lstrip("$").lower())
+        return resolver.register(piece[1:].lower())
+    if _PSEUDO_REGISTER.match(piece):
+        return resolver.pseudo_register(piece[2:].lower())
     if not _NAME.match(piece):
         raise BadInput("bad token '%s' in '%s'" % (piece, text))
     if "!" not in piece:

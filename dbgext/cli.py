@@ -12,9 +12,11 @@ import os
 import sys
 import traceback
 
+from . import __version__
 from .command import Context
 from .errors import (EXIT_ERROR, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE,
-                     DbgextError)
+                     DbgextError, WrongSignature)
+from .hexaddr import hexaddr
 from .render.output import Output
 from .target import open_dump
 
@@ -39,13 +41,7 @@ def load_commands(only=None):
     for module_name, names in COMMAND_MODULES:
         if only is not None and only not in names:
             continue
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as error:
-            # A capability that is not built yet is simply absent.
-            if getattr(error, "name", None) and module_name.startswith(error.name):
-                continue
-            raise
+        module = importlib.import_module(module_name)   # every command is part of dbgext: no silent absence
         commands.extend(getattr(module, "COMMANDS", None) or [module.COMMAND])
     return commands
 
@@ -120,6 +116,7 @@ def build_parser(commands, prog="dbgext", stream=None, command_prog=None):
     parser = Parser(prog=prog, description="Windows kernel and driver debugging analyses "
                      "(WinDbg via pykd, or offline over dumps).")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks for internal errors")
+    parser.add_argument("--version", action="version", version="dbgext %s" % __version__)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for command in commands:
         extra = {"prog": command_prog} if command_prog else {}
@@ -147,6 +144,13 @@ def open_target(args, windbg, err=None):
         from .target.pykd_backend import open_pykd_target
         return open_pykd_target()
     raise DbgextError("no target: give --dump FILE (or run inside WinDbg with pykd)")
+
+
+def os_error_text(error):
+    """One line for an OSError: what the system said and the path(s) it concerns."""
+    paths = [path for path in (error.filename, error.filename2) if path is not None]
+    return "%s: %s" % (error.strerror or error, " -> ".join(str(path) for path in paths)) if paths else \
+        str(error.strerror or error)
 
 
 def main(argv=None, windbg=False, stream=None, target=None, error_stream=None):
@@ -188,6 +192,10 @@ def main(argv=None, windbg=False, stream=None, target=None, error_stream=None):
         ctx = Context(args, out=out, err=err, windbg=windbg, target_factory=lambda a: open_target(a, windbg, err))
     try:
         return args._command.run(ctx, args) or EXIT_OK
+    except WrongSignature as error:   # the library names its parameter; a command user types the flag
+        err.line("error: no %s at %s: found %s there (give --force to walk it anyway)"
+                 % (error.what, hexaddr(error.address), error.found))
+        return EXIT_ERROR
     except DbgextError as error:
         err.line("error: %s" % error)
         return EXIT_ERROR
@@ -196,6 +204,9 @@ def main(argv=None, windbg=False, stream=None, target=None, error_stream=None):
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # the reader went away (| head): not dbgext's failure
         raise
+    except OSError as error:  # the filesystem refused (exists, not a directory, no space, no permission)
+        err.line("error: %s" % os_error_text(error))
+        return EXIT_ERROR
     except Exception as error:  # a bug in dbgext: one line unless asked for more
         if args.debug:
             err.lines(traceback.format_exc().rstrip().split("\n"))

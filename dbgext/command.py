@@ -10,7 +10,8 @@ session (or the dump open in WinDbg) when no ``--dump`` is given inside WinDbg.
 
 import sys
 
-from .address import TargetResolver, evaluate, evaluate_count
+from .address import evaluate, evaluate_count
+from .pseudo_registers import PseudoRegisterResolver
 from .render.output import Output
 
 
@@ -67,7 +68,7 @@ class Context(object):
             self._target.close()
 
 
-class _TargetOnDemand(TargetResolver):
+class _TargetOnDemand(PseudoRegisterResolver):
     """Resolves names through the context's target, opening it only when an
     expression names a symbol, module or register (plain numbers need none)."""
 

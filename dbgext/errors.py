@@ -4,7 +4,7 @@ Commands turn any DbgextError into a one-line message and a non-zero exit code;
 anything else escaping an analysis is a bug.
 """
 
-from .render.text import hexaddr
+from .hexaddr import hexaddr
 
 
 class DbgextError(Exception):
@@ -33,13 +33,13 @@ class SymbolNotFound(DbgextError):
 
 class WrongSignature(BadInput):
     """A structure's magic or signature does not match what the command expected:
-    the address is probably wrong.  Commands refuse to walk it unless ``--force``."""
+    the address is probably wrong.  Analyses refuse to walk it unless forced (``force``)."""
 
     def __init__(self, what, address, found):
         self.what = what
         self.address = address
         self.found = found
-        super().__init__("no %s at %s: found %s there (give --force to walk it anyway)"
+        super().__init__("no %s at %s: found %s there (force=True walks it anyway)"
                          % (what, hexaddr(address), found))
 
 

@@ -6,7 +6,7 @@ input file: a stable snake_case ``kind`` (for scripts and triage), the target
 ``severity`` (``error``, ``warning`` or ``note``).
 """
 
-from .render.text import hexaddr
+from .hexaddr import hexaddr
 
 SEVERITIES = ("error", "warning", "note")
 
@@ -56,16 +56,18 @@ class Problem(object):
         return hash((self.kind, self.address, self.offset, self.message))
 
 
-class ProblemLog(list):
+class ProblemLog(object):
     """The problems of one result, capped per kind: corrupt memory can produce the
     same problem millions of times, so past ``MAX_PER_KIND`` of one kind they are
     only counted, and :meth:`finish` adds one ``problems_truncated`` note per kind
-    cut short."""
+    cut short.  It is a read-only sequence of the listed problems (iteration,
+    ``len``, indexing, comparison with a list); :meth:`count` counts every problem
+    reported, listed or not."""
 
     MAX_PER_KIND = 200
 
     def __init__(self, problems=()):
-        super().__init__()
+        self._listed = []
         self._counts = {}
         self._finished = False
         self.extend(problems)
@@ -77,7 +79,32 @@ class ProblemLog(list):
         count = self._counts.get(problem.kind, 0) + 1
         self._counts[problem.kind] = count
         if count <= self.MAX_PER_KIND:
-            super().append(problem)
+            self._listed.append(problem)
+
+    def __iter__(self):
+        return iter(self._listed)
+
+    def __len__(self):
+        return len(self._listed)
+
+    def __getitem__(self, index):
+        return self._listed[index]
+
+    def __eq__(self, other):
+        if isinstance(other, ProblemLog):
+            return self._listed == other._listed
+        if isinstance(other, (list, tuple)):
+            return self._listed == list(other)
+        return NotImplemented
+
+    def __ne__(self, other):
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    __hash__ = None
+
+    def __repr__(self):
+        return "ProblemLog(%r)" % (self._listed,)
 
     def extend(self, problems):
         for problem in problems:
@@ -89,7 +116,7 @@ class ProblemLog(list):
             self._finished = True
             for kind, count in sorted(self._counts.items()):
                 if count > self.MAX_PER_KIND:
-                    super().append(Problem("problems_truncated", None, "%d more %s problems not listed"
+                    self._listed.append(Problem("problems_truncated", None, "%d more %s problems not listed"
                                            % (count - self.MAX_PER_KIND, kind), "note"))
         return self
 

@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 from dbgext.cli import main  # noqa: E402
 from dbgext.rtltrace.fixtures import DEBUG_HEAP_BUCKETS, build_database  # noqa: E402
-from dbgext.rtltrace import analyze  # noqa: E402
+from dbgext.rtltrace import walk  # noqa: E402
 from dbgext.target import open_dump  # noqa: E402
 from dbgext.sample.scenario import Scenario  # noqa: E402
 from minidump_writer import write_minidump
@@ -43,7 +43,7 @@ def measure(target, address):
     target.drop_cache()
     target.stats.reset()
     start, cpu_start = time.perf_counter(), time.process_time()
-    db = analyze(target, address)
+    db = walk(target, address)
     elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     stats = target.stats
     return db, elapsed, cpu, stats.backend_calls, stats.backend_pages

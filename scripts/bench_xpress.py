@@ -34,8 +34,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 sys.path.insert(0, os.path.dirname(HERE))   # this checkout's dbgext, not an installed one
 
-from dbgext.etl import EtlReader, EtlWriter  # noqa: E402
+from dbgext.etl import EtlReader  # noqa: E402
 from dbgext.etl import format as fmt  # noqa: E402
+from etl_writer import EtlWriter  # noqa: E402
 from dbgext.etl.xpress import decompress, decompress_plain  # noqa: E402
 from xpress_support import compress_etl  # noqa: E402
 

@@ -22,6 +22,7 @@ from dbgext.errors import UnreadableMemory
 from dbgext.stacks.arm64_unwind import (find_entry, follows_call, function_table, parse_pdata, unwind_frame_chain,
                                         unwind_function, unwind_leaf)
 from dbgext.stacks.x64 import UnwindStep
+from requirements import need_module, need_tool
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REALWORLD = os.path.join(os.path.dirname(REPOSITORY), "shared", "realworld")
@@ -117,9 +118,7 @@ _FIELD = re.compile(r"^\s*(\w+): (.*)$")
 
 
 def require(*tools):
-    missing = [tool for tool in tools if shutil.which(tool) is None]
-    if missing:
-        pytest.skip("not installed: %s (Debian packages llvm, clang, lld)" % ", ".join(missing))
+    need_tool(*tools)
 
 
 def llvm_unwind(path):
@@ -272,7 +271,7 @@ def execute(path, entry="run", argument=0, stops=(), frame_sizes=None):
     :class:`Stopped`.  ``frame_sizes``, a dict, receives for every function entered
     (by address) the deepest its sp went below its entry sp (its frame: on ARM64
     nothing but the function itself moves sp)."""
-    unicorn = pytest.importorskip("unicorn")
+    unicorn = need_module("unicorn")
     from unicorn import arm64_const
     image = MiniPE(path)
     engine = unicorn.Uc(unicorn.UC_ARCH_ARM64, unicorn.UC_MODE_ARM)

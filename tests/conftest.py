@@ -1,12 +1,20 @@
-"""Settings every test runs under."""
+"""Settings every test runs under, and the rule that a run with a test skipped for
+a missing tool or package fails (tests/requirements.py)."""
+
+import os
 
 import pytest
 from hypothesis import settings
+
+import requirements
 
 # Property tests run the same examples on every run: a red CI run is a change's
 # doing, never luck.  scripts/fuzz.py is where new inputs are tried.
 settings.register_profile("dbgext", derandomize=True)
 settings.load_profile("dbgext")
+
+# (test id, reason) of every test skipped because something it needs is missing.
+_MISSING = []
 
 
 @pytest.fixture(autouse=True)
@@ -15,3 +23,48 @@ def no_symbol_path_from_the_environment(monkeypatch):
     change what a test sees nor make it download."""
     monkeypatch.delenv("_NT_SYMBOL_PATH", raising=False)
     monkeypatch.delenv("_NT_ALT_SYMBOL_PATH", raising=False)
+
+
+def _skip_reason(report):
+    if report.skipped and isinstance(report.longrepr, tuple):
+        return report.longrepr[2]
+    return None
+
+
+def _record(report):
+    reason = _skip_reason(report)
+    if reason is not None and requirements.is_missing_reason(reason):
+        _MISSING.append((report.nodeid, reason.replace("Skipped: ", "", 1)))
+
+
+def pytest_runtest_logreport(report):
+    _record(report)
+
+
+def pytest_collectreport(report):
+    _record(report)
+
+
+def _allowed():
+    return os.environ.get(requirements.ALLOW_VARIABLE) == "1"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _MISSING and not _allowed() and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _MISSING:
+        return
+    if _allowed():
+        title = "%d skipped for a missing requirement (allowed by %s=1)" % (len(_MISSING), requirements.ALLOW_VARIABLE)
+    else:
+        title = ("%d skipped for a missing requirement: the run FAILS (install them, or set %s=1 "
+                 "to accept a partial run)" % (len(_MISSING), requirements.ALLOW_VARIABLE))
+    terminalreporter.section(title, sep="=", red=not _allowed(), yellow=_allowed())
+    reasons = {}
+    for nodeid, reason in _MISSING:
+        reasons.setdefault(reason, []).append(nodeid)
+    for reason, nodeids in sorted(reasons.items()):
+        terminalreporter.write_line("%4d  %s  (e.g. %s)" % (len(nodeids), reason, nodeids[0]))

@@ -11,6 +11,7 @@ import struct
 
 from dbgext.layouts.dump_formats import DUMP_HEADER64, PAGE_SIZE
 from dbgext.sample.scenario import Scenario, Thread
+from requirements import need_module
 
 KERNEL_POOL = 0xFFFFC08000000000
 NT_BASE = 0xFFFFF80000000000          # 2 MiB-aligned and fully mapped: one large page
@@ -77,8 +78,9 @@ def header_u64(path, field):
 
 def open_kdmp(path):
     """kdmp-parser on a dump whose size matches its header.  kdmp-parser maps the
-    file and dies with SIGBUS on a truncated one, so check before opening."""
-    import kdmp_parser
+    file and dies with SIGBUS on a truncated one, so check before opening.  The
+    calling test is skipped when kdmp-parser is not installed."""
+    kdmp_parser = need_module("kdmp_parser", "kdmp-parser")
     assert os.path.getsize(path) == header_u64(path, "RequiredDumpSpace"), "truncated dump"
     return kdmp_parser.KernelDumpParser(path)
 
@@ -100,8 +102,9 @@ def kdmp_read(dump, address, size):
 
 
 def minidump_reader(path):
-    from minidump.minidumpfile import MinidumpFile
-    return MinidumpFile.parse(path)
+    """The ``minidump`` package's parse of ``path``; the calling test is skipped
+    when the package is not installed."""
+    return need_module("minidump.minidumpfile", "minidump").MinidumpFile.parse(path)
 
 
 def minidump_read(reader, address, size):

@@ -1,6 +1,6 @@
 """A faithful stand-in for the ``pykd`` 0.3.4.15 module, for tests on Linux.
 
-Built from /work/shared/reference/pykd-api.md: same function names, keyword names
+Built from shared/reference/pykd-api.md (beside the repository): same function names, keyword names
 (positional-only where pykd is), exception classes and message formats, and the
 same memory semantics — block reads check the *whole* range first and never return
 a partial result, scalar reads report the first unreadable address, ``findSymbol``

@@ -25,6 +25,7 @@ import time
 from dbgext.cli import main
 from dbgext.errors import EXIT_ERROR, EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, DbgextError
 from minidump_writer import write_minidump
+from requirements import missing_tools
 
 CLEAN_EXIT_CODES = (EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_PROBLEMS)
 
@@ -242,8 +243,9 @@ class Case(object):
     mutated file) and ``{dir}`` (the seed directory, for companion files such as a
     clean dump) placeholders."""
 
-    def __init__(self, name, suffix, build_seed, commands, parsers=(), structured=False):
+    def __init__(self, name, suffix, build_seed, commands, parsers=(), structured=False, tools=()):
         self.name = name
+        self.tools = tools  # the programs build_seed runs
         self.suffix = suffix
         self.build_seed = build_seed
         self.commands = commands
@@ -324,21 +326,17 @@ __declspec(dllexport) int __fastcall spin(int x, int y) { int buf[64]; buf[x & 6
 
 def _mingw_pe_seed(directory):
     """A real compiler's 32-bit DLL (no .pdata: discovery from symbols and calls)."""
-    import shutil
     import subprocess
-    compiler = shutil.which("i686-w64-mingw32-gcc")
-    if compiler is None:
-        return None
     source = os.path.join(directory, "seed.c")
     output = os.path.join(directory, "seed.dll")
     with open(source, "w") as handle:
         handle.write(MINGW_SOURCE)
-    subprocess.run([compiler, "-O2", "-shared", "-o", output, source], check=True)
+    subprocess.run(["i686-w64-mingw32-gcc", "-O2", "-shared", "-o", output, source], check=True)
     return _read(output)
 
 
 def _etl_seed(directory):
-    from dbgext.etl.writer import EtlWriter
+    from etl_writer import EtlWriter
     writer = EtlWriter()
     rng = random.Random(7)
     for key in range(1, 40):
@@ -361,8 +359,6 @@ def _isf_seed(directory):
 def _pdb_seed(directory):
     """A real PDB from clang and lld-link, with a kernel dump to load it against."""
     import symbols_support
-    if symbols_support.missing_tools():
-        return None
     built = symbols_support.build_dll(directory, "x64")
     from dbgext.sample import build_sample_scenario
     scenario, _ = build_sample_scenario()
@@ -478,7 +474,7 @@ CASES = [
     Case("pe-mingw-x86", ".dll", _mingw_pe_seed,
          [["stackuse", "functions", "--pe", "{input}", "--json"],
           ["stackuse", "functions", "--pe", "{input}", "--depth", "--json"]],
-         [parse_pe, stackuse_listing_is_depths_listing]),
+         [parse_pe, stackuse_listing_is_depths_listing], tools=("i686-w64-mingw32-gcc",)),
     Case("etl", ".etl", _etl_seed,
          [["etwstacks", "--simulate", "--etl", "{input}", "--json"], ["ipt", "scan", "--etl", "{input}", "--json"]],
          [read_etl]),
@@ -489,7 +485,7 @@ CASES = [
          [["lm", "--dump", "{dir}/clean.dmp", "--symbols", "{input}", "--json"],
           ["dps", "--dump", "{dir}/clean.dmp", "--symbols", "{input}", "nt", "L4"]], [load_isf], structured=True),
     Case("pdb", ".pdb", _pdb_seed, [["lm", "--dump", "{dir}/clean.dmp", "--symbols", "{input}", "--json"]],
-         [read_pdb]),
+         [read_pdb], tools=("clang", "lld-link")),
 ]
 
 
@@ -508,6 +504,8 @@ def case_named(name):
 def prepare(case, directory):
     """Build the case's seed (and companion files) in ``directory``; the seed bytes,
     or None when a tool the seed needs (a cross compiler) is not installed."""
+    if missing_tools(*case.tools):
+        return None
     os.makedirs(directory, exist_ok=True)
     case.seed_directory = directory
     return case.build_seed(directory)

@@ -9,6 +9,8 @@ import ctypes
 import ctypes.util
 import struct
 
+import requirements
+
 PPT = ["invalid", "unknown", "pad", "psb", "psbend", "fup", "tip", "tip.pge", "tip.pgd", "tnt8", "tnt64",
        "mode", "pip", "vmcs", "cbr", "tsc", "tma", "mtc", "cyc", "stop", "ovf", "mnt", "exstop", "mwait",
        "pwre", "pwrx", "ptw"]
@@ -33,7 +35,8 @@ def _load():
 
 
 LIB = _load()
-SKIP_REASON = "libipt is not installed (apt-get install libipt2 libipt-dev)"
+# A skip for this reason fails the run (tests/requirements.py).
+SKIP_REASON = requirements.MISSING + "library libipt (apt-get install libipt2 libipt-dev)"
 
 
 class Config(ctypes.Structure):

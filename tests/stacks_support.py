@@ -17,10 +17,9 @@ import shutil
 import subprocess
 import tempfile
 
-import pytest
-
 from dbgext.pe import PEImage
 from dbgext.sample.scenario import Scenario, Thread
+from requirements import need_module, need_tool
 
 SOURCES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "stacks")
 IMAGE_BASE = 0x140000000  # Unicorn fetches no code from canonical high addresses
@@ -61,9 +60,7 @@ def _cache_directory():
 
 def build(config):
     """The path of chain.dll built with ``config`` (cached by source and compiler)."""
-    missing = [tool for tool in (MINGW, "clang", "lld-link") if shutil.which(tool) is None]
-    if missing:
-        pytest.skip("compilers not installed (%s)" % ", ".join(missing))
+    need_tool(MINGW, "clang", "lld-link")
     root = _cache_directory()
     final = os.path.join(root, config)
     path = os.path.join(final, "chain.dll")
@@ -145,8 +142,8 @@ def run(config, function, argument, stop_at, hit=1, interrupt_at=None):
     time ``stop_at`` (a name, or (name, offset)) is about to execute.
     ``interrupt_at``: (name, offset) where an interrupt is delivered: the machine
     frame is pushed and ``isr_stub`` runs, as the processor would."""
-    unicorn = pytest.importorskip("unicorn")
-    x86 = pytest.importorskip("unicorn.x86_const")
+    unicorn = need_module("unicorn")
+    x86 = need_module("unicorn.x86_const", "unicorn")
     from dbgext.disasm import Disassembler, base_mnemonic
 
     image, data = _load(build(config))
@@ -286,8 +283,8 @@ def execute_x86(image, data, entry_rva, planted_return, functions, max_instructi
     whole.  The run ends at a call or jump out of the image (an import), a call
     into the middle of a function (an SEH funclet), at the outermost return, or
     after ``max_instructions``."""
-    unicorn = pytest.importorskip("unicorn")
-    x86 = pytest.importorskip("unicorn.x86_const")
+    unicorn = need_module("unicorn")
+    x86 = need_module("unicorn.x86_const", "unicorn")
     from dbgext.disasm import Disassembler, base_mnemonic
 
     base = image.image_base

@@ -25,6 +25,8 @@ import tempfile
 
 from dbgext.pe import undecorate
 
+import requirements
+
 SEED = 15
 FUNCTIONS = 400
 CALLBACKS = 8
@@ -196,7 +198,7 @@ __alloca_probe:
 
 
 def missing_tools(toolchain):
-    return [tool for tool in TOOLCHAINS[toolchain]["tools"] if shutil.which(tool) is None]
+    return requirements.missing_tools(*TOOLCHAINS[toolchain]["tools"])
 
 
 # Where the tests keep their builds, reused across runs.
@@ -205,10 +207,7 @@ TEST_BUILD_DIRECTORY = os.path.join(tempfile.gettempdir(), "dbgext-stackuse-corp
 
 def build_for_test(toolchain, level, source):
     """The build a test needs; the test is skipped with the reason when the toolchain is missing."""
-    import pytest
-    missing = missing_tools(toolchain)
-    if missing:
-        pytest.skip("%s not installed (apt-get install gcc-mingw-w64-i686 clang lld llvm)" % ", ".join(missing))
+    requirements.need_tool(*TOOLCHAINS[toolchain]["tools"])
     return build(toolchain, level, source, TEST_BUILD_DIRECTORY)
 
 

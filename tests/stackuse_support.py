@@ -8,10 +8,9 @@ import shutil
 import subprocess
 import tempfile
 
-import pytest
-
 from dbgext.stackuse.callgraph import CallGraph, Program
 from dbgext.pe import PEImage
+from requirements import need_tool
 
 SOURCES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "stackuse")
 COMPILERS = {"x64": "x86_64-w64-mingw32-gcc", "x86": "i686-w64-mingw32-gcc"}
@@ -57,10 +56,7 @@ def _cache_directory():
 def build_all():
     """Compile frames.c for every (arch, level) into a cache directory keyed by the
     sources and compiler versions; returns {(arch, level): MingwBuild}."""
-    missing = [c for c in COMPILERS.values() if shutil.which(c) is None]
-    if missing:
-        pytest.skip("MinGW-w64 cross compilers not installed (%s): apt-get install gcc-mingw-w64-x86-64 "
-                    "gcc-mingw-w64-i686" % ", ".join(missing))
+    need_tool(*COMPILERS.values())
     root = _cache_directory()
     os.makedirs(root, exist_ok=True)
     jobs = []

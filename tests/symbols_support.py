@@ -5,25 +5,19 @@ Tests that need them skip (with the reason) when clang or lld-link is missing.""
 
 import os
 import re
-import shutil
 import struct
 import subprocess
-
-import pytest
 
 from dbgext.pe import PEImage
 from dbgext.symbols.pdb import PdbFile
 from dbgext.symbols.types import pdb_type_text, pdb_type_view
 from minidump_writer import write_minidump
+from requirements import need_tool
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join(HERE, "data", "symbols", "kernel_shapes.c")
 TRIPLES = {"x64": "x86_64-pc-windows-msvc", "x86": "i686-pc-windows-msvc"}
 TOOLS = ("clang", "lld-link")
-
-
-def missing_tools():
-    return [tool for tool in TOOLS if shutil.which(tool) is None]
 
 
 class BuiltDll(object):
@@ -36,9 +30,7 @@ class BuiltDll(object):
 
 def build_dll(directory, arch, source=SOURCE, name="kernel_shapes", extra_link=()):
     """Compile and link ``source`` into ``directory``; a BuiltDll."""
-    missing = missing_tools()
-    if missing:
-        pytest.skip("PDB fixtures need %s (Debian packages clang and lld)" % " and ".join(missing))
+    need_tool(*TOOLS)
     obj = os.path.join(directory, "%s_%s.obj" % (name, arch))
     dll = os.path.join(directory, "%s_%s.dll" % (name, arch))
     pdb = os.path.join(directory, "%s_%s.pdb" % (name, arch))
@@ -63,8 +55,7 @@ def mapped_image(path):
 
 
 def llvm_pdbutil(*args):
-    if shutil.which("llvm-pdbutil") is None:
-        pytest.skip("the cross-check needs llvm-pdbutil (Debian package llvm)")
+    need_tool("llvm-pdbutil")
     return subprocess.run(["llvm-pdbutil"] + list(args), check=True, capture_output=True).stdout.decode("utf-8", "replace")
 
 

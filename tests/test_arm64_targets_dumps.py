@@ -31,6 +31,7 @@ from dumps_support import (
     KERNEL_POOL, NON_CANONICAL, NT_BASE, SMALL_DUMP_OFFSETS, UNMAPPED_KERNEL, USER_BLOB, kernel_scenario,
     probe_addresses, scenario_bytes)
 
+from requirements import need_module
 KDBG_ADDRESS = NT_BASE + 0x3000
 REGISTERS = {"pc": NT_BASE + 0x1230, "sp": KERNEL_POOL + 0x800, "fp": KERNEL_POOL + 0x900, "lr": NT_BASE + 0x1300,
              "x0": 0x1122334455667788, "x18": KERNEL_POOL}
@@ -195,7 +196,7 @@ def test_valid_pages_and_blocks_read_and_invalid_or_reserved_descriptors_do_not(
 
 
 def test_kdmp_parser_reads_the_physical_pages_of_the_arm64_files(written, scenario):
-    kdmp_parser = pytest.importorskip("kdmp_parser", reason="kdmp-parser is the physical-layout oracle")
+    kdmp_parser = need_module("kdmp_parser", "kdmp-parser")  # the physical-layout oracle
     _, path = written
     dump = kdmp_parser.KernelDumpParser(path)
     backend = KernelDumpBackend(path)

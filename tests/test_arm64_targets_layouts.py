@@ -13,7 +13,7 @@ import pytest
 from dbgext.errors import LayoutNotFound
 from dbgext.etwcache import layouts as etw_layouts
 from dbgext.layouts import BuiltinLayouts, lookup_layout
-from dbgext.rtltrace import analyze
+from dbgext.rtltrace import walk
 from dbgext.rtltrace.layouts import DATABASE_TYPE, USER_LAYOUTS
 from dbgext.stacks.threads import BUILTIN as THREAD_LAYOUTS
 from dbgext.target.base import Target
@@ -41,7 +41,7 @@ def test_an_arm64_target_takes_the_x64_row_only_where_the_table_says_so():
 def test_a_user_trace_database_walks_on_an_arm64_target_as_on_x64():
     scenario, builder = database("user-x64", distinct=60, adds=150)
     target = arm64_copy(scenario)
-    db = analyze(target, builder.address)
+    db = walk(target, builder.address)
     assert (db.layout.name, db.layout.pointer_size) == ("user-arm64", 8)
     assert db.problems == [] and len(db.blocks) == builder.traces == 60
 

@@ -20,6 +20,7 @@ from dbgext.sample.scenario import Scenario, Thread
 
 from dumps_support import probe_addresses, random_bytes, scenario_bytes
 from minidump_writer import write_minidump
+from requirements import need_module
 
 EXE, DLL = 0x7FF612340000, 0x7FFB00000000
 FAULT = EXE + 0x1A2C
@@ -101,7 +102,7 @@ def test_dumpinfo_and_k_show_the_arm64_context_of_the_exception_thread(written):
 
 
 def test_the_minidump_package_does_not_know_windows_arm64_minidumps(written):
-    pytest.importorskip("minidump", reason="the minidump package is the minidump oracle")
+    need_module("minidump")  # the minidump oracle
     from minidump.minidumpfile import MinidumpFile
     _, path = written
     with pytest.raises(Exception, match="12 is not a valid PROCESSOR_ARCHITECTURE"):

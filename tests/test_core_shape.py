@@ -45,6 +45,14 @@ def test_the_problem_log_caps_each_kind_and_says_how_many_it_left_out():
     assert log.as_list()[-2]["kind"] == "other"
 
 
+def test_the_problem_log_is_a_sequence_of_listed_problems_not_a_list_with_another_count():
+    log = ProblemLog()
+    log.add("loop", 1, "cycle")
+    assert not isinstance(log, list) and not hasattr(log, "insert")
+    assert len(log) == 1 and log[0].kind == "loop" and log == [Problem("loop", 1, "cycle")] and log
+    assert not ProblemLog() and ProblemLog() == []
+
+
 # -- addresses -----------------------------------------------------------------
 
 def _kernel_target():
@@ -142,7 +150,7 @@ def test_layout_reads_a_field_from_target_memory():
 def test_a_wrong_signature_names_what_was_found():
     error = WrongSignature("RTL_TRACE_DATABASE", 0xFFFFC08000000000, "Magic 0x00000000")
     assert str(error) == ("no RTL_TRACE_DATABASE at ffffc080`00000000: found Magic 0x00000000 there "
-                          "(give --force to walk it anyway)")
+                          "(force=True walks it anyway)")
     assert EXIT_PROBLEMS == 4
 
 

@@ -20,8 +20,6 @@ from dumps_support import (
     NON_CANONICAL, NT_BASE, UNMAPPED_KERNEL, USER_BLOB, kdmp_loaded_modules, kdmp_read, kernel_scenario,
     open_kdmp, probe_addresses, random_bytes, scenario_bytes)
 
-kdmp_parser = pytest.importorskip("kdmp_parser")
-
 
 @pytest.fixture(scope="module", params=["full", "bitmap"])
 def written(request, tmp_path_factory):

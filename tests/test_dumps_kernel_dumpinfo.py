@@ -3,6 +3,7 @@ parts a small dump maps, KDDEBUGGER_DATA64 and where structure offsets come from
 
 import io
 import json
+import os
 
 import pytest
 
@@ -62,11 +63,13 @@ def test_the_json_document_of_a_small_dump(small):
     assert document["problems"] == []
 
 
-def test_a_full_dump_reports_its_physical_memory(tmp_path):
+def test_a_full_dump_reports_its_physical_page_count(tmp_path):
     path = write_kernel_dump(kernel_scenario(seed=71, blobs=2), str(tmp_path / "full.dmp"))
+    # A full dump is its 0x2000-byte header followed by every physical page it holds.
+    pages = (os.path.getsize(path) - 0x2000) // 0x1000
     code, text, _ = run(["dumpinfo", "--dump", path])
-    assert code == 0
-    assert "Dump type:        1, kernel-dump" in text and "Physical memory:" in text
+    assert code == 0 and pages > 100
+    assert "Dump type:        1, kernel-dump" in text and "Physical memory:  %d pages (" % pages in text
     assert "KDDEBUGGER_DATA64: none in this dump" in text
     assert "_KPRCB     from built-in tables" in text
 

@@ -439,8 +439,6 @@ def test_partly_held_pages_name_the_bytes_they_hold(written):
     assert DATA_PAGE not in partial
 
 
-@pytest.mark.skipif(not hasattr(dbgext.target.Backend, "partial_pages"),
-                    reason="Target does not yet honour Backend.partial_pages()")
 def test_bytes_below_the_stack_pointer_are_unreadable(written):
     _, _, path = written
     target = dbgext.open(path)

@@ -63,7 +63,6 @@ def test_every_page_of_every_type_reads_back(typed):
 
 
 def test_rdmp_dumps_round_trip_through_kdmp_parser(rdmp):
-    pytest.importorskip("kdmp_parser")
     dump_type, scenario, path = rdmp
     dump = open_kdmp(path)
     assert int(dump.type) == dump_type
@@ -74,7 +73,6 @@ def test_rdmp_dumps_round_trip_through_kdmp_parser(rdmp):
 
 
 def test_dbgext_and_kdmp_parser_agree_on_random_addresses_of_rdmp_dumps(rdmp, capfd):
-    pytest.importorskip("kdmp_parser")
     dump_type, scenario, path = rdmp
     dump = open_kdmp(path)
     target = dbgext.open(path)

@@ -17,8 +17,6 @@ from dbgext.sample.scenario import Scenario, Thread
 
 from dumps_support import minidump_read, minidump_reader, probe_addresses, scenario_bytes, user_scenario
 
-pytest.importorskip("minidump")
-
 CRASH = {"thread_id": 0x1A4, "code": 0xC0000005, "address": 0x401234, "parameters": [1, 0xDEAD]}
 
 

@@ -21,8 +21,6 @@ from dbgext.sample.scenario import Scenario
 
 from dumps_support import minidump_read, minidump_reader, user_scenario
 
-pytest.importorskip("minidump")
-
 CRASH = {"thread_id": 0x1A4, "code": 0xC0000005, "address": 0x401234, "parameters": [1, 0xDEAD]}
 THREAD_INFO = {0x1A0: {"flags": 0x2, "create_time": 0x01DB000000001000, "start_address": 0x7FF612341000,
                        "affinity": 3, "kernel_time": 10, "user_time": 20},

@@ -8,8 +8,9 @@ import uuid
 import pytest
 
 from dbgext.errors import BadInput
-from dbgext.etl import INTEL_PT_GUID, STACKWALK_GUID, EtlReader, EtlWriter, iter_events
+from dbgext.etl import INTEL_PT_GUID, STACKWALK_GUID, EtlReader, iter_events
 from dbgext.etl import format as fmt
+from etl_writer import EtlWriter
 from dbgext.etl.stackwalk import decode, stack_walk_records
 
 KERNEL = [0xFFFFF80000001000, 0xFFFFF80000002000]

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from dbgext.etl import EtlWriter
+from etl_writer import EtlWriter
 from dbgext.etwcache import fixtures, layouts
 
 from dbgext.errors import EXIT_PROBLEMS
@@ -62,7 +62,7 @@ def test_older_build_profile_places_stack_cache_at_0x348():
 def test_unknown_build_without_types_asks_for_addresses():
     scenario, context, builder = scenario_with_cache(STACKS, "B", 257, 300, build=30000, with_types=False)
     code, text = run(["etwstacks"], scenario.target(with_types=False))
-    assert code == 1 and "--logger-context" in text
+    assert code == 1 and "give the logger context's or the stack cache's address" in text
     code, document = run_json(["etwstacks", "--cache", "%x" % builder.address], scenario.target(with_types=False))
     assert code == 0
     [logger] = document["loggers"]
@@ -93,10 +93,18 @@ def test_text_summary_shows_configuration_histograms_and_advice(cached):
     assert "occupancy" in text and "frames per stack" in text and "advice" in text
 
 
-def test_buckets_lists_mru_order_with_a_limit(cached):
-    scenario, _context, _builder = cached
-    code, text = run(["etwstacks", "--buckets", "--limit", "2"], scenario.target())
-    assert code == 0 and "position 0 = most recently used" in text and "--limit 0n2" in text
+def test_buckets_lists_the_first_limit_non_empty_buckets_each_in_mru_order(cached):
+    scenario, _context, builder = cached
+    non_empty = [index for index in range(257) if builder.bucket_entries(index)]
+    # Enough buckets to reach the first one holding more than one stack.
+    limit = 1 + next(n for n, index in enumerate(non_empty) if len(builder.bucket_entries(index)) > 1)
+    code, text = run(["etwstacks", "--buckets", "--limit", "0n%d" % limit], scenario.target())
+    assert code == 0 and "position 0 = most recently used" in text and "--limit 0n%d" % limit in text
+    table = text.split("buckets (position 0 = most recently used):")[1].split("(more non-empty")[0]
+    rows = [line.split()[:3] for line in table.strip().splitlines()[2:]]
+    # The builder's bucket lists run from the list head's Flink: most recently used first.
+    assert rows == [[str(index), str(position), hexaddr(key)] for index in non_empty[:limit]
+                    for position, key in enumerate(builder.bucket_entries(index))]
 
 
 def test_key_lookup_symbolizes_the_stack(cached):

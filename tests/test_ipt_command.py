@@ -301,7 +301,8 @@ def test_scan_the_dump(files):
 
 
 def test_scan_an_etl_file(files, tmp_path):
-    from dbgext.etl import INTEL_PT_GUID, EtlWriter
+    from dbgext.etl import INTEL_PT_GUID
+    from etl_writer import EtlWriter
     trace = files["trace"].read_bytes()
     payload = sources.encode_event_header(1, 4, 8, 0x1000001, len(trace), len(trace)) + trace
     writer = EtlWriter()
@@ -327,7 +328,8 @@ def test_scan_an_etl_file(files, tmp_path):
 
 def test_a_compressed_etl_is_decoded_and_undecodable_buffers_are_counted_once(files, tmp_path):
     from xpress_support import compress_etl
-    from dbgext.etl import INTEL_PT_GUID, EtlWriter
+    from dbgext.etl import INTEL_PT_GUID
+    from etl_writer import EtlWriter
     trace = files["trace"].read_bytes()
     payload = sources.encode_event_header(1, 4, 8, 0x1000001, len(trace), len(trace)) + trace
     writer = EtlWriter(buffer_size=0x1000)

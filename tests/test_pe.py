@@ -2,7 +2,6 @@
 gcc, clang + lld-link) and cross-checked with llvm-readobj; plus hostile headers."""
 
 import re
-import shutil
 import subprocess
 
 import pytest
@@ -10,6 +9,7 @@ import pytest
 from dbgext.errors import BadInput
 from dbgext.pe import PEImage, undecorate
 from dbgext.stackuse.fixtures import Function, build_pe
+from requirements import need_tool
 
 TOOLS = ["i686-w64-mingw32-gcc", "clang", "lld-link", "llvm-readobj"]
 
@@ -42,9 +42,7 @@ def _readobj(path, option):
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    missing = [tool for tool in TOOLS if shutil.which(tool) is None]
-    if missing:
-        pytest.skip("needs %s (apt-get install gcc-mingw-w64-i686 clang lld llvm)" % ", ".join(missing))
+    need_tool(*TOOLS)
     directory = tmp_path_factory.mktemp("pe")
     (directory / "lib.c").write_text(SOURCE)
     (directory / "seh.s").write_text(SAFESEH)

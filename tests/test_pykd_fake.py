@@ -11,8 +11,18 @@ import fake_pykd
 from fake_pykd import make_fake_pykd
 from dbgext.sample.scenario import Scenario
 from pykd_support import DRIVER_BASE, NT_BASE, DebuggerOutput, kernel_scenario
+from requirements import need_file
 
-SURFACE = "/work/shared/reference/pykd-0.3.4.15-surface.json"
+# The reference beside the repository (../shared/reference), never copied into it.
+SURFACE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                       "shared", "reference", "pykd-0.3.4.15-surface.json")
+
+
+def load_surface():
+    """The pykd surface reference; the calling test is skipped (which fails the run)
+    when the reference is not beside the repository."""
+    with open(need_file(SURFACE, "the project's shared/reference beside the repository")) as handle:
+        return json.load(handle)
 
 
 @pytest.fixture
@@ -403,11 +413,9 @@ def test_calls_are_counted_per_function(kernel):
     assert pykd.fake_calls == {"ptrByte": 2, "loadBytes": 1}
 
 
-@pytest.mark.skipif(not os.path.exists(SURFACE), reason="pykd surface reference not present")
 def test_the_fake_exposes_the_whole_pykd_surface(kernel):
     pykd, _ = kernel
-    with open(SURFACE) as handle:
-        surface = json.load(handle)
+    surface = load_surface()
     names = list(surface["functions"]) + list(surface["classes"]) + list(surface["enums"]) + \
         list(surface["exceptions"]) + list(surface["module_attributes"])
     assert [name for name in names if not hasattr(pykd, name)] == []
@@ -425,10 +433,7 @@ def test_the_fake_exposes_the_whole_pykd_surface(kernel):
 
 def test_the_fake_keeps_keyword_names_of_the_surface(kernel):
     pykd, _ = kernel
-    if not os.path.exists(SURFACE):
-        pytest.skip("pykd surface reference not present")
-    with open(SURFACE) as handle:
-        surface = json.load(handle)
+    surface = load_surface()
     import inspect
     for name, overloads in surface["functions"].items():
         function = getattr(pykd, name)

@@ -16,6 +16,7 @@ from dbgext.cli import main
 from dbgext.etl import EtlReader
 from dbgext.etl import format as fmt
 from dbgext.etwcache.layouts import KERNEL_SPACE_START
+from requirements import need_module
 
 ETL = Path(__file__).resolve().parents[1].parent / "shared" / "realworld" / "etl"
 COMPRESSED = ["perfview__net.4.5.2.x64", "perfview__net.4.5.2.x86", "perfview__SelfDescribingSingleEvent"]
@@ -92,7 +93,7 @@ def dissect_stack_lookups(path):
 
 @pytest.mark.parametrize("name, lookups", [("perfview__net.4.5.2.x64", 9359), ("perfview__net.4.5.2.x86", 12401)])
 def test_etwstacks_simulate_sees_the_stack_lookups_dissect_etl_finds(name, lookups):
-    pytest.importorskip("dissect.etl", reason="dissect.etl (a test-only dependency) is not installed")
+    need_module("dissect.etl")
     expected, _ = dissect_stack_lookups(real(ETL / "derived" / (name + ".decompressed.etl")))
     assert expected == lookups
     code, out, err = run(["etwstacks", "--simulate", "--stacks", real(ETL / (name + ".etl")), "--bucket-count",

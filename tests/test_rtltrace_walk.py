@@ -4,7 +4,8 @@ import pytest
 
 from dbgext.errors import EXIT_PROBLEMS
 from dbgext.render.text import hexaddr
-from dbgext.rtltrace import analyze
+from dbgext.rtltrace import find, name_frames, walk
+from dbgext.rtltrace.render import shown_traces, top_traces
 from dbgext.rtltrace.fixtures import TraceDatabaseBuilder
 from dbgext.rtltrace.hashing import pointer_sum_hash
 
@@ -21,7 +22,7 @@ def built(request):
 
 def test_a_windows_built_database_has_no_problems(built):
     layout, scenario, builder, target = built
-    db = analyze(target, builder.address)
+    db = walk(target, builder.address)
     assert db.layout.name == layout
     assert "recognised from memory" in db.layout.reason
     assert db.problems == []
@@ -48,8 +49,9 @@ def test_json_output_follows_the_contract(built):
     assert set(document["segments"][0]) >= {"address", "start", "end", "free", "total_size"}
     assert document["blocks_found"] == 300
     entry = document["trace_list"][0]
-    assert set(entry) == {"address", "bucket", "count", "depth", "frames"}
+    assert set(entry) == {"address", "bucket", "count", "depth", "frames", "symbols"}
     assert entry["frames"] == builder.frames_of(entry["address"])
+    assert len(entry["symbols"]) == len(entry["frames"]) and all(entry["symbols"])   # what the text shows
     assert entry["bucket"] == builder.bucket_of(entry["frames"])
     assert entry["count"] == builder.block_count(entry["frames"])
     assert document["problems"] == []
@@ -95,7 +97,7 @@ def test_layout_option_overrides_and_a_wrong_one_shows_problems():
     scenario, builder = database("kernel-x64", distinct=20, adds=20)
     document = run_json(["0x%x" % builder.address, "--layout", "user-x64"], target=scenario.target())
     assert document["layout"] == "user-x64"
-    assert document["layout_reason"] == "chosen with --layout"
+    assert document["layout_reason"] == "chosen by name"
     assert document["layout_sources"]["database"] == "built-in"
     assert document["problems"]
 
@@ -230,7 +232,7 @@ def test_find_lists_every_database_in_memory():
 def test_the_walk_reads_memory_in_bulk_not_per_field():
     scenario, builder = database("user-x64", distinct=3000, adds=3000)
     target = scenario.target()
-    analyze(target, builder.address)
+    walk(target, builder.address)
     stats = target.stats
     assert stats.backend_calls <= stats.backend_pages
     assert stats.backend_calls < 60 < stats.backend_pages  # a few calls per 16-page segment
@@ -283,15 +285,32 @@ def test_validate_exits_4_when_it_finds_problems_and_0_when_not():
     assert code == EXIT_PROBLEMS and "count_mismatch" in text
 
 
-def test_a_script_analyzes_through_the_public_api_alone():
+def test_a_script_walks_and_finds_through_the_public_api_alone():
     scenario, first, second = two_databases(adds=60)
     target = scenario.target()
-    db = analyze(target, first.address, sort="depth", limit=3)
+    db = walk(target, first.address)
     document = db.as_dict()
     assert list(document)[0] == "schema_version" and document["schema_version"] == 1
-    assert db.statistics["blocks_found"] == 30 and len(db.selection.blocks) == 3
-    assert [block.size for block in db.selection.blocks] == sorted((b.size for b in db.blocks), reverse=True)[:3]
-    assert db.top_traces[0].count == max(block.count for block in db.blocks)
-    search = analyze(target)  # no address: find every database, and analyze each
+    assert db.statistics["blocks_found"] == 30 and len(db.selection.blocks) == 30
+    search = find(target, walk=True)  # every database in memory, each walked
     assert [database.address for database in search.databases] == [first.address, second.address]
     assert search.as_dict()["schema_version"] == 1 and not search.problems
+
+
+def test_the_display_choices_order_and_cut_the_traces_outside_the_walk():
+    scenario, first, _ = two_databases(adds=60)
+    db = walk(scenario.target(), first.address)
+    deepest = shown_traces(db, "depth", 3)
+    assert [block.size for block in deepest] == sorted((b.size for b in db.blocks), reverse=True)[:3]
+    assert top_traces(db, 1)[0].count == max(block.count for block in db.blocks)
+
+
+def test_the_json_of_the_traces_shown_carries_the_names_of_their_frames():
+    scenario, first, _ = two_databases(adds=60)
+    target = scenario.target()
+    db = walk(target, first.address)
+    shown = shown_traces(db, "count", 2)
+    document = name_frames(target, db, shown).as_dict(traces=shown)
+    assert [trace["address"] for trace in document["trace_list"]] == [block.address for block in shown]
+    for trace in document["trace_list"]:
+        assert trace["symbols"] == [target.symbolize(frame) for frame in trace["frames"]] and trace["symbols"]

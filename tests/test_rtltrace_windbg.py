@@ -28,7 +28,7 @@ def test_the_bucket_link_target_runs_and_lists_that_chain():
     bucket = max(range(builder.buckets), key=lambda b: len(builder.bucket_chain(b)))
     text, _ = run_windbg_script("rtltrace", ["0x%x" % builder.address, "--bucket", "%x" % bucket,
                                              "--layout", "kernel-x64"], scenario, mode="kernel")
-    assert "Bucket %d of 211" % bucket in text
+    assert "Bucket 0x%x (of 211)" % bucket in text
     for block in builder.bucket_chain(bucket):
         assert '<link cmd="dps 0x%x' % (block + 0x38) in text
 

@@ -15,7 +15,6 @@ as dbghelp uses them.
 import collections
 import os
 import re
-import shutil
 import subprocess
 
 import pytest
@@ -27,6 +26,7 @@ from dbgext.symbols.match import PdbModuleSymbols
 from dbgext.symbols.pdb import PdbFile
 
 from stacks_support import REALWORLD, X86_STACK_LIMIT, X86_STACK_SIZE, execute_x86, load_x86_image
+from requirements import need_tool
 
 PDB_ROOT = os.path.join(REALWORLD, "pdb")
 # Every x86 PDB of the corpus (not the CAB-compressed one) ...
@@ -71,8 +71,7 @@ def llvm_fpo_records(path):
 
 @pytest.mark.parametrize("relative", X86_PDBS)
 def test_fpo_and_framedata_records_are_the_ones_llvm_pdbutil_lists(relative):
-    if shutil.which("llvm-pdbutil") is None:
-        pytest.skip("llvm-pdbutil (Debian llvm) is not installed")
+    need_tool("llvm-pdbutil")
     path = os.path.join(PDB_ROOT, relative)
     table = read_frame_table(PdbFile(path))
     old, new = llvm_fpo_records(path)

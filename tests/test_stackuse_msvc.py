@@ -14,6 +14,7 @@ import zipfile
 import pytest
 
 from dbgext.stackuse import analyze
+from requirements import need_file
 
 WHEEL = "pywin32-306-cp38-cp38-win32.whl"
 DIRECTORY = os.environ.get("DBGEXT_WIN32_WHEELS", os.path.join(os.path.expanduser("~"), ".cache", "dbgext-wheels"))
@@ -22,9 +23,7 @@ DIRECTORY = os.environ.get("DBGEXT_WIN32_WHEELS", os.path.join(os.path.expanduse
 @pytest.fixture(scope="module")
 def member(tmp_path_factory):
     path = os.path.join(DIRECTORY, WHEEL)
-    if not os.path.exists(path):
-        pytest.skip("%s not in %s (set DBGEXT_WIN32_WHEELS; see this file's docstring for the pip line)"
-                    % (WHEEL, DIRECTORY))
+    need_file(path, "set DBGEXT_WIN32_WHEELS; .ci/run downloads it, see this file's docstring")
     directory = tmp_path_factory.mktemp("pywin32")
 
     def extract(name):

@@ -85,11 +85,14 @@ def test_argument_pushes_are_counted_at_each_call_site_not_in_the_frame(built):
         assert deeper and all(extra % 4 == 0 for extra in deeper)
 
 
-def test_a_pdb_names_every_function_and_a_foreign_one_is_refused(built, tmp_path):
+# Only the clang builds have a PDB.
+CLANG_BUILDS = [config for config in BUILDS if config[0].startswith("clang")]
+
+
+@pytest.mark.parametrize("toolchain, level", CLANG_BUILDS, ids=["%s-%s" % config for config in CLANG_BUILDS])
+def test_a_pdb_names_every_function_and_a_foreign_one_is_refused(toolchain, level):
     from dbgext.errors import BadInput
-    result, _ = built
-    if not result.toolchain.startswith("clang"):
-        pytest.skip("only the clang builds have a PDB")
+    result = build_for_test(toolchain, level, source=CORPUS)
     pdb = os.path.join(os.path.dirname(result.path), "corpus.pdb")
     named = analyze(pe=result.path, pdb=pdb)
     by_rva = {function.rva: function for function in named.functions}

@@ -15,14 +15,13 @@ import time
 
 import pytest
 
-pytest.importorskip("duckdb")
+from dbgext.cli import main
+from dbgext.errors import EXIT_PROBLEMS
+from dbgext.triage.store import TriageStore
 
-from dbgext.cli import main  # noqa: E402
-from dbgext.errors import EXIT_PROBLEMS  # noqa: E402
-from dbgext.triage.store import TriageStore  # noqa: E402
-
-import triage_support  # noqa: E402
-from triage_support import crash_scenario, write_dump, write_triage_directory  # noqa: E402
+import triage_support
+from requirements import need_module
+from triage_support import crash_scenario, write_dump, write_triage_directory
 
 TESTS_DIRECTORY = os.path.dirname(os.path.abspath(__file__))
 PLUGIN = "triage_support:register_test_analyses"
@@ -203,7 +202,7 @@ def test_a_run_killed_midway_loses_nothing_done_and_resumes(tmp_path):
 
 
 def test_the_dask_path_records_good_failed_and_hung_dumps(tmp_path):
-    pytest.importorskip("distributed")
+    need_module("distributed", "dask[distributed]")
     from distributed import LocalCluster
 
     directory = tmp_path / "dumps"

@@ -17,13 +17,11 @@ import time
 
 import pytest
 
-pytest.importorskip("duckdb")
+from dbgext.cli import main
+from dbgext.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_PROBLEMS
+from dbgext.triage.store import TriageStore
 
-from dbgext.cli import main  # noqa: E402
-from dbgext.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_PROBLEMS  # noqa: E402
-from dbgext.triage.store import TriageStore  # noqa: E402
-
-from triage_support import crash_scenario, write_dump  # noqa: E402
+from triage_support import crash_scenario, write_dump
 
 TESTS_DIRECTORY = os.path.dirname(os.path.abspath(__file__))
 PLUGIN = "triage_support:register_test_analyses"
@@ -172,7 +170,7 @@ def test_parquet_onto_an_existing_export_is_refused_unless_forced(recorded, tmp_
     assert triage("report", "--db", db, "--parquet", str(export))[0] == EXIT_OK
     stamp = os.path.getmtime(str(export / "dumps.parquet"))
     code, text = triage("report", "--db", db, "--parquet", str(export))
-    assert code == EXIT_ERROR and "already exists (give --force to replace the export)" in text
+    assert code == EXIT_ERROR and "already exists (replace it to export again)" in text
     assert os.path.getmtime(str(export / "dumps.parquet")) == stamp
     assert triage("report", "--db", db, "--parquet", str(export), "--force")[0] == EXIT_OK
 

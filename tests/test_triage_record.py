@@ -11,7 +11,7 @@ from dbgext.problems import Problem
 from dbgext.symbols.module import EXPORT_SYMBOLS
 from dbgext.triage import record as record_module
 from dbgext.triage.bugchecks import BUGCHECK_NAMES, bugcheck_name, describe_crash
-from dbgext.triage.record import (STATUS_FAILED, STATUS_OK, Analysis, DumpRecord, build_record, content_hash,
+from dbgext.triage.record import (STATUS_FAILED, STATUS_OK, DumpRecord, build_record, content_hash,
                                   iso_time, register_analysis, select_analyses, unregister_analysis)
 
 from triage_support import DRIVER_BASE, DRIVER_TIMESTAMP, crash_scenario
@@ -22,9 +22,9 @@ def scratch_analyses():
     """Register analyses for one test only."""
     names = []
 
-    def register(name, summarize, requires=None):
+    def register(name, summarize):
         names.append(name)
-        return register_analysis(name, summarize, requires)
+        return register_analysis(name, summarize)
 
     yield register
     for name in names:
@@ -129,7 +129,6 @@ def test_a_minidump_is_named_by_its_exception():
 
 
 def test_without_a_named_faulting_address_the_first_frame_past_the_plumbing_is_blamed():
-    pytest.importorskip("dbgext.stacks")
     scenario = crash_scenario()
     scenario.bugcheck = (0xE2, 0, 0, 0, 0)    # MANUALLY_INITIATED_CRASH names no instruction
     record = build_record(scenario.target(), analyses=[])
@@ -194,11 +193,14 @@ def test_an_analysis_that_raises_fails_the_record_but_keeps_the_rest(scratch_ana
     assert record.bucket == "0xD1_mydrv!DispatchIoctl"
 
 
-def test_an_analysis_whose_package_is_missing_is_simply_absent(scratch_analyses):
-    scratch_analyses("needs-missing", lambda target: {"x": 1}, requires="dbgext.no_such_package")
-    assert "needs-missing" not in [a.name for a in select_analyses()]
-    assert select_analyses(["needs-missing"]) == []
-    assert not Analysis("x", None, requires="dbgext.no_such_package").available()
+def test_an_analysis_whose_package_fails_to_import_fails_in_the_record_not_silently(scratch_analyses):
+    def needs_missing(target):
+        import dbgext.no_such_package  # noqa: F401
+    scratch_analyses("needs-missing", needs_missing)
+    assert "needs-missing" in [a.name for a in select_analyses()]
+    record = build_record(crash_scenario("mydrv", "DispatchIoctl", 0xD1, salt=1).target(),
+                          analyses=select_analyses(["needs-missing"]))
+    assert record.status == STATUS_FAILED and "No module named 'dbgext.no_such_package'" in record.reason
 
 
 def test_an_unknown_analysis_name_is_bad_input():

@@ -1,16 +1,19 @@
 """The DuckDB store and the WER-like report, over hand-made records (no dumps)."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 
-pytest.importorskip("duckdb")
-
-from dbgext.errors import DbgextError  # noqa: E402
-from dbgext.problems import Problem  # noqa: E402
-from dbgext.triage.record import DumpRecord, failed_record  # noqa: E402
-from dbgext.triage.report import build_report, render_report  # noqa: E402
-from dbgext.triage.signature import CrashFrame, bucket_key  # noqa: E402
-from dbgext.triage.store import TriageStore  # noqa: E402
-from dbgext.render.output import Output  # noqa: E402
+from dbgext.errors import DbgextError
+from dbgext.problems import Problem
+from dbgext.triage.record import DumpRecord, failed_record
+from dbgext.triage.report import build_report, render_report
+from dbgext.triage.signature import CrashFrame, bucket_key
+from dbgext.triage.store import TriageStore
+from dbgext.render.output import Output
+from requirements import need_file
 
 DRIVER_BASE = 0xFFFFF80001000000
 
@@ -179,5 +182,34 @@ def test_a_database_of_the_old_schema_is_refused_by_name(tmp_path):
     connection = duckdb.connect(path)
     connection.execute("CREATE TABLE dumps (hash VARCHAR PRIMARY KEY)")
     connection.close()
-    with pytest.raises(DbgextError, match="schema version 1.*give a new --db"):
+    with pytest.raises(DbgextError, match="schema version 1.*use a new database"):
         TriageStore(path)
+
+
+# -- across Python versions --------------------------------------------------------------------
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# scripts/test.sh's other venv, beside the one running the tests: the newest DuckDB
+# under the default Python (.venv), the last one for 3.8, 1.2 (.venv38).
+OTHER_PYTHON = os.environ.get("DBGEXT_OTHER_PYTHON") or os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(sys.executable))),
+    ".venv" if sys.version_info < (3, 9) else ".venv38", "bin", "python")
+READ_BACK = ("import sys; from dbgext.triage.store import TriageStore\n"
+             "with TriageStore(sys.argv[1], read_only=True) as store:\n"
+             "    print(sorted(store.status_by_hash().items()))\n")
+
+
+def test_a_database_written_here_is_read_by_the_other_supported_python_and_its_duckdb(tmp_path):
+    other = need_file(OTHER_PYTHON, "scripts/test.sh makes both venvs; or set DBGEXT_OTHER_PYTHON")
+    path = str(tmp_path / "results.duckdb")
+    with TriageStore(path) as written:
+        written.add(crash("a" * 64, "mydrv!CopyLeaf"))
+        written.add(crash("b" * 64, "otherdrv!Parse", code=0x50))
+    versions = subprocess.run([other, "-c", "import duckdb, sys; print(sys.version_info[:2], duckdb.__version__)"],
+                              stdout=subprocess.PIPE, universal_newlines=True, check=True).stdout
+    import duckdb
+    assert duckdb.__version__ not in versions   # a real cross-version check
+    read = subprocess.run([other, "-c", READ_BACK, path], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          universal_newlines=True, env=dict(os.environ, PYTHONPATH=ROOT), timeout=120)
+    assert read.returncode == 0, read.stderr
+    assert read.stdout.strip() == "[('%s', 'ok'), ('%s', 'ok')]" % ("a" * 64, "b" * 64)

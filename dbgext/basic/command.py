@@ -4,7 +4,8 @@ call :mod:`dbgext.basic.memory`, render with :mod:`dbgext.basic.format`)."""
 from ..command import Command
 from ..errors import BadInput
 from . import format as layout
-from ..address import TargetResolver, evaluate, parse_range
+from ..address import evaluate, parse_range
+from ..pseudo_registers import PseudoRegisterResolver
 from .memory import list_modules, read_pointers, read_units
 
 # name -> (unit bytes or None for pointer-sized, default count, help)
@@ -25,7 +26,7 @@ def _add_range_arguments(parser):
 
 def _start_and_count(ctx, args, unit, default_count):
     target = ctx.target
-    resolver = TargetResolver(target)
+    resolver = PseudoRegisterResolver(target)
     address = evaluate(args.address, resolver)
     if target.pointer_size == 4 and address >> 32 == 0xFFFFFFFF:
         address &= 0xFFFFFFFF  # WinDbg's sign-extended form of a 32-bit address
@@ -44,7 +45,7 @@ def _run_units(name):
             ctx.out.json(display.as_dict())
             return 0
         if display.clamped:
-            ctx.out.line(layout.clamp_note(display.requested, len(display.values), unit))
+            ctx.err.line(layout.clamp_note(display.requested, len(display.values), unit))
         render = layout.byte_lines if unit == 1 else layout.unit_lines
         ctx.out.lines(render(display, target.format_address))
         return 0
@@ -60,7 +61,7 @@ def _run_dps(ctx, args):
         return 0
     out = ctx.out
     if display.requested is not None:
-        out.line(layout.clamp_note(display.requested, len(display.entries), unit))
+        ctx.err.line(layout.clamp_note(display.requested, len(display.entries), unit))
     for entry in display.entries:
         where, value, symbol = layout.pointer_line_parts(entry, unit, target.format_address)
         if not out.dml or entry.value is None:

@@ -27,7 +27,7 @@ def layout_source(target, type_name):
     lookup_layout's order (type information, then KDDEBUGGER_DATA64)."""
     if target.type_size("nt!" + type_name) is not None:
         return {"type": type_name, "source": target.type_source("nt!" + type_name), "fields": None}
-    hints = target.backend.layout_hints(type_name)
+    hints = target.layout_hints(type_name)
     if hints:
         return {"type": type_name, "source": "KDDEBUGGER_DATA64", "fields": sorted(hints["fields"])}
     if target.arch == "arm64":   # the built-in kernel structure tables are x64's and x86's

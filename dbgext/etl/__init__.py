@@ -1,4 +1,4 @@
-"""A small reader (and, for tests, writer) of .etl trace files: WMI buffers, system /
+"""A small reader of .etl trace files (tests/etl_writer.py writes them): WMI buffers, system /
 classic / manifest event headers, and the kernel's StackWalk events.
 
     from dbgext.etl import EtlReader, iter_events
@@ -12,7 +12,6 @@ classic / manifest event headers, and the kernel's StackWalk events.
 
 from .format import INTEL_PT_GUID, STACKWALK_GUID, looks_like_etl
 from .reader import EtlReader, Event, ReadSummary, iter_events
-from .writer import EtlWriter
 
-__all__ = ["EtlReader", "EtlWriter", "Event", "ReadSummary", "iter_events", "looks_like_etl", "INTEL_PT_GUID",
+__all__ = ["EtlReader", "Event", "ReadSummary", "iter_events", "looks_like_etl", "INTEL_PT_GUID",
            "STACKWALK_GUID"]

@@ -5,7 +5,7 @@ results hold every derived fact and own their JSON (docs/json-schema/etwstacks.m
 
 from ..errors import BadInput, UnreadableMemory, WrongSignature
 from ..problems import ProblemLog
-from ..render.text import hexaddr
+from ..hexaddr import hexaddr
 from . import discover, layouts, replay
 from .validate import validate as validate_cache
 from .walk import read_cache
@@ -79,6 +79,7 @@ class CacheReport(object):
         self.problems.finish()
         self.advice = advice(state)
         self.frame_distribution = frame_distribution(state)
+        self.frame_names = {}   # frame -> name, for the stacks a caller shows (name_frames)
 
     @property
     def label(self):
@@ -116,6 +117,17 @@ class CacheReport(object):
                 "problems": self.problems.as_list(),
             },
         }
+
+
+def name_frames(target, report, entries, first_only=False):
+    """Name the frames of ``entries`` (cached stacks a caller is about to show; with
+    ``first_only`` just each one's top frame) in ``report.frame_names``."""
+    names = report.frame_names
+    for entry in entries:
+        for frame in entry.frames[:1] if first_only else entry.frames:
+            if frame not in names:
+                names[frame] = target.symbolize(frame)
+    return report
 
 
 class KeyLookup(object):

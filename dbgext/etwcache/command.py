@@ -3,7 +3,7 @@
 from ..command import Command
 from ..errors import EXIT_ERROR, EXIT_PROBLEMS, BadInput
 from . import layouts, render
-from .analysis import DEFAULT_BUCKET_COUNTS, DEFAULT_CACHE_SIZES, analyze, simulate
+from .analysis import DEFAULT_BUCKET_COUNTS, DEFAULT_CACHE_SIZES, analyze, name_frames, simulate
 from .streams import load_etl_stream, load_rtltrace_stream, load_stack_file
 
 DEFAULT_BUCKET_LIMIT = 64
@@ -57,7 +57,7 @@ def run(ctx, args):
         if args.json:
             ctx.out.json(result.key.as_dict())
         else:
-            render.key_lookup(ctx.out, ctx.target, result.key)
+            render.key_lookup(ctx.out, result.key)
         return 0 if result.key.found else EXIT_ERROR
     if args.json:
         ctx.out.json(result.as_dict())
@@ -67,13 +67,15 @@ def run(ctx, args):
     if not result.caches:
         ctx.out.line("no logger has stack caching enabled")
     for report in result.caches:
-        render.summary(ctx.out, ctx.target, report, args.validate)
+        render.summary(ctx.out, report, args.validate)
         if args.buckets and report.state.readable:
-            render.buckets(ctx.out, ctx.target, report, limit)
+            name_frames(ctx.target, report, report.state.entries, first_only=True)
+            render.buckets(ctx.out, report, limit)
             ctx.out.line()
         if args.entries:
+            name_frames(ctx.target, report, report.state.entries)
             for entry in report.state.entries:
-                render.stack(ctx.out, ctx.target, entry)
+                render.stack(ctx.out, entry, report.frame_names)
                 ctx.out.line()
     return EXIT_PROBLEMS if args.validate and result.problems.errors else 0
 

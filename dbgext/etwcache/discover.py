@@ -11,7 +11,7 @@ from ..layouts import lookup_layout
 from ..problems import ProblemLog
 from . import layouts
 
-ASK_FOR_ADDRESSES = "give --logger-context ADDR or --cache ADDR"
+ASK_FOR_ADDRESSES = "give the logger context's or the stack cache's address"
 
 
 class LoggerInfo(object):

@@ -1,5 +1,6 @@
 """Text views of analyzed caches, StackKey lookups and simulations (nothing is
-computed here: the results carry it).  Addresses are WinDbg style."""
+computed here: the results carry it, frame names included; views never touch the
+Target).  Addresses are WinDbg style."""
 
 from ..render.text import hexaddr
 from . import layouts
@@ -12,7 +13,7 @@ def layout_sources(out, logger_layouts):
              % (logger_layouts.logger.source, logger_layouts.silo.source))
 
 
-def summary(out, target, report, validated):
+def summary(out, report, validated):
     state = report.state
     out.line(report.label)
     if not state.readable:
@@ -61,7 +62,7 @@ def frames_command(entry):
                              min(entry.frame_count, layouts.FRAMES_PER_PIECE))
 
 
-def buckets(out, target, report, limit):
+def buckets(out, report, limit):
     """Each non-empty bucket's entries in MRU order (at most ``limit`` buckets)."""
     rows, links = [], {}
     shown = 0
@@ -77,27 +78,28 @@ def buckets(out, target, report, limit):
             links[(len(rows), 2)] = frames_command(entry)
             rows.append([str(index), str(entry.position), hexaddr(entry.key), str(entry.refcount),
                          "0x%08x" % entry.hash, str(entry.frame_count),
-                         target.symbolize(entry.frames[0]) if entry.frames else "-"])
+                         report.frame_names.get(entry.frames[0], "?") if entry.frames else "-"])
     out.table(rows, ["bucket", "pos", "key", "refs", "hash", "frames", "top frame"], links=links,
               title="buckets (position 0 = most recently used):")
     if more:
         out.line("  (more non-empty buckets not shown: --limit 0n%d)" % limit)
 
 
-def stack(out, target, entry):
+def stack(out, entry, names):
+    """One cached stack; ``names``: {frame: name} (a report's ``frame_names``)."""
     out.line("StackKey %s  bucket %d position %d  RefCount %d  hash 0x%08x  %d frames in %d piece(s)"
              % (hexaddr(entry.key), entry.bucket, entry.position, entry.refcount, entry.hash, entry.frame_count,
                 len(entry.pieces)))
     for number, frame in enumerate(entry.frames):
-        out.line("  %02x  %s  %s" % (number, target.format_address(frame), target.symbolize(frame)))
+        out.line("  %02x  %s  %s" % (number, hexaddr(frame), names.get(frame, "?")))
 
 
-def key_lookup(out, target, lookup):
+def key_lookup(out, lookup):
     if not lookup.found:
         out.line("StackKey %s is not cached: %s" % (hexaddr(lookup.key), lookup.detail))
         return
     out.line(lookup.report.label)
-    stack(out, target, lookup.entry)
+    stack(out, lookup.entry, dict(zip(lookup.entry.frames, lookup.symbols)))
 
 
 def simulation(out, report):

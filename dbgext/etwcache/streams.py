@@ -5,8 +5,9 @@ import io
 import json
 
 from ..errors import BadInput
-from ..render.text import hexaddr
+from ..hexaddr import hexaddr
 from ..etl.format import SIGNATURE_SIZE as ETL_SIGNATURE_SIZE, looks_like_etl
+from ..rtltrace import walk as walk_trace_database
 from .layouts import KERNEL_SPACE_START
 from .replay import StackStream
 
@@ -139,11 +140,7 @@ def load_rtltrace_stream(target, address):
     """The traces of the RTL_TRACE_DATABASE at ``address``, each referenced as often
     as its hit count, interleaved round-robin (every pass references each trace that
     still has hits left, in bucket-walk order) — a steady mix of the recorded stacks."""
-    try:
-        from ..rtltrace import analyze
-    except ImportError:
-        raise BadInput("the rtltrace package is not installed; use --stacks or --etl")
-    database = analyze(target, address)
+    database = walk_trace_database(target, address)
     stream = StackStream(source="RTL trace database %s (hit counts, round-robin)" % hexaddr(address))
     stream.problems.extend(database.problems)
     blocks = [(block.frames, max(block.count, 1)) for block in database.blocks if block.frames]

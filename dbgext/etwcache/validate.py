@@ -2,7 +2,7 @@
 could not read or follow): bucket sizes, hashes and buckets recomputed, piece
 frame counts, free/used overlap, SLIST depth, reference counts."""
 
-from ..render.text import hexaddr
+from ..hexaddr import hexaddr
 from . import layouts
 
 

@@ -17,7 +17,7 @@ import struct
 
 from ..errors import UnreadableMemory
 from ..problems import ProblemLog
-from ..render.text import hexaddr
+from ..hexaddr import hexaddr
 from ..stackhash import stack_trace_hash
 from ..target.base import PAGE_SIZE
 from . import layouts
@@ -311,7 +311,7 @@ def read_cache(target, address, variant=None, logger_context=None, logger_id=Non
                 return state
             variant = "B"
             state.problems.add("variant", address, "no layout variant fits (%s); walked as variant B as "
-                               "--force asks" % state.variant_detail, severity="warning")
+                               "forced" % state.variant_detail, severity="warning")
     else:
         state.variant_confidence = "given"
     state.variant = variant

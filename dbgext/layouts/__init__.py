@@ -9,7 +9,7 @@ the order a WinDbg user trusts them:
 
 1. the target's type information (PDB, ISF or the debugger's, through
    ``target.type_size`` / ``target.field_offset``);
-2. the dump's own ``KDDEBUGGER_DATA64`` offsets (``backend.layout_hints``);
+2. the dump's own ``KDDEBUGGER_DATA64`` offsets (``Target.layout_hints``);
 3. the built-in tables for the target's architecture and build.
 
 Every result says which source answered, so the output can say it too.
@@ -167,7 +167,7 @@ def lookup_layout(target, type_name, builtin=None, fields=None):
             source = typed.source if typed is not None else target.type_source(type_name)
             return Layout(bare, size, known, source, pointer_size)
 
-    hints = target.backend.layout_hints(bare)
+    hints = target.layout_hints(bare)
     if hints:
         offsets = hints.get("fields", {})
         if all(field in offsets for field in wanted):

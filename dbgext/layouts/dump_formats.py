@@ -5,7 +5,7 @@ and the tests' minidump and small-dump writers) and the dump readers
 (``dbgext.target.kdump`` / ``dbgext.target.minidump``).  Because
 writer and reader share these numbers, the tests cross-check every file through
 independent parsers (kdmp-parser, ``minidump``) — a wrong offset here cannot hide.
-Facts: /work/shared/reference/dump-formats.md (DUMP_HEADER64, _SUMMARY_DUMP64,
+Facts: shared/reference/dump-formats.md (beside the repository) (DUMP_HEADER64, _SUMMARY_DUMP64,
 MINIDUMP_* from the Windows headers).  ARM64's CONTEXT and page-table bits are in
 :mod:`dbgext.layouts.arm64` and :mod:`dbgext.target.arm64_paging`; the tables below
 keyed by architecture name it ``"arm64"``.

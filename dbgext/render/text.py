@@ -1,12 +1,6 @@
-"""Plain-text formatting shared by every renderer, problem and error message."""
+"""Plain-text formatting for the renderers: WinDbg-style addresses (defined in
+:mod:`dbgext.hexaddr`, below every layer, since problems and errors name addresses)."""
 
+from ..hexaddr import hexaddr
 
-def hexaddr(address, pointer_size=8):
-    """An address as WinDbg prints it: ``fffff800`00001000`` for 64-bit targets,
-    ``80001000`` for 32-bit ones (and for 64-bit values that fit, when
-    ``pointer_size`` is 4)."""
-    if address is None:
-        return "?"
-    if pointer_size == 8 or address > 0xFFFFFFFF:
-        return "%08x`%08x" % ((address >> 32) & 0xFFFFFFFF, address & 0xFFFFFFFF)
-    return "%08x" % address
+__all__ = ["hexaddr"]

@@ -1,43 +1,43 @@
-"""The public entry points: ``analyze`` one database (walk, validate, select the
-traces a view shows) and ``find`` databases in memory."""
+"""The public entry points: ``walk`` one database (walk, validate, select the
+traces asked for), ``find`` databases in memory, and ``name_frames`` for the
+traces a caller shows."""
 
 from ..errors import BadInput, UnreadableMemory, WrongSignature
 from .find import find_databases
 from .layouts import BLOCK_MAGIC, DATABASE_MAGIC, MAX_FRAMES, choose_layouts, describe_magic
-from .result import SORTS, DatabaseSearch, Selection
+from .result import DatabaseSearch, Selection
 from .validate import validate_database
 from .walk import read_block, walk_database
 
-TOP_TRACES = 10
-MAX_WALKED = 16   # databases analyze() walks when it has to find them itself
+MAX_WALKED = 16   # databases find(walk=True) walks
 
 
-def analyze(target, address=None, layout=None, force=False, trace=None, bucket=None, module=None,
-            sort="count", limit=None, top=TOP_TRACES):
+def walk(target, address, layout=None, force=False, trace=None, bucket=None, module=None):
     """Walk and validate the RTL_TRACE_DATABASE at ``address``: a TraceDatabase
     holding what was read, its problems and notes, statistics, and the traces
     selected by ``trace`` (a block address), ``bucket`` (an index) or ``module``
-    (a module name) — all traces otherwise — sorted by ``sort`` (``count``,
-    ``depth``, ``address``) and cut to ``limit``; ``top_traces`` are the ``top``
-    most hit.
+    (a module name) — all traces otherwise — in walk order.
 
     ``layout``: a built-in layout name (``user-x64``, ``kernel-x64``,
     ``user-x86``) instead of type information or recognition.  A wrong magic at
     ``address`` raises WrongSignature unless ``force``; when ``address`` holds a
-    pointer to a database (``driver!g_TraceDatabase``) it is followed.
-
-    Without ``address``: find every database in the target's memory (which the
-    target must be able to list) and analyze the first MAX_WALKED (a DatabaseSearch)."""
-    if address is None:
-        return find(target, walk=True)
-    if sort not in SORTS:
-        raise BadInput("unknown sort %r (known: %s)" % (sort, ", ".join(sorted(SORTS))))
+    pointer to a database (``driver!g_TraceDatabase``) it is followed."""
     address, followed = _database_address(target, address)
     db = _walk_and_validate(target, address, layout, force)
     if followed:
         db.note(followed)
-    db.selection = _select(target, db, trace, bucket, module, sort, limit, force)
-    db.top = top
+    db.selection = _select(target, db, trace, bucket, module, force)
+    return db
+
+
+def name_frames(target, db, blocks):
+    """Name the frames of ``blocks`` (the traces a caller is about to show) in
+    ``db.frame_names``, so the result carries every name its views show."""
+    names = db.frame_names
+    for block in blocks:
+        for frame in block.frames or ():
+            if frame not in names:
+                names[frame] = target.symbolize(frame)
     return db
 
 
@@ -76,7 +76,7 @@ def _database_address(target, address):
     return address, None
 
 
-def _select(target, db, trace, bucket, module, sort, limit, force):
+def _select(target, db, trace, bucket, module, force):
     if trace is not None:
         return Selection("trace", [_trace_block(target, db, trace, force)])
     if bucket is not None:
@@ -93,7 +93,7 @@ def _select(target, db, trace, bucket, module, sort, limit, force):
                 module, ", ".join(m.name for m in target.modules()) or "none"))
         blocks = [block for block in blocks if any(found.contains(frame) for frame in block.frames or ())]
         kind = "module"
-    return Selection(kind, blocks, module=found, sort=sort, limit=limit)
+    return Selection(kind, blocks, module=found)
 
 
 def _trace_block(target, db, address, force):

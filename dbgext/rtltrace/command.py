@@ -4,10 +4,9 @@ import sys
 
 from ..command import Command
 from ..errors import EXIT_PROBLEMS, BadInput
-from .analysis import TOP_TRACES, analyze, find
-from .result import SORTS
+from .analysis import find, name_frames, walk
 from .layouts import LAYOUT_NAMES
-from .render import Links, render, render_candidates
+from .render import SORTS, TOP_TRACES, Links, render, render_candidates, render_notes, shown_traces, top_traces
 
 
 def add_arguments(parser):
@@ -42,11 +41,13 @@ def _script(ctx):
 
 def run_find(ctx, args):
     start, end = (ctx.address(args.range[0]), ctx.address(args.range[1])) if args.range else (0, None)
+    if end is None and not ctx.target.can_list_memory():
+        raise BadInput("this target cannot list its memory: give --find --range START END")
     search = find(ctx.target, start, end)
     if args.json:
         ctx.out.json(search.as_dict())
     else:
-        render_candidates(ctx.out, ctx.target, search)
+        render_candidates(ctx.out, ctx.target.format_address, search)
     return 0
 
 
@@ -58,16 +59,21 @@ def run(ctx, args):
     if args.range:
         raise BadInput("--range applies to --find only")
     limit = ctx.count(args.limit) if args.limit is not None else None
-    db = analyze(ctx.target, ctx.address(args.address), layout=args.layout, force=args.force,
-                 trace=ctx.address(args.trace) if args.trace else None,
-                 bucket=ctx.count(args.bucket) if args.bucket is not None else None,
-                 module=args.module, sort=args.sort, limit=limit,
-                 top=TOP_TRACES if limit is None else limit)
+    target = ctx.target
+    db = walk(target, ctx.address(args.address), layout=args.layout, force=args.force,
+              trace=ctx.address(args.trace) if args.trace else None,
+              bucket=ctx.count(args.bucket) if args.bucket is not None else None, module=args.module)
+    shown = shown_traces(db, args.sort, limit)
+    top = top_traces(db, TOP_TRACES if limit is None else limit)
     if args.json:
-        ctx.out.json(db.as_dict())
+        name_frames(target, db, shown)
+        ctx.out.json(db.as_dict(traces=shown))
     else:
-        render(ctx.out, ctx.target, db, Links(_script(ctx)),
-               "validate" if args.validate else "traces" if args.traces else "summary")
+        view = "validate" if args.validate else "traces" if args.traces else "summary"
+        if view != "validate":
+            name_frames(target, db, shown if db.selection.kind != "all" or view == "traces" else top)
+        render(ctx.out, target.format_address, db, Links(_script(ctx)), view, shown, top, args.sort)
+        render_notes(ctx.err, db)
     return EXIT_PROBLEMS if args.validate and db.problems.errors else 0
 
 

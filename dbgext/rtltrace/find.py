@@ -25,8 +25,8 @@ def find_databases(target, start=0, end=None, limit=MAX_CANDIDATES):
     """Candidates in [start, end), ascending.  A live session cannot enumerate its
     memory, so there a range is required (scanning 2^64 bytes page by page would
     never finish)."""
-    if end is None and target.backend.mapped_ranges() is None:
-        raise BadInput("this target cannot list its memory: give --find --range START END")
+    if end is None and not target.can_list_memory():
+        raise BadInput("this target cannot list its memory: give the range to search (start, end)")
     pattern = struct.pack("<I", DATABASE_MAGIC)
     candidates = []
     for address in target.scan(pattern, start, end, alignment=8 if target.pointer_size == 8 else 4):

@@ -1,7 +1,7 @@
 """RTL_TRACE_DATABASE / _SEGMENT / _BLOCK layouts, as data of the one layout shape
 (:mod:`dbgext.layouts`), and how a database's layout is chosen.
 
-Offsets come from /work/shared/reference/rtl-trace-database.md (Windows' own
+Offsets come from shared/reference/rtl-trace-database.md (beside the repository) (Windows' own
 ntdll and ntoskrnl builds).  User and kernel databases differ after CurrentSize,
 so each mode has its own built-in table; :func:`choose_layouts` looks the types up
 the one way (:func:`dbgext.layouts.lookup_layout`: type information first, else the
@@ -17,7 +17,6 @@ import struct
 
 from ..errors import BadInput, LayoutNotFound, UnreadableMemory
 from ..layouts import BuiltinLayouts, lookup_layout
-from ..target.base import Backend
 
 DATABASE_MAGIC = 0xABCDCCCC
 SEGMENT_MAGIC = 0xABCDBBBB
@@ -194,7 +193,6 @@ class _BuiltinOnly(object):
     from the built-in tables: what ``--layout NAME`` asks for."""
 
     build = None
-    backend = Backend()
 
     def __init__(self, arch):
         self.arch = arch
@@ -206,8 +204,11 @@ class _BuiltinOnly(object):
     def type_size(self, type_name):
         return None
 
+    def layout_hints(self, type_name):
+        return None
 
-def layout_named(name, reason="chosen with --layout"):
+
+def layout_named(name, reason="chosen by name"):
     """The built-in layouts ``--layout NAME`` stands for (``user-x64``, ``kernel-x64``, ``user-x86``)."""
     if name not in LAYOUT_NAMES:
         raise BadInput("unknown layout %r (known: %s)" % (name, ", ".join(LAYOUT_NAMES)))
@@ -246,7 +247,7 @@ def choose_layouts(target, address, requested=None):
         mode = "user"
     name = "%s-%s" % (mode, target.arch)
     return _lookup(target, mode, "no type information and no first segment header recognised after the "
-                                 "database; assuming %s (override with --layout)" % name)
+                                 "database; assuming %s (a layout given by name overrides this)" % name)
 
 
 def recognise_layouts(target, address):

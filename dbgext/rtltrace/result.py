@@ -1,11 +1,10 @@
-"""What ``dbgext.rtltrace.analyze`` returns: plain data read from one database plus
-every fact the analysis derived (validation, statistics, the selected traces), and
-the JSON document of it (docs/json-schema/rtltrace.md)."""
-
-from operator import attrgetter
+"""What ``dbgext.rtltrace.walk`` returns: plain data read from one database plus
+every fact the analysis derived (validation, statistics, the selected traces, the
+names of the frames a caller shows), and the JSON document of it
+(docs/json-schema/rtltrace.md); what ``find`` returns."""
 
 from ..problems import ProblemLog
-from ..render.text import hexaddr
+from ..hexaddr import hexaddr
 from .layouts import DATABASE_MAGIC
 
 SCHEMA_VERSION = 1
@@ -87,14 +86,18 @@ class TraceBlock(object):
     def frames_read(self):
         return self._frames is not None or self._frame_decoder is not None
 
-    def as_dict(self):
+    def as_dict(self, names=None):
+        """``names``: {frame: name} (the database's ``frame_names``) for ``symbols``."""
+        frames = list(self.frames or ())
+        names = names or {}
         return {"address": self.address, "bucket": self.bucket, "count": self.count,
-                "depth": self.size, "frames": list(self.frames or ())}
+                "depth": self.size, "frames": frames, "symbols": [names.get(frame) for frame in frames]}
 
 
 class TraceDatabase(object):
     """Everything read from one database, what the validator found, the statistics
-    and the traces the caller selected (``selection``, ``top_traces``)."""
+    and the traces the caller selected (``selection``); ``frame_names`` holds the
+    names of the frames a caller asked for (:func:`dbgext.rtltrace.name_frames`)."""
 
     def __init__(self, address, layout):
         self.problems = ProblemLog()
@@ -119,7 +122,7 @@ class TraceDatabase(object):
         self.flag_names = []
         # Filled by the selection (dbgext.rtltrace.analysis):
         self.selection = Selection("all", [])
-        self.top = 0
+        self.frame_names = {}
 
     @property
     def arch(self):
@@ -136,16 +139,12 @@ class TraceDatabase(object):
         """``address`` as WinDbg shows it on this database's architecture (for messages)."""
         return hexaddr(address, self.layout.pointer_size)
 
-    @property
-    def top_traces(self):
-        """The ``top`` most hit traces, most hit first."""
-        return _by_count(self.blocks)[:max(0, self.top)]
-
     def note(self, text):
         self.notes.append(text)
 
-    def as_dict(self):
-        """The --json document (docs/json-schema/rtltrace.md)."""
+    def as_dict(self, traces=None):
+        """The --json document (docs/json-schema/rtltrace.md); ``trace_list`` lists
+        ``traces`` (default: the selection), each frame with its name when named."""
         return {
             "schema_version": SCHEMA_VERSION,
             "address": self.address,
@@ -175,55 +174,30 @@ class TraceDatabase(object):
             "statistics": self.statistics,
             "complete": self.complete,
             "selection": self.selection.kind,
-            "trace_list": [block.as_dict() for block in self.selection.blocks],
+            "trace_list": [block.as_dict(self.frame_names)
+                           for block in (self.selection.blocks if traces is None else traces)],
             "problems": self.problems.as_list(),
             "notes": list(self.notes),
         }
 
 
-def _by_count(blocks):
-    """Most hit first, ties by address (two stable C-keyed sorts: a 100,000-block
-    database sorts in a tenth of the time a Python key function takes)."""
-    return sorted(sorted(blocks, key=attrgetter("address")), key=attrgetter("count"), reverse=True)
-
-
-def _by_depth(blocks):
-    return sorted(sorted(blocks, key=attrgetter("address")), key=attrgetter("size"), reverse=True)
-
-
-def _by_address(blocks):
-    return sorted(blocks, key=attrgetter("address"))
-
-
-SORTS = {"count": _by_count, "depth": _by_depth, "address": _by_address}
 
 
 class Selection(object):
-    """The traces a view shows: ``kind`` is ``all``, ``trace``, ``bucket`` or
-    ``module``; ``blocks`` in the order to show them (sorted by ``sort`` and cut to
-    ``limit`` on first use: a summary never lists them)."""
+    """The traces asked for: ``kind`` is ``all``, ``trace``, ``bucket`` or
+    ``module``; ``blocks`` in walk order."""
 
-    __slots__ = ("kind", "bucket", "module", "sort", "limit", "_source", "_blocks")
+    __slots__ = ("kind", "bucket", "module", "blocks")
 
-    def __init__(self, kind, blocks, bucket=None, module=None, sort=None, limit=None):
+    def __init__(self, kind, blocks, bucket=None, module=None):
         self.kind = kind
         self.bucket = bucket
         self.module = module
-        self.sort = sort
-        self.limit = limit
-        self._source = blocks
-        self._blocks = None
-
-    @property
-    def blocks(self):
-        if self._blocks is None:
-            blocks = SORTS[self.sort](self._source) if self.sort else list(self._source)
-            self._blocks = blocks if self.limit is None else blocks[:max(0, self.limit)]
-        return self._blocks
+        self.blocks = blocks
 
 
 class DatabaseSearch(object):
-    """What ``find`` (or ``analyze`` without an address) found: candidates in
+    """What ``find`` found: candidates in
     ascending address order and, when asked to walk them, each one analyzed."""
 
     def __init__(self, candidates, databases=(), problems=()):

@@ -4,7 +4,7 @@ job on the sample: every analysis, one after another)."""
 import os
 
 from ..command import Command
-from . import load_manifest, write_sample
+from . import MANIFEST_FORMAT, load_manifest, write_sample
 
 
 def _sample_arguments(parser):
@@ -23,25 +23,23 @@ def default_demo_directory():
 
 
 def demo_steps(dump_path, manifest):
-    """(title, argv) of every demo step the sample's contents allow."""
+    """(title, argv) of every demo step, on the sample's contents."""
     contents = manifest["contents"]
     dump = ["--dump", dump_path]
-    steps = [("What the dump holds", ["dumpinfo"] + dump), ("Loaded modules", ["lm"] + dump),
-             ("The crashing thread's stack", ["k"] + dump)]
-    if "rtltrace" in contents:
-        steps.append(("Stack-trace database", ["rtltrace"] + dump + ["0x%x" % contents["rtltrace"], "--limit", "5"]))
-        steps.append(("Trace database validation", ["rtltrace"] + dump + ["0x%x" % contents["rtltrace"], "--validate"]))
-    if "etwstacks" in contents:
-        steps.append(("ETW stack caches", ["etwstacks"] + dump))
-    if "ipt" in contents:
-        ipt = contents["ipt"]
-        steps.append(("Intel PT event", ["ipt", "event"] + dump + ["--address", "0x%x" % ipt["event_address"]]))
-        steps.append(("Intel PT flow", ["ipt", "flow"] + dump + ["--address", "0x%x" % ipt["trace_address"],
-                                                                  "--size", "0x%x" % ipt["trace_size"], "--view", "calltree"]))
-    if "stackuse" in contents:
-        steps.append(("Kernel stack usage of the crashing thread", ["stackuse", "thread"] + dump))
-    steps.append(("Triage record of the whole dump", ["triage"] + dump))
-    return steps
+    database = "0x%x" % contents["rtltrace"]
+    ipt = contents["ipt"]
+    return [
+        ("What the dump holds", ["dumpinfo"] + dump), ("Loaded modules", ["lm"] + dump),
+        ("The crashing thread's stack", ["k"] + dump),
+        ("Stack-trace database", ["rtltrace"] + dump + [database, "--limit", "5"]),
+        ("Trace database validation", ["rtltrace"] + dump + [database, "--validate"]),
+        ("ETW stack caches", ["etwstacks"] + dump),
+        ("Intel PT event", ["ipt", "event"] + dump + ["--address", "0x%x" % ipt["event_address"]]),
+        ("Intel PT flow", ["ipt", "flow"] + dump + ["--address", "0x%x" % ipt["trace_address"],
+                                                   "--size", "0x%x" % ipt["trace_size"], "--view", "calltree"]),
+        ("Kernel stack usage of the crashing thread", ["stackuse", "thread"] + dump),
+        ("Triage record of the whole dump", ["triage"] + dump),
+    ]
 
 
 def _demo_arguments(parser):
@@ -54,19 +52,18 @@ def _run_demo(ctx, args):
     from ..cli import main
     directory = args.out or default_demo_directory()
     dump_path = os.path.join(directory, "sample.dmp")
-    if args.rebuild or not os.path.exists(os.path.join(directory, "sample.json")):
+    manifest = load_manifest(directory) if os.path.exists(os.path.join(directory, "sample.json")) else None
+    if args.rebuild or manifest is None or manifest.get("format") != MANIFEST_FORMAT:
         ctx.out.line("building the sample kernel dump in %s ..." % directory)
         write_sample(directory)
-    manifest = load_manifest(directory)
-    if manifest.get("missing"):
-        ctx.out.line("(not in this build: %s)" % ", ".join(manifest["missing"]))
+        manifest = load_manifest(directory)
     worst = 0
     for title, argv in demo_steps(dump_path, manifest):
         ctx.out.line("")
         ctx.out.line("=" * 78)
         ctx.out.line("%s:  dbgext %s" % (title, " ".join(argv)))
         ctx.out.line("=" * 78)
-        worst = max(worst, main(argv, stream=ctx.out.stream))
+        worst = max(worst, main(argv, stream=ctx.out.stream, error_stream=ctx.err.stream))
     return worst
 
 

@@ -30,8 +30,10 @@ from ..layouts.dump_formats import (
     PAGING, PTE_PRESENT, PTE_USER, PTE_WRITE, RDMP_HEADER64, RDMP_MARKER, SUMMARY_DUMP64, SUMMARY_DUMP_OLD,
     CONTEXTS, MACHINE_ARM64, old_summary_layout)
 from ..target import arm64_paging
-from .scenario import KUSER_SHARED_DATA
 
+# Where KUSER_SHARED_DATA is mapped: volatility's PML4 scan looks for it, so
+# Scenario writes one and the writer checks it is there.
+KUSER_SHARED_DATA = {"x64": 0xFFFFF78000000000}
 DEFAULT_DTB = 0x1A0000              # where Windows' boot PML4 conventionally sits
 PREFERRED_SELF_MAP_INDEX = 0x1ED    # the pre-1607 fixed self-map slot (0xFFFFF6FB7DBED000)
 LARGE_PAGE = 0x200000

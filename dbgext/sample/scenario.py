@@ -22,6 +22,7 @@ from ..target.base import Thread as TargetThread
 from ..target.image import ImageBackend
 from ..symbols.module import ModuleSymbols, write_isf_file
 from ..symbols.table import SymbolTable
+from .kdump_writer import KUSER_SHARED_DATA, write_kernel_dump
 
 # Where allocations go by default, per (arch, mode): realistic pool / heap ranges.
 HEAP_BASE = {
@@ -30,8 +31,6 @@ HEAP_BASE = {
     ("x86", "user"): 0x00A00000,
     ("arm64", "user"): 0x000001D000000000,
 }
-
-KUSER_SHARED_DATA = {"x64": 0xFFFFF78000000000}
 
 # _KLDR_DATA_TABLE_ENTRY (x64), as in the kernel's public symbols.
 KLDR_X64 = {"size": 0xA0, "InLoadOrderLinks": 0x0, "DllBase": 0x30, "EntryPoint": 0x38,
@@ -251,5 +250,4 @@ class Scenario(object):
         return [write_isf_file(ms, directory) for ms in self.module_symbols.values() if ms.symbols or ms.types]
 
     def write_kernel_dump(self, path, bitmap=False, dump_type=None):
-        from .kdump_writer import write_kernel_dump
         return write_kernel_dump(self, path, bitmap=bitmap, dump_type=dump_type)

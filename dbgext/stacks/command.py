@@ -7,7 +7,7 @@
 from ..command import Command
 from ..errors import EXIT_ERROR, BadInput, UnreadableMemory
 from .images import images_from_directories
-from .render import render_stack, render_warnings
+from .render import render_stack, stack_diagnostics
 from .threads import trap_frame_thread
 from .walk import MAX_FRAMES, analyze
 
@@ -35,7 +35,7 @@ def _thread(ctx, text):
     try:
         return target.select_thread(text)
     except BadInput:
-        if (target.info() or {}).get("mode") != "kernel":
+        if text.strip().startswith("~") or (target.info() or {}).get("mode") != "kernel":
             raise
     return ctx.address(text)
 
@@ -62,7 +62,7 @@ def run(ctx, args):
         ctx.out.json(result.as_dict())
     elif result.frames:
         render_stack(ctx.out, result, target.format_address, frame_sizes=args.frame_sizes, verbose=args.verbose)
-        render_warnings(ctx.err, result, verbose=args.verbose)
+        ctx.err.lines(stack_diagnostics(result, verbose=args.verbose))
     if not result.frames:
         for problem in result.problems:
             ctx.err.line("error: %s" % problem.message)

@@ -41,14 +41,16 @@ def render_stack(out, result, format_address, frame_sizes=False, verbose=False):
     out.table(rows, headers, links=links, title=thread)
 
 
-def render_warnings(err, result, verbose=False):
-    """What makes the stack less certain, for stderr: scanned frames and the
-    walk's problems (among them, once, what would give a better stack)."""
+def stack_diagnostics(result, verbose=False):
+    """The lines that go with a rendered stack to the diagnostics stream (stderr):
+    notes on scanned and unconfirmed frames, then the walk's problems (among them,
+    once, what would give a better stack)."""
+    lines = []
     scanned = sum(1 for frame in result.frames if frame.found_by == "scan")
     unconfirmed = sum(1 for frame in result.frames if frame.unconfirmed)
     if scanned and not verbose:
-        err.line("%d frame(s) found by scanning the stack: they may be stale (kv shows which)" % scanned)
+        lines.append("note: %d frame(s) found by scanning the stack: they may be stale (kv shows which)" % scanned)
     if unconfirmed and not verbose:
-        err.line("%d frame(s) not confirmed by a call before their return address (kv shows which)" % unconfirmed)
-    for problem in result.problems:
-        err.line(str(problem))
+        lines.append("note: %d frame(s) not confirmed by a call before their return address (kv shows which)"
+                     % unconfirmed)
+    return lines + [str(problem) for problem in result.problems]

@@ -17,7 +17,7 @@ from ..pe import PEImage
 from ..symbols.table import pe_file_symbols
 from . import analysis
 from .callgraph import CallGraph, Program
-from .render import render_chain, render_functions, render_hogs, render_thread
+from .render import render_chain, render_functions, render_hogs, render_problems, render_thread
 from .thread import walk_thread
 
 
@@ -71,6 +71,8 @@ def run(ctx, args):
         result = analysis.hogs(target, pe, args.module, symbols, args.pdb, top=parse_number(args.top),
                                budget=budget)
         render_hogs(ctx.out, result, as_json=args.json)
+    if not (args.json or getattr(args, "jsonl", False)):
+        render_problems(ctx.err, result.problems)
     return 0
 
 
@@ -112,7 +114,9 @@ def _thread(ctx, args):
     threshold = parse_number(args.threshold) if args.threshold is not None else None
     program = Program(target)
     stack = walk_thread(target, program, CallGraph(program), thread=thread, threshold=threshold)
-    render_thread(ctx.out, stack, target, as_json=args.json)
+    render_thread(ctx.out, stack, target.format_address, as_json=args.json)
+    if not args.json:
+        render_problems(ctx.err, stack.problems)
     return 0
 
 

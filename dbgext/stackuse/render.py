@@ -35,7 +35,6 @@ def render_functions(out, result, jsonl=False, as_json=False):
         links[(index, 1)] = "uf 0x%x" % function.va
     headers = ["rva", "function", "frame", "source", "found by"] + (["worst case"] if bounds else []) + ["note"]
     out.table(rows, headers, links=links, title="%s (%s): %d functions" % (module.name, module.arch, len(rows)))
-    render_problems(out, result.problems)
 
 
 def _first_reason(bound, width=90):
@@ -50,12 +49,10 @@ def _first_reason(bound, width=90):
     return text + (" (+%d more)" % more if more else "")
 
 
-def render_problems(out, problems):
-    if problems:
-        out.line("")
-        out.line("problems (%d):" % len(problems))
-        for problem in problems:
-            out.line("  %s" % problem)
+def render_problems(err, problems):
+    """The problems, one line each, on the diagnostics stream (stderr)."""
+    for problem in problems:
+        err.line(str(problem))
 
 
 def render_chain(out, result, as_json=False):
@@ -76,14 +73,13 @@ def render_chain(out, result, as_json=False):
     out.table(rows, ["#", "function", "frame", "sp at call", "via", "depth from here"], links=links)
     for reason in root.reasons:
         out.line("  note: " + reason)
-    render_problems(out, result.problems)
 
 
-def render_thread(out, stack, target, as_json=False):
+def render_thread(out, stack, fmt, as_json=False):
+    """``fmt``: addresses as WinDbg prints them (the target's format_address)."""
     if as_json:
         out.json(stack.as_dict())
         return
-    fmt = target.format_address
     out.line("thread %s (%s)" % (fmt(stack.thread) if stack.thread is not None else "?", stack.thread_source))
     out.line("stack: initial %s  limit %s  kernel stack %s" % (
         fmt(stack.initial_stack) if stack.initial_stack is not None else "?",
@@ -103,7 +99,6 @@ def render_thread(out, stack, target, as_json=False):
     out.table(rows, ["#", "memory", "static", "child-SP", "call site", "note"], links=links)
     if stack.threshold is not None:
         out.line("%d frame(s) use at least %d bytes" % (len(hogs), stack.threshold))
-    render_problems(out, stack.problems)
 
 
 def render_hogs(out, result, as_json=False):
@@ -126,4 +121,3 @@ def render_hogs(out, result, as_json=False):
               title="worst case over the %d-byte budget (or unbounded): %d function(s)%s" % (
                   result.budget, result.over_budget_count,
                   ", the first %d listed" % len(rows) if result.over_budget_count > len(rows) else ""))
-    render_problems(out, result.problems)

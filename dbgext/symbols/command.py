@@ -38,8 +38,8 @@ def _run_ln(ctx, args):
     ctx.out.line("   |   ".join(filter(None, [", ".join(left), ", ".join(right)])))
     if result.exact:
         ctx.out.line("Exact matches:")
-        for name in result.exact:
-            ctx.out.line("    %s" % name)
+        for hit in result.exact:
+            ctx.out.line("    %s" % hit.full_name)
     _problems(ctx, result)
     return 0
 

@@ -17,6 +17,25 @@ def symbol_paths_beside(path):
     return [c for c in candidates if os.path.isdir(c)]
 
 
+def open_kernel_dump(path):
+    """The backend for the kernel dump at ``path``: a small memory dump's or a
+    physical-memory dump's, by the header's DumpType.  (Imported here, when a
+    kernel dump is opened: WinDbg's !py starts every command afresh.)"""
+    from ..layouts.dump_formats import DUMP_TYPE_TRIAGE
+    from .dumpfile import DumpFile
+    from .kdump import KernelDumpBackend, KernelDumpHeader
+    from .triage_dump import TriageDumpBackend
+    dump_file = DumpFile(path)
+    try:
+        header = KernelDumpHeader(dump_file)
+        if header.dump_type == DUMP_TYPE_TRIAGE:
+            return TriageDumpBackend(dump_file, header)
+        return KernelDumpBackend(dump_file, header)
+    except BaseException:
+        dump_file.close()
+        raise
+
+
 def open_dump(path, symbols=None, cache_pages=8192, no_download=False, diagnostics=None):
     """Open a dump file, choosing the backend from the file's signature.
 
@@ -31,7 +50,6 @@ def open_dump(path, symbols=None, cache_pages=8192, no_download=False, diagnosti
     except OSError as error:
         raise BadInput("cannot open %s: %s" % (path, error.strerror or error))
     if magic[:4] == b"PAGE":
-        from .kdump import open_kernel_dump
         backend = open_kernel_dump(path)
     elif magic[:4] == b"MDMP":
         from .minidump import MinidumpBackend

@@ -16,8 +16,8 @@ from collections import OrderedDict
 
 from ..address import merge_ranges, parse_number
 from ..errors import BadInput, NeedsBiggerDump, UnreadableMemory
+from ..hexaddr import hexaddr
 from ..layouts.arm64 import REGISTER_ALIASES as ARM64_REGISTER_ALIASES
-from ..render.text import hexaddr
 from ..symbols.table import SymbolTable
 
 PAGE_SIZE = 0x1000
@@ -523,6 +523,16 @@ class Target(object):
             seen.add(nxt)
             walk.entries.append(nxt)
             current = nxt
+
+    def can_list_memory(self):
+        """Whether the source knows which memory it holds (a dump does; a live
+        session does not, so a scan there needs a bounded range)."""
+        return self.backend.mapped_ranges() is not None
+
+    def layout_hints(self, type_name):
+        """Structure offsets the source itself carries for ``type_name`` (a kernel
+        dump's KDDEBUGGER_DATA64), or None."""
+        return self.backend.layout_hints(type_name)
 
     def readable_ranges(self, start=0, end=None):
         """Yield (start, end) ranges of readable memory within [start, end).

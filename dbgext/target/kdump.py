@@ -4,7 +4,7 @@ summary (2), bitmap (5; 6 = live kernel dump) and the RDMP layouts of new dbgeng
 (8 = ``.dump /k``, 9 = ``/ka``, 10 = ``/f``).  x86 (PAGEDUMP, a one-page
 DUMP_HEADER32): full, summary and bitmap, with PAE or non-PAE page tables as the
 header's PaeEnabled says.  Small memory dumps (DumpType 4, x64 and ARM64) hold
-no physical memory: :mod:`dbgext.target.triage_dump`.  :func:`open_kernel_dump`
+no physical memory: :mod:`dbgext.target.triage_dump`.  :func:`dbgext.target.open_kernel_dump`
 picks the backend from the header (:func:`machine_arch` the architecture).
 
 ARM64 differs from x64 in two places only: the CONTEXT at 0x348 is
@@ -17,6 +17,7 @@ addresses from 0xFFFF8000`00000000, user ones below 0x00008000`00000000, one
 root whose upper 256 entries are the kernel's), so the walk and the canonical-
 address rule are x64's.  This is an assumption, checked only on the dumps our
 writer makes.  Windows' software PTEs of ARM64 (transition pages) are not read.
+
 
 The reader is our own: pages are read from the file with positioned reads (see
 :mod:`dbgext.target.dumpfile`: an mmap dies of SIGBUS when the file shrinks) and
@@ -111,21 +112,6 @@ def machine_arch(machine):
     """The architecture of a PAGEDU64 dump by its MachineImageType: "arm64" for
     0xAA64, else "x64" (what every PAGEDU64 dump was taken for before ARM64)."""
     return ARCH_OF_MACHINE64.get(machine, "x64")
-
-
-def open_kernel_dump(path):
-    """The backend for the kernel dump at ``path``: a small memory dump's or a
-    physical-memory dump's, by the header's DumpType."""
-    dump_file = DumpFile(path)
-    try:
-        header = KernelDumpHeader(dump_file)
-        if header.dump_type == DUMP_TYPE_TRIAGE:
-            from .triage_dump import TriageDumpBackend
-            return TriageDumpBackend(dump_file, header)
-        return KernelDumpBackend(dump_file, header)
-    except BaseException:
-        dump_file.close()
-        raise
 
 
 class KernelDumpHeader(object):

@@ -47,7 +47,7 @@ def import_pykd():
         import pykd
     except ImportError:
         raise DbgextError("pykd is not available: run this inside WinDbg with pykd loaded "
-                          "(!py), or give --dump FILE")
+                          "(!py), or open a dump file")
     return pykd
 
 

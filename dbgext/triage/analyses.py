@@ -3,9 +3,10 @@
 This one file holds all the coupling between triage and the analyses: each
 adapter calls its package's public API and boils the result down to a small dict
 (counts, a few top items) plus the problems the analysis reported, as
-:class:`~dbgext.problems.Problem` objects with their kinds and addresses.  Each
-adapter is registered with the package it ``requires``; when the package is not
-installed the analysis is simply absent from records.
+:class:`~dbgext.problems.Problem` objects with their kinds and addresses.  Every
+analysis package is part of dbgext: one that fails to import fails its analysis
+(the record says so), it is never silently left out.  (Each adapter imports its
+package when it runs: a triage worker starts fresh for every dump.)
 
 Scans over all memory need a target that can list its memory (a dump); on a live
 session the scanning analyses say they were skipped instead of probing 2^64 bytes.
@@ -27,7 +28,7 @@ def _located(where, problem):
 
 
 def _cannot_list_memory(target):
-    return target.backend.mapped_ranges() is None
+    return not target.can_list_memory()
 
 
 def _frames(target, frames, count=3):
@@ -66,7 +67,7 @@ def summarize_rtltrace(target):
     }
 
 
-register_analysis("rtltrace", summarize_rtltrace, requires="dbgext.rtltrace",
+register_analysis("rtltrace", summarize_rtltrace,
                   description="RTL stack-trace databases: count, traces, hits, top traces")
 
 
@@ -102,7 +103,7 @@ def summarize_etwstacks(target):
     }
 
 
-register_analysis("etwstacks", summarize_etwstacks, requires="dbgext.etwcache",
+register_analysis("etwstacks", summarize_etwstacks,
                   description="ETW stack caches: loggers, stacks, free pieces, problems")
 
 
@@ -128,7 +129,7 @@ def summarize_ipt(target):
     }
 
 
-register_analysis("ipt", summarize_ipt, requires="dbgext.ipt",
+register_analysis("ipt", summarize_ipt,
                   description="Intel PT trace events found in memory")
 
 
@@ -171,5 +172,5 @@ def summarize_stackuse(target):
     }
 
 
-register_analysis("stackuse", summarize_stackuse, requires="dbgext.stacks",
+register_analysis("stackuse", summarize_stackuse,
                   description="stack usage of the faulting thread: used, limit, biggest frames")

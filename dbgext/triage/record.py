@@ -64,33 +64,23 @@ def content_hash(path):
 # -- analysis plug-ins -------------------------------------------------------------
 
 class Analysis(object):
-    """A registered adapter: ``summarize(target) -> dict`` needing package ``requires``."""
+    """A registered adapter: ``summarize(target) -> dict``."""
 
-    __slots__ = ("name", "summarize", "requires", "description")
+    __slots__ = ("name", "summarize", "description")
 
-    def __init__(self, name, summarize, requires=None, description=""):
+    def __init__(self, name, summarize, description=""):
         self.name = name
         self.summarize = summarize
-        self.requires = requires
         self.description = description
-
-    def available(self):
-        if not self.requires:
-            return True
-        try:
-            importlib.import_module(self.requires)
-        except ImportError:
-            return False
-        return True
 
 
 _REGISTRY = OrderedDict()
 _LOADED_PLUGIN_MODULES = set()
 
 
-def register_analysis(name, summarize, requires=None, description=""):
+def register_analysis(name, summarize, description=""):
     """Add (or replace) the analysis ``name``; plug-in modules call this on import."""
-    _REGISTRY[name] = Analysis(name, summarize, requires, description)
+    _REGISTRY[name] = Analysis(name, summarize, description)
     return _REGISTRY[name]
 
 
@@ -123,17 +113,15 @@ def registered_analyses():
 
 
 def select_analyses(names=None):
-    """The analyses to run: all available ones (``names`` None) or the named ones.
-
-    An unknown name is a BadInput; a known analysis whose package is missing is
-    left out (it is absent from records, not an error)."""
+    """The analyses to run: all registered ones (``names`` None) or the named ones.
+    An unknown name is a BadInput."""
     if names is None:
-        return [analysis for analysis in _REGISTRY.values() if analysis.available()]
+        return list(_REGISTRY.values())
     unknown = [name for name in names if name not in _REGISTRY]
     if unknown:
         raise BadInput("unknown analysis %s (known: %s)" % (
             ", ".join(unknown), ", ".join(_REGISTRY) or "none"))
-    return [_REGISTRY[name] for name in names if _REGISTRY[name].available()]
+    return [_REGISTRY[name] for name in names]
 
 
 # -- the record ----------------------------------------------------------------------

@@ -9,7 +9,7 @@ they are given.
 import datetime
 from collections import OrderedDict
 
-from ..render.text import hexaddr
+from ..hexaddr import hexaddr
 from .record import STATUS_FAILED, STATUS_OK
 from .signature import BASIS_OFFSET, BASIS_SYMBOL
 

@@ -335,7 +335,7 @@ class DaskPool(object):
         try:
             from distributed import Client
         except ImportError:
-            raise DbgextError("--dask needs dask.distributed: pip install \"dbgext[triage]\"")
+            raise DbgextError("triage on a Dask cluster needs dask.distributed: pip install \"dbgext[dask]\"")
         self.address = address
         self.timeout = timeout if timeout and timeout > 0 else None
         try:

@@ -71,6 +71,12 @@ class StorageError(DbgextError):
     disk, a read-only or missing directory, a database another run holds)."""
 
 
+# New database files are written in the storage format DuckDB 1.0 reads, so a
+# database made under a recent Python (a recent DuckDB) opens under Python 3.8/3.9,
+# where pykd runs and DuckDB stops at 1.2.  (Existing files keep their format.)
+STORAGE_CONFIG = {"storage_compatibility_version": "v1.0.0"}
+
+
 def import_duckdb():
     try:
         import duckdb
@@ -92,9 +98,9 @@ def describe_storage_error(path, error):
     holder = _LOCK_HOLDER.search(text)
     if holder:
         return ("triage database %s is in use by another process (PID %s): wait for that run to finish, "
-                "or give another --db" % (path, holder.group(2)))
+                "or use another database" % (path, holder.group(2)))
     if "Could not set lock" in text:
-        return "triage database %s is locked by another process: wait for it to finish, or give another --db" % path
+        return "triage database %s is locked by another process: wait for it to finish, or use another database" % path
     for marker, meaning in (("No space left", "the disk is full"), ("File too large", "the file size limit was hit"),
                             ("Permission denied", "permission denied"), ("Read-only file system",
                                                                          "the file system is read-only")):
@@ -118,14 +124,13 @@ class TriageStore(object):
         self.committed = 0
         if path != ":memory:":
             if read_only and not os.path.exists(path):
-                raise DbgextError("no triage database at %s (run `dbgext triage PATH... --db %s` first)"
-                                  % (path, path))
+                raise DbgextError("no triage database at %s (a triage run over dumps makes one)" % path)
             directory = os.path.dirname(os.path.abspath(path))
             if not os.path.isdir(directory):
                 raise StorageError("cannot create triage database %s: directory %s does not exist"
                                    % (path, directory))
         try:
-            self.connection = duckdb.connect(path, read_only=read_only)
+            self.connection = duckdb.connect(path, read_only=read_only, config=STORAGE_CONFIG)
         except duckdb.Error as error:
             raise StorageError(describe_storage_error(path, error))
         try:
@@ -148,7 +153,7 @@ class TriageStore(object):
             version = 1
         if version is not None and version != SCHEMA_VERSION:
             raise StorageError("triage database %s has schema version %s; this dbgext writes version %d: "
-                               "give a new --db" % (self.path, version, SCHEMA_VERSION))
+                               "use a new database" % (self.path, version, SCHEMA_VERSION))
         if not read_only and version is None:
             self._transaction(self._create_schema)
 
@@ -318,7 +323,7 @@ class TriageStore(object):
             raise StorageError("cannot export to %s: it is a file, not a directory" % directory)
         existing = [path for _, path in targets if os.path.exists(path)]
         if existing and not replace:
-            raise StorageError("%s already exists (give --force to replace the export)" % existing[0])
+            raise StorageError("%s already exists (replace it to export again)" % existing[0])
         try:
             os.makedirs(directory, exist_ok=True)
         except OSError as error:

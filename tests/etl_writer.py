@@ -7,7 +7,7 @@ import io
 import struct
 import uuid
 
-from . import format as fmt
+from dbgext.etl import format as fmt
 
 
 class EtlWriter(object):
