@@ -8,7 +8,7 @@ from .errors import BadInput, LayoutNotFound
 from .layouts import lookup_layout
 
 NAMES = ("ip", "csp", "thread", "proc")
-POINTER_REGISTERS = {"x64": ("rip", "rsp"), "x86": ("eip", "esp")}
+POINTER_REGISTERS = {"x64": ("rip", "rsp"), "x86": ("eip", "esp"), "arm64": ("pc", "sp")}
 KTHREAD_PROCESS = ("nt!_KTHREAD", "ApcState.Process")
 TEB_PEB = ("_TEB", "ProcessEnvironmentBlock")
 

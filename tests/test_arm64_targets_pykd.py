@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from dbgext.address import TargetResolver, evaluate
+from dbgext.address import evaluate
+from dbgext.pseudo_registers import PseudoRegisterResolver
 from dbgext.errors import BadInput, DbgextError
 from dbgext.target.base import Target
 from dbgext.target.pykd_backend import PykdBackend
@@ -46,7 +47,7 @@ def test_the_backend_reads_windbgs_arm64_register_names(fake):
 
 def test_at_registers_in_addresses_resolve_on_the_arm64_session(fake):
     target = Target(PykdBackend(fake))
-    resolver = TargetResolver(target)
+    resolver = PseudoRegisterResolver(target)
     assert [evaluate(text, resolver) for text in ("@pc", "@lr", "@sp", "@x0", "@x18+8", "@$ip")] == [
         PC, 0, SP, target.thread.registers["x0"], KPCR + 8, PC]
     with pytest.raises(BadInput, match="no such register in the arm64 context"):

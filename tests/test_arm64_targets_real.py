@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 import dbgext
-from dbgext.address import TargetResolver, evaluate
+from dbgext.address import evaluate
+from dbgext.pseudo_registers import PseudoRegisterResolver
 from dbgext.cli import main
 
 ARM64 = Path(__file__).resolve().parents[1].parent / "shared" / "realworld" / "kernel" / "rizin__triage_arm64.dmp"
@@ -81,7 +82,7 @@ def test_the_crashing_thread_has_its_kthread_and_stack_bounds_around_sp():
         assert thread.kernel_thread == 0xFFFFBB8EB1719180
         assert thread.stack_limit < SP < thread.stack_base
         assert target.symbolize(PC) == "nt+0x4de014"
-        resolver = TargetResolver(target)
+        resolver = PseudoRegisterResolver(target)
         assert [evaluate(text, resolver) for text in ("@pc", "@x29", "@fp", "@lr", "@$ip", "@$csp", "@sp+8")] == [
             PC, SP, SP, 0, PC, SP, SP + 8]
 

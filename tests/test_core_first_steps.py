@@ -60,8 +60,8 @@ def headless(tmp_path_factory):
 
 
 @pytest.mark.parametrize("argv, diagnostic", [
-    (["k"], "warning image_unreadable"),
-    (["stackuse", "thread"], "warning image_unreadable"),
+    (["k"], "warning no_unwind_data"),
+    (["stackuse", "thread"], "warning no_unwind_data"),
     (["db", "nt", "Lffffffff"], "note: length clamped to 0x10000 bytes"),
 ], ids=["k", "stackuse", "db"])
 def test_warnings_and_notes_go_to_stderr_and_results_to_stdout(headless, argv, diagnostic):

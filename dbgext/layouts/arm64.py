@@ -27,7 +27,7 @@ STACK_POINTER = "sp"
 INSTRUCTION_POINTER = "pc"
 
 # Other spellings WinDbg and disassemblers use for the same registers.
-REGISTER_ALIASES = {"x29": "fp", "x30": "lr", "ip": "pc"}
+REGISTER_ALIASES = {"x29": "fp", "x30": "lr"}
 
 _X0 = 0x08
 CONTEXT_ARM64 = {

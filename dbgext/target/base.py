@@ -93,11 +93,10 @@ _TOO_LARGE = "a single read of 0x%x bytes is larger than dbgext reads at once (1
 
 
 # Other names of a register, per architecture.  x86/x64: WinDbg names the flags
-# register ``efl``; the CONTEXT structure calls it EFlags.  ARM64: x29/x30 are fp/lr,
-# and WinDbg's pseudo-registers $ip and $csp (``@$ip`` reaches here as ``ip``) are
-# pc and sp.
+# register ``efl``; the CONTEXT structure calls it EFlags.  ARM64: x29/x30 are fp/lr.
+# (The pseudo-registers ``@$ip``/``@$csp`` are dbgext.pseudo_registers'.)
 _REGISTER_ALIASES = {"eflags": "efl", "rflags": "efl"}
-_ARCH_REGISTER_ALIASES = {"arm64": dict(ARM64_REGISTER_ALIASES, csp="sp")}
+_ARCH_REGISTER_ALIASES = {"arm64": ARM64_REGISTER_ALIASES}
 
 
 class Thread(object):
