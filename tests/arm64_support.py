@@ -385,3 +385,39 @@ class Walker(object):
                 caller["pc"], caller["sp"] = value, slot + 8
                 return UnwindStep(caller, slot)
         return None
+
+
+# -- the stopped machine as a target dbgext reads ------------------------------------------------
+
+MODULE = "chain"
+
+
+def image_bytes(path):
+    """The DLL at ``path`` laid out as the loader maps it (headers and sections)."""
+    from dbgext.pe import PEImage
+    image = PEImage.from_file(path)
+    data = bytearray(image.size_of_image)
+    for rva, size in [(0, 0x1000)] + [(section.rva, section.size) for section in image.sections]:
+        piece = image.read_partial(rva, size)
+        data[rva:rva + len(piece)] = piece
+    return bytes(data)
+
+
+def scenario(stopped, path, bounds=True):
+    """An ARM64 user-mode :class:`~dbgext.sample.scenario.Scenario` of ``stopped``
+    (the run of the DLL at ``path``): the module mapped with its exports as
+    symbols, the emulator's stack, and the context as a thread with the stack's
+    bounds (or as the target's only context without them)."""
+    from dbgext.sample.scenario import Scenario, Thread
+    data = image_bytes(path)
+    machine = Scenario("arm64", "user")
+    machine.add_module(MODULE, IMAGE_BASE, len(data), image=MODULE + ".dll", content=data)
+    for name, rva in stopped.image.exports.items():
+        machine.add_symbol(MODULE, name, rva)
+    machine.write(STACK_LIMIT, stopped.stack)
+    if bounds:
+        machine.threads.append(Thread(1, stack_base=STACK_LIMIT, stack_size=STACK_SIZE,
+                                      registers=stopped.registers))
+    else:
+        machine.registers.update(stopped.registers)
+    return machine

@@ -28,6 +28,7 @@ HEAP_BASE = {
     ("x64", "kernel"): 0xFFFFC08000000000,
     ("x64", "user"): 0x000001D000000000,
     ("x86", "user"): 0x00A00000,
+    ("arm64", "user"): 0x000001D000000000,
 }
 
 KUSER_SHARED_DATA = {"x64": 0xFFFFF78000000000}
@@ -56,7 +57,7 @@ class Scenario(object):
         self.arch = arch
         self.mode = mode
         self.build = build
-        self.pointer_size = 8 if arch == "x64" else 4
+        self.pointer_size = 4 if arch == "x86" else 8
         self.pages = {}  # page address -> bytearray(PAGE_SIZE)
         self.modules = []
         self.module_symbols = {}  # module name -> ModuleSymbols

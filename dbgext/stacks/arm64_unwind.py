@@ -301,6 +301,17 @@ def function_table(image, pdata):
     return table, dropped
 
 
+def runtime_functions(image, data):
+    """The ``.pdata`` bytes ``data`` of ``image`` (a PEImage or a module in target
+    memory) as :func:`function_table`'s (begin, end, word) entries; the entries
+    left out are reported in ``image.problems``."""
+    table, dropped = function_table(image, parse_pdata(data))
+    for begin, why in dropped:
+        image.problems.add("pdata_entry_unreadable", image.image_base + begin, "%s: .pdata entry dropped: %s"
+                           % (image.name, why))
+    return table
+
+
 def find_entry(table, begins, rva):
     """The entry of ``table`` (from :func:`function_table`; ``begins`` its begin
     RVAs) covering ``rva``, or None: the function is a leaf."""

@@ -22,7 +22,7 @@ from ..symbols.table import SymbolTable
 PAGE_SIZE = 0x1000
 PAGE_MASK = ~(PAGE_SIZE - 1)
 
-ARCH_POINTER_SIZE = {"x64": 8, "x86": 4}
+ARCH_POINTER_SIZE = {"x64": 8, "x86": 4, "arm64": 8}
 
 _U8, _U16, _U32, _I32, _U64 = (struct.Struct(f) for f in ("<B", "<H", "<I", "<i", "<Q"))
 
