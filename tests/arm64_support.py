@@ -265,13 +265,15 @@ class Stopped(object):
         return [(self.registers["pc"], self.registers["sp"])] + list(self.calls)
 
 
-def execute(path, entry="run", argument=0, stops=(), frame_sizes=None):
+def execute(path, entry="run", argument=0, stops=(), frame_sizes=None, call_depths=None):
     """Run ``entry(argument)`` of the DLL at ``path`` in unicorn to its return,
     and return the machine as it was just before executing instruction number
     ``n`` (counted from 0) for each ``n`` in ``stops``: a list of
     :class:`Stopped`.  ``frame_sizes``, a dict, receives for every function entered
     (by address) the deepest its sp went below its entry sp (its frame: on ARM64
-    nothing but the function itself moves sp)."""
+    nothing but the function itself moves sp).  ``call_depths``, a dict, receives
+    for every function entered the deepest sp went below its entry sp while it
+    was live, its callees' frames included (what a worst-case bound covers)."""
     unicorn = pytest.importorskip("unicorn")
     from unicorn import arm64_const
     image = MiniPE(path)
@@ -311,6 +313,9 @@ def execute(path, entry="run", argument=0, stops=(), frame_sizes=None):
         if frame_sizes is not None:
             function, entry_sp = entered[-1]
             frame_sizes[function] = max(frame_sizes.get(function, 0), entry_sp - sp)
+        if call_depths is not None:
+            for function, entry_sp in entered:
+                call_depths[function] = max(call_depths.get(function, 0), entry_sp - sp)
         if state["count"] in wanted:
             registers = dict(zip(_REGISTER_NAMES, [uc.reg_read(constant) for constant in constants]))
             stopped.append(Stopped(image, registers, bytes(uc.mem_read(STACK_LIMIT, STACK_SIZE)),
