@@ -20,6 +20,8 @@ import pytest
 from arm64_support import (IMAGE_BASE, RETURN_TO, STACK_LIMIT, STACK_SIZE, build, execute, image_bytes,
                            instruction_count, scenario)
 from dbgext.cli import main
+from dbgext.disasm import Disassembler
+from dbgext.layouts.arm64 import KTRAP_FRAME_ARM64
 from dbgext.pe import DIRECTORY_EXCEPTION, PEImage
 from dbgext.stacks import analyze
 from dbgext.stacks.arm64_unwind import find_entry
@@ -178,3 +180,69 @@ def test_a_stack_cut_short_in_the_dump_is_reported_with_its_address():
     assert len(unreadable) == 1 and top_page <= unreadable[0].address < top_page + 0x1000
     assert _frames(result) == [frame for frame in stopped.expected_frames() if frame[1] < top_page][
         :len(result.frames)]
+
+
+# -- a trap: the faulting frame ----------------------------------------------------------------
+
+TRAP_EXPORTS = ("run", "trap_stub", "many_saved")
+
+
+def _trapped_stops(config):
+    """Stops while trap_stub (tests/data/arm64/trap.s) handles a trap delivered on
+    many_saved's first instruction, up to its epilogue (what follows resumes the
+    interrupted code from the trap frame, as the kernel does with interrupts
+    disabled, and has no unwind data of its own)."""
+    path = build(config, exports=TRAP_EXPORTS, assembly=("trap.s",))
+    image = PEImage.from_file(path)
+    exports = dict((name, IMAGE_BASE + rva) for rva, name in image.exports.items())
+    stub_end = next(IMAGE_BASE + end for begin, end, _ in image.runtime_functions
+                    if IMAGE_BASE + begin == exports["trap_stub"])
+    epilogue = next(address for address, _, mnemonic, _ in Disassembler("arm64").decode(
+        image.read(exports["trap_stub"] - IMAGE_BASE, stub_end - exports["trap_stub"]), exports["trap_stub"])
+        if mnemonic == "ldp")
+    argument = random.Random("arm64-trap-" + config).randrange(1 << 20)
+    stops = execute(path, argument=argument, trap_at="many_saved",
+                    stops=range(instruction_count(path, argument=argument) + 400))
+    live = [stop for stop in stops if any(pc == exports["many_saved"] for pc, _ in stop.calls)
+            and not epilogue <= stop.registers["pc"] < stub_end]
+    return path, exports, live
+
+
+def _trap_frame_address(interrupted_sp):
+    """Where the emulator put the KTRAP_FRAME (as arm64_support.execute does)."""
+    return ((interrupted_sp & ~0xF) - KTRAP_FRAME_ARM64["size"]) & ~0xF
+
+
+@pytest.mark.parametrize("config", ["O1", "O2"])
+def test_a_trap_frame_is_crossed_into_the_interrupted_function_at_its_first_instruction(config):
+    path, exports, stops = _trapped_stops(config)
+    assert len(stops) > 100
+    for stopped in stops:
+        result = analyze(scenario(stopped, path).target())
+        where = (config, stopped.executed, hex(stopped.registers["pc"]))
+        assert _frames(result) == stopped.expected_frames(), where
+        assert set(frame.found_by for frame in result.frames[1:]) == {"unwind"}, where
+        # The interrupted pc is not a return address: the frame after the trap is
+        # many_saved's own first instruction, not the call before it.
+        interrupted = [pc for pc, _ in stopped.calls].index(exports["many_saved"]) + 1
+        stub = result.frames[interrupted - 1]
+        assert stub.function.startswith("chain!trap_stub"), where
+        assert stub.machine_frame == _trap_frame_address(stopped.expected_frames()[interrupted][1]), where
+        assert result.frames[interrupted].function == "chain!many_saved", where
+
+
+def test_k_from_the_trap_frame_starts_at_the_faulting_instruction():
+    path, exports, stops = _trapped_stops("O1")
+    stopped = stops[len(stops) // 2]
+    expected = stopped.expected_frames()
+    interrupted = [pc for pc, _ in expected].index(exports["many_saved"])
+    trap_frame = _trap_frame_address(expected[interrupted][1])
+    target = scenario(stopped, path).target()
+    out = io.StringIO()
+    assert main(["k", "--trap", "0x%x" % trap_frame, "--json"], stream=out, error_stream=io.StringIO(),
+                target=target) == 0
+    document = json.loads(out.getvalue())
+    assert [(frame["ip"], frame["child_sp"]) for frame in document["frames"]] == expected[interrupted:]
+    out = io.StringIO()
+    assert main(["k", "-v"], stream=out, error_stream=io.StringIO(), target=target) == 0
+    assert "(machine frame @ %s)" % _windbg(trap_frame) in out.getvalue()
