@@ -246,3 +246,31 @@ def test_k_from_the_trap_frame_starts_at_the_faulting_instruction():
     out = io.StringIO()
     assert main(["k", "-v"], stream=out, error_stream=io.StringIO(), target=target) == 0
     assert "(machine frame @ %s)" % _windbg(trap_frame) in out.getvalue()
+
+
+def test_a_pdata_entry_whose_xdata_lies_outside_the_image_is_reported_and_its_function_is_not_taken_for_a_leaf():
+    path = build("O1")
+    image = PEImage.from_file(path)
+    table = image.runtime_functions
+    begins = [begin for begin, _, _ in table]
+
+    def entries(stop):
+        return [find_entry(table, begins, pc - IMAGE_BASE) for pc in (stop.registers["pc"], stop.calls[0][0] - 4)]
+    # Frame 0 in a function with unwind data, frame 1 in another.
+    stopped = next(stop for stop in _seeded_stops("O1", path) if len(stop.calls) >= 3 and entries(stop)[0]
+                   and entries(stop)[0] != entries(stop)[1])
+    # Break the .pdata entry of frame 1's function: its word now names .xdata past the image.
+    entry = find_entry(table, begins, stopped.calls[0][0] - 4 - IMAGE_BASE)
+    pdata_rva, pdata_size = image.directory(DIRECTORY_EXCEPTION)
+    index = [begin for begin, _ in struct.iter_unpack("<II", image.read(pdata_rva, pdata_size))].index(entry[0])
+    machine = scenario(stopped, path)
+    machine.pack(IMAGE_BASE + pdata_rva + 8 * index + 4, "<I", 0x7FFFFFF0)
+    result = analyze(machine.target())
+    problems = [problem for problem in result.problems if problem.kind == "pdata_entry_unreadable"]
+    assert len(problems) == 1 and problems[0].address == IMAGE_BASE + entry[0]
+    assert "outside the image" in problems[0].message
+    expected = stopped.expected_frames()
+    assert _frames(result)[:2] == expected[:2]
+    # Frame 1's function lost its entry: not unwound as a leaf (its lr is long
+    # stale) but by a scan, which finds the return address it saved.
+    assert (result.frames[2].found_by, result.frames[2].ip) == ("scan", expected[2][0])

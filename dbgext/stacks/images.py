@@ -173,12 +173,15 @@ class Images(object):
     def _entries(self, image):
         """(the image's .pdata sorted without impossible entries, whether any were
         dropped); dropped entries are reported once."""
+        functions = sorted(image.runtime_functions)     # first: reading them may add problems to the image's
         self.problems.extend(problem for problem in image.problems if problem.kind != "pe_truncated")
+        # ARM64 entries whose extent could not be read were left out by the reader.
+        unreadable = sum(1 for problem in image.problems if problem.kind == "pdata_entry_unreadable")
         entries = []
         bad = 0
         # An ARM64 entry's word is packed unwind data or an RVA function_table has read through.
         words_are_rvas = image.arch != "arm64"
-        for begin, end, unwind in sorted(image.runtime_functions):
+        for begin, end, unwind in functions:
             if not begin < end <= image.size_of_image or (
                     words_are_rvas and not 0 < unwind < image.size_of_image) or (
                     entries and begin < entries[-1][1]):
@@ -189,7 +192,7 @@ class Images(object):
             self.problems.add("pdata_corrupt", image.image_base,
                               "%s: %d of %d .pdata entries are impossible (outside the image, empty or "
                               "overlapping) and were ignored" % (image.name, bad, bad + len(entries)))
-        return entries, bool(bad)
+        return entries, bool(bad or unreadable)
 
 
 def images_from_symbol_store(target):
