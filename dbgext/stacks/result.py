@@ -14,9 +14,9 @@ SCHEMA_VERSION = 1
 
 # How a frame was found, from most to least trustworthy:
 #   context      frame 0: the thread's registers
-#   unwind       the previous frame was unwound with its unwind data (x64 .pdata/.xdata,
-#                including leaf functions, epilogues and machine frames) or x86 FPO data
-#   frame_chain  the previous frame's frame pointer chain (x86 EBP)
+#   unwind       the previous frame was unwound with its unwind data (x64 and ARM64 .pdata/.xdata,
+#                including leaf functions, epilogues and machine or trap frames) or x86 FPO data
+#   frame_chain  the previous frame's frame pointer chain (x86 EBP, x64 RBP, ARM64's x29/x30 record)
 #   scan         a stack slot that looks like a return address (last resort)
 FOUND_BY = ("context", "unwind", "frame_chain", "scan")
 
