@@ -224,37 +224,6 @@ class Unwinder(object):
             return None
         return Step(step.registers, "unwind", step.return_slot, step.machine_frame, True, 0)
 
-    def _unwind_arm64(self, module, registers, problems, frame, bounds, unwound_to_call):
-        """The step by the module's ``.pdata``/``.xdata`` (a function without an
-        entry is a leaf: lr holds its return address), by the x29/x30 frame
-        record where the module has no unwind data, or None."""
-        code = self.images.code_for(module)
-        read = self.target.pointer
-        if not code.has_unwind_data:
-            step = arm64_unwind.unwind_frame_chain(registers, read)
-            if step is None or (bounds and not bounds[0] <= step.registers["sp"] <= bounds[1]):
-                return None
-            # Return address 0 in a chain that holds so far: the thread's first frame.
-            pc = step.registers["pc"]
-            verdict = True if pc == 0 else self._returns.verdict(pc)
-            if verdict is False:
-                return None
-            return Step(step.registers, "frame_chain", step.return_slot, None, verdict is True, 0)
-        pc = registers["pc"]
-        entry = code.function_entry(pc - module.base - (arm64_unwind.INSTRUCTION_SIZE if unwound_to_call else 0))
-        try:
-            if entry is None:
-                if code.corrupt:
-                    return None  # its entry may be one of those dropped: not evidence of a leaf
-                step = arm64_unwind.unwind_leaf(registers)
-            else:
-                step = arm64_unwind.unwind_function(code.image, module.base, entry, registers, read,
-                                                    unwound_to_call, code.info_cache)
-        except UnwindError as error:
-            problems.add(error.kind, error.address, "%s: %s" % (frame.function, error))
-            return None
-        return Step(step.registers, "unwind", step.return_slot, step.machine_frame, True, 0)
-
     def _unwind_x86(self, module, registers, problems, frame, bounds, callee_parameters):
         """The step by the FPO/FrameData record of the module's PDB covering EIP, or None."""
         table = self._frame_table(module, problems)
@@ -291,6 +260,37 @@ class Unwinder(object):
         """Code the target lacks, from the image file of the module holding it."""
         module = self.images.module_at(address)
         return self.images.code_for(module).code(address - module.base, size) if module else b""
+
+    def _unwind_arm64(self, module, registers, problems, frame, bounds, unwound_to_call):
+        """The step by the module's ``.pdata``/``.xdata`` (a function without an
+        entry is a leaf: lr holds its return address), by the x29/x30 frame
+        record where the module has no unwind data, or None."""
+        code = self.images.code_for(module)
+        read = self.target.pointer
+        if not code.has_unwind_data:
+            step = arm64_unwind.unwind_frame_chain(registers, read)
+            if step is None or (bounds and not bounds[0] <= step.registers["sp"] <= bounds[1]):
+                return None
+            # Return address 0 in a chain that holds so far: the thread's first frame.
+            pc = step.registers["pc"]
+            verdict = True if pc == 0 else self._returns.verdict(pc)
+            if verdict is False:
+                return None
+            return Step(step.registers, "frame_chain", step.return_slot, None, verdict is True, 0)
+        pc = registers["pc"]
+        entry = code.function_entry(pc - module.base - (arm64_unwind.INSTRUCTION_SIZE if unwound_to_call else 0))
+        try:
+            if entry is None:
+                if code.corrupt:
+                    return None  # its entry may be one of those dropped: not evidence of a leaf
+                step = arm64_unwind.unwind_leaf(registers)
+            else:
+                step = arm64_unwind.unwind_function(code.image, module.base, entry, registers, read,
+                                                    unwound_to_call, code.info_cache)
+        except UnwindError as error:
+            problems.add(error.kind, error.address, "%s: %s" % (frame.function, error))
+            return None
+        return Step(step.registers, "unwind", step.return_slot, step.machine_frame, True, 0)
 
     def _scan(self, frame, registers, problems, bounds):
         top = bounds[1] if bounds else frame.child_sp + STACK_SPAN_GUESS
