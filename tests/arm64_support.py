@@ -273,16 +273,17 @@ def execute(path, entry="run", argument=0, stops=(), frame_sizes=None, call_dept
     """Run ``entry(argument)`` of the DLL at ``path`` in unicorn to its return,
     and return the machine as it was just before executing instruction number
     ``n`` (counted from 0) for each ``n`` in ``stops``: a list of
-    :class:`Stopped`.  ``frame_sizes``, a dict, receives for every function entered
+    :class:`Stopped`.  ``call_depths``, a dict, receives for every function
+    entered the deepest sp went below its entry sp while it was live, its
+    callees' frames included (what a worst-case bound covers).  ``trap_at`` (an
+    exported function's name): the first time its first instruction is about to
+    run, a trap is delivered as the kernel's exception entry does it — a
+    KTRAP_FRAME of the interrupted x0-x18, sp, lr, fp and pc below sp, sp
+    pointing at it, ``trap_stub`` entered — and the live calls gain (interrupted
+    pc, interrupted sp) until the stub resumes there.  ``frame_sizes``, a dict,
+    receives for every function entered
     (by address) the deepest its sp went below its entry sp (its frame: on ARM64
-    nothing but the function itself moves sp).  ``call_depths``, a dict, receives
-    for every function entered the deepest sp went below its entry sp while it
-    was live, its callees' frames included (what a worst-case bound covers).
-    ``trap_at`` (an exported function's name): the first time its first
-    instruction is about to run, a trap is delivered as the kernel's exception
-    entry does it — a KTRAP_FRAME of the interrupted x0-x18, sp, lr, fp and pc
-    below sp, sp pointing at it, ``trap_stub`` entered — and the live calls gain
-    (interrupted pc, interrupted sp) until the stub resumes there."""
+    nothing but the function itself moves sp)."""
     unicorn = pytest.importorskip("unicorn")
     from unicorn import arm64_const
     image = MiniPE(path)
