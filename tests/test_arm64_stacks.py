@@ -27,7 +27,7 @@ from dbgext.stacks import analyze
 from dbgext.stacks.arm64_unwind import find_entry
 
 CONFIGS = ("O0", "O1", "O2", "Os", "O1-fp")
-STOPS_PER_CONFIG = 60
+STOPS_PER_CONFIG = 240
 
 
 def _seeded_stops(config, path):

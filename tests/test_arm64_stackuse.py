@@ -148,11 +148,11 @@ def test_stackuse_functions_on_the_real_msvc_pe_gives_every_pdata_frame_from_bot
 
 
 @pytest.mark.parametrize("config", ["O0", "O1", "O2", "Os", "O1-fp"])
-def test_worst_case_depths_equal_what_unicorn_measures_where_they_are_exact(config):
+def test_frames_and_worst_case_depths_equal_what_unicorn_measures_where_they_are_exact(config):
     path = build(config)
-    measured = {}
+    measured, frames = {}, {}
     for argument in range(6):
-        execute(path, argument=argument, call_depths=measured)
+        execute(path, argument=argument, call_depths=measured, frame_sizes=frames)
     program = Program()
     module = program.add_image(PEImage.from_file(path))
     graph = CallGraph(program)
@@ -160,14 +160,19 @@ def test_worst_case_depths_equal_what_unicorn_measures_where_they_are_exact(conf
     statuses = {}
     tails = 0
     for address, depth in measured.items():
-        bound = graph.bound(module.functions[address])
+        function = module.functions[address]
+        if function.dynamic:
+            assert frames[address] > function.unwind_size, (config, hex(address))
+        else:
+            # The frame stackuse reports is the one the code built.
+            assert function.frame_size == frames[address], (config, hex(address), function.frame_size)
+        bound = graph.bound(function)
         statuses[bound.status] = statuses.get(bound.status, 0) + 1
         if bound.status == "exact":
             # run() reaches every path of these functions: the bound is reached.
             assert bound.value == depth, (config, hex(address), bound.value, depth)
         elif bound.status == "lower":
             assert "dynamic frame" in bound.reasons[0], (config, hex(address))
-            function = module.functions[address]
             if [site.kind for site in function.call_sites] == ["tail"]:
                 # A tail call hands the frame over (the emulator counts the callee
                 # from then on): the bound is the callee's.
