@@ -274,3 +274,30 @@ def test_a_pdata_entry_whose_xdata_lies_outside_the_image_is_reported_and_its_fu
     # Frame 1's function lost its entry: not unwound as a leaf (its lr is long
     # stale) but by a scan, which finds the return address it saved.
     assert (result.frames[2].found_by, result.frames[2].ip) == ("scan", expected[2][0])
+
+
+def test_random_damage_to_the_unwind_data_and_the_stack_never_raises_and_stays_bounded():
+    path = build("O2")
+    image = PEImage.from_file(path)
+    # .pdata, and .rdata where lld puts the .xdata records.
+    damaged_ranges = [(section.rva, section.size) for section in image.sections
+                      if section.name in (".pdata", ".rdata")]
+    assert len(damaged_ranges) == 2
+    stops = _seeded_stops("O2", path)
+    generator = random.Random("arm64-damage")
+    kinds = set()
+    for attempt in range(60):
+        stopped = generator.choice(stops)
+        machine = scenario(stopped, path)
+        for _ in range(generator.randrange(1, 6)):
+            rva, size = generator.choice(damaged_ranges)
+            machine.write(IMAGE_BASE + rva + generator.randrange(size), bytes([generator.randrange(256)]))
+        for _ in range(generator.randrange(0, 4)):
+            slot = stopped.registers["sp"] + 8 * generator.randrange(64)
+            if slot + 8 <= STACK_LIMIT + STACK_SIZE:
+                machine.write(slot, generator.getrandbits(64).to_bytes(8, "little"))
+        result = analyze(machine.target(), max_frames=64)
+        assert 1 <= len(result.frames) <= 64, attempt
+        kinds.update(problem.kind for problem in result.problems)
+    # The damage was noticed: entries dropped or impossible, codes refused, walks cut short.
+    assert {"pdata_corrupt", "pdata_entry_unreadable", "unwind_info_corrupt", "stack_unreadable"} <= kinds, kinds
