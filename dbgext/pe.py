@@ -308,7 +308,7 @@ class PEImage(object):
         return None if data is None else struct.unpack(fmt, data)
 
     def pointer(self, rva):
-        value = self.unpack("<Q" if self.arch == "x64" else "<I", rva)
+        value = self.unpack("<Q" if self.pointer_size == 8 else "<I", rva)
         return None if value is None else value[0]
 
     def cstring(self, rva, limit=MAX_NAME):

@@ -200,3 +200,10 @@ def test_stackuse_thread_sets_each_frames_static_size_beside_the_stack_it_really
             assert stack.estimate(frame) == frame.uses, frame.function
             compared += 1
     assert compared >= 5
+
+
+def test_the_pe_reader_reads_arm64_pointers_as_8_bytes():
+    # .rdata of xcpt4.exe holds code addresses (image base 0x140000000) at 0x8190.
+    image = PEImage.from_file(XCPT4)
+    assert image.pointer_size == 8
+    assert image.pointer(0x8190) == image.unpack("<Q", 0x8190)[0] == 0x140002518
