@@ -628,7 +628,7 @@ def _execute(unwind, start, skip, registers, read_pointer, epilogue):
     caller = dict(registers)
     return_slot = None
     special_frame = None
-    pc_from_lr = True
+    pc_from_lr = True       # False once a custom-stack code gave pc: then it is not a return address
     save_nexts = 0
     while index < len(code_bytes):
         code = decode_code(code_bytes, index)
@@ -665,7 +665,8 @@ def _execute(unwind, start, skip, registers, read_pointer, epilogue):
         # nop, end_c and the reserved codes change nothing.
     if pc_from_lr:
         caller["pc"] = _register(caller, "lr")
-    return UnwindStep(caller, return_slot, machine_frame=special_frame, epilogue=epilogue)
+    return UnwindStep(caller, return_slot, machine_frame=special_frame, epilogue=epilogue,
+                      unwound_to_call=pc_from_lr)
 
 
 def _register(registers, name):

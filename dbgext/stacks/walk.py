@@ -145,7 +145,7 @@ class Unwinder(object):
                               unwound_to_call)
             if step is None:
                 return
-            caller, how, slot, machine_frame, confirmed, callee_parameters = step
+            caller, how, slot, machine_frame, confirmed, callee_parameters, to_call = step
             frame.return_address, frame.return_slot = caller[self.ip_name], slot
             frame.machine_frame = machine_frame
             if machine_frame is not None and self.kernel:
@@ -171,7 +171,7 @@ class Unwinder(object):
                                     "stopped" % frame.function)
                 return
             registers, ip, sp, found_by, unconfirmed = caller, new_ip, new_sp, how, not confirmed
-            unwound_to_call = machine_frame is None
+            unwound_to_call = to_call and machine_frame is None
 
     def _step(self, frame, module, registers, problems, bounds, callee_parameters, unwound_to_call):
         """The :class:`~dbgext.stacks.result.Step` to the caller, or None."""
@@ -290,7 +290,7 @@ class Unwinder(object):
         except UnwindError as error:
             problems.add(error.kind, error.address, "%s: %s" % (frame.function, error))
             return None
-        return Step(step.registers, "unwind", step.return_slot, step.machine_frame, True, 0)
+        return Step(step.registers, "unwind", step.return_slot, step.machine_frame, True, 0, step.unwound_to_call)
 
     def _scan(self, frame, registers, problems, bounds):
         top = bounds[1] if bounds else frame.child_sp + STACK_SPAN_GUESS
