@@ -248,6 +248,22 @@ def test_k_from_the_trap_frame_starts_at_the_faulting_instruction():
     assert "(machine frame @ %s)" % _windbg(trap_frame) in out.getvalue()
 
 
+def test_kv_on_a_kernel_target_names_the_trap_frame_the_walk_crossed():
+    path, exports, stops = _trapped_stops("O1")
+    stopped = stops[len(stops) // 2]
+    expected = stopped.expected_frames()
+    interrupted = [pc for pc, _ in expected].index(exports["many_saved"])
+    trap_frame = _trap_frame_address(expected[interrupted][1])
+    machine = scenario(stopped, path)
+    machine.mode = "kernel"         # the same memory, read as a kernel target's
+    result = analyze(machine.target())
+    assert [frame.trap_frame for frame in result.frames] == [
+        trap_frame if index == interrupted - 1 else None for index in range(len(result.frames))]
+    out = io.StringIO()
+    assert main(["k", "-v"], stream=out, error_stream=io.StringIO(), target=machine.target()) == 0
+    assert "(TrapFrame @ %s)" % _windbg(trap_frame) in out.getvalue()
+
+
 def test_a_pdata_entry_whose_xdata_lies_outside_the_image_is_reported_and_its_function_is_not_taken_for_a_leaf():
     path = build("O1")
     image = PEImage.from_file(path)

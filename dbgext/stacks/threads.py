@@ -142,10 +142,17 @@ def trap_frame_thread(target, trap_frame):
     return Thread(trap_frame, registers, name="trap frame %s" % target.format_address(trap_frame))
 
 
-def trap_frame_of(target, machine_frame):
-    """The _KTRAP_FRAME holding the machine frame at ``machine_frame`` (kernel x64), or None."""
+def trap_frame_of(target, machine_frame, pc_slot):
+    """The _KTRAP_FRAME holding the machine frame at ``machine_frame`` (kernel
+    x64), or None.  ARM64's unwind codes read a trap frame itself (the frame
+    crossed is the _KTRAP_FRAME when the pc came from ``pc_slot`` at its Pc; a
+    machine frame or context record is none)."""
+    arm64 = target.arch == "arm64"
+    field = "Pc" if arm64 else "Rip"
     try:
-        layout = lookup_layout(target, KTRAP_FRAME_TYPE, BUILTIN, fields=("Rip",))
+        layout = lookup_layout(target, KTRAP_FRAME_TYPE, BUILTIN, fields=(field,))
     except LayoutNotFound:
         return None
-    return machine_frame - layout.offset("Rip")
+    if arm64:
+        return machine_frame if pc_slot == machine_frame + layout.offset(field) else None
+    return machine_frame - layout.offset(field)

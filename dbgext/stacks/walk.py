@@ -149,7 +149,7 @@ class Unwinder(object):
             frame.return_address, frame.return_slot = caller[self.ip_name], slot
             frame.machine_frame = machine_frame
             if machine_frame is not None and self.kernel:
-                frame.trap_frame = trap_frame_of(self.target, machine_frame)
+                frame.trap_frame = trap_frame_of(self.target, machine_frame, slot)
             new_ip, new_sp = caller[self.ip_name], caller[self.sp_name]
             if new_ip == 0:
                 # The thread's first frame, nothing called it: unless the stack goes on.
