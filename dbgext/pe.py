@@ -308,7 +308,7 @@ class PEImage(object):
         return None if data is None else struct.unpack(fmt, data)
 
     def pointer(self, rva):
-        value = self.unpack("<Q" if self.arch == "x64" else "<I", rva)
+        value = self.unpack("<Q" if self.pointer_size == 8 else "<I", rva)
         return None if value is None else value[0]
 
     def cstring(self, rva, limit=MAX_NAME):
@@ -474,6 +474,8 @@ class PEImage(object):
         return self._cached("pdata", self._parse_runtime_functions)
 
     def _parse_runtime_functions(self):
+        if self.arch == "arm64":
+            return self._parse_arm64_runtime_functions()
         if self.arch != "x64":
             return []
         found = self._directory_ok("exception", DIRECTORY_EXCEPTION, 12)
@@ -487,6 +489,22 @@ class PEImage(object):
                               "%s: the exception directory is cut short after %d entries"
                               % (self.name, len(data) // 12))
         return list(struct.iter_unpack("<III", data))
+
+    def _parse_arm64_runtime_functions(self):
+        """ARM64 ``.pdata`` (8-byte entries) as (begin, end, unwind word) like
+        x64's: the end from the packed length or the ``.xdata`` header; entries
+        whose extent cannot be read are reported and left out."""
+        from .stacks.arm64_unwind import PDATA_ENTRY_SIZE, runtime_functions
+        found = self._directory_ok("exception", DIRECTORY_EXCEPTION, PDATA_ENTRY_SIZE)
+        if found is None:
+            return []
+        rva, size = found
+        data = self.read_partial(rva, size - size % PDATA_ENTRY_SIZE)
+        if len(data) < size - size % PDATA_ENTRY_SIZE:
+            self.problems.add("pe_directory_unreadable", self.va(rva + len(data)),
+                              "%s: the exception directory is cut short after %d entries"
+                              % (self.name, len(data) // PDATA_ENTRY_SIZE))
+        return runtime_functions(self, data)
 
     @property
     def coff_functions(self):

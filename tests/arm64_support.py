@@ -19,6 +19,7 @@ import tempfile
 import pytest
 
 from dbgext.errors import UnreadableMemory
+from dbgext.layouts.arm64 import KTRAP_FRAME_ARM64, KTRAP_FRAME_ARM64_VOLATILE_X
 from dbgext.stacks.arm64_unwind import (find_entry, follows_call, function_table, parse_pdata, unwind_frame_chain,
                                         unwind_function, unwind_leaf)
 from dbgext.stacks.x64 import UnwindStep
@@ -185,13 +186,14 @@ def _cache_directory():
     return os.path.join(tempfile.gettempdir(), "dbgext-arm64-" + digest.hexdigest()[:16])
 
 
-def build(config, source="chain.c", exports=("run",)):
-    """The path of the DLL built from ``source`` (+ chkstk.s) with ``FLAGS[config]``,
-    cached by sources and compiler."""
+def build(config, source="chain.c", exports=("run",), assembly=()):
+    """The path of the DLL built from ``source`` (+ chkstk.s and the ``assembly``
+    sources) with ``FLAGS[config]``, cached by sources and compiler."""
     require("clang", "lld-link")
     root = _cache_directory()
     stem = os.path.splitext(source)[0]
-    final = os.path.join(root, "%s-%s" % (stem, config))
+    final = os.path.join(root, "%s-%s%s" % (stem, config, "".join("+" + os.path.splitext(extra)[0]
+                                                                   for extra in assembly)))
     path = os.path.join(final, stem + ".dll")
     if os.path.isfile(path):
         return path
@@ -201,9 +203,11 @@ def build(config, source="chain.c", exports=("run",)):
     compile_source = (["clang", TARGET] + FLAGS[config] + ["-c", source_path, "-o", "code.obj"]
                       if source.endswith(".c") else ["clang", TARGET, "-c", source_path, "-o", "code.obj"])
     commands = [compile_source,
-                ["clang", TARGET, "-c", os.path.join(SOURCES, "chkstk.s"), "-o", "chkstk.obj"],
-                ["lld-link", "/dll", "/noentry", "/nodefaultlib", "/out:" + stem + ".dll", "code.obj", "chkstk.obj",
-                 "/base:0x%x" % IMAGE_BASE] + ["/export:" + name for name in exports]]
+                ["clang", TARGET, "-c", os.path.join(SOURCES, "chkstk.s"), "-o", "chkstk.obj"]]
+    commands += [["clang", TARGET, "-c", os.path.join(SOURCES, extra), "-o", extra + ".obj"] for extra in assembly]
+    commands.append(["lld-link", "/dll", "/noentry", "/nodefaultlib", "/out:" + stem + ".dll", "code.obj",
+                     "chkstk.obj"] + [extra + ".obj" for extra in assembly] + ["/base:0x%x" % IMAGE_BASE]
+                    + ["/export:" + name for name in exports])
     for command in commands:
         done = subprocess.run(command, cwd=scratch, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         if done.returncode != 0:
@@ -264,11 +268,19 @@ class Stopped(object):
         return [(self.registers["pc"], self.registers["sp"])] + list(self.calls)
 
 
-def execute(path, entry="run", argument=0, stops=(), frame_sizes=None):
+def execute(path, entry="run", argument=0, stops=(), frame_sizes=None, call_depths=None, trap_at=None):
     """Run ``entry(argument)`` of the DLL at ``path`` in unicorn to its return,
     and return the machine as it was just before executing instruction number
     ``n`` (counted from 0) for each ``n`` in ``stops``: a list of
-    :class:`Stopped`.  ``frame_sizes``, a dict, receives for every function entered
+    :class:`Stopped`.  ``call_depths``, a dict, receives for every function
+    entered the deepest sp went below its entry sp while it was live, its
+    callees' frames included (what a worst-case bound covers).  ``trap_at`` (an
+    exported function's name): the first time its first instruction is about to
+    run, a trap is delivered as the kernel's exception entry does it — a
+    KTRAP_FRAME of the interrupted x0-x18, sp, lr, fp and pc below sp, sp
+    pointing at it, ``trap_stub`` entered — and the live calls gain (interrupted
+    pc, interrupted sp) until the stub resumes there.  ``frame_sizes``, a dict,
+    receives for every function entered
     (by address) the deepest its sp went below its entry sp (its frame: on ARM64
     nothing but the function itself moves sp)."""
     unicorn = need_module("unicorn")
@@ -293,7 +305,23 @@ def execute(path, entry="run", argument=0, stops=(), frame_sizes=None):
     starts = set(IMAGE_BASE + begin for begin, _ in image.pdata) | set(IMAGE_BASE + rva for rva in
                                                                        image.exports.values())
     stopped = []
-    state = {"count": 0, "pending": None}
+    state = {"count": 0, "pending": None, "resume": None}
+    trap_address = IMAGE_BASE + image.exports[trap_at] if trap_at else None
+
+    def deliver(uc, address, sp):
+        frame = ((sp & ~0xF) - KTRAP_FRAME_ARM64["size"]) & ~0xF
+        values = [(KTRAP_FRAME_ARM64["X"] + 8 * number, uc.reg_read(constants[number])) for number in
+                  range(KTRAP_FRAME_ARM64_VOLATILE_X)]
+        values += [(KTRAP_FRAME_ARM64["Sp"], sp), (KTRAP_FRAME_ARM64["Pc"], address),
+                   (KTRAP_FRAME_ARM64["Lr"], uc.reg_read(arm64_const.UC_ARM64_REG_LR)),
+                   (KTRAP_FRAME_ARM64["Fp"], uc.reg_read(arm64_const.UC_ARM64_REG_FP))]
+        for offset, value in values:
+            uc.mem_write(frame + offset, value.to_bytes(8, "little"))
+        uc.reg_write(arm64_const.UC_ARM64_REG_SP, frame)
+        uc.reg_write(arm64_const.UC_ARM64_REG_PC, IMAGE_BASE + image.exports["trap_stub"])
+        calls.append((address, sp))
+        entered.append((IMAGE_BASE + image.exports["trap_stub"], frame))
+        state["resume"] = (address, sp)
 
     def hook(uc, address, size_, user_data):
         pending = state["pending"]      # the previous instruction executed: its effect holds
@@ -307,9 +335,19 @@ def execute(path, entry="run", argument=0, stops=(), frame_sizes=None):
             entered.append((address, pending[1]))
         state["pending"] = None
         sp = uc.reg_read(arm64_const.UC_ARM64_REG_SP)
+        if address == trap_address and state["resume"] is None:
+            deliver(uc, address, sp)
+            return                      # the interrupted instruction did not run: the stub's first does
+        if state["resume"] == (address, sp):
+            calls.pop()
+            entered.pop()
+            state["resume"] = False
         if frame_sizes is not None:
             function, entry_sp = entered[-1]
             frame_sizes[function] = max(frame_sizes.get(function, 0), entry_sp - sp)
+        if call_depths is not None:
+            for function, entry_sp in entered:
+                call_depths[function] = max(call_depths.get(function, 0), entry_sp - sp)
         if state["count"] in wanted:
             registers = dict(zip(_REGISTER_NAMES, [uc.reg_read(constant) for constant in constants]))
             stopped.append(Stopped(image, registers, bytes(uc.mem_read(STACK_LIMIT, STACK_SIZE)),
@@ -384,3 +422,39 @@ class Walker(object):
                 caller["pc"], caller["sp"] = value, slot + 8
                 return UnwindStep(caller, slot)
         return None
+
+
+# -- the stopped machine as a target dbgext reads ------------------------------------------------
+
+MODULE = "chain"
+
+
+def image_bytes(path):
+    """The DLL at ``path`` laid out as the loader maps it (headers and sections)."""
+    from dbgext.pe import PEImage
+    image = PEImage.from_file(path)
+    data = bytearray(image.size_of_image)
+    for rva, size in [(0, 0x1000)] + [(section.rva, section.size) for section in image.sections]:
+        piece = image.read_partial(rva, size)
+        data[rva:rva + len(piece)] = piece
+    return bytes(data)
+
+
+def scenario(stopped, path, bounds=True):
+    """An ARM64 user-mode :class:`~dbgext.sample.scenario.Scenario` of ``stopped``
+    (the run of the DLL at ``path``): the module mapped with its exports as
+    symbols, the emulator's stack, and the context as a thread with the stack's
+    bounds (or as the target's only context without them)."""
+    from dbgext.sample.scenario import Scenario, Thread
+    data = image_bytes(path)
+    machine = Scenario("arm64", "user")
+    machine.add_module(MODULE, IMAGE_BASE, len(data), image=MODULE + ".dll", content=data)
+    for name, rva in stopped.image.exports.items():
+        machine.add_symbol(MODULE, name, rva)
+    machine.write(STACK_LIMIT, stopped.stack)
+    if bounds:
+        machine.threads.append(Thread(1, stack_base=STACK_LIMIT, stack_size=STACK_SIZE,
+                                      registers=stopped.registers))
+    else:
+        machine.registers.update(stopped.registers)
+    return machine

@@ -112,13 +112,21 @@ def test_db_dps_and_dq_read_the_kernel_header_the_stack_and_the_kpcr():
     assert code == 0 and text.startswith("fffff803`efd00000  ")
 
 
-def test_k_gives_frame_0_from_the_context_and_says_unwinding_is_not_wired_in_one_line():
-    code, text, err = run(["k", "--dump", real()])
+def test_k_follows_the_x29_chain_of_the_real_stack_without_the_kernel_image():
+    # No ntoskrnl.exe (so no .pdata) is at hand: the frame records x29 points at
+    # give the callers.  The first is the record at sp — dps @sp shows its lr,
+    # nt+0x5442a0 — and where the chain ends a scan, marked, goes on.
+    code, text, err = run(["k", "--dump", real(), "-v"])
     assert code == 0
-    frames = [line for line in text.splitlines() if line.startswith("00 ")]
-    assert len(frames) == 1 and frames[0].split()[1:] == ["ffffe00e`0e4bc4a0", "nt+0x4de014"]
-    notes = [line for line in (text + err).splitlines() if "not wired" in line]
-    assert len(notes) == 1 and "ARM64 unwinding is not wired yet" in notes[0]
+    rows = [line.split() for line in text.splitlines()[3:]]
+    assert rows[0][:3] == ["00", "ffffe00e`0e4bc4a0", "fffff803`f33442a0"] and rows[0][-1] == "nt+0x4de014"
+    assert rows[1][1] == "ffffe00e`0e4bc4b0" and rows[1][-2:] == ["frame_chain", "nt+0x5442a0"]
+    assert "no unwind data for ntoskrnl.exe" in err
+    code, text, _ = run(["k", "--dump", real(), "--json"])
+    frames = json.loads(text)["frames"]
+    assert [frame["found_by"] for frame in frames] == ["context"] + ["frame_chain"] * 4 + ["scan"] * 4
+    # The walk ends at the thread's InitialStack (ffffe00e`0e4bcdb0).
+    assert frames[-1]["child_sp"] < 0xFFFFE00E0E4BCDB0 and frames[-1]["return_address"] is None
 
 
 def test_triage_names_the_bug_check_and_buckets_by_nt_offset():

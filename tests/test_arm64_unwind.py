@@ -138,6 +138,10 @@ def test_custom_stack_codes_restore_from_the_machine_frame_and_the_trap_frame():
             trap.registers["x3"]) == (0xA000, 0x402000, 0x777, 0xA010, 0x33)
     cleared = _unwind_synthetic([0xEC], [], {"sp": 0x8000, "lr": 0x404444})
     assert cleared.registers["pc"] == 0x404444 and cleared.machine_frame is None
+    # Each gives the pc where the caller was interrupted: the next frame is looked
+    # up at that pc, not at the call before it.
+    assert (machine.unwound_to_call, trap.unwound_to_call, cleared.unwound_to_call) == (False, False, False)
+    assert _unwind_synthetic([0x01], [], {"sp": 0x8000, "lr": 0x404444}).unwound_to_call is True
 
 
 def test_the_context_code_restores_every_register_from_the_context_record_at_sp():

@@ -301,6 +301,17 @@ def function_table(image, pdata):
     return table, dropped
 
 
+def runtime_functions(image, data):
+    """The ``.pdata`` bytes ``data`` of ``image`` (a PEImage or a module in target
+    memory) as :func:`function_table`'s (begin, end, word) entries; the entries
+    left out are reported in ``image.problems``."""
+    table, dropped = function_table(image, parse_pdata(data))
+    for begin, why in dropped:
+        image.problems.add("pdata_entry_unreadable", image.image_base + begin, "%s: .pdata entry dropped: %s"
+                           % (image.name, why))
+    return table
+
+
 def find_entry(table, begins, rva):
     """The entry of ``table`` (from :func:`function_table`; ``begins`` its begin
     RVAs) covering ``rva``, or None: the function is a leaf."""
@@ -617,7 +628,7 @@ def _execute(unwind, start, skip, registers, read_pointer, epilogue):
     caller = dict(registers)
     return_slot = None
     special_frame = None
-    pc_from_lr = True
+    pc_from_lr = True       # False once a custom-stack code gave pc: then it is not a return address
     save_nexts = 0
     while index < len(code_bytes):
         code = decode_code(code_bytes, index)
@@ -654,7 +665,8 @@ def _execute(unwind, start, skip, registers, read_pointer, epilogue):
         # nop, end_c and the reserved codes change nothing.
     if pc_from_lr:
         caller["pc"] = _register(caller, "lr")
-    return UnwindStep(caller, return_slot, machine_frame=special_frame, epilogue=epilogue)
+    return UnwindStep(caller, return_slot, machine_frame=special_frame, epilogue=epilogue,
+                      unwound_to_call=pc_from_lr)
 
 
 def _register(registers, name):

@@ -19,7 +19,7 @@ def add_arguments(parser):
     start.add_argument("--thread", metavar="THREAD", help="thread to walk: a thread id or ~index of the "
                        "dump, or a KTHREAD address (default: the crashing/current thread)")
     start.add_argument("--trap", metavar="ADDRESS", help="start from the registers of the _KTRAP_FRAME at "
-                       "ADDRESS (like .trap; x64 kernel)")
+                       "ADDRESS (like .trap; x64 and ARM64 kernel)")
     parser.add_argument("--frame-sizes", "-f", action="store_true",
                         help="kf: add the Memory column (stack bytes between frames)")
     parser.add_argument("--verbose", "-v", action="store_true",

@@ -21,9 +21,12 @@ import struct
 from ..errors import BadInput, UnreadableMemory
 from ..pe import DIRECTORY_EXCEPTION, PEImage
 from ..problems import ProblemLog
+from .arm64_unwind import PDATA_ENTRY_SIZE as ARM64_PDATA_ENTRY_SIZE
+from .arm64_unwind import runtime_functions as arm64_runtime_functions
 from .x64 import EPILOGUE_WINDOW
 
 RUNTIME_FUNCTION = struct.Struct("<III")
+PDATA_ENTRY_SIZE = {"x64": RUNTIME_FUNCTION.size, "arm64": ARM64_PDATA_ENTRY_SIZE}
 
 
 class TargetImage(object):
@@ -57,18 +60,22 @@ class TargetImage(object):
 
     @property
     def runtime_functions(self):
-        if self.arch != "x64":
+        entry_size = PDATA_ENTRY_SIZE.get(self.arch)
+        if entry_size is None:
             return []
         rva, size = self.headers.directory(DIRECTORY_EXCEPTION)
-        size -= size % RUNTIME_FUNCTION.size
+        size -= size % entry_size
         if not rva or size <= 0:
             return []
         data = self.read_partial(rva, size)
         if len(data) < size:
             self.problems.add("pe_directory_unreadable", self.image_base + rva + len(data),
                               "%s: the exception directory is cut short after %d entries"
-                              % (self.name, len(data) // RUNTIME_FUNCTION.size))
-        return list(RUNTIME_FUNCTION.iter_unpack(data[:len(data) - len(data) % RUNTIME_FUNCTION.size]))
+                              % (self.name, len(data) // entry_size))
+        data = data[:len(data) - len(data) % entry_size]
+        if self.arch == "arm64":
+            return arm64_runtime_functions(self, data)
+        return list(RUNTIME_FUNCTION.iter_unpack(data))
 
 
 class ModuleCode(object):
@@ -166,11 +173,17 @@ class Images(object):
     def _entries(self, image):
         """(the image's .pdata sorted without impossible entries, whether any were
         dropped); dropped entries are reported once."""
+        functions = sorted(image.runtime_functions)     # first: reading them may add problems to the image's
         self.problems.extend(problem for problem in image.problems if problem.kind != "pe_truncated")
+        # ARM64 entries whose extent could not be read were left out by the reader.
+        unreadable = sum(1 for problem in image.problems if problem.kind == "pdata_entry_unreadable")
         entries = []
         bad = 0
-        for begin, end, unwind in sorted(image.runtime_functions):
-            if not begin < end <= image.size_of_image or not 0 < unwind < image.size_of_image or (
+        # An ARM64 entry's word is packed unwind data or an RVA function_table has read through.
+        words_are_rvas = image.arch != "arm64"
+        for begin, end, unwind in functions:
+            if not begin < end <= image.size_of_image or (
+                    words_are_rvas and not 0 < unwind < image.size_of_image) or (
                     entries and begin < entries[-1][1]):
                 bad += 1
                 continue
@@ -179,7 +192,7 @@ class Images(object):
             self.problems.add("pdata_corrupt", image.image_base,
                               "%s: %d of %d .pdata entries are impossible (outside the image, empty or "
                               "overlapping) and were ignored" % (image.name, bad, bad + len(entries)))
-        return entries, bool(bad)
+        return entries, bool(bad or unreadable)
 
 
 def images_from_symbol_store(target):

@@ -14,9 +14,9 @@ SCHEMA_VERSION = 1
 
 # How a frame was found, from most to least trustworthy:
 #   context      frame 0: the thread's registers
-#   unwind       the previous frame was unwound with its unwind data (x64 .pdata/.xdata,
-#                including leaf functions, epilogues and machine frames) or x86 FPO data
-#   frame_chain  the previous frame's frame pointer chain (x86 EBP)
+#   unwind       the previous frame was unwound with its unwind data (x64 and ARM64 .pdata/.xdata,
+#                including leaf functions, epilogues and machine or trap frames) or x86 FPO data
+#   frame_chain  the previous frame's frame pointer chain (x86 EBP, x64 RBP, ARM64's x29/x30 record)
 #   scan         a stack slot that looks like a return address (last resort)
 FOUND_BY = ("context", "unwind", "frame_chain", "scan")
 
@@ -24,8 +24,11 @@ FOUND_BY = ("context", "unwind", "frame_chain", "scan")
 # was found, the slot its return address was read from, the machine frame crossed
 # (or None), whether a call precedes the return address (False: the code was not
 # there to read), and the bytes of parameters the unwound function was passed
-# (x86 frame data: they lie between the caller's ESP and its locals).
-Step = namedtuple("Step", "registers found_by return_slot machine_frame confirmed parameters")
+# (x86 frame data: they lie between the caller's ESP and its locals), and
+# whether the caller's instruction pointer is a return address (ARM64: not after
+# a trap, machine or context frame, nor after clear_unwound_to_call).
+Step = namedtuple("Step", "registers found_by return_slot machine_frame confirmed parameters unwound_to_call",
+                  defaults=(True,))
 
 
 class Frame(object):

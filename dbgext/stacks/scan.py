@@ -2,7 +2,7 @@
 
 A slot is taken for a return address when its value points into a loaded module's
 code (past its header page) *and* the bytes just before it are a ``call``
-instruction — what ``dps`` readers and WinDbg's fallback do.  Where those bytes
+instruction (ARM64: ``bl`` or ``blr``) — what ``dps`` readers and WinDbg's fallback do.  Where those bytes
 cannot be read (a minidump holds no code, and no image file was found) the value
 is still a candidate, but an *unconfirmed* one: the frame it gives says so — unless
 the module's symbols place it outside every function (a pointer to data).  A
@@ -12,6 +12,9 @@ applies and marks such frames ``scan``.
 """
 
 import struct
+
+from .arm64_unwind import INSTRUCTION_SIZE as ARM64_INSTRUCTION_SIZE
+from .arm64_unwind import follows_call as follows_arm64_call
 
 MAX_SCAN_SLOTS = 0x800  # 16 KiB of x64 stack (8 KiB on x86): a kernel stack's worth of search
 CALL_WINDOW = 7         # the longest call encoding checked below
@@ -47,6 +50,9 @@ class ReturnAddresses(object):
         # outside every one, None when they say nothing — asked only where the
         # call site cannot be read.
         self.code_map = code_map
+        # (bytes before a return address that hold the call, the test of them)
+        self.call_window, self.follows_call = ((ARM64_INSTRUCTION_SIZE, follows_arm64_call)
+                                               if target.arch == "arm64" else (CALL_WINDOW, follows_call))
         self._known = {}
         modules = images.modules
         # Most stack slots are data: a range test spares them the module lookup.
@@ -74,13 +80,14 @@ class ReturnAddresses(object):
         module = self.images.module_at(value)
         if module is None or value - module.base < HEADER_PAGE:
             return False
-        read = self.target.try_read(value - CALL_WINDOW, CALL_WINDOW)
+        window = self.call_window
+        read = self.target.try_read(value - window, window)
         if read.complete:
-            return follows_call(read.data)
+            return self.follows_call(read.data)
         # Code paged out of the dump (or never in it): the module's image file may have it.
-        code = self.images.code_for(module).code(value - CALL_WINDOW - module.base, CALL_WINDOW)
-        if len(code) == CALL_WINDOW:
-            return follows_call(code)
+        code = self.images.code_for(module).code(value - window - module.base, window)
+        if len(code) == window:
+            return self.follows_call(code)
         inside = self.code_map(module, value - module.base) if self.code_map is not None else None
         return None if inside is not False else False
 

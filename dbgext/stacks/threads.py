@@ -14,6 +14,7 @@ debugger data, then the built-in table below (:func:`dbgext.layouts.lookup_layou
 
 from ..errors import LayoutNotFound, UnreadableMemory
 from ..layouts import BuiltinLayouts, lookup_layout
+from ..layouts.arm64 import KTRAP_FRAME_ARM64
 from ..target.base import Thread
 
 KTHREAD_TYPE = "nt!_KTHREAD"
@@ -33,8 +34,13 @@ BUILTIN = BuiltinLayouts({
     "_KTRAP_FRAME": [
         {"arch": "x64", "builds": None, "size": 0x190,
          "fields": {"Rbp": (0x158, "P"), "Rip": (0x168, "P"), "Rsp": (0x180, "P")}},
+        {"arch": "arm64", "builds": None, "size": KTRAP_FRAME_ARM64["size"],
+         "fields": dict((field, (KTRAP_FRAME_ARM64[field], "P")) for field in ("Sp", "Lr", "Fp", "Pc"))},
     ],
 })
+# The _KTRAP_FRAME fields a walk starts from, and the registers they give.
+TRAP_FRAME_REGISTERS = {"x64": (("Rip", "rip"), ("Rsp", "rsp"), ("Rbp", "rbp")),
+                        "arm64": (("Pc", "pc"), ("Sp", "sp"), ("Fp", "fp"), ("Lr", "lr"))}
 
 # _KSWITCH_FRAME (x64): the frame a waiting thread's KernelStack points at.
 SWITCH_FRAME_RBP = 0x30
@@ -128,16 +134,25 @@ def waiting_kernel_thread(target, kernel_thread, problems):
 
 def trap_frame_thread(target, trap_frame):
     """A Thread whose context is the _KTRAP_FRAME at ``trap_frame`` (WinDbg's
-    ``.trap``): RIP, RSP and RBP as the fault or interrupt left them."""
-    layout = lookup_layout(target, KTRAP_FRAME_TYPE, BUILTIN, fields=("Rip", "Rsp", "Rbp"))
-    registers = dict((field.lower(), layout.read(target, trap_frame, field)) for field in ("Rip", "Rsp", "Rbp"))
+    ``.trap``): RIP, RSP and RBP (ARM64: pc, sp, fp and lr) as the fault or
+    interrupt left them."""
+    fields = TRAP_FRAME_REGISTERS.get(target.arch, TRAP_FRAME_REGISTERS["x64"])
+    layout = lookup_layout(target, KTRAP_FRAME_TYPE, BUILTIN, fields=[field for field, _ in fields])
+    registers = dict((register, layout.read(target, trap_frame, field)) for field, register in fields)
     return Thread(trap_frame, registers, name="trap frame %s" % target.format_address(trap_frame))
 
 
-def trap_frame_of(target, machine_frame):
-    """The _KTRAP_FRAME holding the machine frame at ``machine_frame`` (kernel x64), or None."""
+def trap_frame_of(target, machine_frame, pc_slot):
+    """The _KTRAP_FRAME holding the machine frame at ``machine_frame`` (kernel
+    x64), or None.  ARM64's unwind codes read a trap frame itself (the frame
+    crossed is the _KTRAP_FRAME when the pc came from ``pc_slot`` at its Pc; a
+    machine frame or context record is none)."""
+    arm64 = target.arch == "arm64"
+    field = "Pc" if arm64 else "Rip"
     try:
-        layout = lookup_layout(target, KTRAP_FRAME_TYPE, BUILTIN, fields=("Rip",))
+        layout = lookup_layout(target, KTRAP_FRAME_TYPE, BUILTIN, fields=(field,))
     except LayoutNotFound:
         return None
-    return machine_frame - layout.offset("Rip")
+    if arm64:
+        return machine_frame if pc_slot == machine_frame + layout.offset(field) else None
+    return machine_frame - layout.offset(field)

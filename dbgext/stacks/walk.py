@@ -1,7 +1,8 @@
 """The stack walk: frame 0 from the thread's context, then one frame at a time with
-the best method that applies — x64 unwind data (RtlVirtualUnwind's semantics),
-the frame-pointer chain (x86 EBP; x64 RBP in a module without unwind data) — and
-a scan of the stack only where neither applies.
+the best method that applies — x64 and ARM64 unwind data (RtlVirtualUnwind's
+semantics), the frame-pointer chain (x86 EBP; x64 RBP and ARM64's x29/x30 frame
+record in a module without unwind data) — and a scan of the stack only where
+neither applies.
 
 Every walk is bounded (``max_frames``, a bounded scan per frame), stops on a loop
 (a stack pointer that does not grow without a machine frame to explain it, or a
@@ -13,6 +14,7 @@ modules whose missing images made frames less certain, with what would help.
 
 from ..errors import UnreadableMemory
 from ..problems import ProblemLog
+from . import arm64_unwind
 from .images import Images
 from ..symbols.framedata import read_frame_table
 from ..symbols.pdb import PdbError
@@ -121,6 +123,9 @@ class Unwinder(object):
                                            self.target.format_address(bounds[1])))
             bounds = None
         found_by, unconfirmed, callee_parameters = "context", False, 0
+        # ARM64: the pc is a return address (the call is the instruction before it)
+        # in every frame but the first and those a trap or machine frame resumes.
+        unwound_to_call = False
         seen = set()
         frames = result.frames
         while True:
@@ -136,20 +141,22 @@ class Unwinder(object):
                 frame.memory = sp - frames[-1].child_sp
             frames.append(frame)
             seen.add((ip, sp))
-            step = self._step(frame, module, registers, result.problems, bounds, callee_parameters)
+            step = self._step(frame, module, registers, result.problems, bounds, callee_parameters,
+                              unwound_to_call)
             if step is None:
                 return
-            caller, how, slot, machine_frame, confirmed, callee_parameters = step
+            caller, how, slot, machine_frame, confirmed, callee_parameters, to_call = step
             frame.return_address, frame.return_slot = caller[self.ip_name], slot
             frame.machine_frame = machine_frame
             if machine_frame is not None and self.kernel:
-                frame.trap_frame = trap_frame_of(self.target, machine_frame)
+                frame.trap_frame = trap_frame_of(self.target, machine_frame, slot)
             new_ip, new_sp = caller[self.ip_name], caller[self.sp_name]
             if new_ip == 0:
                 # The thread's first frame, nothing called it: unless the stack goes on.
                 self._check_end(frame, new_sp, bounds, result.problems)
                 return
-            if machine_frame is None and new_sp <= sp:
+            # An ARM64 leaf returns through lr without moving sp.
+            if machine_frame is None and (new_sp < sp or new_sp == sp and self.target.arch != "arm64"):
                 result.problems.add("stack_not_increasing", sp, "unwinding %s gave a stack pointer %s that is not "
                                     "above the frame's: walk stopped" % (frame.function,
                                                                            self.target.format_address(new_sp)))
@@ -164,8 +171,9 @@ class Unwinder(object):
                                     "stopped" % frame.function)
                 return
             registers, ip, sp, found_by, unconfirmed = caller, new_ip, new_sp, how, not confirmed
+            unwound_to_call = to_call and machine_frame is None
 
-    def _step(self, frame, module, registers, problems, bounds, callee_parameters):
+    def _step(self, frame, module, registers, problems, bounds, callee_parameters, unwound_to_call):
         """The :class:`~dbgext.stacks.result.Step` to the caller, or None."""
         target = self.target
         step = None
@@ -181,8 +189,8 @@ class Unwinder(object):
                 if step is None:
                     step = unwind_frame_chain(target, registers, frame.index == 0, self._returns, bounds,
                                               self._code_at)
-            elif target.arch == "arm64":
-                return self._unwind_arm64(frame, problems)
+            elif target.arch == "arm64" and module is not None:
+                step = self._unwind_arm64(module, registers, problems, frame, bounds, unwound_to_call)
         except UnreadableMemory as error:
             problems.add("stack_unreadable", error.address, "unwinding %s needs stack memory at %s that is "
                          "unreadable" % (frame.function, target.format_address(error.address)))
@@ -253,13 +261,36 @@ class Unwinder(object):
         module = self.images.module_at(address)
         return self.images.code_for(module).code(address - module.base, size) if module else b""
 
-    def _unwind_arm64(self, frame, problems):
-        """ARM64 stops at frame 0 (the context's pc and sp), saying so in one
-        line, until dbgext.stacks.arm64_unwind is wired in here (replace this
-        method with the step it gives)."""
-        problems.add("arm64_unwind_not_wired", frame.child_sp, "ARM64 unwinding is not wired yet: only frame 0, "
-                     "from the context, is shown", "note")
-        return None
+    def _unwind_arm64(self, module, registers, problems, frame, bounds, unwound_to_call):
+        """The step by the module's ``.pdata``/``.xdata`` (a function without an
+        entry is a leaf: lr holds its return address), by the x29/x30 frame
+        record where the module has no unwind data, or None."""
+        code = self.images.code_for(module)
+        read = self.target.pointer
+        if not code.has_unwind_data:
+            step = arm64_unwind.unwind_frame_chain(registers, read)
+            if step is None or (bounds and not bounds[0] <= step.registers["sp"] <= bounds[1]):
+                return None
+            # Return address 0 in a chain that holds so far: the thread's first frame.
+            pc = step.registers["pc"]
+            verdict = True if pc == 0 else self._returns.verdict(pc)
+            if verdict is False:
+                return None
+            return Step(step.registers, "frame_chain", step.return_slot, None, verdict is True, 0)
+        pc = registers["pc"]
+        entry = code.function_entry(pc - module.base - (arm64_unwind.INSTRUCTION_SIZE if unwound_to_call else 0))
+        try:
+            if entry is None:
+                if code.corrupt:
+                    return None  # its entry may be one of those dropped: not evidence of a leaf
+                step = arm64_unwind.unwind_leaf(registers)
+            else:
+                step = arm64_unwind.unwind_function(code.image, module.base, entry, registers, read,
+                                                    unwound_to_call, code.info_cache)
+        except UnwindError as error:
+            problems.add(error.kind, error.address, "%s: %s" % (frame.function, error))
+            return None
+        return Step(step.registers, "unwind", step.return_slot, step.machine_frame, True, 0, step.unwound_to_call)
 
     def _scan(self, frame, registers, problems, bounds):
         top = bounds[1] if bounds else frame.child_sp + STACK_SPAN_GUESS
@@ -290,7 +321,7 @@ class Unwinder(object):
         """One problem naming the modules whose frames lacked unwind data (x64) or
         code to confirm them (x86), and what would supply it."""
         names = []
-        x64 = self.target.arch == "x64"
+        x64 = self.target.arch in ("x64", "arm64")   # architectures whose images carry unwind data
         for frame in frames:
             module = self.images.module_at(frame.ip)
             if module is not None and (self.images.lacks_unwind_data(module) if x64 else frame.unconfirmed):
@@ -305,7 +336,11 @@ class Unwinder(object):
 
     def _fill_arguments(self, frames):
         """Each frame's stack slots just above its return address (kv's Args to
-        Child), from one read of the stack the frames span where it is compact."""
+        Child), from one read of the stack the frames span where it is compact.
+        None on ARM64: arguments travel in x0-x7, and no stack slots above the
+        saved lr belong to the callee."""
+        if self.target.arch == "arm64":
+            return
         size = self.pointer_size
         slots = [frame.return_slot for frame in frames if frame.return_slot is not None]
         if not slots:

@@ -46,13 +46,16 @@ class UnwindError(Exception):
 class UnwindStep(object):
     """The caller's context after unwinding one frame."""
 
-    __slots__ = ("registers", "return_slot", "machine_frame", "epilogue")
+    __slots__ = ("registers", "return_slot", "machine_frame", "epilogue", "unwound_to_call")
 
-    def __init__(self, registers, return_slot, machine_frame=None, epilogue=False):
+    def __init__(self, registers, return_slot, machine_frame=None, epilogue=False, unwound_to_call=True):
         self.registers = registers
         self.return_slot = return_slot        # where the new RIP was read
         self.machine_frame = machine_frame    # address of the machine frame crossed, if any
         self.epilogue = epilogue              # True when RIP was in an epilogue (emulated)
+        # ARM64: False when the caller's pc is where it was interrupted, not a
+        # return address (the custom-stack codes, clear_unwound_to_call among them).
+        self.unwound_to_call = unwound_to_call
 
 
 def unwind_leaf(registers, read_pointer):

@@ -30,6 +30,7 @@ PROBE_REGISTER = "x15"
 PROBE_REGISTERS = ("x15", "w15")
 DYNAMIC_PROBE = "dynamic"   # x15 computed at run time: the probe precedes an alloca
 PROBE_UNIT = 16
+PROLOGUE_WINDOW = MAX_PROLOGUE_INSTRUCTIONS * INSTRUCTION_SIZE * MAX_PROLOGUE_PATHS   # the code a scan reads
 CONDITIONAL_BRANCHES = ("cbz", "cbnz", "tbz", "tbnz")
 STOPS = ("ret", "retaa", "retab", "br", "braa", "brab", "brk", "udf", "hlt", "eret")
 
@@ -39,7 +40,7 @@ def scan_prologue(code, address, disassembler=None):
     whose code (bytes, at least its prologue) starts at ``address``."""
     disassembler = disassembler or Disassembler.for_arch("arm64")
     instructions = dict((insn[0], insn) for insn in disassembler.decode(
-        code[:MAX_PROLOGUE_INSTRUCTIONS * INSTRUCTION_SIZE * MAX_PROLOGUE_PATHS], address))
+        code[:PROLOGUE_WINDOW], address))
     result = PrologueResult()
     pending = [address]
     seen = set()

@@ -8,6 +8,10 @@ undercounts.  Direct ``jmp`` to another function is a tail call (it reuses the
 caller's return address); ``call/jmp [IAT slot]`` goes through an import, resolved
 into the other loaded module when the image came from target memory.
 
+ARM64 code moves sp only in prologues, epilogues and dynamic allocations, and
+``bl`` pushes nothing: a call is made at the full frame depth, so an ARM64 body
+is one linear pass (:func:`_sweep_arm64`), like an x64 body with unwind data.
+
 Everything is iterative (WinDbg's Python has a recursion limit of 500) and bounded
 (instructions per function, functions per program).  Recursion, indirect calls,
 dynamic frames, unresolved imports and undecodable code are reported as making a
@@ -31,6 +35,8 @@ MAX_FUNCTIONS = 400000
 MAX_CHAIN = 4096
 MAX_REASONS = 3
 IMPORT_LOAD_LOOKBACK = 8
+ARM64_UNBOUNDED_BODY = 0x4000   # how far an ARM64 body without a .pdata range is followed
+FRAME_POINTER_NAMES = ("x29", "fp")
 
 # Bytes that may begin what the x64 sweep acts on besides call sites: a direct
 # call or jump (E8/E9 rel32 — capstone keeps rel32 under a 0x66 prefix in 64-bit
@@ -219,6 +225,11 @@ class CallGraph(object):
             return function
         function.analysed_body = True
         module = function.module
+        if module.arch == "arm64":
+            module.compute_frame(function)
+            if function.fragment_of is None:
+                _sweep_arm64(self.program, function)
+            return function
         if function.fragment_of is None and module.arch == "x64" and function.unwind_size is not None \
                 and function.end is not None:
             # The prologue scan (a cross-check of the unwind data) reads the
@@ -297,7 +308,7 @@ class CallGraph(object):
         while stack:
             frame = stack[-1]
             function, edges, pending = frame
-            pointer = function.module.pointer_size
+            pointer = function.module.return_address_size
             entry = partial[function.va]
             if pending is not None:
                 frame[2] = None
@@ -608,6 +619,94 @@ def _sweep_x64(program, function, leads=None):
                 _sweep_run(program, function, fragments, run, prolog_end)
     function.body_end = fragments[0][1]
     _report_body_problem(function)
+
+
+def _sweep_arm64(program, function):
+    """An ARM64 function by one linear pass over its range (its ``.pdata``
+    entry's, with its chained fragments; up to the next known function, at most
+    ARM64_UNBOUNDED_BODY bytes, for code without an entry): every call site is at
+    the frame's depth (:attr:`FunctionInfo.frame_size`).  ``bl`` is a call,
+    ``blr`` an indirect call (or an import's, when the register was loaded from
+    an import slot by ``adrp``/``ldr``), ``b`` out of the range a tail call,
+    ``br`` an indirect jump (an import thunk's when loaded from a slot), and
+    ``sub sp, sp, xN`` or ``mov sp, xN`` after the prologue a dynamic frame."""
+    module = function.module
+    image = module.image
+    base = image.image_base
+    imports = image.imports
+    frame = function.frame_size or 0
+    prolog_end = function.prolog_end or function.va
+    function.call_sites = sites = []
+    function.max_depth = frame
+    function.body_problem = None
+    fragments = _fragment_ranges(module, function)
+    if function.end is None:
+        starts = module.starts()
+        following = bisect.bisect_right(starts, function.va)
+        limit = starts[following] if following < len(starts) else base + image.size_of_image
+        fragments = [(function.va, min(limit, function.va + ARM64_UNBOUNDED_BODY))]
+    page_of, slot_in = {}, {}     # register -> adrp page; register -> the import slot it was loaded from
+    for start, end in fragments:
+        code = image.read_partial(start - base, end - start)
+        if len(code) < end - start and function.end is not None and function.body_problem is None:
+            function.body_problem = "code at 0x%x is not readable" % (start + len(code))
+        for address, _, mnemonic, op_str in _arm64_instructions(module.decoder.disassembler, code, start):
+            operands = [part.strip() for part in op_str.split(",")]
+            if mnemonic == "bl":
+                if address < prolog_end:
+                    continue  # a call inside the prologue is the stack probe
+                target = parse_int(op_str.lstrip("#"))
+                if target is not None:
+                    program.function_at(target)
+                sites.append(CallSite(address, frame, target, "call"))
+            elif mnemonic in ("blr", "br"):
+                slot = slot_in.get(op_str)
+                name = imports.get(slot - base) if slot is not None else None
+                if mnemonic == "blr":
+                    sites.append(CallSite(address, frame, None, "call", name, slot) if name
+                                 else CallSite(address, frame, None, "indirect"))
+                else:
+                    sites.append(CallSite(address, 0, None, "tail", name, slot) if name
+                                 else CallSite(address, frame, None, "indirect-tail"))
+            elif mnemonic == "b":
+                target = parse_int(op_str.lstrip("#"))
+                if target is not None and not _inside(function, fragments, target):
+                    program.function_at(target)
+                    sites.append(CallSite(address, 0, target, "tail"))
+                if function.end is None:
+                    break
+            elif mnemonic == "ret" and function.end is None:
+                break
+            elif mnemonic == "adrp":
+                page_of[operands[0]] = parse_int(operands[1].lstrip("#"))
+            elif mnemonic == "ldr" and len(operands) == 3 and operands[1][1:] in page_of \
+                    and operands[2].startswith("#") and operands[2].endswith("]"):
+                page = page_of[operands[1][1:]]
+                offset = parse_int(operands[2][1:-1])
+                if page is not None and offset is not None:
+                    slot_in[operands[0]] = page + offset
+            elif operands[0] == "sp" and address >= prolog_end and function.dynamic is None and (
+                    mnemonic == "mov" and operands[1] not in FRAME_POINTER_NAMES or
+                    mnemonic == "sub" and len(operands) == 3 and not operands[2].startswith("#")):
+                # Neither the epilogue's `mov sp, x29` nor the probe's `sub sp, sp, x15, lsl #4`.
+                function.dynamic = "%s %s" % (mnemonic, op_str)
+        if function.end is None:
+            break
+    function.body_end = fragments[0][1]
+    _report_body_problem(function)
+
+
+def _arm64_instructions(disassembler, code, address):
+    """The instructions of ARM64 ``code`` (bytes at ``address``) as
+    ``(address, size, mnemonic, op_str)``; an undecodable word (data in the code:
+    a literal pool, padding) is skipped, every instruction being 4 bytes."""
+    offset = 0
+    while offset + 4 <= len(code):
+        reached = offset
+        for insn in disassembler.decode(code[offset:], address + offset):
+            yield insn
+            reached = insn[0] + insn[1] - address
+        offset = reached + 4
 
 
 def _sweep_run(program, function, fragments, run, prolog_end):

@@ -40,7 +40,8 @@ def add_arguments(parser):
     _code_options(hogs)
     hogs.add_argument("--top", default="0n20", metavar="N",
                       help="how many largest frames and over-budget chains to list (hex; default 0n20)")
-    hogs.add_argument("--budget", metavar="BYTES", help="stack budget (hex; default 24 KiB on x64, 12 KiB on x86)")
+    hogs.add_argument("--budget", metavar="BYTES",
+                      help="stack budget (hex; default 24 KiB on x64 and ARM64, 12 KiB on x86)")
 
 
 def _code_options(parser):

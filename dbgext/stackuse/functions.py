@@ -1,6 +1,6 @@
 """Function discovery and per-function frame sizes, reconciled from two sources.
 
-Functions come from ``.pdata`` (x64), exports, debugger symbols, the entry point,
+Functions come from ``.pdata`` (x64, ARM64), exports, debugger symbols, the entry point,
 and — through :mod:`callgraph` — the targets of direct calls (leaf functions have
 no ``.pdata`` entry; x86 has no ``.pdata`` at all).  Each function's frame size is
 taken from the unwind data when there is some (it is exact) and from the prologue
@@ -10,7 +10,10 @@ scan otherwise; when both exist they are compared and any disagreement is kept.
 import bisect
 
 from ..disasm import direct_target, parse_int
+from ..stacks.arm64_unwind import INSTRUCTION_SIZE, PDATA_CHAINED, function_unwind
 from ..stacks.unwind_data import UNW_FLAG_CHAININFO, frame_from_unwind
+from ..stacks.x64 import UnwindError
+from . import arm64_prologue
 from .layouts import FRAME_HELPER_EPILOGS, FRAME_HELPERS, HELPER_CODE
 from .prologue import STACK_PROBE_NAMES, Decoder, is_named, scan_prologue
 
@@ -73,7 +76,7 @@ class FunctionInfo(object):
         # Realignment (`and esp, -16`) may add up to this many bytes on top of the
         # frame; compilers leave them out of the frame size, worst-case depths count them.
         self.padding = 0
-        self.prolog_end = None      # x64: VA after the prologue the unwind data describes
+        self.prolog_end = None      # x64, ARM64: VA after the prologue the unwind data describes
 
     @property
     def source(self):
@@ -116,7 +119,9 @@ class ModuleFunctions(object):
         self.image = image
         self.name = image.name
         self.arch = image.arch
-        self.pointer_size = 8 if image.arch == "x64" else 4
+        self.pointer_size = image.pointer_size
+        # What a call pushes: ARM64's bl leaves the return address in lr.
+        self.return_address_size = 0 if image.arch == "arm64" else image.pointer_size
         self.decoder = Decoder(image)
         self.functions = {}           # va -> FunctionInfo
         self.problems = image.problems  # one log per image: its directories are parsed lazily
@@ -147,6 +152,8 @@ class ModuleFunctions(object):
             self.names.setdefault(base + slot_rva, name)
         if image.arch == "x64":
             self._seed_pdata()
+        elif image.arch == "arm64":
+            self._seed_arm64_pdata()
         for origin, table in named:
             for rva in table:
                 self.add(base + rva, origin)
@@ -194,6 +201,39 @@ class ModuleFunctions(object):
                 self.problems.add("bad_unwind_info", base + begin, frame.problem)
             if frame.is_fragment:
                 function.fragment_of = base + frame.chain[-1][0]
+        self._starts = None
+
+    def _seed_arm64_pdata(self):
+        """ARM64 ``.pdata``: each entry's frame is what its prologue's unwind codes
+        allocate (packed entries expanded to their codes), its prologue ends
+        after the instructions those codes stand for; a chained entry is a
+        fragment of the function whose entry it points at."""
+        image = self.image
+        base = image.image_base
+        size = image.size_of_image
+        for index, entry in enumerate(image.runtime_functions):
+            begin, end, word = entry
+            if not (0 < begin < end <= size) or not image.is_code(begin):
+                self.problems.add("pdata_entry_outside_code", base + begin,
+                                  ".pdata entry #%d [0x%x, 0x%x) lies outside the code of %s"
+                                  % (index, begin, end, image.name))
+                continue
+            function = self.functions.get(base + begin)
+            if function is None:
+                function = FunctionInfo(self, base + begin, begin, "pdata", end=base + end)
+                self.functions[base + begin] = function
+            try:
+                unwind = function_unwind(image, entry)
+            except UnwindError as error:
+                function.problem = str(error)
+                self.problems.add("bad_unwind_info", base + begin, str(error))
+                continue
+            function.unwind_size = unwind.frame_size
+            if word & 3 == PDATA_CHAINED:
+                function.fragment_of = base + unwind.begin
+                function.prolog_end = function.va
+            else:
+                function.prolog_end = base + begin + INSTRUCTION_SIZE * unwind.prologue_size
         self._starts = None
 
     def _plain_unwind_record(self, rva):
@@ -390,7 +430,13 @@ class ModuleFunctions(object):
             return
         # A fragment's code runs inside its parent's frame: scanning it finds 0 by
         # design, so fragments take the chain's size only.
-        result = scan_prologue(self.decoder, function.va, self)
+        if self.arch == "arm64":
+            end = min(function.end or function.va + arm64_prologue.PROLOGUE_WINDOW,
+                      function.va + arm64_prologue.PROLOGUE_WINDOW)
+            result = arm64_prologue.scan_prologue(self.image.read_partial(function.rva, end - function.va),
+                                                  function.va, self.decoder.disassembler)
+        else:
+            result = scan_prologue(self.decoder, function.va, self)
         if result.dynamic:
             function.dynamic = result.dynamic
         function.padding = result.padding

@@ -5,7 +5,8 @@ frame :mod:`dbgext.stacks.threads`'.
 """
 
 # Default stack budgets when a thread's real bounds are unknown (kernel stacks).
-DEFAULT_BUDGET = {"x64": 24 * 1024, "x86": 12 * 1024}
+# ARM64 kernel stacks are taken to be x64's size (assumed, not verified on a dump).
+DEFAULT_BUDGET = {"x64": 24 * 1024, "x86": 12 * 1024, "arm64": 24 * 1024}
 
 # -- x86 prologue helpers ------------------------------------------------------------------
 

@@ -82,6 +82,11 @@ class Decoder(object):
     def problem(self, va):
         return self._failed.get(va)
 
+    @property
+    def disassembler(self):
+        """The image architecture's :class:`~dbgext.disasm.Disassembler`."""
+        return self._disassembler
+
     def run(self, start_va, end_va, keep=False):
         """A :class:`~dbgext.disasm.DecodedRun` over [start_va, end_va) (use it in a
         ``with`` block) and the first VA that could not be read or decoded, or

@@ -91,7 +91,7 @@ def render_thread(out, stack, fmt, as_json=False):
     hogs = stack.hogs()
     rows, links = [], {}
     for index, frame in enumerate(stack.frames):
-        estimate = None if frame.frame_size is None else frame.frame_size + stack.pointer_size
+        estimate = stack.estimate(frame)
         rows.append(["%02x" % frame.index, "" if frame.uses is None else str(frame.uses),
                      "?" if estimate is None else str(estimate), fmt(frame.child_sp), frame.function,
                      ("over threshold " if frame in hogs else "") + ("" if frame.how == "unwind" else frame.how)])

@@ -41,6 +41,7 @@ class ThreadStack(object):
         self.problems = ProblemLog()
         self.threshold = None
         self.pointer_size = 8
+        self.return_address_size = 8    # what a call pushes: 0 on ARM64 (bl leaves it in lr)
 
     @property
     def used(self):
@@ -53,6 +54,11 @@ class ThreadStack(object):
         if self.stack_limit is None or self.rsp is None:
             return None
         return self.rsp - self.stack_limit
+
+    def estimate(self, frame):
+        """The stack a frame's function uses by its static frame size (the
+        return address a call pushed included), or None."""
+        return None if frame.frame_size is None else frame.frame_size + self.return_address_size
 
     def hogs(self):
         if self.threshold is None:
@@ -76,7 +82,7 @@ class ThreadStack(object):
             "frames": [{
                 "index": frame.index, "child_sp": frame.child_sp, "instruction": frame.instruction,
                 "function": frame.function, "uses": frame.uses, "frame_size": frame.frame_size,
-                "estimate": None if frame.frame_size is None else frame.frame_size + self.pointer_size,
+                "estimate": self.estimate(frame),
                 "how": frame.how,
                 "over_threshold": frame in hogs,
             } for frame in self.frames],
@@ -91,6 +97,7 @@ def walk_thread(target, program, graph, thread=None, threshold=None):
     unreadable KTHREAD or switch frame)."""
     result = ThreadStack()
     result.pointer_size = target.pointer_size
+    result.return_address_size = 0 if target.arch == "arm64" else target.pointer_size
     result.threshold = threshold
     walked = stacks.analyze(target, thread=thread)
     waiting = walked.thread_source == SWITCH_FRAME_SOURCE
@@ -116,7 +123,8 @@ def _with_estimate(program, graph, walked, frame):
     frames = walked.frames
     if frame.index + 1 < len(frames):
         uses = frames[frame.index + 1].child_sp - frame.child_sp
-    elif frame.return_slot is not None:
+    elif frame.return_slot is not None and walked.arch != "arm64":
+        # Up to the pushed return address; ARM64's saved lr lies inside the frame.
         uses = frame.return_slot + walked.pointer_size - frame.child_sp
     else:
         uses = None
