@@ -560,6 +560,8 @@ def _follow_body(program, function, record=None):
                 if state.depth > function.max_depth:
                     function.max_depth = state.depth
                 if step is not None:
+                    if step.switched:
+                        break
                     if step.dynamic:
                         if function.dynamic is None:
                             function.dynamic = step.dynamic

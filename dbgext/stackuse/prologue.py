@@ -186,13 +186,19 @@ class SpState(object):
 
 
 class StepResult(object):
-    """How one instruction changed SP: ``dynamic`` names a non-static adjustment."""
+    """How one instruction changed SP: ``dynamic`` names a non-static adjustment;
+    ``switched`` an x86 ESP loaded from another frame (``mov esp, [ebp - 0x18]``
+    with EBP not set by this path, see :func:`_names_another_frame`): the code goes on in a frame it did not build — an
+    SEH ``__finally`` block, called inside its function, resuming its parent at the
+    end of the ``try``, or a longjmp target — so the path's depth ends there and
+    the frame is not dynamic."""
 
-    __slots__ = ("dynamic", "unknown")
+    __slots__ = ("dynamic", "unknown", "switched")
 
-    def __init__(self, dynamic=None, unknown=None):
+    def __init__(self, dynamic=None, unknown=None, switched=None):
         self.dynamic = dynamic
         self.unknown = unknown
+        self.switched = switched
 
 
 def apply_sp_effect(arch, mnemonic, op_str, state):
@@ -285,6 +291,8 @@ def apply_sp_effect(arch, mnemonic, op_str, state):
             state.depth = state.copies[key]
             state.lost = False
             return None
+        if arch == "x86" and _names_another_frame(source, state):
+            return StepResult(switched="%s %s" % (mnemonic, op_str))
         return _sp_lost(state, "%s %s" % (mnemonic, op_str))
     if mnemonic == "and":
         mask = parse_int(source)
@@ -303,6 +311,19 @@ def apply_sp_effect(arch, mnemonic, op_str, state):
     if mnemonic in ("cmp", "test") or mnemonic.startswith("mov"):
         return None
     return StepResult(unknown="%s %s" % (mnemonic, op_str))
+
+
+def _names_another_frame(source, state):
+    """True when ``source`` (of ``mov esp, source``) is EBP or a memory slot based
+    on a register this path never made a copy of SP: its caller's frame pointer
+    (the parent's epilogue run by a ``__finally`` block ending in longjmp), or a
+    record of its parent's frame (``_JumpToContinuation``'s ``[ebx - 4]``).  A
+    slot based on a copy (clang's ``mov [esi + 0x1c], esp`` ... ``mov esp, [esi +
+    0x1c]``) is the function's own."""
+    if source == "ebp":
+        return "ebp" not in state.copies
+    base = source.partition("[")[2].split(" ", 1)[0].rstrip("]")
+    return bool(base) and base != "esp" and base not in state.copies
 
 
 def _sp_lost(state, text):
@@ -539,16 +560,22 @@ def _scan_path(decoder, start, arch, callees, resumed=None):
             if step.dynamic:
                 dynamic = step.dynamic
             break
-        if kept is not None and mnemonic == "pop" and op_str == kept[0] and depth_before == kept[1]:
+        if kept is not None and mnemonic == "pop" and depth_before == kept[1] and (
+                op_str == kept[0] or (kept[0] == "flags" and "[esp" not in op_str)):
             # MSVC's debug prologue keeps ECX (`this`) across the fill of its frame
             # (`push ecx; lea edi, [ebp-N]; mov ecx, N/4; mov eax, 0xcccccccc; rep
-            # stosd; pop ecx`): a register kept, not a slot of the frame.
+            # stosd; pop ecx`): a register kept, not a slot of the frame; and
+            # `pushfd; pop [flags]` (``__report_gsfailure``) copies the flags.
             deepest = kept[2]
         if state.depth != depth_before or "[esp" in op_str:
             # ... unless the slot is written or read: then it is a local (clang's
             # `push eax; mov [esp], eax; fild [esp]; pop eax`).
-            kept = (op_str, state.depth, before) if arch == "x86" and mnemonic == "push" and op_str in SCRATCH \
-                else None
+            if arch == "x86" and mnemonic == "push" and op_str in SCRATCH:
+                kept = (op_str, state.depth, before)
+            elif arch == "x86" and mnemonic == "pushfd":
+                kept = ("flags", state.depth, before)
+            else:
+                kept = None
         if mnemonic != "push":
             operands = [operand.strip() for operand in op_str.split(",", 1)]
             # `mov edi, edi` (the hotpatch pad) writes nothing new.
