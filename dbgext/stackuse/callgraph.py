@@ -23,14 +23,20 @@ from ..errors import BadInput, UnreadableMemory
 from ..pe import PEImage
 from ..problems import ProblemLog
 from .functions import MAX_JUMP_TABLE, ModuleFunctions
-from .prologue import (ACCUMULATOR, FP, KEEPS_ACCUMULATOR, PUSH_SIZE, SP, SP_MNEMONICS, STOPS, SpState,
-                       apply_frame_helper, apply_sp_effect, helper_call_effect)
+from .prologue import (ACCUMULATOR, CALLEE_SAVED, FP, KEEPS_ACCUMULATOR, PUSH_SIZE, SP, SP_MNEMONICS, STOPS, SpState,
+                       _argument_bytes_after, apply_frame_helper, apply_sp_effect, helper_call_effect)
 
 MAX_INSTRUCTIONS_PER_FUNCTION = 40000
 MAX_FUNCTIONS = 400000
 MAX_CHAIN = 4096
 MAX_REASONS = 3
 IMPORT_LOAD_LOOKBACK = 8
+SAVE_LOOKAHEAD = 16
+# x86 callee-saved registers and the names of their parts.
+REGISTER_PARTS = {"ebx": frozenset(["ebx", "bx", "bl", "bh"]), "esi": frozenset(["esi", "si"]),
+                  "edi": frozenset(["edi", "di"]), "ebp": frozenset(["ebp", "bp"])}
+OVERWRITES = frozenset(["mov", "lea", "movzx", "movsx", "pop", "xor", "sub"])
+ZEROES = frozenset(["xor", "sub"])
 
 # Bytes that may begin what the x64 sweep acts on besides call sites: a direct
 # call or jump (E8/E9 rel32 — capstone keeps rel32 under a 0x66 prefix in 64-bit
@@ -471,6 +477,8 @@ def _follow_body(program, function, record=None):
     # Registers loaded from an IAT slot (`mov rax, [__imp_X]; call rax`).
     import_loads = {}
     worklist = [(function.va, SpState())]
+    # x86: {(callee-saved register, depth after its push)} met in the body (see _note_save).
+    saves = set() if arch == "x86" else None
     steps = 0
     body_end = function.va
     table_size = None
@@ -552,6 +560,8 @@ def _follow_body(program, function, record=None):
                 _note_address_taken(program, op_str, code_ranges)
             # Only a destination of SP, FP or the accumulator matters (operands like
             # [rsp + 8] read memory and leave SP alone).
+            if saves is not None and (mnemonic == "push" or mnemonic == "pop"):
+                _note_save(function, saves, insn, state)
             if mnemonic in sp_mnemonics or op_str.startswith(tracked) or (
                     mnemonic == "mov" and op_str.endswith(sp_source)) or (
                     mnemonic == "lea" and sp_memory in op_str) or (
@@ -574,6 +584,52 @@ def _follow_body(program, function, record=None):
     function.body_end = body_end
     if record is None:
         _report_body_problem(function)
+
+
+def _note_save(function, saves, insn, state):
+    """x86: a callee-saved register pushed in the body, then written before it is
+    read (its value was the caller's: a save, not an argument) and popped back
+    into itself at the same depth was saved there — MSVC pushes saves only on the
+    paths that use the register, past a call, a loop or a jump table, and
+    FrameData counts them in the frame; the frame takes the depth of such a save,
+    less what stdcall imports may have popped unseen before it (``unsure``).
+    Other pushes count as the next call's possible arguments (``pushed``)."""
+    address, size, mnemonic, register = insn
+    depth = state.depth - state.unsure
+    if mnemonic == "push":
+        if register in CALLEE_SAVED["x86"] and _overwritten_before_read(function.module.decoder, address + size,
+                                                                        register):
+            saves.add((register, depth + PUSH_SIZE["x86"]))
+        else:
+            state.pushed += PUSH_SIZE["x86"]
+        return
+    state.pushed = max(0, state.pushed - PUSH_SIZE["x86"])
+    if (register, depth) in saves:
+        frame = depth - state.padding
+        if function.prologue_size is not None and frame > function.prologue_size:
+            function.prologue_size = frame
+
+
+def _overwritten_before_read(decoder, address, register):
+    """True when the code from ``address`` (calls stepped over, conditional
+    branches not taken) writes x86 ``register`` before reading it: ``mov esi, ...``,
+    ``lea esi, ...``, ``xor esi, esi`` without ``esi`` (or a part of it) on the right."""
+    names = REGISTER_PARTS[register]
+    for _ in range(SAVE_LOOKAHEAD):
+        insn = decoder.at(address)
+        if insn is None:
+            return False
+        mnemonic, op_str = insn[2], insn[3]
+        if mnemonic == "jmp" or mnemonic.startswith("ret") or mnemonic in STOPS:
+            return False
+        destination, _, source = op_str.partition(", ")
+        if destination == register and mnemonic in OVERWRITES and (
+                not names.intersection(re.findall(r"\w+", source)) or (mnemonic in ZEROES and source == register)):
+            return True
+        if names.intersection(re.findall(r"\w+", op_str)):
+            return False
+        address += insn[1]
+    return False
 
 
 def _report_body_problem(function):
@@ -880,6 +936,9 @@ def _call(program, function, decoder, insn, state, arch, pointer, import_loads):
             state.depth = frame - pointer
         elif callee is not None and callee.ret_pop:
             state.depth -= callee.ret_pop
+        elif callee is None or (callee.name or "").startswith("thunk:"):
+            _unseen_pops(function, decoder, address + size, state, arch)
+        state.pushed = 0
         state.accumulator = None
         return True
     slot = memory_slot(BITS[arch], op_str, address + size)
@@ -890,8 +949,18 @@ def _call(program, function, decoder, insn, state, arch, pointer, import_loads):
         function.call_sites.append(CallSite(address, state.depth, None, "call", import_name, slot))
     else:
         function.call_sites.append(CallSite(address, state.depth, None, "indirect"))
+    _unseen_pops(function, decoder, address + size, state, arch)
+    state.pushed = 0
     state.accumulator = None
     return True
+
+
+def _unseen_pops(function, decoder, after_call, state, arch):
+    """x86: a call to an import (directly or through its thunk) or an indirect
+    call with no cleanup after it is stdcall: the callee popped (up to) the pushes
+    since the last call above the frame — ``state.unsure`` keeps them."""
+    if arch == "x86" and _argument_bytes_after(decoder, after_call, None) is None:
+        state.unsure += min(state.pushed, max(0, state.depth - state.unsure - (function.prologue_size or 0)))
 
 
 def _resolve_import(program, slot):

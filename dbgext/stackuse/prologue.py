@@ -54,6 +54,7 @@ STOPS = frozenset(["int3", "ud2", "hlt", "iretq", "iretd", "sysret", "sysexit"])
 SP_MNEMONICS = frozenset(["push", "pop", "pushfq", "pushfd", "pushf", "popfq", "popfd", "popf", "pushal",
                           "pushad", "popal", "popad", "leave"])
 STACK_PROBE_NAMES = ("chkstk", "alloca_probe")
+BRANCH_PREFIXES = ("bnd ", "notrack ")
 
 
 class Decoder(object):
@@ -123,6 +124,10 @@ class Decoder(object):
             return
         insns = self._insns
         for insn in self._disassembler.decode(code, start_va, count):
+            if insn[2].startswith(BRANCH_PREFIXES):
+                # `bnd jne`, `bnd ret` (MSVC's /guard-era CRT), `notrack jmp`: the
+                # branch's prefix changes nothing of its control flow or stack.
+                insn = (insn[0], insn[1], insn[2].split(" ", 1)[1], insn[3])
             insns[insn[0]] = insn
 
 
@@ -168,9 +173,9 @@ class SpState(object):
     ``lea r11, [rsp+X]`` that an epilogue restores RSP from) as the depth they
     mark, and the accumulator when it holds a constant (a stack-probe size)."""
 
-    __slots__ = ("depth", "copies", "accumulator", "padding", "lost")
+    __slots__ = ("depth", "copies", "accumulator", "padding", "lost", "pushed", "unsure")
 
-    def __init__(self, depth=0, copies=None, accumulator=None, padding=0, lost=False):
+    def __init__(self, depth=0, copies=None, accumulator=None, padding=0, lost=False, pushed=0, unsure=0):
         self.depth = depth
         # SP was set from a value that is not a copy of it (``mov esp, ecx``,
         # ``sub esp, eax``): ``depth`` is not where SP is until a copy restores it.
@@ -180,9 +185,15 @@ class SpState(object):
         # Bytes counted in ``depth`` for realignment (``and esp, -16``) at their
         # maximum: compilers leave them out of the frame size.
         self.padding = padding
+        # x86 body walk: bytes pushed since the path's last call that may be its
+        # arguments, and bytes by which ``depth`` may run high because an import or
+        # indirect call with no cleanup after it (stdcall) popped them unseen.
+        self.pushed = pushed
+        self.unsure = unsure
 
     def copy(self):
-        return SpState(self.depth, dict(self.copies), self.accumulator, self.padding, self.lost)
+        return SpState(self.depth, dict(self.copies), self.accumulator, self.padding, self.lost, self.pushed,
+                       self.unsure)
 
 
 class StepResult(object):
