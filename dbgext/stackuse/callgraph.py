@@ -35,7 +35,7 @@ SAVE_LOOKAHEAD = 16
 # x86 callee-saved registers and the names of their parts.
 REGISTER_PARTS = {"ebx": frozenset(["ebx", "bx", "bl", "bh"]), "esi": frozenset(["esi", "si"]),
                   "edi": frozenset(["edi", "di"]), "ebp": frozenset(["ebp", "bp"])}
-OVERWRITES = frozenset(["mov", "lea", "movzx", "movsx", "pop", "xor", "sub"])
+OVERWRITES = frozenset(["mov", "lea", "movzx", "movsx", "xor", "sub"])  # not pop: an epilogue restores the caller's value
 ZEROES = frozenset(["xor", "sub"])
 
 # Bytes that may begin what the x64 sweep acts on besides call sites: a direct
@@ -604,7 +604,9 @@ def _note_save(function, saves, insn, state):
             state.pushed += PUSH_SIZE["x86"]
         return
     state.pushed = max(0, state.pushed - PUSH_SIZE["x86"])
-    if (register, depth) in saves:
+    if (register, depth) in saves and depth == min(saved for name, saved in saves if name == register):
+        # A register is saved once: a deeper push of one already saved is an
+        # argument (`xor edi, edi; push edi; push 0; call GetProcessHeap`).
         frame = depth - state.padding
         if function.prologue_size is not None and frame > function.prologue_size:
             function.prologue_size = frame
@@ -936,9 +938,14 @@ def _call(program, function, decoder, insn, state, arch, pointer, import_loads):
             state.depth = frame - pointer
         elif callee is not None and callee.ret_pop:
             state.depth -= callee.ret_pop
-        elif callee is None or (callee.name or "").startswith("thunk:"):
+        if callee is None or (callee.name or "").startswith("thunk:"):
             _unseen_pops(function, decoder, address + size, state, arch)
-        state.pushed = 0
+            state.pushed = 0
+        else:
+            # What it takes of the pushes: its `ret N` and the cleanup after it (a
+            # helper that takes none, like the CFG check before `call esi`, keeps them).
+            state.pushed = max(0, state.pushed - callee.ret_pop - (
+                _argument_bytes_after(decoder, address + size, None) or 0))
         state.accumulator = None
         return True
     slot = memory_slot(BITS[arch], op_str, address + size)
