@@ -587,8 +587,9 @@ def _follow_body(program, function, record=None):
 
 
 def _note_save(function, saves, insn, state):
-    """x86: a callee-saved register pushed in the body, then written before it is
-    read (its value was the caller's: a save, not an argument) and popped back
+    """x86: a callee-saved register pushed in the body with no argument pushed
+    before it since the last call, then written before it is read (its value was
+    the caller's: a save, not an argument) and popped back
     into itself at the same depth was saved there — MSVC pushes saves only on the
     paths that use the register, past a call, a loop or a jump table, and
     FrameData counts them in the frame; the frame takes the depth of such a save,
@@ -596,8 +597,10 @@ def _note_save(function, saves, insn, state):
     Other pushes count as the next call's possible arguments (``pushed``)."""
     address, size, mnemonic, register = insn
     depth = state.depth - state.unsure
+    # Pushes no deeper than the frame are no arguments (an `add esp, N` freed them).
+    state.pushed = min(state.pushed, max(0, depth - (function.prologue_size or 0)))
     if mnemonic == "push":
-        if register in CALLEE_SAVED["x86"] and _overwritten_before_read(function.module.decoder, address + size,
+        if register in CALLEE_SAVED["x86"] and not state.pushed and _overwritten_before_read(function.module.decoder, address + size,
                                                                         register):
             saves.add((register, depth + PUSH_SIZE["x86"]))
         else:
@@ -615,7 +618,8 @@ def _note_save(function, saves, insn, state):
 def _overwritten_before_read(decoder, address, register):
     """True when the code from ``address`` (calls stepped over, conditional
     branches not taken) writes x86 ``register`` before reading it: ``mov esi, ...``,
-    ``lea esi, ...``, ``xor esi, esi`` without ``esi`` (or a part of it) on the right."""
+    ``lea esi, ...``, ``xor esi, esi`` without ``esi`` (or a part of it) on the
+    right, ``cpuid`` for EBX."""
     names = REGISTER_PARTS[register]
     for _ in range(SAVE_LOOKAHEAD):
         insn = decoder.at(address)
@@ -624,7 +628,14 @@ def _overwritten_before_read(decoder, address, register):
         mnemonic, op_str = insn[2], insn[3]
         if mnemonic == "jmp" or mnemonic.startswith("ret") or mnemonic in STOPS:
             return False
+        if mnemonic == "cpuid" and register == "ebx":
+            return True
         destination, _, source = op_str.partition(", ")
+        if mnemonic == "push" and op_str == register:
+            # Kept again around an instruction that writes it (`push ebx; cpuid;
+            # ...; pop ebx`): the next push is no use of the value.
+            address += insn[1]
+            continue
         if destination == register and mnemonic in OVERWRITES and (
                 not names.intersection(re.findall(r"\w+", source)) or (mnemonic in ZEROES and source == register)):
             return True
