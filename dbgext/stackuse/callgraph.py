@@ -24,7 +24,7 @@ from ..pe import PEImage
 from ..problems import ProblemLog
 from .functions import MAX_JUMP_TABLE, ModuleFunctions
 from .prologue import (ACCUMULATOR, CALLEE_SAVED, FP, KEEPS_ACCUMULATOR, PUSH_SIZE, SP, SP_MNEMONICS, STOPS, SpState,
-                       _argument_bytes_after, apply_frame_helper, apply_sp_effect, helper_call_effect)
+                       SCRATCH, apply_frame_helper, apply_sp_effect, helper_call_effect)
 
 MAX_INSTRUCTIONS_PER_FUNCTION = 40000
 MAX_FUNCTIONS = 400000
@@ -32,6 +32,7 @@ MAX_CHAIN = 4096
 MAX_REASONS = 3
 IMPORT_LOAD_LOOKBACK = 8
 SAVE_LOOKAHEAD = 16
+CLEANUP_LOOKAHEAD = 4
 # x86 callee-saved registers and the names of their parts.
 REGISTER_PARTS = {"ebx": frozenset(["ebx", "bx", "bl", "bh"]), "esi": frozenset(["esi", "si"]),
                   "edi": frozenset(["edi", "di"]), "ebp": frozenset(["ebp", "bp"])}
@@ -951,12 +952,10 @@ def _call(program, function, decoder, insn, state, arch, pointer, import_loads):
             state.depth -= callee.ret_pop
         if callee is None or (callee.name or "").startswith("thunk:"):
             _unseen_pops(function, decoder, address + size, state, arch)
-            state.pushed = 0
-        else:
+        elif arch == "x86":
             # What it takes of the pushes: its `ret N` and the cleanup after it (a
             # helper that takes none, like the CFG check before `call esi`, keeps them).
-            state.pushed = max(0, state.pushed - callee.ret_pop - (
-                _argument_bytes_after(decoder, address + size, None) or 0))
+            state.pushed = max(0, state.pushed - callee.ret_pop - (_cleanup_after(decoder, address + size) or 0))
         state.accumulator = None
         return True
     slot = memory_slot(BITS[arch], op_str, address + size)
@@ -968,7 +967,6 @@ def _call(program, function, decoder, insn, state, arch, pointer, import_loads):
     else:
         function.call_sites.append(CallSite(address, state.depth, None, "indirect"))
     _unseen_pops(function, decoder, address + size, state, arch)
-    state.pushed = 0
     state.accumulator = None
     return True
 
@@ -976,9 +974,37 @@ def _call(program, function, decoder, insn, state, arch, pointer, import_loads):
 def _unseen_pops(function, decoder, after_call, state, arch):
     """x86: a call to an import (directly or through its thunk) or an indirect
     call with no cleanup after it is stdcall: the callee popped (up to) the pushes
-    since the last call above the frame — ``state.unsure`` keeps them."""
-    if arch == "x86" and _argument_bytes_after(decoder, after_call, None) is None:
+    since the last call above the frame — ``state.unsure`` keeps them.  A cleanup
+    takes what it frees of the pushes (``push fmt; push 2; call [__acrt_iob_func];
+    add esp, 4`` leaves ``fmt`` for the next call)."""
+    if arch != "x86":
+        return
+    cleanup = _cleanup_after(decoder, after_call)
+    if cleanup is None:
         state.unsure += min(state.pushed, max(0, state.depth - state.unsure - (function.prologue_size or 0)))
+        state.pushed = 0
+    else:
+        state.pushed = max(0, state.pushed - cleanup)
+
+
+def _cleanup_after(decoder, address):
+    """Bytes of arguments freed right after a call: ``add esp, N`` or a pop into a
+    scratch register, within a few instructions that leave the stack alone; None
+    when there is none."""
+    for _ in range(CLEANUP_LOOKAHEAD):
+        insn = decoder.at(address)
+        if insn is None:
+            return None
+        mnemonic, op_str = insn[2], insn[3]
+        if mnemonic == "add" and op_str.startswith("esp, "):
+            return parse_int(op_str[5:])
+        if mnemonic == "pop" and op_str in SCRATCH:
+            return PUSH_SIZE["x86"]
+        if mnemonic in SP_MNEMONICS or mnemonic == "call" or mnemonic[0] == "j" or mnemonic.startswith("ret") \
+                or "esp" in op_str:
+            return None
+        address += insn[1]
+    return None
 
 
 def _resolve_import(program, slot):
