@@ -281,6 +281,9 @@ def apply_sp_effect(arch, mnemonic, op_str, state):
             value = accumulator
         if value is None:
             return _sp_lost(state, "%s %s" % (mnemonic, op_str))
+        if arch == "x86" and value >= 1 << 31:
+            # capstone spells a 32-bit immediate unsigned: `add esp, 0xfffffecc` is -0x134.
+            value -= 1 << 32
         state.depth += value if mnemonic == "sub" else -value
         return None
     if mnemonic == "lea":
@@ -492,6 +495,7 @@ def _scan_path(decoder, start, arch, callees, resumed=None):
     # the lowest depth since (below the branch's: the path released its frame)].
     later_branches = []
     kept = None   # (scratch register, depth after its push, deepest before it): `push ecx; ...; pop ecx`
+    allocated = False  # the path allocated its frame (`sub esp, N`, a stack probe, a frame helper)
     address = start
     dynamic = None
     saves = CALLEE_SAVED[arch]
@@ -512,6 +516,13 @@ def _scan_path(decoder, start, arch, callees, resumed=None):
                 break
             kind, detail = effect
             kept = None
+            if arch == "x86" and kind == "probe" and detail and allocated:
+                # A second allocation after the frame's own is the body's alloca
+                # of a constant size (`sub esp, 0x34; push ebx; ...; mov eax,
+                # 0x400; call __alloca_probe`): not the frame (FrameData's
+                # cbLocals leaves it out); the call sites past it still count it.
+                break
+            allocated = True
             if kind == "frame":
                 if not apply_frame_helper(decoder, start, address, state, detail):
                     break
@@ -566,6 +577,8 @@ def _scan_path(decoder, start, arch, callees, resumed=None):
             break
         before = deepest
         depth_before = state.depth
+        if mnemonic in ("sub", "add") and op_str.startswith("esp, "):
+            allocated = True
         step = apply_sp_effect(arch, mnemonic, op_str, state)
         if step is not None:
             if step.dynamic:
