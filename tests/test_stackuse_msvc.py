@@ -77,12 +77,13 @@ def test_every_dll_of_the_wheel_is_analysed_without_a_traceback(member):
 # ../shared/realworld/pdb; stackuse reads the image (the PDB gives only the names
 # and where functions start) and must find the same frame.  A function that
 # allocates with alloca is "dynamic" in stackuse; its fixed part is what FrameData
-# describes, and that is compared.  Counted per image: 1116 of the 1194 functions
-# with FrameData agree.  The other 78 are records that execution contradicts (see
-# test_every_disagreement_with_framedata_is_a_record_execution_contradicts):
+# describes, and that is compared.  Counted per image: of the 1237 functions with
+# FrameData in nine images, 1159 agree.  The other 78 are records that execution
+# contradicts (see test_every_disagreement_with_framedata_is_a_record_execution_contradicts):
 # 73 VS2003 records whose cbSavedRegs is 4 bytes short of the registers their own
 # prolog pushes, 3 of the hand-written _RTC_CheckEsp and 2 of a one-`jmp`
-# operator delete.
+# operator delete.  A tenth image, basic32-min.dll (FRAMEDATA_MEASURED), is counted
+# but not yet explained function by function.
 
 from dbgext.pe import PEImage  # noqa: E402
 from dbgext.symbols.framedata import read_frame_table  # noqa: E402
@@ -100,6 +101,17 @@ FRAMEDATA_AGREEMENT = [  # (folder, image, pdb, functions agreeing, functions wi
     ("msvc2015-x86-exe", "Native_x86_VS2015_Default.exe", "Native_x86_VS2015_Default.pdb", 112, 113),
     ("msvc2017-x86-crash", "crash.exe", "crash.pdb", 89, 90),
     ("msvc2022-x86-xcpt4", "xcpt4.exe", "xcpt4.pdb", 89, 90),
+    ("msvc2017-x86-pdbstripped", "Native_x86_VS2017_15.5.4_PdbStripped.dll",
+     "Native_x86_VS2017_15.5.4_PdbStripped.pdb", 43, 43),
+]
+# Measured, not yet explained function by function: a release DLL with a stripped
+# PDB (publics and procedures) and one clang-cl module.  Of its 104 disagreements,
+# 48 are functions stackuse does not discover at all (not called, not exported,
+# in no gap the sweep starts: the clang-cl module's test1..test9 among them), and
+# 56 differ in frame — hand-written CRT helpers (__EH_prolog3*, __CxxFrameHandler*,
+# _except1) and release code not yet classified.
+FRAMEDATA_MEASURED = [
+    ("msvc2017-x86-basic32-min", "basic32-min.dll", "basic32-min.pdb", 2902, 3006),
 ]
 # VS2003's records (Compiled2003) whose cbSavedRegs is 4 bytes short of the
 # callee-saved registers their own prolog pushes: `push ebp; mov ebp, esp; sub
@@ -149,7 +161,7 @@ def framedata_disagreements(folder, image, pdb_name):
                 for rva, size in truth.items() if rva not in found or fixed_frame(found[rva]) != size)
 
 
-@pytest.mark.parametrize("folder,image,pdb_name,agreeing,total", FRAMEDATA_AGREEMENT)
+@pytest.mark.parametrize("folder,image,pdb_name,agreeing,total", FRAMEDATA_AGREEMENT + FRAMEDATA_MEASURED)
 def test_frames_agree_with_msvc_framedata(folder, image, pdb_name, agreeing, total):
     truth = framedata_frames(folder, pdb_name)
     assert len(truth) == total
