@@ -561,6 +561,7 @@ def _scan_path(decoder, start, arch, callees, resumed=None):
             # stays a local without asking (`push ecx; push esi; push edi`).
             reserves_local = op_str in SCRATCH and op_str not in written and (
                 state.depth == 0 or _addressed_through_frame_pointer(decoder, next_address, state)
+                or _save_follows(decoder, next_address, written)
                 or not _is_argument_push(decoder, next_address, callees, op_str == "eax"))
             if not reserves_local and not _feeds_frame_helper(decoder, next_address, callees) and not (
                     _installs_seh_record(decoder, next_address)):
@@ -602,8 +603,9 @@ def _scan_path(decoder, start, arch, callees, resumed=None):
                 kept = None
         if mnemonic != "push":
             operands = [operand.strip() for operand in op_str.split(",", 1)]
-            # `mov edi, edi` (the hotpatch pad) writes nothing new.
-            if operands and "[" not in operands[0] and not (len(operands) == 2 and operands[0] == operands[1]):
+            # `mov edi, edi` (the hotpatch pad) writes nothing new; `xor ebx, ebx` does.
+            if operands and "[" not in operands[0] and not (
+                    mnemonic == "mov" and len(operands) == 2 and operands[0] == operands[1]):
                 written.add(operands[0])
             elif operands and ("[esp" in operands[0] or "[ebp" in operands[0]):
                 body_started = True
@@ -643,6 +645,16 @@ def _is_argument_push(decoder, address, callees, explicit_only=False):
                 or mnemonic.startswith("ret"):
             return False
     return False
+
+
+def _save_follows(decoder, address, written):
+    """True when the instruction at ``address`` pushes a callee-saved register this
+    path has not written: a save (its value means nothing to the function else),
+    which no compiler puts between a call's arguments — so a push just before it
+    reserves a local (``push ebp; mov ebp, esp; push ecx; push ebx; push esi; push
+    edi; call [GetEnvironmentStringsW]``)."""
+    insn = decoder.at(address)
+    return insn is not None and insn[2] == "push" and insn[3] in CALLEE_SAVED["x86"] and insn[3] not in written
 
 
 def _addressed_through_frame_pointer(decoder, address, state):
