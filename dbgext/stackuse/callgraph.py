@@ -31,7 +31,7 @@ MAX_FUNCTIONS = 400000
 MAX_CHAIN = 4096
 MAX_REASONS = 3
 IMPORT_LOAD_LOOKBACK = 8
-SAVE_LOOKAHEAD = 16
+SAVE_LOOKAHEAD = 48
 CLEANUP_LOOKAHEAD = 4
 # x86 callee-saved registers and the names of their parts.
 REGISTER_PARTS = {"ebx": frozenset(["ebx", "bx", "bl", "bh"]), "esi": frozenset(["esi", "si"]),
@@ -622,6 +622,8 @@ def _overwritten_before_read(decoder, address, register):
     ``lea esi, ...``, ``xor esi, esi`` without ``esi`` (or a part of it) on the
     right, ``cpuid`` for EBX."""
     names = REGISTER_PARTS[register]
+    # Every name of the register or of a part holds these letters (esi, si; ebx, bl, bh).
+    letters = ("b", "si", "di", "bp")[("ebx", "esi", "edi", "ebp").index(register)]
     for _ in range(SAVE_LOOKAHEAD):
         insn = decoder.at(address)
         if insn is None:
@@ -631,6 +633,9 @@ def _overwritten_before_read(decoder, address, register):
             return False
         if mnemonic == "cpuid" and register == "ebx":
             return True
+        if letters not in op_str:
+            address += insn[1]
+            continue
         destination, _, source = op_str.partition(", ")
         if mnemonic == "push" and op_str == register:
             # Kept again around an instruction that writes it (`push ebx; cpuid;
