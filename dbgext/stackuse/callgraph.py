@@ -38,6 +38,8 @@ REGISTER_PARTS = {"ebx": frozenset(["ebx", "bx", "bl", "bh"]), "esi": frozenset(
                   "edi": frozenset(["edi", "di"]), "ebp": frozenset(["ebp", "bp"])}
 OVERWRITES = frozenset(["mov", "lea", "movzx", "movsx", "xor", "sub"])  # not pop: an epilogue restores the caller's value
 ZEROES = frozenset(["xor", "sub"])
+# `or edi, -1` / `and edi, 0`: a constant whatever the register held.
+CONSTANT_RESULTS = frozenset([("or", "0xffffffff"), ("or", "-1"), ("and", "0")])
 
 # Bytes that may begin what the x64 sweep acts on besides call sites: a direct
 # call or jump (E8/E9 rel32 — capstone keeps rel32 under a 0x66 prefix in 64-bit
@@ -620,10 +622,11 @@ def _overwritten_before_read(decoder, address, register):
     """True when the code from ``address`` (calls stepped over, conditional
     branches not taken) writes x86 ``register`` before reading it: ``mov esi, ...``,
     ``lea esi, ...``, ``xor esi, esi`` without ``esi`` (or a part of it) on the
-    right, ``cpuid`` for EBX."""
+    right, ``or esi, -1``, ``push 0x20; pop esi``, ``cpuid`` for EBX."""
     names = REGISTER_PARTS[register]
     # Every name of the register or of a part holds these letters (esi, si; ebx, bl, bh).
     letters = ("b", "si", "di", "bp")[("ebx", "esi", "edi", "ebp").index(register)]
+    previous = None
     for _ in range(SAVE_LOOKAHEAD):
         insn = decoder.at(address)
         if insn is None:
@@ -633,6 +636,10 @@ def _overwritten_before_read(decoder, address, register):
             return False
         if mnemonic == "cpuid" and register == "ebx":
             return True
+        if mnemonic == "pop" and op_str == register and previous is not None and previous[2] == "push" \
+                and parse_int(previous[3]) is not None:
+            return True     # `push 0x20; pop edi`: a constant, in three bytes
+        previous = insn
         if letters not in op_str:
             address += insn[1]
             continue
@@ -642,6 +649,8 @@ def _overwritten_before_read(decoder, address, register):
             # ...; pop ebx`): the next push is no use of the value.
             address += insn[1]
             continue
+        if destination == register and (mnemonic, source) in CONSTANT_RESULTS:
+            return True
         if destination == register and mnemonic in OVERWRITES and (
                 not names.intersection(re.findall(r"\w+", source)) or (mnemonic in ZEROES and source == register)):
             return True
