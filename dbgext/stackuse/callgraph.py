@@ -24,7 +24,7 @@ from ..pe import PEImage
 from ..problems import ProblemLog
 from .functions import MAX_JUMP_TABLE, ModuleFunctions
 from .prologue import (ACCUMULATOR, CALLEE_SAVED, FP, KEEPS_ACCUMULATOR, PUSH_SIZE, SP, SP_MNEMONICS, STOPS, SpState,
-                       SCRATCH, apply_frame_helper, apply_sp_effect, helper_call_effect)
+                       apply_frame_helper, apply_sp_effect, cleanup_after, helper_call_effect)
 
 MAX_INSTRUCTIONS_PER_FUNCTION = 40000
 MAX_FUNCTIONS = 400000
@@ -32,11 +32,11 @@ MAX_CHAIN = 4096
 MAX_REASONS = 3
 IMPORT_LOAD_LOOKBACK = 8
 SAVE_LOOKAHEAD = 48
-CLEANUP_LOOKAHEAD = 4
 # x86 callee-saved registers and the names of their parts.
 REGISTER_PARTS = {"ebx": frozenset(["ebx", "bx", "bl", "bh"]), "esi": frozenset(["esi", "si"]),
                   "edi": frozenset(["edi", "di"]), "ebp": frozenset(["ebp", "bp"])}
-OVERWRITES = frozenset(["mov", "lea", "movzx", "movsx", "xor", "sub"])  # not pop: an epilogue restores the caller's value
+# Writes of a whole register (not pop: an epilogue's pop restores the caller's value).
+OVERWRITES = frozenset(["mov", "lea", "movzx", "movsx", "xor", "sub"])
 ZEROES = frozenset(["xor", "sub"])
 # `or edi, -1` / `and edi, 0`: a constant whatever the register held.
 CONSTANT_RESULTS = frozenset([("or", "0xffffffff"), ("or", "-1"), ("and", "0")])
@@ -561,10 +561,10 @@ def _follow_body(program, function, record=None):
                 _note_import_load(module, arch, op_str, next_address, import_loads)
             if address_taken and (mnemonic == "push" or mnemonic == "mov") and "0x" in op_str:
                 _note_address_taken(program, op_str, code_ranges)
-            # Only a destination of SP, FP or the accumulator matters (operands like
-            # [rsp + 8] read memory and leave SP alone).
             if saves is not None and (mnemonic == "push" or mnemonic == "pop"):
                 _note_save(function, saves, insn, state)
+            # Only a destination of SP, FP or the accumulator matters (operands like
+            # [rsp + 8] read memory and leave SP alone).
             if mnemonic in sp_mnemonics or op_str.startswith(tracked) or (
                     mnemonic == "mov" and op_str.endswith(sp_source)) or (
                     mnemonic == "lea" and sp_memory in op_str) or (
@@ -592,19 +592,19 @@ def _follow_body(program, function, record=None):
 def _note_save(function, saves, insn, state):
     """x86: a callee-saved register pushed in the body with no argument pushed
     before it since the last call, then written before it is read (its value was
-    the caller's: a save, not an argument) and popped back
-    into itself at the same depth was saved there — MSVC pushes saves only on the
-    paths that use the register, past a call, a loop or a jump table, and
-    FrameData counts them in the frame; the frame takes the depth of such a save,
-    less what stdcall imports may have popped unseen before it (``unsure``).
-    Other pushes count as the next call's possible arguments (``pushed``)."""
+    the caller's: a save, not an argument) and popped back into itself at the same
+    depth was saved there — MSVC pushes saves only on the paths that use the
+    register, past a call, a loop or a jump table, and FrameData counts them in
+    the frame.  The frame takes the depth of such a save, less what stdcall
+    imports may have popped unseen before it (``unsure``).  Other pushes count as
+    the next call's possible arguments (``pushed``)."""
     address, size, mnemonic, register = insn
     depth = state.depth - state.unsure
     # Pushes no deeper than the frame are no arguments (an `add esp, N` freed them).
     state.pushed = min(state.pushed, max(0, depth - (function.prologue_size or 0)))
     if mnemonic == "push":
-        if register in CALLEE_SAVED["x86"] and not state.pushed and _overwritten_before_read(function.module.decoder, address + size,
-                                                                        register):
+        if register in CALLEE_SAVED["x86"] and not state.pushed and _overwritten_before_read(
+                function.module.decoder, address + size, register):
             saves.add((register, depth + PUSH_SIZE["x86"]))
         else:
             state.pushed += PUSH_SIZE["x86"]
@@ -969,7 +969,7 @@ def _call(program, function, decoder, insn, state, arch, pointer, import_loads):
         elif arch == "x86":
             # What it takes of the pushes: its `ret N` and the cleanup after it (a
             # helper that takes none, like the CFG check before `call esi`, keeps them).
-            state.pushed = max(0, state.pushed - callee.ret_pop - (_cleanup_after(decoder, address + size) or 0))
+            state.pushed = max(0, state.pushed - callee.ret_pop - (cleanup_after(decoder, address + size) or 0))
         state.accumulator = None
         return True
     slot = memory_slot(BITS[arch], op_str, address + size)
@@ -993,32 +993,12 @@ def _unseen_pops(function, decoder, after_call, state, arch):
     add esp, 4`` leaves ``fmt`` for the next call)."""
     if arch != "x86":
         return
-    cleanup = _cleanup_after(decoder, after_call)
+    cleanup = cleanup_after(decoder, after_call)
     if cleanup is None:
         state.unsure += min(state.pushed, max(0, state.depth - state.unsure - (function.prologue_size or 0)))
         state.pushed = 0
     else:
         state.pushed = max(0, state.pushed - cleanup)
-
-
-def _cleanup_after(decoder, address):
-    """Bytes of arguments freed right after a call: ``add esp, N`` or a pop into a
-    scratch register, within a few instructions that leave the stack alone; None
-    when there is none."""
-    for _ in range(CLEANUP_LOOKAHEAD):
-        insn = decoder.at(address)
-        if insn is None:
-            return None
-        mnemonic, op_str = insn[2], insn[3]
-        if mnemonic == "add" and op_str.startswith("esp, "):
-            return parse_int(op_str[5:])
-        if mnemonic == "pop" and op_str in SCRATCH:
-            return PUSH_SIZE["x86"]
-        if mnemonic in SP_MNEMONICS or mnemonic == "call" or mnemonic[0] == "j" or mnemonic.startswith("ret") \
-                or "esp" in op_str:
-            return None
-        address += insn[1]
-    return None
 
 
 def _resolve_import(program, slot):

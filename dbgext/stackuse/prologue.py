@@ -43,6 +43,7 @@ PUSH_SIZE = {"x64": 8, "x86": 4}
 # as an argument.
 SCRATCH = frozenset(["eax", "ecx", "edx"])
 MAX_ARGUMENT_LOOKAHEAD = 24
+CLEANUP_LOOKAHEAD = 4
 # Instructions that never write the accumulator implicitly (an explicit `mov eax,
 # ...` is handled as a destination): the stack-probe size survives them.
 KEEPS_ACCUMULATOR = frozenset(["mov", "lea", "push", "test", "cmp", "movzx", "movsx", "nop"])
@@ -199,10 +200,10 @@ class SpState(object):
 class StepResult(object):
     """How one instruction changed SP: ``dynamic`` names a non-static adjustment;
     ``switched`` an x86 ESP loaded from another frame (``mov esp, [ebp - 0x18]``
-    with EBP not set by this path, see :func:`_names_another_frame`): the code goes on in a frame it did not build — an
-    SEH ``__finally`` block, called inside its function, resuming its parent at the
-    end of the ``try``, or a longjmp target — so the path's depth ends there and
-    the frame is not dynamic."""
+    with EBP not set by this path, see :func:`_names_another_frame`): the code
+    goes on in a frame it did not build — an SEH ``__finally`` block, called
+    inside its function, resuming its parent at the end of the ``try``, or a
+    longjmp target — so the path's depth ends there and the frame is not dynamic."""
 
     __slots__ = ("dynamic", "unknown", "switched")
 
@@ -683,17 +684,33 @@ def _addressed_through_frame_pointer(decoder, address, state):
 
 def _argument_bytes_after(decoder, address, callee_pops, pops=True):
     """Bytes of arguments a call removes: ``add esp, N`` (or, with ``pops``, a pop
-    of a scratch register) right after it, plus what the callee pops itself (0 for
-    a callee followed and found to pop nothing); None when neither is known."""
-    following = decoder.at(address)
-    cleaned = 0
-    if following is not None and following[2] == "add" and following[3].startswith("esp, "):
-        cleaned = parse_int(following[3][5:]) or 0
-    elif pops and following is not None and following[2] == "pop" and following[3] in SCRATCH:
-        cleaned = 4
+    of a scratch register) right after it (:func:`cleanup_after`), plus what the
+    callee pops itself (0 for a callee followed and found to pop nothing); None
+    when neither is known."""
+    cleaned = cleanup_after(decoder, address, pops) or 0
     if callee_pops is None:
         return cleaned or None
     return cleaned + callee_pops
+
+
+def cleanup_after(decoder, address, pops=True):
+    """x86: bytes of arguments freed right after a call — ``add esp, N`` or (with
+    ``pops``) a pop into a scratch register, within a few instructions that leave
+    the stack alone (MSVC schedules a test or a move first); None when there is none."""
+    for _ in range(CLEANUP_LOOKAHEAD):
+        insn = decoder.at(address)
+        if insn is None:
+            return None
+        mnemonic, op_str = insn[2], insn[3]
+        if mnemonic == "add" and op_str.startswith("esp, "):
+            return parse_int(op_str[5:])
+        if pops and mnemonic == "pop" and op_str in SCRATCH:
+            return PUSH_SIZE["x86"]
+        if mnemonic in SP_MNEMONICS or mnemonic == "call" or mnemonic[0] == "j" or mnemonic.startswith("ret") \
+                or "esp" in op_str:
+            return None
+        address += insn[1]
+    return None
 
 
 def _installs_seh_record(decoder, address):
