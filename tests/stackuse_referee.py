@@ -161,6 +161,30 @@ class Referee(object):
             return Measurement(dynamic=True)
         return Measurement(min(frames), max(frames), at_call=at_call)
 
+    def depth_reaching(self, va, stop, zero_flag=False):
+        """ESP's depth below the return address when execution from ``va`` first
+        reaches ``stop`` (callees run, imports return at once; EFLAGS' ZF as
+        given), or None when it does not within the instruction budget."""
+        machine = self._machine
+        machine.mem_write(self.image.image_base, self._pristine)
+        return_slot = STACK_TOP - 0x10000
+        machine.mem_write(return_slot, RETURN_SENTINEL.to_bytes(4, "little"))
+        for name, value in CALLEE_SAVED_VALUES.items():
+            machine.reg_write(_register(name), value)
+        for name in SCRATCH_REGISTERS:
+            machine.reg_write(_register(name), ARGUMENTS[0])
+        machine.reg_write(ESP, return_slot)
+        machine.reg_write(x86_const.UC_X86_REG_EFLAGS, 0x2 | (0x40 if zero_flag else 0))
+        machine.reg_write(EIP, va)
+        if stop != va:
+            try:
+                machine.emu_start(va, stop, count=INSTRUCTION_BUDGET)
+            except unicorn.UcError:
+                return None
+        if machine.reg_read(EIP) != stop:
+            return None
+        return return_slot - machine.reg_read(ESP)
+
     def _execute(self, va, argument, alignment):
         machine = self._machine
         machine.mem_write(self.image.image_base, self._pristine)

@@ -14,7 +14,7 @@ import zipfile
 import pytest
 
 from dbgext.stackuse import analyze
-from requirements import need_file
+from requirements import need_file, need_module
 
 WHEEL = "pywin32-306-cp38-cp38-win32.whl"
 DIRECTORY = os.environ.get("DBGEXT_WIN32_WHEELS", os.path.join(os.path.expanduser("~"), ".cache", "dbgext-wheels"))
@@ -74,30 +74,67 @@ def test_every_dll_of_the_wheel_is_analysed_without_a_traceback(member):
 # frame: cbLocals + cbSavedRegs (+ the saved EBP of a frame-pointer function) at
 # the deepest of the function's nested records.  The real images and PDBs are in
 # ../shared/realworld/pdb; stackuse reads the image (the PDB gives only the names
-# and where functions start) and must find the same frame.  Counted per image:
-# 1073 of the 1194 functions with FrameData agree.  The rest, by kind:
-# callee-saved registers pushed only deeper in the body (shrink-wrapped past a
-# call or a loop: FrameData counts them, the prologue scan stops at the call);
-# VS2003 debug builds, whose cbSavedRegs is 8 for an EBP frame whatever its
-# prologue pushes; SEH __finally blocks called inside their own function (taken
-# for a helper that moves ESP: "dynamic"); FrameData that does not describe a
-# hand-written prologue (_RTC_CheckEsp).
+# and where functions start) and must find the same frame.  A function that
+# allocates with alloca is "dynamic" in stackuse; its fixed part is what FrameData
+# describes, and that is compared.  Counted per image: of the 1237 functions with
+# FrameData in nine images, 1159 agree.  The other 78 are records that execution
+# contradicts (see test_every_disagreement_with_framedata_is_a_record_execution_contradicts):
+# 73 VS2003 records whose cbSavedRegs is 4 bytes short of the registers their own
+# prolog pushes, 3 of the hand-written _RTC_CheckEsp and 2 of a one-`jmp`
+# operator delete.  A tenth image, basic32-min.dll (FRAMEDATA_MEASURED), is counted
+# but not yet explained function by function.
 
+from dbgext.pe import PEImage  # noqa: E402
 from dbgext.symbols.framedata import read_frame_table  # noqa: E402
 from dbgext.symbols.pdb import PdbFile  # noqa: E402
 from stacks_support import REALWORLD  # noqa: E402
 
 PDB_ROOT = os.path.join(REALWORLD, "pdb")
 FRAMEDATA_AGREEMENT = [  # (folder, image, pdb, functions agreeing, functions with FrameData)
-    ("msvc2003-x86-compiled2003", "Compiled2003.exe", "Compiled2003.pdb", 638, 713),
-    ("msvc2005-x86-native2005", "native2005.exe", "native2005.pdb", 46, 52),
-    ("msvc2010-x86-comclient", "comclient.exe", "comclient.pdb", 43, 47),
-    ("msvc2012-x86-vs2012", "vs2012.exe", "vs2012.pdb", 45, 50),
+    ("msvc2003-x86-compiled2003", "Compiled2003.exe", "Compiled2003.pdb", 640, 713),
+    ("msvc2005-x86-native2005", "native2005.exe", "native2005.pdb", 51, 52),
+    ("msvc2010-x86-comclient", "comclient.exe", "comclient.pdb", 46, 47),
+    ("msvc2012-x86-vs2012", "vs2012.exe", "vs2012.pdb", 50, 50),
     ("msvc2013-x86-kmdf-driver", "Native_x86_VS2013_KernelModeDriver.sys", "Native_x86_VS2013_KernelModeDriver.pdb",
-     38, 39),
-    ("msvc2015-x86-exe", "Native_x86_VS2015_Default.exe", "Native_x86_VS2015_Default.pdb", 107, 113),
-    ("msvc2017-x86-crash", "crash.exe", "crash.pdb", 79, 90),
-    ("msvc2022-x86-xcpt4", "xcpt4.exe", "xcpt4.pdb", 77, 90),
+     39, 39),
+    ("msvc2015-x86-exe", "Native_x86_VS2015_Default.exe", "Native_x86_VS2015_Default.pdb", 112, 113),
+    ("msvc2017-x86-crash", "crash.exe", "crash.pdb", 89, 90),
+    ("msvc2022-x86-xcpt4", "xcpt4.exe", "xcpt4.pdb", 89, 90),
+    ("msvc2017-x86-pdbstripped", "Native_x86_VS2017_15.5.4_PdbStripped.dll",
+     "Native_x86_VS2017_15.5.4_PdbStripped.pdb", 43, 43),
+]
+# Measured, not yet explained function by function: a release DLL with a stripped
+# PDB (publics and procedures) and one clang-cl module.  Of its 73 disagreements,
+# 48 are functions stackuse does not discover at all (not called, not exported,
+# in no gap the sweep starts: the clang-cl module's test1..test9 among them), and
+# 25 differ in frame — hand-written CRT helpers (__EH_prolog3*, __CxxFrameHandler*),
+# realigned frames (_except1: `mov ebx, esp; and esp, -16`) and release code not
+# yet classified.
+FRAMEDATA_MEASURED = [
+    ("msvc2017-x86-basic32-min", "basic32-min.dll", "basic32-min.pdb", 2933, 3006),
+]
+# VS2003's records (Compiled2003) whose cbSavedRegs is 4 bytes short of the
+# callee-saved registers their own prolog pushes: `push ebp; mov ebp, esp; sub
+# esp, 0xc0; push ebx; push esi; push edi` (main, 0x16d30) is recorded with
+# cbSavedRegs 8, `push ebx; push esi` after an exception record (0x18720) with 4,
+# a lone `push ebx` (0x1f440, 0x1f6a0) with 0.  Executed from the entry to the end
+# of the record's own prolog (cbProlog bytes), the stack is 4 bytes deeper than the
+# record says — by exactly what stackuse reports.
+VS2003_SHORT_SAVED_REGISTERS = 73
+# Records that describe no frame of the code they cover: (folder, RVA, where
+# execution stops as an offset from the entry, ZF on entry, the frame found there).
+FRAMEDATA_NOT_THE_CODE = [
+    # _RTC_CheckEsp (hand-written): `jne fail; ret; fail: push ebp; mov ebp, esp;
+    # sub esp, 0; push eax; push edx; push ebx; push esi; push edi` then the
+    # arguments of its report call (at +0x11).  Its record says cbLocals 0,
+    # cbSavedRegs 0; on the failure path (ZF clear) it holds 24 bytes.
+    ("msvc2005-x86-native2005", 0x11EE0, 0x11, False, 24),
+    ("msvc2010-x86-comclient", 0x115D0, 0x11, False, 24),
+    ("msvc2015-x86-exe", 0x12040, 0x11, False, 24),
+    # operator delete: one `jmp` to free (the record's 5 bytes), recorded as an
+    # EBP frame (its program reads $ebp): nothing is pushed before the jump.
+    ("msvc2017-x86-crash", 0x2E1F, 0, False, 0),
+    ("msvc2022-x86-xcpt4", 0x6245, 0, False, 0),
 ]
 
 
@@ -111,22 +148,69 @@ def stackuse_frames(folder, image, pdb_name, with_pdb=True):
     return dict((function.rva, function) for function in result.functions)
 
 
-@pytest.mark.parametrize("folder,image,pdb_name,agreeing,total", FRAMEDATA_AGREEMENT)
-def test_frames_agree_with_msvc_framedata(folder, image, pdb_name, agreeing, total):
+def fixed_frame(function):
+    """stackuse's frame, or the fixed part of a dynamic (alloca) one."""
+    return function.prologue_size if function.dynamic else function.frame_size
+
+
+def framedata_disagreements(folder, image, pdb_name):
+    """{RVA: (FrameData's frame, stackuse's)} of the functions where they differ."""
     truth = framedata_frames(folder, pdb_name)
     found = stackuse_frames(folder, image, pdb_name)
+    return dict((rva, (size, fixed_frame(found[rva]) if rva in found else None))
+                for rva, size in truth.items() if rva not in found or fixed_frame(found[rva]) != size)
+
+
+@pytest.mark.parametrize("folder,image,pdb_name,agreeing,total", FRAMEDATA_AGREEMENT + FRAMEDATA_MEASURED)
+def test_frames_agree_with_msvc_framedata(folder, image, pdb_name, agreeing, total):
+    truth = framedata_frames(folder, pdb_name)
     assert len(truth) == total
-    agree = sorted(rva for rva, size in truth.items() if rva in found and found[rva].frame_size == size)
-    assert len(agree) >= agreeing, "%d of %d agree" % (len(agree), total)
+    assert total - len(framedata_disagreements(folder, image, pdb_name)) == agreeing
+
+
+def test_every_disagreement_with_framedata_is_a_record_execution_contradicts():
+    # The referee: the function runs in unicorn (tests/stackuse_referee.py) from
+    # its entry to a point where its frame is complete; the depth ESP reached is
+    # stackuse's frame, and not the record's.
+    need_module("unicorn")  # unicorn executes the functions
+    from stackuse_referee import Referee
+    not_the_code = dict(((folder, rva), (offset, zero_flag, frame))
+                        for folder, rva, offset, zero_flag, frame in FRAMEDATA_NOT_THE_CODE)
+    short_saves = []
+    for folder, image_name, pdb_name, _, _ in FRAMEDATA_AGREEMENT:
+        image = PEImage.from_file(os.path.join(PDB_ROOT, folder, image_name))
+        starts = dict((record.rva, record) for record in read_frame_table(
+            PdbFile(os.path.join(PDB_ROOT, folder, pdb_name))).frame_data if record.function_start)
+        referee = Referee(image)
+        for rva, (recorded, ours) in sorted(framedata_disagreements(folder, image_name, pdb_name).items()):
+            entry = image.image_base + rva
+            if (folder, rva) in not_the_code:
+                offset, zero_flag, frame = not_the_code.pop((folder, rva))
+                assert (referee.depth_reaching(entry, entry + offset, zero_flag), ours) == (frame, frame)
+            else:
+                assert folder == "msvc2003-x86-compiled2003", (folder, hex(rva), recorded, ours)
+                record = starts[rva]
+                assert record.uses_frame_pointer and record.saved_registers < 12
+                measured = referee.depth_reaching(entry, entry + record.prolog)
+                assert (measured, ours) == (recorded + 4, recorded + 4), hex(rva)
+                short_saves.append(rva)
+    assert not_the_code == {}
+    assert len(short_saves) == VS2003_SHORT_SAVED_REGISTERS
 
 
 def test_framedata_agreement_does_not_depend_on_how_a_function_was_found():
     # crash.exe without its PDB: functions come from calls, pointers and the gap
-    # sweep; each gets the frame the same prologue analysis gives with the PDB.
+    # sweep; each gets the frame the same prologue analysis gives with the PDB —
+    # wherever both cover the same code.  (Without the PDB, the relocated case
+    # labels of MinidumpWriteDumpCallback's switch, 0x2180, are taken for
+    # functions of their own before its body is followed: the body then ends at
+    # the first label, and the `push esi` saved in a case belongs to another
+    # "function".  That is discovery, not the frame analysis.)
     folder, image, pdb_name = FRAMEDATA_AGREEMENT[6][:3]
     with_pdb = stackuse_frames(folder, image, pdb_name)
     without = stackuse_frames(folder, image, pdb_name, with_pdb=False)
-    common = set(with_pdb) & set(without)
+    common = set(rva for rva in set(with_pdb) & set(without) if with_pdb[rva].body_end == without[rva].body_end)
+    assert sorted(rva for rva in set(with_pdb) & set(without) if rva not in common) == [0x2180]
     assert len(common) >= 80
     assert {function.origin for rva, function in without.items() if rva in common} >= {"call", "gap"}
     assert [rva for rva in sorted(common) if with_pdb[rva].frame_size != without[rva].frame_size] == []

@@ -102,3 +102,60 @@ def test_a_pdb_names_every_function_and_a_foreign_one_is_refused(toolchain, leve
     other = build_for_test(result.toolchain, "O2" if result.level != "O2" else "O1", CORPUS)
     with pytest.raises(BadInput, match="does not belong to"):
         analyze(pe=result.path, pdb=os.path.join(os.path.dirname(other.path), "corpus.pdb"))
+
+
+# -- MSVC shapes, hand-assembled ---------------------------------------------------------------
+
+from dbgext.stackuse.fixtures import Function, build_pe  # noqa: E402
+from stackuse_support import analyse_built  # noqa: E402
+
+RET = b"\xc3"
+LEAF = Function("leaf", [RET], export=False)
+FRAME_POINTER = [b"\x55", b"\x8b\xec"]                 # push ebp; mov ebp, esp
+EPILOGUE = [b"\x8b\xe5", b"\x5d", RET]                 # mov esp, ebp; pop ebp; ret
+
+
+def x86_functions(functions, symbols=()):
+    built = build_pe("x86", functions)
+    names = dict((built.rvas[name], name) for name in symbols) or None
+    module = analyse_built(built, "x86", names)[1]
+    base = module.image.image_base
+    return dict((function.name, module.functions[base + built.rvas[function.name]]) for function in functions)
+
+
+def test_a_finally_block_resuming_its_parents_frame_is_no_stack_allocator():
+    # The parent calls its `__finally` block; the block leaves through the parent's
+    # frame (`mov esp, [ebp - 0x18]`): ESP from another frame ends its path, so
+    # neither it nor its caller is dynamic.
+    parent = FRAME_POINTER + [b"\x83\xec\x10", b"\x89\x65\xe8", ("call", "block"), b"\x33\xc0"] + EPILOGUE
+    block = [("call", "leaf"), b"\x8b\x65\xe8", b"\x5d", RET]
+    found = x86_functions([Function("parent", parent), Function("block", block, export=False), LEAF])
+    assert [(found[name].frame_size, found[name].dynamic, found[name].moves_sp) for name in ("parent", "block")] \
+        == [(20, None, False), (0, None, False)]
+
+
+def test_a_register_saved_past_a_call_counts_in_the_frame_and_an_argument_does_not():
+    # sub esp, 8; call leaf; push esi (argument); call leaf; add esp, 4; push esi
+    # (saved: written before it is read, popped back at the same depth); mov esi,
+    # [ebp + 8]; call leaf; pop esi
+    body = FRAME_POINTER + [b"\x83\xec\x08", ("call", "leaf"), b"\x56", ("call", "leaf"), b"\x83\xc4\x04",
+                            b"\x56", b"\x8b\x75\x08", ("call", "leaf"), b"\x5e"] + EPILOGUE
+    found = x86_functions([Function("late_save", body), LEAF])
+    assert found["late_save"].frame_size == 4 + 8 + 4
+
+
+def test_a_constant_alloca_after_the_frame_is_not_the_frame_but_deepens_the_calls_past_it():
+    # sub esp, 0x10; push ebx; mov eax, 0x100; call __alloca_probe; call leaf
+    body = FRAME_POINTER + [b"\x83\xec\x10", b"\x53", b"\xb8\x00\x01\x00\x00", ("call", "__alloca_probe"),
+                            ("call", "leaf"), b"\x5b"] + EPILOGUE
+    found = x86_functions([Function("alloca", body), Function("__alloca_probe", [RET], export=False), LEAF],
+                          symbols=["__alloca_probe"])
+    function = found["alloca"]
+    assert function.frame_size == 4 + 0x10 + 4
+    assert [site.depth for site in function.call_sites if site.target == found["leaf"].va] == [24 + 0x100]
+
+
+def test_an_add_esp_with_a_negative_32_bit_immediate_allocates():
+    # add esp, 0xfffffecc (MSVC 7.1's `add esp, -0x134`); push ebx; call leaf
+    body = FRAME_POINTER + [b"\x81\xc4\xcc\xfe\xff\xff", b"\x53", ("call", "leaf"), b"\x5b"] + EPILOGUE
+    assert x86_functions([Function("negative", body), LEAF])["negative"].frame_size == 4 + 0x134 + 4

@@ -27,8 +27,8 @@ from ..errors import BadInput, UnreadableMemory
 from ..pe import PEImage
 from ..problems import ProblemLog
 from .functions import MAX_JUMP_TABLE, ModuleFunctions
-from .prologue import (ACCUMULATOR, FP, KEEPS_ACCUMULATOR, PUSH_SIZE, SP, SP_MNEMONICS, STOPS, SpState,
-                       apply_frame_helper, apply_sp_effect, helper_call_effect)
+from .prologue import (ACCUMULATOR, CALLEE_SAVED, FP, KEEPS_ACCUMULATOR, PUSH_SIZE, SP, SP_MNEMONICS, STOPS, SpState,
+                       apply_frame_helper, apply_sp_effect, cleanup_after, helper_call_effect)
 
 MAX_INSTRUCTIONS_PER_FUNCTION = 40000
 MAX_FUNCTIONS = 400000
@@ -37,6 +37,15 @@ MAX_REASONS = 3
 IMPORT_LOAD_LOOKBACK = 8
 ARM64_UNBOUNDED_BODY = 0x4000   # how far an ARM64 body without a .pdata range is followed
 FRAME_POINTER_NAMES = ("x29", "fp")
+SAVE_LOOKAHEAD = 48
+# x86 callee-saved registers and the names of their parts.
+REGISTER_PARTS = {"ebx": frozenset(["ebx", "bx", "bl", "bh"]), "esi": frozenset(["esi", "si"]),
+                  "edi": frozenset(["edi", "di"]), "ebp": frozenset(["ebp", "bp"])}
+# Writes of a whole register (not pop: an epilogue's pop restores the caller's value).
+OVERWRITES = frozenset(["mov", "lea", "movzx", "movsx", "xor", "sub"])
+ZEROES = frozenset(["xor", "sub"])
+# `or edi, -1` / `and edi, 0`: a constant whatever the register held.
+CONSTANT_RESULTS = frozenset([("or", "0xffffffff"), ("or", "-1"), ("and", "0")])
 
 # Bytes that may begin what the x64 sweep acts on besides call sites: a direct
 # call or jump (E8/E9 rel32 — capstone keeps rel32 under a 0x66 prefix in 64-bit
@@ -482,6 +491,8 @@ def _follow_body(program, function, record=None):
     # Registers loaded from an IAT slot (`mov rax, [__imp_X]; call rax`).
     import_loads = {}
     worklist = [(function.va, SpState())]
+    # x86: {(callee-saved register, depth after its push)} met in the body (see _note_save).
+    saves = set() if arch == "x86" else None
     steps = 0
     body_end = function.va
     table_size = None
@@ -561,6 +572,8 @@ def _follow_body(program, function, record=None):
                 _note_import_load(module, arch, op_str, next_address, import_loads)
             if address_taken and (mnemonic == "push" or mnemonic == "mov") and "0x" in op_str:
                 _note_address_taken(program, op_str, code_ranges)
+            if saves is not None and (mnemonic == "push" or mnemonic == "pop"):
+                _note_save(function, saves, insn, state)
             # Only a destination of SP, FP or the accumulator matters (operands like
             # [rsp + 8] read memory and leave SP alone).
             if mnemonic in sp_mnemonics or op_str.startswith(tracked) or (
@@ -571,6 +584,8 @@ def _follow_body(program, function, record=None):
                 if state.depth > function.max_depth:
                     function.max_depth = state.depth
                 if step is not None:
+                    if step.switched:
+                        break
                     if step.dynamic:
                         if function.dynamic is None:
                             function.dynamic = step.dynamic
@@ -583,6 +598,77 @@ def _follow_body(program, function, record=None):
     function.body_end = body_end
     if record is None:
         _report_body_problem(function)
+
+
+def _note_save(function, saves, insn, state):
+    """x86: a callee-saved register pushed in the body with no argument pushed
+    before it since the last call, then written before it is read (its value was
+    the caller's: a save, not an argument) and popped back into itself at the same
+    depth was saved there — MSVC pushes saves only on the paths that use the
+    register, past a call, a loop or a jump table, and FrameData counts them in
+    the frame.  The frame takes the depth of such a save, less what stdcall
+    imports may have popped unseen before it (``unsure``).  Other pushes count as
+    the next call's possible arguments (``pushed``)."""
+    address, size, mnemonic, register = insn
+    depth = state.depth - state.unsure
+    # Pushes no deeper than the frame are no arguments (an `add esp, N` freed them).
+    state.pushed = min(state.pushed, max(0, depth - (function.prologue_size or 0)))
+    if mnemonic == "push":
+        if register in CALLEE_SAVED["x86"] and not state.pushed and _overwritten_before_read(
+                function.module.decoder, address + size, register):
+            saves.add((register, depth + PUSH_SIZE["x86"]))
+        else:
+            state.pushed += PUSH_SIZE["x86"]
+        return
+    state.pushed = max(0, state.pushed - PUSH_SIZE["x86"])
+    if (register, depth) in saves and depth == min(saved for name, saved in saves if name == register):
+        # A register is saved once: a deeper push of one already saved is an
+        # argument (`xor edi, edi; push edi; push 0; call GetProcessHeap`).
+        frame = depth - state.padding
+        if function.prologue_size is not None and frame > function.prologue_size:
+            function.prologue_size = frame
+
+
+def _overwritten_before_read(decoder, address, register):
+    """True when the code from ``address`` (calls stepped over, conditional
+    branches not taken) writes x86 ``register`` before reading it: ``mov esi, ...``,
+    ``lea esi, ...``, ``xor esi, esi`` without ``esi`` (or a part of it) on the
+    right, ``or esi, -1``, ``push 0x20; pop esi``, ``cpuid`` for EBX."""
+    names = REGISTER_PARTS[register]
+    # Every name of the register or of a part holds these letters (esi, si; ebx, bl, bh).
+    letters = ("b", "si", "di", "bp")[("ebx", "esi", "edi", "ebp").index(register)]
+    previous = None
+    for _ in range(SAVE_LOOKAHEAD):
+        insn = decoder.at(address)
+        if insn is None:
+            return False
+        mnemonic, op_str = insn[2], insn[3]
+        if mnemonic == "jmp" or mnemonic.startswith("ret") or mnemonic in STOPS:
+            return False
+        if mnemonic == "cpuid" and register == "ebx":
+            return True
+        if mnemonic == "pop" and op_str == register and previous is not None and previous[2] == "push" \
+                and parse_int(previous[3]) is not None:
+            return True     # `push 0x20; pop edi`: a constant, in three bytes
+        previous = insn
+        if letters not in op_str:
+            address += insn[1]
+            continue
+        destination, _, source = op_str.partition(", ")
+        if mnemonic == "push" and op_str == register:
+            # Kept again around an instruction that writes it (`push ebx; cpuid;
+            # ...; pop ebx`): the next push is no use of the value.
+            address += insn[1]
+            continue
+        if destination == register and (mnemonic, source) in CONSTANT_RESULTS:
+            return True
+        if destination == register and mnemonic in OVERWRITES and (
+                not names.intersection(re.findall(r"\w+", source)) or (mnemonic in ZEROES and source == register)):
+            return True
+        if names.intersection(re.findall(r"\w+", op_str)):
+            return False
+        address += insn[1]
+    return False
 
 
 def _report_body_problem(function):
@@ -977,6 +1063,12 @@ def _call(program, function, decoder, insn, state, arch, pointer, import_loads):
             state.depth = frame - pointer
         elif callee is not None and callee.ret_pop:
             state.depth -= callee.ret_pop
+        if callee is None or (callee.name or "").startswith("thunk:"):
+            _unseen_pops(function, decoder, address + size, state, arch)
+        elif arch == "x86":
+            # What it takes of the pushes: its `ret N` and the cleanup after it (a
+            # helper that takes none, like the CFG check before `call esi`, keeps them).
+            state.pushed = max(0, state.pushed - callee.ret_pop - (cleanup_after(decoder, address + size) or 0))
         state.accumulator = None
         return True
     slot = memory_slot(BITS[arch], op_str, address + size)
@@ -987,8 +1079,25 @@ def _call(program, function, decoder, insn, state, arch, pointer, import_loads):
         function.call_sites.append(CallSite(address, state.depth, None, "call", import_name, slot))
     else:
         function.call_sites.append(CallSite(address, state.depth, None, "indirect"))
+    _unseen_pops(function, decoder, address + size, state, arch)
     state.accumulator = None
     return True
+
+
+def _unseen_pops(function, decoder, after_call, state, arch):
+    """x86: a call to an import (directly or through its thunk) or an indirect
+    call with no cleanup after it is stdcall: the callee popped (up to) the pushes
+    since the last call above the frame — ``state.unsure`` keeps them.  A cleanup
+    takes what it frees of the pushes (``push fmt; push 2; call [__acrt_iob_func];
+    add esp, 4`` leaves ``fmt`` for the next call)."""
+    if arch != "x86":
+        return
+    cleanup = cleanup_after(decoder, after_call)
+    if cleanup is None:
+        state.unsure += min(state.pushed, max(0, state.depth - state.unsure - (function.prologue_size or 0)))
+        state.pushed = 0
+    else:
+        state.pushed = max(0, state.pushed - cleanup)
 
 
 def _resolve_import(program, slot):

@@ -43,6 +43,7 @@ PUSH_SIZE = {"x64": 8, "x86": 4}
 # as an argument.
 SCRATCH = frozenset(["eax", "ecx", "edx"])
 MAX_ARGUMENT_LOOKAHEAD = 24
+CLEANUP_LOOKAHEAD = 4
 # Instructions that never write the accumulator implicitly (an explicit `mov eax,
 # ...` is handled as a destination): the stack-probe size survives them.
 KEEPS_ACCUMULATOR = frozenset(["mov", "lea", "push", "test", "cmp", "movzx", "movsx", "nop"])
@@ -54,6 +55,7 @@ STOPS = frozenset(["int3", "ud2", "hlt", "iretq", "iretd", "sysret", "sysexit"])
 SP_MNEMONICS = frozenset(["push", "pop", "pushfq", "pushfd", "pushf", "popfq", "popfd", "popf", "pushal",
                           "pushad", "popal", "popad", "leave"])
 STACK_PROBE_NAMES = ("chkstk", "alloca_probe")
+BRANCH_PREFIXES = ("bnd ", "notrack ")
 
 
 class Decoder(object):
@@ -128,6 +130,10 @@ class Decoder(object):
             return
         insns = self._insns
         for insn in self._disassembler.decode(code, start_va, count):
+            if insn[2].startswith(BRANCH_PREFIXES):
+                # `bnd jne`, `bnd ret` (MSVC's /guard-era CRT), `notrack jmp`: the
+                # branch's prefix changes nothing of its control flow or stack.
+                insn = (insn[0], insn[1], insn[2].split(" ", 1)[1], insn[3])
             insns[insn[0]] = insn
 
 
@@ -173,9 +179,9 @@ class SpState(object):
     ``lea r11, [rsp+X]`` that an epilogue restores RSP from) as the depth they
     mark, and the accumulator when it holds a constant (a stack-probe size)."""
 
-    __slots__ = ("depth", "copies", "accumulator", "padding", "lost")
+    __slots__ = ("depth", "copies", "accumulator", "padding", "lost", "pushed", "unsure")
 
-    def __init__(self, depth=0, copies=None, accumulator=None, padding=0, lost=False):
+    def __init__(self, depth=0, copies=None, accumulator=None, padding=0, lost=False, pushed=0, unsure=0):
         self.depth = depth
         # SP was set from a value that is not a copy of it (``mov esp, ecx``,
         # ``sub esp, eax``): ``depth`` is not where SP is until a copy restores it.
@@ -185,19 +191,31 @@ class SpState(object):
         # Bytes counted in ``depth`` for realignment (``and esp, -16``) at their
         # maximum: compilers leave them out of the frame size.
         self.padding = padding
+        # x86 body walk: bytes pushed since the path's last call that may be its
+        # arguments, and bytes by which ``depth`` may run high because an import or
+        # indirect call with no cleanup after it (stdcall) popped them unseen.
+        self.pushed = pushed
+        self.unsure = unsure
 
     def copy(self):
-        return SpState(self.depth, dict(self.copies), self.accumulator, self.padding, self.lost)
+        return SpState(self.depth, dict(self.copies), self.accumulator, self.padding, self.lost, self.pushed,
+                       self.unsure)
 
 
 class StepResult(object):
-    """How one instruction changed SP: ``dynamic`` names a non-static adjustment."""
+    """How one instruction changed SP: ``dynamic`` names a non-static adjustment;
+    ``switched`` an x86 ESP loaded from another frame (``mov esp, [ebp - 0x18]``
+    with EBP not set by this path, see :func:`_names_another_frame`): the code
+    goes on in a frame it did not build — an SEH ``__finally`` block, called
+    inside its function, resuming its parent at the end of the ``try``, or a
+    longjmp target — so the path's depth ends there and the frame is not dynamic."""
 
-    __slots__ = ("dynamic", "unknown")
+    __slots__ = ("dynamic", "unknown", "switched")
 
-    def __init__(self, dynamic=None, unknown=None):
+    def __init__(self, dynamic=None, unknown=None, switched=None):
         self.dynamic = dynamic
         self.unknown = unknown
+        self.switched = switched
 
 
 def apply_sp_effect(arch, mnemonic, op_str, state):
@@ -269,6 +287,9 @@ def apply_sp_effect(arch, mnemonic, op_str, state):
             value = accumulator
         if value is None:
             return _sp_lost(state, "%s %s" % (mnemonic, op_str))
+        if arch == "x86" and value >= 1 << 31:
+            # capstone spells a 32-bit immediate unsigned: `add esp, 0xfffffecc` is -0x134.
+            value -= 1 << 32
         state.depth += value if mnemonic == "sub" else -value
         return None
     if mnemonic == "lea":
@@ -290,6 +311,8 @@ def apply_sp_effect(arch, mnemonic, op_str, state):
             state.depth = state.copies[key]
             state.lost = False
             return None
+        if arch == "x86" and _names_another_frame(source, state):
+            return StepResult(switched="%s %s" % (mnemonic, op_str))
         return _sp_lost(state, "%s %s" % (mnemonic, op_str))
     if mnemonic == "and":
         mask = parse_int(source)
@@ -308,6 +331,19 @@ def apply_sp_effect(arch, mnemonic, op_str, state):
     if mnemonic in ("cmp", "test") or mnemonic.startswith("mov"):
         return None
     return StepResult(unknown="%s %s" % (mnemonic, op_str))
+
+
+def _names_another_frame(source, state):
+    """True when ``source`` (of ``mov esp, source``) is EBP or a memory slot based
+    on a register this path never made a copy of SP: its caller's frame pointer
+    (the parent's epilogue run by a ``__finally`` block ending in longjmp), or a
+    record of its parent's frame (``_JumpToContinuation``'s ``[ebx - 4]``).  A
+    slot based on a copy (clang's ``mov [esi + 0x1c], esp`` ... ``mov esp, [esi +
+    0x1c]``) is the function's own."""
+    if source == "ebp":
+        return "ebp" not in state.copies
+    base = source.partition("[")[2].split(" ", 1)[0].rstrip("]")
+    return bool(base) and base != "esp" and base not in state.copies
 
 
 def _sp_lost(state, text):
@@ -465,6 +501,7 @@ def _scan_path(decoder, start, arch, callees, resumed=None):
     # the lowest depth since (below the branch's: the path released its frame)].
     later_branches = []
     kept = None   # (scratch register, depth after its push, deepest before it): `push ecx; ...; pop ecx`
+    allocated = False  # the path allocated its frame (`sub esp, N`, a stack probe, a frame helper)
     address = start
     dynamic = None
     saves = CALLEE_SAVED[arch]
@@ -485,6 +522,13 @@ def _scan_path(decoder, start, arch, callees, resumed=None):
                 break
             kind, detail = effect
             kept = None
+            if arch == "x86" and kind == "probe" and detail and allocated:
+                # A second allocation after the frame's own is the body's alloca
+                # of a constant size (`sub esp, 0x34; push ebx; ...; mov eax,
+                # 0x400; call __alloca_probe`): not the frame (FrameData's
+                # cbLocals leaves it out); the call sites past it still count it.
+                break
+            allocated = True
             if kind == "frame":
                 if not apply_frame_helper(decoder, start, address, state, detail):
                     break
@@ -523,6 +567,7 @@ def _scan_path(decoder, start, arch, callees, resumed=None):
             # stays a local without asking (`push ecx; push esi; push edi`).
             reserves_local = op_str in SCRATCH and op_str not in written and (
                 state.depth == 0 or _addressed_through_frame_pointer(decoder, next_address, state)
+                or _save_follows(decoder, next_address, written)
                 or not _is_argument_push(decoder, next_address, callees, op_str == "eax"))
             if not reserves_local and not _feeds_frame_helper(decoder, next_address, callees) and not (
                     _installs_seh_record(decoder, next_address)):
@@ -539,25 +584,34 @@ def _scan_path(decoder, start, arch, callees, resumed=None):
             break
         before = deepest
         depth_before = state.depth
+        if mnemonic in ("sub", "add") and op_str.startswith("esp, "):
+            allocated = True
         step = apply_sp_effect(arch, mnemonic, op_str, state)
         if step is not None:
             if step.dynamic:
                 dynamic = step.dynamic
             break
-        if kept is not None and mnemonic == "pop" and op_str == kept[0] and depth_before == kept[1]:
+        if kept is not None and mnemonic == "pop" and depth_before == kept[1] and (
+                op_str == kept[0] or (kept[0] == "flags" and "[esp" not in op_str)):
             # MSVC's debug prologue keeps ECX (`this`) across the fill of its frame
             # (`push ecx; lea edi, [ebp-N]; mov ecx, N/4; mov eax, 0xcccccccc; rep
-            # stosd; pop ecx`): a register kept, not a slot of the frame.
+            # stosd; pop ecx`): a register kept, not a slot of the frame; and
+            # `pushfd; pop [flags]` (``__report_gsfailure``) copies the flags.
             deepest = kept[2]
         if state.depth != depth_before or "[esp" in op_str:
             # ... unless the slot is written or read: then it is a local (clang's
             # `push eax; mov [esp], eax; fild [esp]; pop eax`).
-            kept = (op_str, state.depth, before) if arch == "x86" and mnemonic == "push" and op_str in SCRATCH \
-                else None
+            if arch == "x86" and mnemonic == "push" and op_str in SCRATCH:
+                kept = (op_str, state.depth, before)
+            elif arch == "x86" and mnemonic == "pushfd":
+                kept = ("flags", state.depth, before)
+            else:
+                kept = None
         if mnemonic != "push":
             operands = [operand.strip() for operand in op_str.split(",", 1)]
-            # `mov edi, edi` (the hotpatch pad) writes nothing new.
-            if operands and "[" not in operands[0] and not (len(operands) == 2 and operands[0] == operands[1]):
+            # `mov edi, edi` (the hotpatch pad) writes nothing new; `xor ebx, ebx` does.
+            if operands and "[" not in operands[0] and not (
+                    mnemonic == "mov" and len(operands) == 2 and operands[0] == operands[1]):
                 written.add(operands[0])
             elif operands and ("[esp" in operands[0] or "[ebp" in operands[0]):
                 body_started = True
@@ -599,6 +653,16 @@ def _is_argument_push(decoder, address, callees, explicit_only=False):
     return False
 
 
+def _save_follows(decoder, address, written):
+    """True when the instruction at ``address`` pushes a callee-saved register this
+    path has not written: a save (its value means nothing to the function else),
+    which no compiler puts between a call's arguments — so a push just before it
+    reserves a local (``push ebp; mov ebp, esp; push ecx; push ebx; push esi; push
+    edi; call [GetEnvironmentStringsW]``)."""
+    insn = decoder.at(address)
+    return insn is not None and insn[2] == "push" and insn[3] in CALLEE_SAVED["x86"] and insn[3] not in written
+
+
 def _addressed_through_frame_pointer(decoder, address, state):
     """True when, before the next call, jump or return, the code at ``address``
     addresses the slot a push just before it filled (or one below it) through the
@@ -625,17 +689,33 @@ def _addressed_through_frame_pointer(decoder, address, state):
 
 def _argument_bytes_after(decoder, address, callee_pops, pops=True):
     """Bytes of arguments a call removes: ``add esp, N`` (or, with ``pops``, a pop
-    of a scratch register) right after it, plus what the callee pops itself (0 for
-    a callee followed and found to pop nothing); None when neither is known."""
-    following = decoder.at(address)
-    cleaned = 0
-    if following is not None and following[2] == "add" and following[3].startswith("esp, "):
-        cleaned = parse_int(following[3][5:]) or 0
-    elif pops and following is not None and following[2] == "pop" and following[3] in SCRATCH:
-        cleaned = 4
+    of a scratch register) right after it (:func:`cleanup_after`), plus what the
+    callee pops itself (0 for a callee followed and found to pop nothing); None
+    when neither is known."""
+    cleaned = cleanup_after(decoder, address, pops) or 0
     if callee_pops is None:
         return cleaned or None
     return cleaned + callee_pops
+
+
+def cleanup_after(decoder, address, pops=True):
+    """x86: bytes of arguments freed right after a call — ``add esp, N`` or (with
+    ``pops``) a pop into a scratch register, within a few instructions that leave
+    the stack alone (MSVC schedules a test or a move first); None when there is none."""
+    for _ in range(CLEANUP_LOOKAHEAD):
+        insn = decoder.at(address)
+        if insn is None:
+            return None
+        mnemonic, op_str = insn[2], insn[3]
+        if mnemonic == "add" and op_str.startswith("esp, "):
+            return parse_int(op_str[5:])
+        if pops and mnemonic == "pop" and op_str in SCRATCH:
+            return PUSH_SIZE["x86"]
+        if mnemonic in SP_MNEMONICS or mnemonic == "call" or mnemonic[0] == "j" or mnemonic.startswith("ret") \
+                or "esp" in op_str:
+            return None
+        address += insn[1]
+    return None
 
 
 def _installs_seh_record(decoder, address):

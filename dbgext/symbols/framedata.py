@@ -81,9 +81,11 @@ class FrameRecord(object):
     def frame_bytes(self):
         """The function's stack below its return address where this record applies,
         outgoing arguments aside: ``cbLocals + cbSavedRegs``, plus the saved EBP of
-        a frame-pointer function (EBP frames, and realigned ones whose program reads
-        EBP back from below the return address), which ``cbSavedRegs`` leaves out."""
-        saved_ebp = self.uses_frame_pointer or "$ebp $T1 4 - ^ =" in " ".join(self.program.split())
+        a frame-pointer function (EBP frames — also those whose EBP points into the
+        locals: ``$T0 $ebp 204 + =`` — and realigned ones whose program reads EBP
+        back from below the return address), which ``cbSavedRegs`` leaves out."""
+        tokens = self.program.split()
+        saved_ebp = tokens[:2] == ["$T0", "$ebp"] or "$ebp $T1 4 - ^ =" in " ".join(tokens)
         return self.locals + self.saved_registers + (4 if saved_ebp else 0)
 
     def __repr__(self):
