@@ -332,10 +332,20 @@ _MODE_ITEMS = [_mode_item(payload) for payload in range(0x40)]  # the MODE leave
 # (_flow_items), up to this many in a table: a trace takes the same paths again and again.
 TABLE_SIZE = 1 << 16
 # _flow_items reads the trace a window at a time with one split() of this regex: each
-# match takes _SLOTS packets, each captured whole, so reading costs no regex match
-# and no match object per packet.  A run of TNT-8 and timing packets (PAD, MTC, CYC,
-# TSC: they mean nothing to control flow) is one capture, always all of it (the next packet is not part of any run); a
-# byte that is no packet is captured alone and ends the match with the rest unread.
+# match takes up to _SLOTS packets, each captured whole, so reading costs no regex
+# match and no match object per packet.  A run of TNT-8 and timing packets (PAD, MTC,
+# CYC, TSC: they mean nothing to control flow) is one capture, always all of it (the
+# next packet is not part of any run); a byte that is no packet is captured alone and
+# ends the match with the rest unread.
+#
+# Every part matches in exactly one way, so a match never backtracks: a packet's
+# first byte names its alternative and its size is fixed by its bytes (CYC: up to its
+# first even byte), a PAD run or a TNT/timing run takes all of itself (negative
+# lookahead), and the slots after the first are optional, so fewer than _SLOTS
+# packets before the end or a bad byte end the match instead of failing it (a slot
+# that finds no packet leaves the others none either: they try the same bytes).
+# (Slots that all had to match made sre retry every shorter split of a run at the
+# end of a buffer: time exponential in a run of zeros.)
 _SLOTS = 64
 _WINDOW = 1 << 20  # bytes per split(), at most about
 
@@ -350,12 +360,12 @@ def _token_regex():
                        + [key + rest for name, key, rest in P._COMMON if name not in P.QUIET_PACKETS]
                        + [b"\\x02(?:" + b"|".join(key + rest for _, key, rest in P._EXTENDED_PACKETS) + b")"])
     token = b"(" + packet + b")"
-    _TOKENS.append(re.compile(token * _SLOTS + b"|" + token + b"|(.).*", re.DOTALL))
+    _TOKENS.append(re.compile(token + (token + b"?") * (_SLOTS - 1) + b"|(.).*", re.DOTALL))
     return _TOKENS[0]
 
 
 _TOKENS = []  # _token_regex(), once compiled
-_BAD_COLUMN = _SLOTS + 1  # in split()'s rows: a key per slot, a single packet's key, the bad byte
+_BAD_COLUMN = _SLOTS  # in split()'s rows: a packet per slot, then the bad byte
 # What a packet's first byte makes it, for _flow_items.
 _RUN, _IP0, _IP2, _IP4, _IP6, _IP8, _MODE, _EXTENDED, _UNUSED = range(9)
 _FIRST_BYTE = [_UNUSED] * 256

@@ -92,7 +92,9 @@ def _build_pattern():
         ("tsc", b"\\x19", b".{7}"),
         ("mode", b"\\x99[\\x00-\\x3f]", b""),
         ("ip8", _byte_class(ip_opcodes[8]), b".{8}"),
-        ("pad", b"\\x00+", b""),
+        # A PAD run is all of it: "(?!\\x00)" keeps a run from also matching as two
+        # shorter ones, which inside a repeated group would backtrack exponentially.
+        ("pad", b"\\x00+", b"(?!\\x00)"),
         ("trig", b"\\xd9", b"..."),
     ]
     extended = [
