@@ -59,7 +59,7 @@ def test_every_document_starts_with_its_schema_version(files):
     for argv in (["packets"], ["packets", "--stats"], ["flow", "--image", files["image"]],
                  ["flow", "--image", files["image"], "--stats"]):
         document = run_json("ipt", *(argv + ["--trace", files["trace"]]))
-        assert list(document)[:2] == ["schema_version", "action"] and document["schema_version"] == 1
+        assert list(document)[:2] == ["schema_version", "action"] and document["schema_version"] == 2
         assert document["problems"] == []
 
 
@@ -460,7 +460,7 @@ def test_scripts_use_the_public_api(files):
     assert isinstance(result, dbgext.ipt.FlowAnalysis) and result.problems == []
     assert result.buffers[0].instruction_count == len(files["expected"])
     document = result.as_dict()
-    assert document["schema_version"] == dbgext.ipt.SCHEMA_VERSION == 1
+    assert document["schema_version"] == dbgext.ipt.SCHEMA_VERSION == 2
     assert json.loads(json.dumps(document)) == document
 
 

@@ -25,7 +25,7 @@ from .flow import BlockCache, CodeImage, FlowDecoder, FlowResult, read_code_file
 from .packets import decode_packets, packet_stats
 from .views import Namer, event_row, make_view
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 ACTIONS = ("packets", "flow", "event", "scan")
 FORMATS = ("raw", "event", "process")
 FLOW_VIEWS = ("instructions", "path", "calltree", "functions")
