@@ -270,8 +270,10 @@ def tokens(data, start=0, end=None, at_packet=False):
     ``at_packet`` says a packet starts there).
 
     Yields ``(kind, offset, value)`` (kinds K_*).  Errors come as K_ERROR tokens
-    naming the offset; the tokenizer then resumes at the next PSB.  The first token
-    is an error when the range holds no PSB at all.
+    naming the offset; the tokenizer then resumes, as libipt does, at the PSB that
+    holds the bad byte (a packet read into a PSB's bytes: it is one after all) or
+    else the next PSB, never at or before the PSB it last synchronised on.  The
+    first token is an error when the range holds no PSB at all.
     """
     if end is None:
         end = len(data)
@@ -281,6 +283,7 @@ def tokens(data, start=0, end=None, at_packet=False):
         yield K_ERROR, start, "no PSB in the %d bytes from offset %d" % (max(end - start, 0), start)
         return
     last_ip = 0
+    last_psb = position - 1
     finditer = PACKET_RE.finditer
     # The names compared or called once per packet, as locals (faster than globals on 3.8).
     g_tnt8, g_ip2, g_ip4, g_ip6, g_ip0, g_ip8, g_pad, g_psb, g_psbend, g_mode = (
@@ -316,6 +319,7 @@ def tokens(data, start=0, end=None, at_packet=False):
                 yield K_PAD_RUN, offset, match.end() - offset
             elif group == g_psb:
                 last_ip = 0
+                last_psb = offset
                 yield K_PSB, offset, None
             elif group == g_psbend:
                 yield K_PSBEND, offset, None
@@ -330,7 +334,7 @@ def tokens(data, start=0, end=None, at_packet=False):
                 yield K_OVF, offset, None
             elif group == G_BAD:
                 yield K_ERROR, offset, _error_message(data, offset, end)
-                resume = offset + 1
+                resume = max(last_psb + 1, offset - len(PSB) + 1)
                 break
             else:
                 yield K_OTHER, offset, other_fields(match.lastgroup, data, offset)
