@@ -392,12 +392,12 @@ class FlowResult(object):
     ``instruction_count``: all of them, always decoded to the end of the trace;
     ``events``: (instruction index, kind, trace offset, IP) of enabled, disabled,
     sync, overflow, resumed, interrupt, gap, resync and transaction events, in
-    order, the first MAX_EVENTS of them (``event_count`` counts them all; every one
-    goes to the ``listeners``); ``problems``: a ProblemLog (trace offsets are
+    order, the first MAX_EVENTS of them (``event_count`` counts them all, and
+    ``event_kinds`` by kind; every one goes to the ``listeners``); ``problems``: a ProblemLog (trace offsets are
     offsets in the decoded data)."""
 
     __slots__ = ("instructions", "instruction_count", "truncated", "problems", "events", "event_count",
-                 "listeners", "blocks_built")
+                 "event_kinds", "listeners", "blocks_built")
 
     def __init__(self):
         self.instructions = []
@@ -406,11 +406,13 @@ class FlowResult(object):
         self.problems = ProblemLog()
         self.events = []
         self.event_count = 0
+        self.event_kinds = {}  # kind: how many, of every event
         self.listeners = []
         self.blocks_built = 0
 
     def add_event(self, event):
         self.event_count += 1
+        self.event_kinds[event[1]] = self.event_kinds.get(event[1], 0) + 1
         if len(self.events) < MAX_EVENTS:
             self.events.append(event)
         for listener in self.listeners:
