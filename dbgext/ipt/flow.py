@@ -5,14 +5,19 @@ instructions up to and including one branch) is disassembled once with capstone 
 cached per execution mode, so the steady state is "look up block, append its
 addresses, take one TNT bit or TIP for its branch".
 
-Conventions follow libipt's instruction decoder (2.0.5) so the two outputs compare
-line for line (tests/test_ipt_differential.py checks each class against it):
+Conventions follow libipt's instruction decoder so the outputs compare line for
+line: tests/test_ipt_differential.py checks each class against the installed libipt
+(Debian's 2.0.5) and tests/test_ipt_intel_suite.py against Intel's upstream test
+suite.  Where they differ, upstream rules; so far one rule, the end of the trace:
+the harness stops, as upstream ptxed does, once libipt reports the end of the
+trace with its events drained, where 2.0.5's decoder would list one instruction
+more after an event that moved the IP.
 
 * events are bound only once the TNT bits are used up, as libipt's query decoder
   signals them only then;
 * end of trace: instructions are reported up to the last one whose outcome
-  consumed trace data (a TNT bit, a TIP, an event), plus the first instruction
-  after an event that moved the IP when it needs no trace data;
+  consumed trace data (a TNT bit, a TIP, an event), no further (ptxed's
+  ``[end of trace]``), also where the walk past that reaches code it cannot read;
 * a TIP.PGD binds to the next branch: a direct call/jmp only when it goes to the
   TIP.PGD's IP ("disabled at <target>": the branch is reported, its target is not
   executed), any indirect branch, return or conditional branch; with the IP
@@ -783,8 +788,8 @@ class _Walk(object):
     def skip_status_psb(self):
         """A PSB+ in the middle of a traced stretch only restates the state (IP, mode);
         the first item after it is left in lookahead.  Like any event libipt
-        processes, it makes the next instruction one reported at the end of the
-        trace (see drop_uncommitted)."""
+        processes, it makes the next instruction the first after an event
+        (``resumed_at``, for erratum BDM64)."""
         if self.committed == len(self.out):
             self.resumed_at = self.committed
         self.in_status = True
@@ -831,16 +836,12 @@ class _Walk(object):
 
     def drop_uncommitted(self, failed_at=None, at_end=False):
         """Drop what was walked past the last trace data.  At the end of the trace,
-        like libipt, the first instruction after an event that moved the IP stays when
-        it is not the branch (``failed_at``) that found no data; while libipt holds an
-        event (hold_async_branch) it does not see the end coming: everything up to that
-        branch stays."""
+        while libipt holds an event (hold_async_branch) it does not see the end
+        coming: everything up to the branch that found no data (``failed_at``) stays."""
         keep = self.committed
         out = self.out
         if at_end and self.held is not None:
             keep = len(out) - (1 if out and out[-1] == failed_at else 0)
-        elif at_end and keep == self.resumed_at and len(out) > keep and out[keep] != failed_at:
-            keep += 1
         del out[keep:]
 
     def error(self, offset, message, failed_at=None):
@@ -1421,7 +1422,17 @@ class _Walk(object):
         whose code can be read; returns that IP, or None when tracing stops first.
 
         The return stack is kept down to the frame the IP returns to (code beyond
-        the gap usually returns into the code that called it)."""
+        the gap usually returns into the code that called it).
+
+        Past the end of the trace there is no gap: what was walked without trace
+        data is dropped, as at any end of the trace."""
+        if self.bit_index >= len(self.bits):
+            item = self.peek()
+            if item is None:
+                self.drop_uncommitted(at_end=True)
+                return None
+            if item[0] == F_PGD and item[2] is None:  # tracing stopped at a MOV CR3 on the way
+                return self.unbound_disable(item[1], block.end, "code")
         start = self.last_offset
         self.bits, self.bit_index = b"", 0
         self.walking = False
