@@ -1424,12 +1424,15 @@ class _Walk(object):
         The return stack is kept down to the frame the IP returns to (code beyond
         the gap usually returns into the code that called it).
 
-        Past the end of the trace there is no gap: what was walked without trace
-        data is dropped, as at any end of the trace."""
+        Past the end of the trace or before an OVF there is no gap: what was walked
+        without trace data is dropped, as at any end of the trace or overflow."""
         if self.bit_index >= len(self.bits):
             item = self.peek()
             if item is None:
                 self.drop_uncommitted(at_end=True)
+                return None
+            if item[0] == F_OVF:  # no gap either: what was walked after the last trace data is lost
+                self.drop_uncommitted()
                 return None
             if item[0] == F_PGD and item[2] is None:  # tracing stopped at a MOV CR3 on the way
                 return self.unbound_disable(item[1], block.end, "code")
