@@ -213,8 +213,15 @@ class BlockCache(object):
                            for insn in block.insns}
             self._modes_at = self.blocks_built
         mode = self._modes.get(address, MODE_64)
-        insn = self._disassembler(mode).one(self.code.read_upto(address, 15), address)
-        text = self._texts[address] = "(undecodable)" if insn is None else ("%s %s" % (insn[2], insn[3])).strip()
+        code = self.code.read_upto(address, 15)
+        insn = self._disassembler(mode).one(code, address)
+        if insn is not None:
+            text = ("%s %s" % (insn[2], insn[3])).strip()
+        elif mode == MODE_64 and _jmpabs_target(code) is not None:
+            text = "jmpabs 0x%x" % _jmpabs_target(code)
+        else:
+            text = "(undecodable)"
+        self._texts[address] = text
         return text
 
     def _decode(self, start, mode):
@@ -241,6 +248,9 @@ class BlockCache(object):
                         kind = B_JUMP  # call $+5 reads the IP; it is not a call
                 return Block(start, tuple(insns), kind, target, decoded_to, address)
             if decoded_to == cursor:
+                if mode == MODE_64 and _jmpabs_target(chunk) is not None:
+                    insns.append(cursor)
+                    return Block(start, tuple(insns), B_INDIRECT, None, cursor + _JMPABS_SIZE, cursor)
                 if len(chunk) < 15 and len(self.code.read_upto(cursor, 15)) < 15:
                     return Block(start, tuple(insns), B_STOP, None, cursor, cursor,
                                  "code at 0x%x is unreadable" % (cursor + len(chunk)))
@@ -249,6 +259,20 @@ class BlockCache(object):
             cursor = decoded_to
         return Block(start, tuple(insns), B_STOP, None, cursor, cursor,
                      "no branch within 0x%x bytes from 0x%x" % (MAX_BLOCK_BYTES, start))
+
+
+# JMPABS (APX): REX2 with no payload bits, opcode A1, a 64-bit absolute target.  The
+# disassembler does not know it.  As libipt, the trace's TIP gives its destination
+# (the encoded target is not used), as for an indirect jump.
+_JMPABS = b"\xd5\x00\xa1"
+_JMPABS_SIZE = 11
+
+
+def _jmpabs_target(code):
+    """The target of the JMPABS at the start of ``code``, or None when there is none."""
+    if code[:3] == _JMPABS and len(code) >= _JMPABS_SIZE:
+        return int.from_bytes(code[3:_JMPABS_SIZE], "little")
+    return None
 
 
 def _classify(mnemonic, operands):
@@ -372,16 +396,17 @@ def _token_regex():
 _TOKENS = []  # _token_regex(), once compiled
 _BAD_COLUMN = _SLOTS  # in split()'s rows: a packet per slot, then the bad byte
 # What a packet's first byte makes it, for _flow_items.
-_RUN, _IP0, _IP2, _IP4, _IP6, _IP8, _MODE, _EXTENDED, _UNUSED = range(9)
+_RUN, _IP0, _IP2, _IP4, _IP6, _IP8, _MODE, _EXTENDED, _TRIG, _UNUSED = range(10)
 _FIRST_BYTE = [_UNUSED] * 256
 for _byte in range(256):
     if _byte in P.IP_KIND_OF_OPCODE and _byte >> 5 in P.IP_PAYLOAD:
         _FIRST_BYTE[_byte] = {0: _IP0, 2: _IP2, 4: _IP4, 6: _IP6, 8: _IP8}[P.IP_PAYLOAD[_byte >> 5]]
     elif _byte in P._TNT8 or _byte in (0x00, 0x59, 0x19) or _byte & 3 == 3:
         _FIRST_BYTE[_byte] = _RUN  # TNT-8, PAD, MTC, TSC, CYC
-_FIRST_BYTE[0x99], _FIRST_BYTE[0x02] = _MODE, _EXTENDED
+_FIRST_BYTE[0x99], _FIRST_BYTE[0x02], _FIRST_BYTE[0xD9] = _MODE, _EXTENDED, _TRIG
 del _byte
-# Extended opcodes (PTW, EXSTOP) whose IP bit says the next FUP is theirs, not a control transfer's.
+# Extended opcodes (PTW, EXSTOP) whose IP bit says the next FUP is theirs, not a control transfer's
+# (as TRIG's flags byte, bit 7, says for TRIG).
 _FUP_OWNERS = frozenset(opcode for opcode, (name, _) in P._EXTENDED.items() if name in ("ptw", "exstop"))
 # skd010_resume: the overflow resolved with tracing off after all.
 _STAYS_OFF = -1
@@ -526,7 +551,7 @@ def _flow_items(data, start, end):
 
     The packets (see _token_regex), reduced to what control flow keeps of them: TNT-8
     runs become one F_TNT item (timing packets inside them are left out); a FUP that
-    belongs to a PTW or EXSTOP (not to a control transfer) is left out; MODE.TSX and
+    belongs to a PTW, EXSTOP or TRIG (not to a control transfer) is left out; MODE.TSX and
     the FUP that binds it become one F_TSX item (value: the IP and tsx_begin,
     tsx_commit or tsx_abort) and, as in libipt, the FUP of an abort also stays, as an
     asynchronous transfer to the TIP that follows; in PSB+ MODE.TSX is status, and
@@ -538,7 +563,8 @@ def _flow_items(data, start, end):
     if position < 0:
         yield F_ERROR, start, "no PSB in the %d bytes from offset %d" % (max(end - start, 0), start)
     last_ip = 0
-    skip_fup = False     # the next FUP belongs to a PTW or EXSTOP
+    skip_fup = False     # the next FUP belongs to a PTW, EXSTOP, TRIG or MODE.Exec
+    mode_fup = False     # skip_fup from a MODE.Exec, which any other IP packet ends
     tsx = None           # after MODE.TSX outside PSB+: its state (its FUP comes next)
     fup_bound = False    # skip_fup or tsx: the next FUP is not a plain one
     in_psb = False
@@ -612,6 +638,8 @@ def _flow_items(data, start, end):
                     kind, value = mode_items[packet[1]]
                     if kind == F_MODE:
                         yield kind, offset, value
+                        if not in_psb:  # a FUP right after it is its own (interrupt flag changed)
+                            skip_fup = fup_bound = mode_fup = True
                     elif not in_psb:
                         tsx = value
                         fup_bound = True
@@ -634,10 +662,18 @@ def _flow_items(data, start, end):
                         yield F_OVF, offset, None
                     elif opcode in _FUP_OWNERS and opcode & 0x80:
                         skip_fup = fup_bound = True
+                elif what == _TRIG and packet[1] & 0x80:
+                    skip_fup = fup_bound = True
                 continue
-            if not fup_bound or kind != f_fup:
+            if not fup_bound:
+                yield kind, offset, ip
+            elif kind != f_fup:
+                if mode_fup:  # the MODE.Exec of a far transfer: no FUP of its own
+                    skip_fup = mode_fup = False
+                    fup_bound = tsx is not None
                 yield kind, offset, ip
             elif skip_fup:
+                mode_fup = False
                 skip_fup = False
                 fup_bound = tsx is not None
             else:
