@@ -202,6 +202,11 @@ class BlockCache(object):
             self.ends[block.insns[-1]] = block.kind
         return block
 
+    def instruction_size(self, address, mode):
+        """Size of the instruction at ``address``, 0 when it cannot be decoded."""
+        insn = self._disassembler(mode).one(self.code.read_upto(address, 15), address)
+        return insn[1] if insn is not None else 0
+
     def disassemble(self, address):
         """``mnemonic operands`` of the instruction at ``address`` in the mode the
         decode walked it in (64-bit when it was not walked)."""
@@ -310,10 +315,12 @@ def _classify(mnemonic, operands):
 F_TIP, F_PGE, F_PGD, F_FUP = P.K_TIP, P.K_PGE, P.K_PGD, P.K_FUP
 F_PSB, F_PSBEND, F_OVF, F_ERROR = P.K_PSB, P.K_PSBEND, P.K_OVF, P.K_ERROR
 # F_TNT's value: the bits, oldest first, a byte each (1: taken), so the walk tests a bit as it is.
-F_TNT, F_MODE, F_TSX = 20, 21, 22  # value: bits; mode (16/32/64 or None); (IP of its FUP, state)
+# F_AT_IP: an event that a FUP binds to an IP (MODE.TSX's, EXSTOP's, PTW's); value: (the
+# FUP's IP, the event: tsx_begin, tsx_commit, tsx_abort, exstop or ptwrite).
+F_TNT, F_MODE, F_AT_IP = 20, 21, 22  # value: bits; mode (16/32/64 or None); (IP, event)
 F_END = 23  # no more packets (offset: the last packet's); _Walk.item() hands out None instead
 ITEM_NAMES = {F_TNT: "tnt", F_TIP: "tip", F_PGE: "tip.pge", F_PGD: "tip.pgd", F_FUP: "fup", F_MODE: "mode.exec",
-              F_PSB: "psb", F_PSBEND: "psbend", F_OVF: "ovf", F_ERROR: "error", F_TSX: "mode.tsx"}
+              F_PSB: "psb", F_PSBEND: "psbend", F_OVF: "ovf", F_ERROR: "error", F_AT_IP: "event"}
 # The items _Walk.item() does more with than hand them on (walk_item).
 _WALK_ITEMS = frozenset((F_PSB, F_ERROR, F_END))
 _TAKEN = bytes.maketrans(b"TN", b"\x01\x00")
@@ -349,11 +356,11 @@ TNT_RUN_KEPT = 64
 
 
 def _mode_item(payload):
-    """(F_MODE, execution mode) or (F_TSX, transaction state) of a MODE packet's payload."""
+    """(F_MODE, execution mode) or (F_AT_IP, transaction state) of a MODE packet's payload."""
     name, fields = P.mode_fields(payload)
     if name == "mode.exec":
         return F_MODE, EXEC_MODES.get(fields["mode"])
-    return F_TSX, "tsx_abort" if fields["abort"] else "tsx_begin" if fields["intx"] else "tsx_commit"
+    return F_AT_IP, "tsx_abort" if fields["abort"] else "tsx_begin" if fields["intx"] else "tsx_commit"
 
 
 _MODE_ITEMS = [_mode_item(payload) for payload in range(0x40)]  # the MODE leaves 0 and 1
@@ -405,9 +412,11 @@ for _byte in range(256):
         _FIRST_BYTE[_byte] = _RUN  # TNT-8, PAD, MTC, TSC, CYC
 _FIRST_BYTE[0x99], _FIRST_BYTE[0x02], _FIRST_BYTE[0xD9] = _MODE, _EXTENDED, _TRIG
 del _byte
-# Extended opcodes (PTW, EXSTOP) whose IP bit says the next FUP is theirs, not a control transfer's
-# (as TRIG's flags byte, bit 7, says for TRIG).
-_FUP_OWNERS = frozenset(opcode for opcode, (name, _) in P._EXTENDED.items() if name in ("ptw", "exstop"))
+# Extended opcodes (PTW, EXSTOP) whose IP bit says the next FUP is theirs, not a control
+# transfer's: the event they name binds to its IP.  (TRIG's flags byte, bit 7, says the
+# same for TRIG, which changes nothing in the flow.)
+_EVENT_AT_FUP = {opcode: {"ptw": "ptwrite", "exstop": "exstop"}[name] for opcode, (name, _) in P._EXTENDED.items()
+                 if name in ("ptw", "exstop") and opcode & 0x80}
 # skd010_resume: the overflow resolved with tracing off after all.
 _STAYS_OFF = -1
 # IPBytes of a compressed IP -> the bits its payload gives (the rest comes from the last IP).
@@ -551,11 +560,11 @@ def _flow_items(data, start, end):
 
     The packets (see _token_regex), reduced to what control flow keeps of them: TNT-8
     runs become one F_TNT item (timing packets inside them are left out); a FUP that
-    belongs to a PTW, EXSTOP or TRIG (not to a control transfer) is left out; MODE.TSX and
-    the FUP that binds it become one F_TSX item (value: the IP and tsx_begin,
-    tsx_commit or tsx_abort) and, as in libipt, the FUP of an abort also stays, as an
-    asynchronous transfer to the TIP that follows; in PSB+ MODE.TSX is status, and
-    the FUP is PSB+'s.  A packet that does not decode is an F_ERROR item, and the
+    belongs to a TRIG or a MODE.Exec (not to a control transfer) is left out; MODE.TSX,
+    EXSTOP or PTW with its IP bit and the FUP that binds it become one F_AT_IP item
+    (value: the IP and tsx_begin, tsx_commit, tsx_abort, exstop or ptwrite) and, as in
+    libipt, the FUP of an abort also stays, as an asynchronous transfer to the TIP that
+    follows; in PSB+ MODE.TSX is status, and the FUP is PSB+'s.  A packet that does not decode is an F_ERROR item, and the
     items go on from the next PSB."""
     end = len(data) if end is None else min(end, len(data))
     position = data.find(P.PSB, start, end)
@@ -563,10 +572,10 @@ def _flow_items(data, start, end):
     if position < 0:
         yield F_ERROR, start, "no PSB in the %d bytes from offset %d" % (max(end - start, 0), start)
     last_ip = 0
-    skip_fup = False     # the next FUP belongs to a PTW, EXSTOP, TRIG or MODE.Exec
+    skip_fup = False     # the next FUP belongs to a TRIG or MODE.Exec
     mode_fup = False     # skip_fup from a MODE.Exec, which any other IP packet ends
-    tsx = None           # after MODE.TSX outside PSB+: its state (its FUP comes next)
-    fup_bound = False    # skip_fup or tsx: the next FUP is not a plain one
+    bound = None         # the event the next FUP binds (MODE.TSX outside PSB+, EXSTOP, PTW)
+    fup_bound = False    # skip_fup or bound: the next FUP is not a plain one
     in_psb = False
     # {the IP bits a 2-byte (4-byte) IP packet keeps: {packet: (kind, IP[, the 2-byte table of that IP])}}
     ip2_tables, ip4_tables = {}, {}
@@ -641,7 +650,7 @@ def _flow_items(data, start, end):
                         if not in_psb:  # a FUP right after it is its own (interrupt flag changed)
                             skip_fup = fup_bound = mode_fup = True
                     elif not in_psb:
-                        tsx = value
+                        bound = value
                         fup_bound = True
                 elif what == _EXTENDED:
                     opcode = packet[1]
@@ -660,8 +669,9 @@ def _flow_items(data, start, end):
                         last_ip = 0  # as libipt: the IP after an overflow does not build on older IPs
                         ip2_table, ip4_table = _ip_table(ip2_tables, 0), _ip_table(ip4_tables, 0)
                         yield F_OVF, offset, None
-                    elif opcode in _FUP_OWNERS and opcode & 0x80:
-                        skip_fup = fup_bound = True
+                    elif opcode in _EVENT_AT_FUP:
+                        bound = _EVENT_AT_FUP[opcode]
+                        fup_bound = True
                 elif what == _TRIG and packet[1] & 0x80:
                     skip_fup = fup_bound = True
                 continue
@@ -670,16 +680,16 @@ def _flow_items(data, start, end):
             elif kind != f_fup:
                 if mode_fup:  # the MODE.Exec of a far transfer: no FUP of its own
                     skip_fup = mode_fup = False
-                    fup_bound = tsx is not None
+                    fup_bound = bound is not None
                 yield kind, offset, ip
             elif skip_fup:
                 mode_fup = False
                 skip_fup = False
-                fup_bound = tsx is not None
+                fup_bound = bound is not None
             else:
-                state, tsx = tsx, None
+                state, bound = bound, None
                 fup_bound = False
-                yield F_TSX, offset, (ip, state)
+                yield F_AT_IP, offset, (ip, state)
                 if state == "tsx_abort":
                     yield kind, offset, ip
         if next_offset == stop:
@@ -1085,7 +1095,7 @@ class _Walk(object):
         for index, (kind, offset, value) in enumerate(ahead):
             if kind == F_MODE:
                 continue
-            if kind in (F_PGD, F_TIP, F_FUP, F_TSX, F_PSB):
+            if kind in (F_PGD, F_TIP, F_FUP, F_AT_IP, F_PSB):
                 self.event("overflow", overflow_offset, None)
             if kind in (F_PGD, F_TIP):
                 self.drop_items(index + 1)
@@ -1093,7 +1103,7 @@ class _Walk(object):
                     return _STAYS_OFF
                 self.event("resumed", offset, value)
                 return value
-            if kind in (F_FUP, F_TSX):
+            if kind in (F_FUP, F_AT_IP):
                 # Decoding goes on from the FUP (or its MODE.TSX): it binds as it would.
                 self.drop_items(index)
                 ip = value if kind == F_FUP else value[0]
@@ -1532,7 +1542,7 @@ class _Walk(object):
             if self.fup_waits():
                 return None, -1
             return item[2], -1
-        if kind == F_TSX:
+        if kind == F_AT_IP:
             return item[2][0], -1
         if kind == F_PGD and item[2] is not None:
             return None, item[2]
@@ -1623,7 +1633,7 @@ class _Walk(object):
         if "bdm64" not in self.errata or len(self.out) == self.resumed_at:
             return False
         item = self.lookahead
-        if item is None or item[0] != F_TSX or item[2][1] != "tsx_abort" or item is self.bdm64_checked:
+        if item is None or item[0] != F_AT_IP or item[2][1] != "tsx_abort" or item is self.bdm64_checked:
             return False
         steps = BDM64_MAX_STEPS
         blocks = self.cache.blocks(self.mode)
@@ -1641,7 +1651,8 @@ class _Walk(object):
 
     def take_async(self, address):
         """At the FUP address: consume FUP + TIP (transfer) or FUP + TIP.PGD (tracing
-        off); at a MODE.TSX's address: consume it and go on from there."""
+        off); at the address of an event a FUP binds (MODE.TSX, EXSTOP, PTW): consume it
+        and go on from there (after the PTWRITE)."""
         self.committed = self.resumed_at = len(self.out)
         if self.held is not None:
             (_, fup_offset, _), ahead = self.held, self.held_after
@@ -1651,8 +1662,17 @@ class _Walk(object):
                     self.mode = mode
             self.event("interrupt", fup_offset, address)
             return ahead[-1][2]
-        if self.lookahead[0] == F_TSX:
+        if self.lookahead[0] == F_AT_IP:
             item, self.lookahead = self.lookahead, None
+            if item[2][1] == "ptwrite":
+                # The PTWRITE at the FUP's IP ran (it is no branch): it is traced, the
+                # event follows it, and the walk goes on after it.
+                size = self.cache.instruction_size(address, self.mode)
+                if size:
+                    self.out.append(address)
+                    self.committed = self.resumed_at = len(self.out)
+                    self.event("ptwrite", item[1], address)
+                    return address + size
             self.event(item[2][1], item[1], address)
             return address
         self.lookahead = None

@@ -12,7 +12,8 @@ EVENT_WORDS = {"enabled": "tracing enabled at", "disabled": "tracing disabled", 
                "overflow": "overflow: packets lost", "resumed": "resumed after the overflow at",
                "interrupt": "asynchronous transfer (interrupt) from", "gap": "gap: no code at",
                "resync": "resynchronized at", "tsx_begin": "transaction begins at",
-               "tsx_commit": "transaction commits at", "tsx_abort": "transaction aborts at"}
+               "tsx_commit": "transaction commits at", "tsx_abort": "transaction aborts at",
+               "exstop": "execution stopped (power event) at", "ptwrite": "ptwrite at"}
 
 
 def event_text(event):
