@@ -6,7 +6,7 @@ upstream), decoded the way its expected listings were made.
   ``NAME-ptdump.exp`` line for line: offset, packet name, and the payload column
   ptdump prints (IP bytes and IP, TNT bits, payload fields);
 * flows: ``decode_flow`` of ``NAME.pt`` over ``NAME.bin`` at the ``.ptt``'s ``org``,
-  with the test's ``; cpu`` (its errata workarounds on), equals the instruction
+  with each of the test's ``; cpu`` (its errata workarounds on), equals the instruction
   addresses of ``NAME-ptxed.exp`` up to its end (``[end of trace]``, or the first
   error when the test does not resynchronise).
 
@@ -53,8 +53,6 @@ FLOW_DISAGREES_BY_FAMILY = {
     "paging: libipt binds each PIP to a MOV CR3 that follows and decodes on past the end of the trace "
     "while one is pending; the flow does not track PIPs":
         ("pip-pip_mov_cr3-fail",),
-    "errata of the test's CPU":
-        ("apl11", "bdm70-psb_fup-tip_pge", "bdm70-tip_pgd-psb_fup-tip_pge", "skd022", "skz84"),
     "FRED/PTET events (CFE, EVD) and the FUP they bind":
         ("int-eretu", "int-eretu-cpl_0", "ptet", "ptet-int-eretu", "ptet-int-int-erets-eretu", "ptet-int-iret-cpl_0",
          "ptet-mode_exec-if", "ptet-uint-uiret", "ptet-vmexit-vmentry"),
@@ -67,7 +65,7 @@ FLOW_DISAGREES_BY_FAMILY = {
          "ptxed-resync-nomap-mode_exec-fup", "ptxed-resync-nomap-ptw-fup", "ptxed-resync-psb-bad_status-psb"),
 }
 FLOW_DISAGREES = {name: family for family, names in FLOW_DISAGREES_BY_FAMILY.items() for name in names}
-FLOW_DISAGREES_LIMIT = 23  # it only shrinks: fixing a family means removing its tests
+FLOW_DISAGREES_LIMIT = 18  # it only shrinks: fixing a family means removing its tests
 
 # ptdump's name of each packet type.
 PTDUMP_NAMES = {"tnt8": "tnt.8", "tnt64": "tnt.64"}
@@ -81,12 +79,12 @@ CFE_SIPI = 5  # its vector is shown in hex, the others' in decimal
 
 
 def directives(name):
-    """{"cpu": "F/M" or None, "ptxed": [options], "ptdump": [options], "org": int}."""
-    found = {"cpu": None, "ptxed": [], "ptdump": [], "org": 0}
+    """{"cpus": ["F/M"...], "ptxed": [options], "ptdump": [options], "org": int}."""
+    found = {"cpus": [], "ptxed": [], "ptdump": [], "org": 0}
     for line in (SUITE / (name + ".ptt")).read_text().splitlines():
         words = line.lstrip("; ").split()
         if line.startswith(";") and len(words) >= 2 and words[0] == "cpu":
-            found["cpu"] = words[1]
+            found["cpus"].append(words[1])
         elif line.startswith(";") and words and words[0] in ("opt:ptxed", "opt:ptdump"):
             found[words[0][4:]] += words[1:]
         elif words[:1] == ["org"]:
@@ -203,19 +201,24 @@ def not_applicable(name):
     return None
 
 
-def our_flow(name):
+def cpus(name):
+    """The CPUs the test runs with (each ``; cpu`` line, or ptxed's ``--cpu``), None for none."""
     found = directives(name)
-    cpu = found["cpu"]
     options = found["ptxed"]
     if "--cpu" in options:
-        cpu = options[options.index("--cpu") + 1]
+        return [options[options.index("--cpu") + 1]]
+    return found["cpus"] or [None]
+
+
+def our_flow(name, cpu):
+    found = directives(name)
     errata = cpu_errata(parse_cpu(cpu)) if cpu and cpu != "0/0" else frozenset()
     code = CodeImage(images=[(found["org"], (SUITE / (name + ".bin")).read_bytes())])
     return decode_flow((SUITE / (name + ".pt")).read_bytes(), code, errata=errata).instructions
 
 
 def flow_agrees(name):
-    return our_flow(name) == expected_flow(name)
+    return all(our_flow(name, cpu) == expected_flow(name) for cpu in cpus(name))
 
 
 def test_the_suite_is_there_whole():
@@ -239,7 +242,8 @@ def test_a_listing_that_differs_by_design_differs_only_where_its_erratum_is(name
 @pytest.mark.parametrize("name", [name for name in FLOW_TESTS
                                   if not_applicable(name) is None and name not in FLOW_DISAGREES])
 def test_flow_equals_ptxeds_instructions(name):
-    assert our_flow(name) == expected_flow(name)
+    for cpu in cpus(name):
+        assert (cpu, our_flow(name, cpu)) == (cpu, expected_flow(name))
 
 
 @pytest.mark.parametrize("name", sorted(FLOW_DISAGREES))
