@@ -679,9 +679,10 @@ def _flow_items(data, start, end):
             if not fup_bound:
                 yield kind, offset, ip
             elif kind != f_fup:
-                if mode_fup:  # the MODE.Exec of a far transfer: no FUP of its own
-                    skip_fup = mode_fup = False
-                    fup_bound = bound is not None
+                # Another IP packet first: the MODE.Exec or MODE.TSX went with it (a far
+                # transfer, tracing enabled in a transaction), and no FUP is theirs.
+                skip_fup = mode_fup = fup_bound = False
+                bound = None
                 yield kind, offset, ip
             elif skip_fup:
                 mode_fup = False
