@@ -220,10 +220,11 @@ class BlockCache(object):
         mode = self._modes.get(address, MODE_64)
         code = self.code.read_upto(address, 15)
         insn = self._disassembler(mode).one(code, address)
-        if insn is not None:
+        raw = _raw_branch(code) if mode == MODE_64 and (insn is None or insn[2] == "clac") else None
+        if raw is not None:
+            text = raw[2]
+        elif insn is not None:
             text = ("%s %s" % (insn[2], insn[3])).strip()
-        elif mode == MODE_64 and _jmpabs_target(code) is not None:
-            text = "jmpabs 0x%x" % _jmpabs_target(code)
         else:
             text = "(undecodable)"
         self._texts[address] = text
@@ -245,6 +246,10 @@ class BlockCache(object):
                 decoded_to = address + size
                 kind = _classify(mnemonic, operands)
                 if kind is None:
+                    if mnemonic == "clac" and mode == MODE_64:
+                        raw = _raw_branch(chunk[address - cursor:])
+                        if raw is not None:
+                            return Block(start, tuple(insns), raw[1], None, decoded_to, address)
                     continue
                 target = None
                 if kind in (B_COND, B_JUMP, B_CALL):
@@ -253,9 +258,10 @@ class BlockCache(object):
                         kind = B_JUMP  # call $+5 reads the IP; it is not a call
                 return Block(start, tuple(insns), kind, target, decoded_to, address)
             if decoded_to == cursor:
-                if mode == MODE_64 and _jmpabs_target(chunk) is not None:
+                raw = _raw_branch(chunk) if mode == MODE_64 else None
+                if raw is not None:
                     insns.append(cursor)
-                    return Block(start, tuple(insns), B_INDIRECT, None, cursor + _JMPABS_SIZE, cursor)
+                    return Block(start, tuple(insns), raw[1], None, cursor + raw[0], cursor)
                 if len(chunk) < 15 and len(self.code.read_upto(cursor, 15)) < 15:
                     return Block(start, tuple(insns), B_STOP, None, cursor, cursor,
                                  "code at 0x%x is unreadable" % (cursor + len(chunk)))
@@ -266,17 +272,21 @@ class BlockCache(object):
                      "no branch within 0x%x bytes from 0x%x" % (MAX_BLOCK_BYTES, start))
 
 
-# JMPABS (APX): REX2 with no payload bits, opcode A1, a 64-bit absolute target.  The
-# disassembler does not know it.  As libipt, the trace's TIP gives its destination
-# (the encoded target is not used), as for an indirect jump.
-_JMPABS = b"\xd5\x00\xa1"
-_JMPABS_SIZE = 11
+# Branches the disassembler does not know, or reads as CLAC: (encoding, size, block
+# kind, mnemonic).  JMPABS (APX: REX2 with no payload bits, opcode A1, a 64-bit target)
+# takes its TIP as an indirect jump does (libipt does not use the encoded target);
+# ERETU, ERETS (FRED) and UIRET return as far returns do.
+_RAW_BRANCHES = ((b"\xd5\x00\xa1", 11, B_INDIRECT, "jmpabs"), (b"\xf3\x0f\x01\xca", 4, B_FAR_RET, "eretu"),
+                 (b"\xf2\x0f\x01\xca", 4, B_FAR_RET, "erets"), (b"\xf3\x0f\x01\xec", 4, B_FAR_RET, "uiret"))
 
 
-def _jmpabs_target(code):
-    """The target of the JMPABS at the start of ``code``, or None when there is none."""
-    if code[:3] == _JMPABS and len(code) >= _JMPABS_SIZE:
-        return int.from_bytes(code[3:_JMPABS_SIZE], "little")
+def _raw_branch(code):
+    """(size, block kind, text) of a _RAW_BRANCHES branch at the start of ``code``, or None."""
+    for encoding, size, kind, mnemonic in _RAW_BRANCHES:
+        if code.startswith(encoding) and len(code) >= size:
+            if mnemonic == "jmpabs":
+                return size, kind, "jmpabs 0x%x" % int.from_bytes(code[3:size], "little")
+            return size, kind, mnemonic
     return None
 
 
