@@ -588,6 +588,7 @@ def _flow_items(data, start, end):
     bound = None         # the event the next FUP binds (MODE.TSX outside PSB+, EXSTOP, PTW)
     fup_bound = False    # skip_fup or bound: the next FUP is not a plain one
     in_psb = False
+    exec_mode = None     # the last MODE.Exec's
     # {the IP bits a 2-byte (4-byte) IP packet keeps: {packet: (kind, IP[, the 2-byte table of that IP])}}
     ip2_tables, ip4_tables = {}, {}
     ip2_table, ip4_table = _ip_table(ip2_tables, 0), _ip_table(ip4_tables, 0)
@@ -657,7 +658,14 @@ def _flow_items(data, start, end):
                 if what == _MODE:
                     kind, value = mode_items[packet[1]]
                     if kind == F_MODE:
-                        yield kind, offset, value
+                        # Outside PSB+ a MODE.Exec that restates the mode with a FUP right
+                        # after it (an interrupt flag change) is no item: it would stand
+                        # between the walk and the FUP or TIP it waits for.  (Followed by
+                        # anything else, it binds to the TIP that comes: libipt fails on TNT.)
+                        fup_next = next_offset < stop and data[next_offset] & 0x1F == 0x1D
+                        if in_psb or value != exec_mode or not fup_next:
+                            yield kind, offset, value
+                        exec_mode = value
                         if not in_psb:  # a FUP right after it is its own (interrupt flag changed)
                             skip_fup = fup_bound = mode_fup = True
                     elif not in_psb:
