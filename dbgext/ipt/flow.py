@@ -575,8 +575,8 @@ def _flow_items(data, start, end):
     EXSTOP or PTW with its IP bit and the FUP that binds it become one F_AT_IP item
     (value: the IP and tsx_begin, tsx_commit, tsx_abort, exstop or ptwrite) and, as in
     libipt, the FUP of an abort also stays, as an asynchronous transfer to the TIP that
-    follows; in PSB+ MODE.TSX is status, and the FUP is PSB+'s.  A packet that does not decode is an F_ERROR item, and the
-    items go on from the next PSB."""
+    follows; in PSB+ MODE.TSX is status, and the FUP is PSB+'s.  A packet that does
+    not decode is an F_ERROR item, and the items go on from the next PSB."""
     end = len(data) if end is None else min(end, len(data))
     position = data.find(P.PSB, start, end)
     offset = start
