@@ -426,6 +426,10 @@ del _byte
 # Extended opcodes (PTW, EXSTOP) whose IP bit says the next FUP is theirs, not a control
 # transfer's: the event they name binds to its IP.  (TRIG's flags byte, bit 7, says the
 # same for TRIG, which changes nothing in the flow.)
+# CFE types of an instruction that transfers control (IRET, VMENTRY, UIRET, SYSCALL): with
+# its IP bit, the FUP after the CFE names that instruction, which runs and takes the TIP
+# (or TIP.PGD) that follows as any far transfer does.
+_CFE_OF_A_BRANCH = frozenset((2, 7, 13, 15))
 _EVENT_AT_FUP = {opcode: {"ptw": "ptwrite", "exstop": "exstop"}[name] for opcode, (name, _) in P._EXTENDED.items()
                  if name in ("ptw", "exstop") and opcode & 0x80}
 # skd010_resume: the overflow resolved with tracing off after all.
@@ -691,6 +695,8 @@ def _flow_items(data, start, end):
                     elif opcode in _EVENT_AT_FUP:
                         bound = _EVENT_AT_FUP[opcode]
                         fup_bound = True
+                    elif opcode == 0x13 and packet[2] & 0x80 and packet[2] & 0x1F in _CFE_OF_A_BRANCH:
+                        skip_fup = fup_bound = True
                 elif what == _TRIG and packet[1] & 0x80:
                     skip_fup = fup_bound = True
                 continue
@@ -982,6 +988,8 @@ class _Walk(object):
                         return ip
                     self.fup_while_disabled(ip)
                 self.synced = True
+            elif kind == F_FUP and self.bound_by_cfe(offset):
+                continue  # an event's IP (event trace) while tracing is off: nothing ran
             elif kind == F_PGE or kind == F_FUP:
                 # FUP with tracing off: the resume point after an OVF.
                 if value is None:
@@ -999,6 +1007,12 @@ class _Walk(object):
                     return ip
             elif kind == F_TNT or kind == F_TIP:
                 self.error(offset, "%s while tracing is disabled" % ITEM_NAMES[kind])
+
+    def bound_by_cfe(self, offset):
+        """Whether the FUP at ``offset`` comes right after a CFE with its IP bit: the IP
+        of an event (an interrupt, a VM exit...), not where tracing resumes."""
+        cfe = self.data[offset - 4:offset]
+        return len(cfe) == 4 and cfe[:2] == b"\x02\x13" and cfe[2] & 0x80 != 0
 
     def read_psb_plus(self):
         """The PSB+ after its PSB: applies its MODE.Exec, returns its FUP's IP (None without)."""
