@@ -50,7 +50,8 @@ def analyze(target=None, action="flow", **options):
     * flow: ``images`` [(path, base)] (code files; default: the target's memory),
       ``view``, ``stats`` (counts only), ``max_insns`` (listing cap: decoding always
       goes to the end), ``cpu`` (family, model[, stepping]) for errata workarounds,
-      ``progress(fraction, instructions)``;
+      ``resync_on_error`` (go on at the next packet naming an IP after an error, not at
+      the next PSB), ``progress(fraction, instructions)``;
     * event: ``trace`` (a file holding header + trace), ``address``, or ``etl`` with
       ``index``; ``position``; ``force`` (decode a header that does not look like
       one); code from ``target`` when given;
@@ -301,13 +302,13 @@ def _decode_buffer(decoder, code, buffer, view, max_insns, stats, progress):
 
 
 def _flow(target, images=(), view="instructions", stats=False, max_insns=DEFAULT_MAX_INSNS, cpu=None,
-          progress=None, **source):
+          resync_on_error=False, progress=None, **source):
     if view not in FLOW_VIEWS:
         raise BadInput("unknown view %r (one of: %s)" % (view, ", ".join(FLOW_VIEWS)))
     buffers = load_buffers(target, **source)
     code = Code(target, images)
     errata = cpu_errata(cpu)
-    decoder = FlowDecoder(code.image, code.suspicious, BlockCache(code.image), errata)
+    decoder = FlowDecoder(code.image, code.suspicious, BlockCache(code.image), errata, resync_on_error)
     results = [_decode_buffer(decoder, code, buffer, view, max_insns, stats, progress) for buffer in buffers]
     return FlowAnalysis(results, view, stats, cpu, errata)
 

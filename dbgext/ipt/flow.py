@@ -481,12 +481,15 @@ class FlowDecoder(object):
     """Walks the code along a trace.  ``code`` is a :class:`CodeImage`.
 
     ``suspicious``: {address: name} of functions a real trace should not enter
-    (nt!KeBugCheckEx...); entering one adds a warning."""
+    (nt!KeBugCheckEx...); entering one adds a warning.  ``resync_on_error`` (ptxed's
+    ``--resync-on-error``): after an error decoding resumes at the next packet that
+    names an IP (TIP, TIP.PGE, FUP + TIP, an OVF's resume point), not at the next PSB."""
 
-    def __init__(self, code, suspicious=None, cache=None, errata=frozenset()):
+    def __init__(self, code, suspicious=None, cache=None, errata=frozenset(), resync_on_error=False):
         self.cache = cache or BlockCache(code)
         self.suspicious = dict(suspicious or {})
         self.errata = frozenset(errata)
+        self.resync_on_error = resync_on_error
 
     def decode(self, data, start=0, end=None, max_insns=None, sink=None, progress=None, result=None):
         """Decode ``data[start:end]`` to the end.  Committed instructions go, in chunks,
@@ -735,8 +738,8 @@ class _Walk(object):
 
     # Slots: the walk reads and writes its state once per packet, and on 3.8 a slot
     # is cheaper to reach than an instance dict entry.
-    __slots__ = ("cache", "suspicious", "errata", "result", "problems", "out", "flushed", "sink", "progress",
-                 "next_trace_item", "data", "pushed", "in_status", "mode", "retstack", "bits", "bit_index",
+    __slots__ = ("cache", "suspicious", "errata", "resync_on_error", "result", "problems", "out", "flushed",
+                 "sink", "progress", "next_trace_item", "data", "pushed", "in_status", "mode", "retstack", "bits", "bit_index",
                  "lookahead", "ended", "committed", "resumed_at", "last_offset", "warned", "walking", "synced",
                  "off_ip", "psb_mode", "bdm64_checked", "waiting_fups", "held", "held_after",
                  "resync_past_psb")
@@ -745,6 +748,7 @@ class _Walk(object):
         self.cache = decoder.cache
         self.suspicious = decoder.suspicious
         self.errata = decoder.errata
+        self.resync_on_error = decoder.resync_on_error
         self.result = result
         self.problems = result.problems
         self.out = []            # instructions walked and not yet handed to the sink
@@ -872,7 +876,9 @@ class _Walk(object):
                     return
                 kind, value = item[0], item[2]
                 if kind == F_MODE and value is not None:
-                    self.mode = value
+                    if value != self.mode:  # status only: it cannot change the mode
+                        self.error(item[1], "PSB+ gives the execution mode as %d-bit where decoding is in %d-bit "
+                                   "mode (a bad status update)" % (value, self.mode))
                 elif kind != F_FUP and kind != F_PSB:
                     self.lookahead = item
                     return
@@ -940,6 +946,46 @@ class _Walk(object):
                 self.lookahead = item
                 return
 
+    def skip_to_ip(self):
+        """After an error (resync_on_error): drop items up to the next that names where
+        execution is; returns that IP, or None where tracing is off or a PSB or OVF
+        (left as lookahead) says it."""
+        held, held_after = self.held, self.held_after
+        self.reset()
+        if held is not None and held_after[-1][0] == F_TIP:  # a FUP + TIP already read: an interrupt
+            self.event("interrupt", held[1], held[2])
+            return held_after[-1][2]
+        while True:
+            item = self.next_item()
+            if item is None:
+                return None
+            kind, offset, value = item
+            if kind in (F_PSB, F_OVF):
+                self.lookahead = item
+                return None
+            if kind == F_PGD:
+                self.event("disabled", offset, value)
+                return None
+            if kind == F_MODE and value is not None:
+                self.mode = value
+            elif (kind == F_TIP or kind == F_PGE) and value is not None:
+                self.event("resync", offset, value)
+                return value
+            elif kind == F_AT_IP:
+                self.lookahead = item
+                return value[0]
+            elif kind == F_FUP and value is not None:
+                following = self.peek_past_modes()
+                if following is not None and following[0] == F_TIP and following[2] is not None:
+                    self.lookahead = None
+                    self.event("interrupt", following[1], value)
+                    return following[2]
+                if following is not None and following[0] == F_PGD:
+                    self.lookahead = None
+                    self.event("disabled", following[1], value)
+                    return None
+                return value
+
     def psb_follows(self, offset):
         """Whether the packet at ``offset`` is followed by a PSB, timing packets aside.
         libipt's query decoder reads on to the next packet that is a branch or an event
@@ -956,9 +1002,10 @@ class _Walk(object):
     # -- driver -------------------------------------------------------------------
 
     def run(self):
+        resume = None  # where decoding goes on after an error (resync_on_error)
         while not self.ended or self.lookahead is not None:
             try:
-                ip = self.await_enable()
+                ip, resume = resume if resume is not None else self.await_enable(), None
                 if ip is None:
                     break
                 self.walking = True
@@ -966,7 +1013,10 @@ class _Walk(object):
             except _Resync:
                 self.walking = False
                 self.synced = False
-                self.skip_to_psb()
+                if self.resync_on_error:
+                    resume = self.skip_to_ip()
+                else:
+                    self.skip_to_psb()
             self.walking = False
         self.committed = len(self.out)
         self.flush()
@@ -1532,11 +1582,15 @@ class _Walk(object):
                     resume = self.read_psb_plus()
                 elif kind == F_MODE and value is not None:
                     self.mode = value
+                elif kind == F_AT_IP:  # an event at an IP (PTW, EXSTOP, MODE.TSX): execution is there
+                    resume = value[0]
                 elif kind == F_PGD or kind == F_OVF:
                     self.lookahead = item
                     break
                 if resume is not None and not self.cache.code.read_upto(resume, 1):
                     resume = None  # still outside the code we have
+                elif kind == F_AT_IP:
+                    self.lookahead = item  # the walk binds it where it resumes
         finally:
             self.walking = True
         self.problems.add("ipt_gap", block.end, "%s: trace skipped to offset %d" % (block.problem, self.last_offset),
@@ -1767,6 +1821,8 @@ class _Walk(object):
             self.drop_uncommitted()
 
 
-def decode_flow(data, code, start=0, end=None, max_insns=None, suspicious=None, errata=frozenset()):
+def decode_flow(data, code, start=0, end=None, max_insns=None, suspicious=None, errata=frozenset(),
+                resync_on_error=False):
     """Convenience: decode ``data`` over ``code`` (a CodeImage)."""
-    return FlowDecoder(code, suspicious, errata=errata).decode(data, start, end, max_insns)
+    return FlowDecoder(code, suspicious, errata=errata, resync_on_error=resync_on_error).decode(
+        data, start, end, max_insns)
