@@ -60,3 +60,18 @@ def test_a_trace_ending_in_unwritten_zeros_decodes_as_the_trace_alone(zeros):
     assert padded.instructions == alone.instructions and padded.problems == alone.problems == []
     assert packet_stats(TRACE + bytes(zeros)).counts["pad"] == packet_stats(TRACE).counts["pad"] + zeros
     assert len(decode_packets(TRACE + bytes(zeros)).packets) == len(decode_packets(TRACE).packets) + zeros
+
+
+@pytest.mark.parametrize("run", [b"\x0b", b"\x04\x06", b"\x59\x10\x04"])  # CYC, TNT-8, MTC + TNT-8
+def test_the_flow_reads_a_long_run_of_timing_or_tnt_packets_in_bounded_memory(run):
+    """Half a megabyte of one run: the tokenizer's memory does not grow with the run."""
+    import tracemalloc
+    code = CodeImage(images=[(fuzzing.IPT_ADVERSARIAL_BASE, CODE)])
+    data = TRACE + run * ((1 << 19) // len(run))
+    tracemalloc.start()
+    try:
+        decode_flow(data, code, max_insns=0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 48 << 20

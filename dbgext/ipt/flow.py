@@ -384,15 +384,21 @@ TABLE_SIZE = 1 << 16
 # next packet is not part of any run); a byte that is no packet is captured alone and
 # ends the match with the rest unread.
 #
-# Every part matches in exactly one way, so a match never backtracks: a packet's
-# first byte names its alternative and its size is fixed by its bytes (CYC: up to its
-# first even byte), a PAD run or a TNT/timing run takes all of itself (negative
-# lookahead), and the slots after the first are optional, so fewer than _SLOTS
-# packets before the end or a bad byte end the match instead of failing it (a slot
-# that finds no packet leaves the others none either: they try the same bytes).
-# (Slots that all had to match made sre retry every shorter split of a run at the
-# end of a buffer: time exponential in a run of zeros.)
+# A match never backtracks: a packet's first byte names its alternative and its size
+# is fixed by its bytes (CYC: up to its first even byte), a PAD run takes all of
+# itself (negative lookahead), and the slots after the first are optional, so fewer
+# than _SLOTS packets before the end or a bad byte end the match instead of failing
+# it (a slot that finds no packet leaves the others none either: they try the same
+# bytes).  With nothing after a slot that can fail, the engine never goes back into
+# one.  (Slots that all had to match made sre retry every shorter split of a run at
+# the end of a buffer: time exponential in a run of zeros.)
+#
+# A TNT/timing run is at most _RUN_PACKETS packets, greedily (a longer run is several
+# items, read one after the other as one): sre keeps state for each repetition of the
+# run's group until the match ends, over a kilobyte each in the last slots, so an
+# unbounded run of a megabyte took a gigabyte.
 _SLOTS = 64
+_RUN_PACKETS = 256
 _WINDOW = 1 << 20  # bytes per split(), at most about
 
 
@@ -402,7 +408,7 @@ def _token_regex():
         return _TOKENS[0]
     quiet = b"|".join(key + rest for name, key, rest in P._COMMON if name in P.QUIET_PACKETS)
     element = b"(?:" + P._byte_class(P._TNT8) + b"|" + quiet + b")"
-    packet = b"|".join([element + b"+(?!" + element + b")"]
+    packet = b"|".join([element + b"{1,%d}" % _RUN_PACKETS]
                        + [key + rest for name, key, rest in P._COMMON if name not in P.QUIET_PACKETS]
                        + [b"\\x02(?:" + b"|".join(key + rest for _, key, rest in P._EXTENDED_PACKETS) + b")"])
     token = b"(" + packet + b")"
@@ -577,7 +583,7 @@ def _flow_items(data, start, end):
     """The items of ``data[start:end]`` from its first PSB on, then F_END forever.
 
     The packets (see _token_regex), reduced to what control flow keeps of them: TNT-8
-    runs become one F_TNT item (timing packets inside them are left out); a FUP that
+    runs become F_TNT items (timing packets inside them are left out); a FUP that
     belongs to a TRIG or a MODE.Exec (not to a control transfer) is left out; MODE.TSX,
     EXSTOP or PTW with its IP bit and the FUP that binds it become one F_AT_IP item
     (value: the IP and tsx_begin, tsx_commit, tsx_abort, exstop or ptwrite) and, as in
