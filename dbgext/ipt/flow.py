@@ -8,10 +8,15 @@ addresses, take one TNT bit or TIP for its branch".
 Conventions follow libipt's instruction decoder so the outputs compare line for
 line: tests/test_ipt_differential.py checks each class against the installed libipt
 (Debian's 2.0.5) and tests/test_ipt_intel_suite.py against Intel's upstream test
-suite.  Where they differ, upstream rules; so far one rule, the end of the trace:
-the harness stops, as upstream ptxed does, once libipt reports the end of the
-trace with its events drained, where 2.0.5's decoder would list one instruction
-more after an event that moved the IP.
+suite.  Where they differ, upstream rules:
+
+* the end of the trace: the harness stops, as upstream ptxed does, once libipt
+  reports the end of the trace with its events drained, where 2.0.5's decoder would
+  list one instruction more after an event that moved the IP;
+* the CPU errata table is upstream's (errata.py), which knows more CPUs;
+* the instruction an error stops at: ptxed lists it when libipt had decoded it; the
+  flow leaves it out, as the harness (counting what pt_insn_next returned) does:
+  the suite's tests that show it are listed in tests/test_ipt_intel_suite.py.
 
 * events are bound only once the TNT bits are used up, as libipt's query decoder
   signals them only then;
@@ -38,6 +43,14 @@ more after an event that moved the IP.
   for the branches after it, then its TIP (a second TNT packet is an error);
 * MODE.TSX + FUP is a transaction event at the FUP address; an abort's FUP is also
   an asynchronous transfer to the TIP that follows; in PSB+ MODE.TSX only restates;
+  MODE.TSX or MODE.Exec followed by another IP packet goes with that packet;
+* EXSTOP or PTW with its IP bit + FUP is an event at the FUP's IP (``exstop``: that
+  instruction did not run; ``ptwrite``: the PTWRITE there ran): the code up to it
+  is traced, also right before an OVF or at the end; a FUP after TRIG with its IP
+  bit, after a MODE.Exec outside PSB+ (an interrupt flag change), or after a CFE of
+  a branching instruction (IRET, VMENTRY, UIRET, SYSCALL) is no transfer;
+* a PSB+ read as status may not change the execution mode (a bad status update);
+* JMPABS, ERETU, ERETS and UIRET, which the disassembler does not know, are branches;
 * a compressed RET takes a TNT bit that must be taken and returns to the most recent
   call's successor (64-entry return stack, like the hardware's);
 * ``call $+5`` (a call to the next instruction) is not pushed on the return stack;
@@ -45,7 +58,8 @@ more after an event that moved the IP.
   which did not execute;
 * errata workarounds keyed by the CPU (errata.py);
 * every error is reported with its trace offset (and code address) and decoding
-  resumes at the next PSB.
+  resumes at the next PSB (with ``resync_on_error``, as ptxed's option, at the next
+  packet that names an IP).
 
 Where libipt stops, dbgext goes on: code that cannot be read (a module not in the
 dump, not given as an image) is a reported gap, and decoding resumes at the next
