@@ -428,3 +428,18 @@ def test_counting_long_runs_agrees_with_the_full_decode(body):
     assert packet_stats(trace).as_dict() == {
         "bytes": len(trace), "packets": len(decode_packets(trace).packets),
         "types": count_types(decode_packets(trace)), "errors": 0}
+
+
+def test_a_packet_read_into_a_psb_resyncs_at_that_psb_in_the_listing_and_the_flow():
+    """02 c3 88 starts an MNT that takes 8 bytes of the PSB after it; the byte after the
+    MNT does not decode, and decoding resumes at the PSB that holds it (as libipt)."""
+    from dbgext.ipt.flow import CodeImage, decode_flow
+    fup = b"\x7d\x00\x10\x00\xa0\x00\x00"  # FUP, IPBytes 3: a0001000
+    trace = PSB + b"\x02\xc3\x88" + PSB + fup + b"\x02\x23"
+    listed = decode_packets(trace)
+    assert [p.type for p in listed.packets] == ["psb", "mnt", "psb", "fup", "psbend"]
+    assert [p.offset for p in listed.packets][2] == 19
+    assert [offset for offset, _ in errors(listed)] == [27]
+    flow = decode_flow(trace, CodeImage(images=[(0xA0001000, b"\x90" * 4 + b"\xff\xe0")]))
+    assert [(event[1], event[3]) for event in flow.events] == [("sync", 0xA0001000)]
+    assert [problem.kind for problem in flow.problems] == ["ipt_packet_error"]

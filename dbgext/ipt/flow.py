@@ -616,6 +616,7 @@ def _flow_items(data, start, end):
     fup_bound = False    # skip_fup or bound: the next FUP is not a plain one
     in_psb = False
     exec_mode = None     # the last MODE.Exec's
+    last_psb = position - 1
     # {the IP bits a 2-byte (4-byte) IP packet keeps: {packet: (kind, IP[, the 2-byte table of that IP])}}
     ip2_tables, ip4_tables = {}, {}
     ip2_table, ip4_table = _ip_table(ip2_tables, 0), _ip_table(ip4_tables, 0)
@@ -702,6 +703,7 @@ def _flow_items(data, start, end):
                     opcode = packet[1]
                     if opcode == 0x82:  # PSB
                         last_ip = 0
+                        last_psb = offset
                         ip2_table, ip4_table = _ip_table(ip2_tables, 0), _ip_table(ip4_tables, 0)
                         in_psb = True
                         yield F_PSB, offset, None
@@ -748,7 +750,8 @@ def _flow_items(data, start, end):
         else:
             offset = next_offset
             yield F_ERROR, offset, P._error_message(data, offset, end)
-            position = data.find(P.PSB, offset + 1, end)
+            # As the packet decoder (packets.tokens): at the PSB that holds the bad byte, or the next.
+            position = data.find(P.PSB, max(last_psb + 1, offset - len(P.PSB) + 1), end)
     while True:
         yield F_END, offset, None
 
@@ -1095,7 +1098,10 @@ class _Walk(object):
             kind, offset, value = item
             if kind == F_PSBEND:
                 return ip
-            if kind == F_FUP:
+            if kind == F_PSB:  # decoding resynced at a PSB after a packet error: PSB+ starts again
+                ip = None
+                self.psb_mode = False
+            elif kind == F_FUP:
                 ip = value
             elif kind == F_MODE:
                 self.psb_mode = True
