@@ -46,9 +46,10 @@ suite.  Where they differ, upstream rules:
   MODE.TSX or MODE.Exec followed by another IP packet goes with that packet;
 * EXSTOP or PTW with its IP bit + FUP is an event at the FUP's IP (``exstop``: that
   instruction did not run; ``ptwrite``: the PTWRITE there ran): the code up to it
-  is traced, also right before an OVF or at the end; a FUP after TRIG with its IP
-  bit, after a MODE.Exec outside PSB+ (an interrupt flag change), or after a CFE of
-  a branching instruction (IRET, VMENTRY, UIRET, SYSCALL) is no transfer;
+  is traced, also right before an OVF or at the end; so is MODE.Exec + FUP outside
+  PSB+ (an interrupt flag change: ``interrupts_enabled``/``interrupts_disabled``);
+  a FUP after TRIG with its IP bit or after a CFE of a branching instruction (IRET,
+  VMENTRY, UIRET, SYSCALL) is no transfer;
 * a PSB+ read as status may not change the execution mode (a bad status update);
 * JMPABS, ERETU, ERETS and UIRET, which the disassembler does not know, are branches;
 * a compressed RET takes a TNT bit that must be taken and returns to the most recent
@@ -339,8 +340,9 @@ def _classify(mnemonic, operands):
 F_TIP, F_PGE, F_PGD, F_FUP = P.K_TIP, P.K_PGE, P.K_PGD, P.K_FUP
 F_PSB, F_PSBEND, F_OVF, F_ERROR = P.K_PSB, P.K_PSBEND, P.K_OVF, P.K_ERROR
 # F_TNT's value: the bits, oldest first, a byte each (1: taken), so the walk tests a bit as it is.
-# F_AT_IP: an event that a FUP binds to an IP (MODE.TSX's, EXSTOP's, PTW's); value: (the
-# FUP's IP, the event: tsx_begin, tsx_commit, tsx_abort, exstop or ptwrite).
+# F_AT_IP: an event that a FUP binds to an IP (MODE.TSX's, MODE.Exec's, EXSTOP's, PTW's);
+# value: (the FUP's IP, the event: tsx_begin, tsx_commit, tsx_abort, interrupts_enabled,
+# interrupts_disabled, exstop or ptwrite).
 F_TNT, F_MODE, F_AT_IP = 20, 21, 22  # value: bits; mode (16/32/64 or None); (IP, event)
 F_END = 23  # no more packets (offset: the last packet's); _Walk.item() hands out None instead
 ITEM_NAMES = {F_TNT: "tnt", F_TIP: "tip", F_PGE: "tip.pge", F_PGD: "tip.pgd", F_FUP: "fup", F_MODE: "mode.exec",
@@ -598,9 +600,9 @@ def _flow_items(data, start, end):
 
     The packets (see _token_regex), reduced to what control flow keeps of them: TNT-8
     runs become F_TNT items (timing packets inside them are left out); a FUP that
-    belongs to a TRIG or a MODE.Exec (not to a control transfer) is left out; MODE.TSX,
-    EXSTOP or PTW with its IP bit and the FUP that binds it become one F_AT_IP item
-    (value: the IP and tsx_begin, tsx_commit, tsx_abort, exstop or ptwrite) and, as in
+    belongs to a TRIG or a CFE of a branching instruction (not to a control transfer) is
+    left out; MODE.TSX, MODE.Exec outside PSB+, EXSTOP or PTW with its IP bit and the
+    FUP that binds it become one F_AT_IP item (value: the IP and the event) and, as in
     libipt, the FUP of an abort also stays, as an asynchronous transfer to the TIP that
     follows; in PSB+ MODE.TSX is status, and the FUP is PSB+'s.  A packet that does
     not decode is an F_ERROR item, and the items go on from the next PSB."""
@@ -610,9 +612,8 @@ def _flow_items(data, start, end):
     if position < 0:
         yield F_ERROR, start, "no PSB in the %d bytes from offset %d" % (max(end - start, 0), start)
     last_ip = 0
-    skip_fup = False     # the next FUP belongs to a TRIG or MODE.Exec
-    mode_fup = False     # skip_fup from a MODE.Exec, which any other IP packet ends
-    bound = None         # the event the next FUP binds (MODE.TSX outside PSB+, EXSTOP, PTW)
+    skip_fup = False     # the next FUP belongs to a TRIG or a CFE of a branching instruction
+    bound = None         # the event the next FUP binds (MODE.TSX or MODE.Exec outside PSB+, EXSTOP, PTW)
     fup_bound = False    # skip_fup or bound: the next FUP is not a plain one
     in_psb = False
     exec_mode = None     # the last MODE.Exec's
@@ -687,15 +688,16 @@ def _flow_items(data, start, end):
                     kind, value = mode_items[packet[1]]
                     if kind == F_MODE:
                         # Outside PSB+ a MODE.Exec that restates the mode with a FUP right
-                        # after it (an interrupt flag change) is no item: it would stand
-                        # between the walk and the FUP or TIP it waits for.  (Followed by
+                        # after it (an interrupt flag change) is no F_MODE item: it would
+                        # stand between the walk and the FUP or TIP it waits for.  (Followed by
                         # anything else, it binds to the TIP that comes: libipt fails on TNT.)
                         fup_next = next_offset < stop and data[next_offset] & 0x1F == 0x1D
                         if in_psb or value != exec_mode or not fup_next:
                             yield kind, offset, value
                         exec_mode = value
-                        if not in_psb:  # a FUP right after it is its own (interrupt flag changed)
-                            skip_fup = fup_bound = mode_fup = True
+                        if not in_psb:  # a FUP right after it: where the interrupt flag changed
+                            bound = "interrupts_enabled" if packet[1] & 4 else "interrupts_disabled"
+                            fup_bound = True
                     elif not in_psb:
                         bound = value
                         fup_bound = True
@@ -730,11 +732,10 @@ def _flow_items(data, start, end):
             elif kind != f_fup:
                 # Another IP packet first: the MODE.Exec or MODE.TSX went with it (a far
                 # transfer, tracing enabled in a transaction), and no FUP is theirs.
-                skip_fup = mode_fup = fup_bound = False
+                skip_fup = fup_bound = False
                 bound = None
                 yield kind, offset, ip
             elif skip_fup:
-                mode_fup = False
                 skip_fup = False
                 fup_bound = bound is not None
             else:

@@ -13,7 +13,8 @@ EVENT_WORDS = {"enabled": "tracing enabled at", "disabled": "tracing disabled", 
                "interrupt": "asynchronous transfer (interrupt) from", "gap": "gap: no code at",
                "resync": "resynchronized at", "tsx_begin": "transaction begins at",
                "tsx_commit": "transaction commits at", "tsx_abort": "transaction aborts at",
-               "exstop": "execution stopped (power event) at", "ptwrite": "ptwrite at"}
+               "exstop": "execution stopped (power event) at", "ptwrite": "ptwrite at",
+               "interrupts_enabled": "interrupts enabled at", "interrupts_disabled": "interrupts disabled at"}
 
 
 def event_text(event):
