@@ -763,8 +763,8 @@ class _Walk(object):
     # Slots: the walk reads and writes its state once per packet, and on 3.8 a slot
     # is cheaper to reach than an instance dict entry.
     __slots__ = ("cache", "suspicious", "errata", "resync_on_error", "result", "problems", "out", "flushed",
-                 "sink", "progress", "next_trace_item", "data", "pushed", "in_status", "mode", "retstack", "bits", "bit_index",
-                 "lookahead", "ended", "committed", "resumed_at", "last_offset", "warned", "walking", "synced",
+                 "sink", "progress", "next_trace_item", "data", "pushed", "in_status", "mode", "retstack", "bits",
+                 "bit_index", "lookahead", "ended", "committed", "resumed_at", "last_offset", "warned", "walking", "synced",
                  "off_ip", "psb_mode", "bdm64_checked", "waiting_fups", "held", "held_after",
                  "resync_past_psb")
 
