@@ -24,6 +24,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.join(os.path.dirname(HERE), "tests")
+# This checkout's dbgext, not an installed one (workers inherit it through sys.path).
+sys.path.insert(0, os.path.dirname(HERE))
 
 
 def worker(case_name, levels, first, count, out, budget):

@@ -513,9 +513,168 @@ def prepare(case, directory):
 
 def mutated_input(case, seed, rng):
     """One mutated input for ``case`` from ``seed`` (bytes), reproducible from ``rng``."""
+    if hasattr(case, "generate"):  # a family that builds its inputs (IPT adversarial)
+        return case.generate(seed, rng)
     if case.structured and rng.random() < 0.7:
         try:
             return mutate_json_text(seed.decode("utf-8"), rng).encode("utf-8")
         except ValueError:
             pass
     return mutate(seed, random_operations(rng))
+
+
+# -- IPT adversarial inputs ------------------------------------------------------
+#
+# A family of its own: not mutations of a seed but inputs built to make a decoder
+# backtrack or loop (runs of one byte value, incomplete PSBs, packets cut short and
+# repeated, TNT-8 runs, PAD between every byte), each after a real trace so the flow
+# is inside code when they start.  Every decoder (packet listing, packet counter,
+# flow, event scan) must finish within a budget linear in the input's size.
+# tests/test_ipt_adversarial.py runs a fixed set of them; the fuzz campaign draws
+# shapes and sizes at random.
+
+IPT_ADVERSARIAL_BASE = 0x401000
+# One encoding of every packet, to cut short (the PSB is cut too: an incomplete PSB).
+IPT_PACKET_SAMPLES = {
+    "tnt8": b"\x4a", "pad": b"\x00", "tip.ip2": b"\x2d\x34\x12", "tip.ip4": b"\x4d\x78\x56\x34\x12",
+    "tip.ip6": b"\x6d\x00\x10\x40\x00\x00\x00", "tip.ip8": b"\xcd\x00\x10\x40\x00\x00\x00\x00\x00",
+    "tip.pge": b"\x71\x00\x10\x40\x00\x00\x00", "tip.pgd": b"\x01", "fup": b"\x3d\x00\x10",
+    "psb": b"\x02\x82" * 8, "psbend": b"\x02\x23", "tnt64": b"\x02\xa3\xaa\xaa\xaa\xaa\x01\x00",
+    "pip": b"\x02\x43\x00\x10\x00\x00\x00\x00", "cbr": b"\x02\x03\x20\x00", "tma": b"\x02\x73\x10\x00\x00\x08\x00",
+    "ovf": b"\x02\xf3", "vmcs": b"\x02\xc8\x01\x02\x03\x04\x05", "stop": b"\x02\x83",
+    "mnt": b"\x02\xc3\x88" + bytes(range(8)), "exstop.ip": b"\x02\xe2", "mwait": b"\x02\xc2" + bytes(8),
+    "pwre": b"\x02\x22\x00\x20", "pwrx": b"\x02\xa2\x12\x01\x00\x00\x00", "ptw4": b"\x02\x92\x01\x02\x03\x04",
+    "ptw8": b"\x02\xb2" + bytes(range(8)), "cfe": b"\x02\x13\x81\x0e", "evd": b"\x02\x53\x01" + bytes(8),
+    "tsc": b"\x19" + bytes(range(7)), "mtc": b"\x59\x10", "cyc": b"\x07\x01\x03\x02", "mode.exec": b"\x99\x01",
+    "mode.tsx": b"\x99\x21", "trig": b"\xd9\x00\x01",
+}
+
+
+def ipt_adversarial_program():
+    """(code, trace): a real trace over a program at IPT_ADVERSARIAL_BASE."""
+    from dbgext.ipt.fixtures import random_program, trace_program
+    program = random_program(IPT_ADVERSARIAL_BASE, functions=12, seed=9)
+    trace, _ = trace_program(program, 300, seed=2, interrupt_every=90)
+    return program.code, trace
+
+
+def _repeated(pattern, size):
+    return (pattern * (size // len(pattern) + 1))[:size]
+
+
+def _ipt_shapes():
+    """[(name, build(size, rng) -> bytes)] of every adversarial shape."""
+    shapes = [("run-%02x" % value, lambda size, rng, value=value: bytes([value]) * size) for value in range(256)]
+    for name, pattern in (("psb-without-its-last-pair", b"\x02\x82" * 7),
+                          ("psb-cut-then-pad", b"\x02\x82" * 7 + b"\x00"),
+                          ("psb-cut-then-02", b"\x02\x82" * 7 + b"\x02")):
+        shapes.append((name, lambda size, rng, pattern=pattern: _repeated(pattern, size)))
+    for name, packet in sorted(IPT_PACKET_SAMPLES.items()):
+        for cut in range(1, len(packet)):
+            shapes.append(("prefix-%s-%d" % (name, cut),
+                           lambda size, rng, prefix=packet[:cut]: _repeated(prefix, size)))
+    shapes.append(("tnt8-random", lambda size, rng: bytes(rng.randrange(4, 256, 2) for _ in range(size))))
+    shapes.append(("pad-between-every-byte", _pad_between))
+    return shapes
+
+
+def _pad_between(size, rng):
+    stream = b"".join(rng.choice(sorted(IPT_PACKET_SAMPLES.values())) for _ in range(size // 4 + 1))
+    return bytes(byte for pair in zip(stream, bytes(len(stream))) for byte in pair)[:size]
+
+
+IPT_ADVERSARIAL_SHAPES = _ipt_shapes()
+
+
+def ipt_adversarial_tails(size, rng):
+    """(name, bytes) of every adversarial shape at ``size`` bytes: a run of each byte
+    value, incomplete PSBs, each packet's every prefix repeated, TNT-8 runs (random,
+    from ``rng``), PAD after every byte of a packet stream."""
+    return [(name, build(size, rng)) for name, build in IPT_ADVERSARIAL_SHAPES]
+
+
+def ipt_linear_budget(size):
+    """Seconds a decoder may take on ``size`` bytes: 2 s per MB and 1 s (generous:
+    linear decoders take a small fraction; exponential ones take hours at 64 bytes)."""
+    return 2.0 * size / 1e6 + 1.0
+
+
+def _ipt_decode_listing(data, code):
+    """The listing as ``ipt packets`` makes it (capped), and every token of the input."""
+    from dbgext.ipt.analysis import DEFAULT_MAX_PACKETS
+    from dbgext.ipt.packets import decode_packets, tokens
+    decode_packets(data, max_packets=DEFAULT_MAX_PACKETS)
+    for _ in tokens(data):
+        pass
+
+
+def _ipt_count(data, code):
+    from dbgext.ipt.packets import packet_stats
+    packet_stats(data)
+
+
+def _ipt_flow(data, code):
+    from dbgext.ipt.flow import CodeImage, decode_flow
+    decode_flow(data, CodeImage(images=[(IPT_ADVERSARIAL_BASE, code)]), max_insns=0)
+
+
+def _ipt_event_scan(data, code):
+    """An IntelProcessorTrace event holding ``data``, and copies of its header every
+    32 bytes through it (each a candidate the scan must check), scanned in memory."""
+    from dbgext.ipt import sources
+    from dbgext.sample.scenario import Scenario
+    option = sources.ipt_option_value({"TraceMode": 1, "TimeMode": 0, "MTCFreq": 0, "CycThresh": 0,
+                                       "BufferSize": 15, "TraceSessionMode": 0, "TraceChild": 0,
+                                       "TraceCodeMode": 1})
+    header = sources.encode_event_header(1, 4, 8, option, len(data), len(data))
+    body = bytearray(data)
+    for at in range(len(header), len(body) - len(header), 32):
+        body[at:at + len(header)] = header
+    scenario = Scenario("x64", "kernel")
+    address = scenario.alloc(len(header) + len(body))
+    scenario.write(address, header + bytes(body))
+    sources.scan_target(scenario.target(), address, address + len(header) + len(body))
+
+
+IPT_DECODERS = {"packets": _ipt_decode_listing, "counter": _ipt_count, "flow": _ipt_flow,
+                "event-scan": _ipt_event_scan}
+
+
+def ipt_decoder_times(data, code):
+    """{decoder name: CPU seconds} on ``data`` (CPU time: the machine may be shared)."""
+    times = {}
+    for name, decode in IPT_DECODERS.items():
+        started = time.process_time()
+        decode(data, code)
+        times[name] = time.process_time() - started
+    return times
+
+
+def _ipt_adversarial_seed(directory):
+    code, trace = ipt_adversarial_program()
+    with open(os.path.join(directory, "code.bin"), "wb") as handle:
+        handle.write(code)
+    return trace
+
+
+def ipt_decoders_within_linear_budget(path, directory):
+    """Every IPT decoder on the input, each within ipt_linear_budget of its size."""
+    data = _read(path)
+    code = _read(os.path.join(directory, "code.bin"))
+    for name, seconds in ipt_decoder_times(data, code).items():
+        if seconds > ipt_linear_budget(len(data)):
+            raise AssertionError("ipt %s took %.1f s on %d bytes" % (name, seconds, len(data)))
+
+
+class _IptAdversarialCase(Case):
+    def generate(self, seed, rng):
+        """The seed trace, then one adversarial shape of 64 bytes to 1 MiB."""
+        name, build = rng.choice(IPT_ADVERSARIAL_SHAPES)
+        return seed + build(int(64 * 2 ** rng.uniform(0, 14)), rng)
+
+
+CASES.append(_IptAdversarialCase(
+    "ipt-adversarial", ".bin", _ipt_adversarial_seed,
+    [["ipt", "flow", "--trace", "{input}", "--image", "{dir}/code.bin@%x" % IPT_ADVERSARIAL_BASE, "--stats",
+      "--json"]],
+    [ipt_decoders_within_linear_budget]))

@@ -306,16 +306,17 @@ def instruction_segments(trace, regions, cpu=None, max_insns=10 ** 7, events=Non
                     break
                 if events is not None:
                     events.append((total,) + _event_ip(event))
+            if status >= 0 and status & PTS_EOS:
+                # The end of the trace, its events drained: as ptxed, no further
+                # instruction (libipt would go on with straight-line code until it
+                # needs trace again).
+                break
             if status >= 0:
                 status = LIB.pt_insn_next(decoder, ctypes.byref(insn), ctypes.sizeof(Insn))
             if status < 0:
                 continue
             ips.append(insn.ip)
             total += 1
-            if status & PTS_EOS and not status & PTS_EVENT_PENDING:
-                # The last instruction that consumed trace data (libipt would go on with
-                # straight-line code until it needs trace again).
-                break
         segments.append((ips, None))
     finally:
         LIB.pt_insn_free_decoder(decoder)

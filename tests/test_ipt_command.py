@@ -59,8 +59,8 @@ def test_every_document_starts_with_its_schema_version(files):
     for argv in (["packets"], ["packets", "--stats"], ["flow", "--image", files["image"]],
                  ["flow", "--image", files["image"], "--stats"]):
         document = run_json("ipt", *(argv + ["--trace", files["trace"]]))
-        assert list(document)[:2] == ["schema_version", "action"] and document["schema_version"] == 1
-        assert document["problems"] == []
+        assert list(document)[:2] == ["schema_version", "action"] and document["schema_version"] == 2
+        assert document["problems_by_kind" if "--stats" in argv else "problems"] in ({}, [])
 
 
 def test_packets_json_contract(files):
@@ -139,10 +139,33 @@ def test_flow_stats_decode_everything(files):
     document = run_json("ipt", "flow", "--trace", files["trace"], "--image", files["image"], "--stats",
                         "--max-insns", "1")
     buffer = only_buffer(document)
-    assert buffer["instruction_count"] == len(files["expected"]) and document["problems"] == []
+    assert buffer["instruction_count"] == len(files["expected"]) and document["problems_by_kind"] == {}
     assert "instructions" not in buffer and document["view"] is None
     code, text = run("ipt", "flow", "--trace", files["trace"], "--image", files["image"], "--stats")
     assert "instructions: %d" % len(files["expected"]) in text
+
+
+def test_stats_print_totals_only_however_many_events_and_problems(files, tmp_path):
+    """Packets by type, instructions, events by kind, problems by kind: never a list."""
+    trace, expected = F.trace_program(PROGRAM, 3000, seed=8, interrupt_every=10)
+    broken = trace + b"\x02\x99" + trace[16:] * 3 + b"\x02\x99" * 300  # undecodable bytes, then more errors
+    (tmp_path / "noisy.bin").write_bytes(broken)
+    argv = ["ipt", "flow", "--trace", tmp_path / "noisy.bin", "--image", files["image"], "--stats"]
+    document = run_json(*argv)
+    buffer = only_buffer(document)
+    assert "problems" not in document and "events" not in buffer
+    assert buffer["events_by_kind"]["interrupt"] > 100 and sum(buffer["events_by_kind"].values()) == \
+        buffer["event_count"]
+    assert document["problems_by_kind"] == {"ipt_packet_error": buffer["packets"]["errors"]}
+    assert sum(buffer["packets"]["types"].values()) == buffer["packets"]["packets"]
+    code, text = run(*argv)
+    assert len(text.splitlines()) < 40
+    assert "events: %d" % buffer["event_count"] in text and "instructions: %d" % buffer["instruction_count"] in text
+    assert "problems: %d" % buffer["packets"]["errors"] in text
+    packets = run_json("ipt", "packets", "--trace", tmp_path / "noisy.bin", "--stats")
+    assert packets["problems_by_kind"] == document["problems_by_kind"] and "problems" not in packets
+    code, text = run("ipt", "packets", "--trace", tmp_path / "noisy.bin", "--stats")
+    assert len(text.splitlines()) < 40 and "ipt_packet_error" in text
 
 
 def test_flow_code_from_the_dump_with_views(files):
@@ -462,7 +485,7 @@ def test_scripts_use_the_public_api(files):
     assert isinstance(result, dbgext.ipt.FlowAnalysis) and result.problems == []
     assert result.buffers[0].instruction_count == len(files["expected"])
     document = result.as_dict()
-    assert document["schema_version"] == dbgext.ipt.SCHEMA_VERSION == 1
+    assert document["schema_version"] == dbgext.ipt.SCHEMA_VERSION == 2
     assert json.loads(json.dumps(document)) == document
 
 
@@ -486,5 +509,5 @@ def test_events_are_counted_past_the_ones_kept_and_the_call_tree_sees_them_all(f
         return own + sum(handler_calls(child) for child in node["children"])
 
     assert handler_calls(buffer["calltree"]) == buffer["event_count"] - 1  # every event but the sync
-    code, text = run("ipt", "flow", "--trace", tmp_path / "irqs.bin", "--image", files["image"], "--stats")
+    code, text = run("ipt", "flow", "--trace", tmp_path / "irqs.bin", "--image", files["image"])
     assert "(listed 3 of %d events)" % buffer["event_count"] in text

@@ -391,18 +391,31 @@ def test_tma_with_reserved_bits_is_rejected_like_libipt(reserved, shown):
     assert errors(packet_stats(trace)) == errors(ours)
 
 
-def test_newer_packets_cfe_evd_trig_are_decoded_not_errors():
+def test_newer_packets_cfe_evd_trig_are_decoded_with_their_own_field_names():
     cfe = b"\x02\x13\x81\x0e"                               # CFE: IP bit, type 1 (INTR), vector 14
     evd = b"\x02\x53\x01" + (0x1234).to_bytes(8, "little")  # EVD: type 1, payload 0x1234
-    trig = b"\xd9\x25\x10\x00"                              # TRIG: TRBV 5, IP bit, ICNTR 16
-    trace = PSB + b"\x02\x23" + cfe + evd + trig + b"\x04"
+    trig = b"\xd9\x00\x01"                                  # TRIG: TRBV 1, no flags: 3 bytes
+    trig_icnt = b"\xd9\xe0\xa1\x10\x00"                     # TRIG: IP, ICNT (16), MULT flags; TRBV a1
+    trace = PSB + b"\x02\x23" + cfe + evd + trig + trig_icnt + b"\x04"
     result = decode_packets(trace)
     assert errors(result) == []
-    assert [(p.type, p.fields) for p in result.packets[2:5]] == [
-        ("cfe", {"type": 1, "vector": 14, "ip": 1}), ("evd", {"type": 1, "payload": 0x1234}),
-        ("trig", {"trbv": 5, "ip": 1, "mi": 0, "icntr": 16})]
+    assert [(p.type, p.size, p.fields) for p in result.packets[2:6]] == [
+        ("cfe", 4, {"cfe_type": 1, "vector": 14, "ip": 1}), ("evd", 11, {"evd_type": 1, "payload": 0x1234}),
+        ("trig", 3, {"trbv": 1, "ip": 0, "mult": 0, "icnt": None}),
+        ("trig", 5, {"trbv": 0xA1, "ip": 1, "mult": 1, "icnt": 16})]
+    assert [p.type for p in result.packets[6:]] == ["tnt8"]  # the next packet right after each TRIG
+    # The payload's own type never replaces the packet's in the JSON row.
+    assert [p.as_dict()["type"] for p in result.packets[2:4]] == ["cfe", "evd"]
     stats = packet_stats(trace)
-    assert errors(stats) == [] and (stats.counts["cfe"], stats.counts["evd"], stats.counts["trig"]) == (1, 1, 1)
+    assert errors(stats) == [] and (stats.counts["cfe"], stats.counts["evd"], stats.counts["trig"]) == (1, 1, 2)
+    assert stats.counts["tnt8"] == 1
+
+
+def test_a_trig_cut_short_is_reported_with_the_size_its_flags_give():
+    for trig, need in ((b"\xd9\x00", 3), (b"\xd9\x40\x01\x02", 5)):
+        result = decode_packets(PSB + b"\x02\x23" + trig)
+        assert errors(result) == [(18, "truncated packet (%d of %d bytes)" % (len(trig), need))]
+        assert errors(packet_stats(PSB + b"\x02\x23" + trig)) == errors(result)
 
 
 @pytest.mark.parametrize("body", [
@@ -415,3 +428,18 @@ def test_counting_long_runs_agrees_with_the_full_decode(body):
     assert packet_stats(trace).as_dict() == {
         "bytes": len(trace), "packets": len(decode_packets(trace).packets),
         "types": count_types(decode_packets(trace)), "errors": 0}
+
+
+def test_a_packet_read_into_a_psb_resyncs_at_that_psb_in_the_listing_and_the_flow():
+    """02 c3 88 starts an MNT that takes 8 bytes of the PSB after it; the byte after the
+    MNT does not decode, and decoding resumes at the PSB that holds it (as libipt)."""
+    from dbgext.ipt.flow import CodeImage, decode_flow
+    fup = b"\x7d\x00\x10\x00\xa0\x00\x00"  # FUP, IPBytes 3: a0001000
+    trace = PSB + b"\x02\xc3\x88" + PSB + fup + b"\x02\x23"
+    listed = decode_packets(trace)
+    assert [p.type for p in listed.packets] == ["psb", "mnt", "psb", "fup", "psbend"]
+    assert [p.offset for p in listed.packets][2] == 19
+    assert [offset for offset, _ in errors(listed)] == [27]
+    flow = decode_flow(trace, CodeImage(images=[(0xA0001000, b"\x90" * 4 + b"\xff\xe0")]))
+    assert [(event[1], event[3]) for event in flow.events] == [("sync", 0xA0001000)]
+    assert [problem.kind for problem in flow.problems] == ["ipt_packet_error"]

@@ -25,7 +25,7 @@ from .flow import BlockCache, CodeImage, FlowDecoder, FlowResult, read_code_file
 from .packets import decode_packets, packet_stats
 from .views import Namer, event_row, make_view
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 ACTIONS = ("packets", "flow", "event", "scan")
 FORMATS = ("raw", "event", "process")
 FLOW_VIEWS = ("instructions", "path", "calltree", "functions")
@@ -53,7 +53,8 @@ def analyze(target=None, action="flow", **options):
     * flow: ``images`` [(path, base)] (code files; default: the target's memory),
       ``view``, ``stats`` (counts only), ``max_insns`` (listing cap: decoding always
       goes to the end), ``cpu`` (family, model[, stepping]) for errata workarounds,
-      ``progress(fraction, instructions)``;
+      ``resync_on_error`` (go on at the next packet naming an IP after an error, not at
+      the next PSB), ``progress(fraction, instructions)``;
     * event: ``trace`` (a file holding header + trace), ``address``, or ``etl`` with
       ``index``; ``position``; ``force`` (decode a header that does not look like
       one); code from ``target`` when given;
@@ -67,11 +68,21 @@ def analyze(target=None, action="flow", **options):
     return runners[action](target, **options)
 
 
-def _document(action, body, problems):
+def _document(action, body, problems, totals_only=False):
+    """The --json document; ``totals_only`` (--stats): problems counted by kind, not listed."""
     document = {"schema_version": SCHEMA_VERSION, "action": action}
     document.update(body)
-    document["problems"] = problems.as_list()
+    if totals_only:
+        document["problems_by_kind"] = problems_by_kind(problems)
+    else:
+        document["problems"] = problems.as_list()
     return document
+
+
+def problems_by_kind(problems):
+    """{kind: how many were reported} of a ProblemLog (listed or only counted)."""
+    return {kind: problems.count(kind) for kind in sorted({problem.kind for problem in problems})
+            if kind != "problems_truncated"}
 
 
 def _collect(parts):
@@ -159,12 +170,16 @@ class PacketBuffer(object):
 
 
 class PacketsResult(object):
-    def __init__(self, buffers):
+    """``buffers`` (PacketBuffer), ``stats`` (totals only), ``problems``."""
+
+    def __init__(self, buffers, stats=False):
         self.buffers = buffers
+        self.stats = stats
         self.problems = _collect([(buffer.source, buffer.problems) for buffer in buffers])
 
     def as_dict(self):
-        return _document("packets", {"buffers": [buffer.as_dict() for buffer in self.buffers]}, self.problems)
+        return _document("packets", {"buffers": [buffer.as_dict() for buffer in self.buffers]}, self.problems,
+                         self.stats)
 
 
 def _packets(target, stats=False, max_packets=DEFAULT_MAX_PACKETS, **source):
@@ -176,7 +191,7 @@ def _packets(target, stats=False, max_packets=DEFAULT_MAX_PACKETS, **source):
             decode = decode_packets(buffer.data, max_packets=max_packets)
             listing, truncated = decode.packets, decode.truncated
         results.append(PacketBuffer(buffer, totals, listing, truncated))
-    return PacketsResult(results)
+    return PacketsResult(results, stats)
 
 
 # -- flow ------------------------------------------------------------------------------
@@ -210,10 +225,12 @@ class Code(object):
 
 class FlowBuffer(object):
     """One buffer's flow: ``decode`` (a flow.FlowResult: instruction count, listing,
-    events, problems), ``view`` and its ``view_data``, ``listing_limit``."""
+    events, problems), ``view`` and its ``view_data``, ``listing_limit``; with
+    ``stats`` (totals only) ``packet_stats``, the buffer's packets by type."""
 
     def __init__(self, source, decode, cache, namer, view, view_data, listing_limit, stats):
         self.source = source
+        self.packet_stats = packet_stats(source.data) if stats else None
         self.decode = decode
         self.view = view
         self.view_data = view_data
@@ -231,20 +248,30 @@ class FlowBuffer(object):
         return self.decode.instruction_count
 
     @property
+    def events_by_kind(self):
+        """{kind: how many} of every event of the flow (listed or not)."""
+        return self.decode.event_kinds
+
+    @property
     def listing(self):
         """View instructions: how much of the flow the listing holds."""
         return {"listed": len(self.rows), "limit": self.listing_limit, "truncated": self.decode.truncated}
 
     def as_dict(self):
+        if self.stats:
+            return {"source": self.source.describe(), "packets": self.packet_stats.as_dict(),
+                    "instruction_count": self.decode.instruction_count, "blocks": self.decode.blocks_built,
+                    "event_count": self.decode.event_count,
+                    "events_by_kind": dict(sorted(self.events_by_kind.items())),
+                    "problem_count": self.problems.count(), "problems_by_kind": problems_by_kind(self.problems)}
         document = {"source": self.source.describe(), "instruction_count": self.decode.instruction_count,
                     "blocks": self.decode.blocks_built, "events": self.events,
                     "event_count": self.decode.event_count, "problem_count": self.problems.count()}
-        if not self.stats:
-            if self.view == "instructions":
-                document["instructions"] = self.rows
-                document["listing"] = self.listing
-            else:
-                document[self.view] = self.view_data
+        if self.view == "instructions":
+            document["instructions"] = self.rows
+            document["listing"] = self.listing
+        else:
+            document[self.view] = self.view_data
         return document
 
 
@@ -260,7 +287,7 @@ class FlowAnalysis(object):
     def as_dict(self):
         body = {"view": None if self.stats else self.view, "cpu": list(self.cpu) if self.cpu else None,
                 "errata": sorted(self.errata), "buffers": [buffer.as_dict() for buffer in self.buffers]}
-        return _document("flow", body, self.problems)
+        return _document("flow", body, self.problems, self.stats)
 
 
 def _decode_buffer(decoder, code, buffer, view, max_insns, stats, progress):
@@ -280,13 +307,13 @@ def _decode_buffer(decoder, code, buffer, view, max_insns, stats, progress):
 
 
 def _flow(target, images=(), view="instructions", stats=False, max_insns=DEFAULT_MAX_INSNS, cpu=None,
-          progress=None, **source):
+          resync_on_error=False, progress=None, **source):
     if view not in FLOW_VIEWS:
         raise BadInput("unknown view %r (one of: %s)" % (view, ", ".join(FLOW_VIEWS)))
     buffers = load_buffers(target, **source)
     code = Code(target, images)
     errata = cpu_errata(cpu)
-    decoder = FlowDecoder(code.image, code.suspicious, BlockCache(code.image), errata)
+    decoder = FlowDecoder(code.image, code.suspicious, BlockCache(code.image), errata, resync_on_error)
     results = [_decode_buffer(decoder, code, buffer, view, max_insns, stats, progress) for buffer in buffers]
     return FlowAnalysis(results, view, stats, cpu, errata)
 

@@ -40,6 +40,9 @@ def add_arguments(parser):
     flow.add_argument("--cpu", metavar="F/M[/S]", help="the traced CPU's family/model/stepping, for libipt's "
                       "errata workarounds (e.g. 6/92/9); the flow applies all of them but SKL168 (timing only) "
                       "and SKL014 (it needs address filters, which the flow is not given)")
+    flow.add_argument("--resync-on-error", action="store_true",
+                      help="after an error go on at the next packet that names an IP (as ptxed's option), not at "
+                      "the next PSB")
     event = sub.add_parser("event", help="an ETW IntelProcessorTrace event: header, IptOption, decoded path")
     event.add_argument("--address", metavar="ADDR", help="address of the event payload (its header) in the target")
     event.add_argument("--trace", metavar="FILE", help="a file holding the event payload (header + trace)")
@@ -103,7 +106,8 @@ def run(ctx, args):
         options = _source_options(ctx, args)
         options.update(images=[parse_image(ctx, spec) for spec in args.image], view=args.view, stats=args.stats,
                        max_insns=_number(args.max_insns) or DEFAULT_MAX_INSNS,
-                       cpu=parse_cpu(args.cpu) if args.cpu else None, progress=progress)
+                       cpu=parse_cpu(args.cpu) if args.cpu else None, resync_on_error=args.resync_on_error,
+                       progress=progress)
     elif action == "event":
         options = {"trace": args.trace, "address": ctx.address(args.address) if args.address else None,
                    "etl": args.etl, "index": _number(args.index), "position": _number(args.position),

@@ -1,5 +1,5 @@
 """Intel PT errata workarounds keyed by the traced CPU (``--cpu FAMILY/MODEL[/STEPPING]``),
-with the same CPU-to-erratum table as libipt's ``pt_cpu_errata`` (libipt 2.0.5).
+with the same CPU-to-erratum table as upstream libipt's ``pt_cpu_errata``.
 
 The flow decoder (flow.py) applies each workaround where and as libipt 2.0.5's
 instruction flow shows it (checked against libipt with and without the CPU,
@@ -33,18 +33,23 @@ timing.  The packet listing (``ipt packets``) decodes without errata.
 
 from ..errors import BadInput
 
-# Family 6 model -> errata, as libipt 2.0.5's pt_cpu_errata.
-_FAMILY6 = {}
-for _models, _errata in [
-        ((0x3D, 0x47, 0x4F, 0x56), ("bdm70", "bdm64")),
-        ((0x4E, 0x5E, 0x8E, 0x9E, 0xA5, 0xA6), ("bdm70", "skd007", "skd022", "skd010", "skl014", "skl168")),
-        ((0x55, 0x6A, 0x6C, 0x8F), ("bdm70", "skd022", "skl014", "skz84")),
-        ((0x5C, 0x5F), ("apl12", "apl11")),
-        ((0x66, 0x7D, 0x7E, 0x8C, 0x8D, 0xA7, 0xA8), ("bdm70", "skd022", "skl014")),
-        ((0x7A, 0x86, 0x96, 0x9C), ("apl11",)),
-        ((0x97, 0x9A, 0xBF), ("bdm70", "skd022", "skl014", "apl11"))]:
-    for _model in _models:
-        _FAMILY6[_model] = frozenset(_errata)
+# (family, model) -> errata, as upstream libipt's pt_cpu_errata: the CPUs Intel's test
+# suite runs each erratum's tests with (2.0.5 knows the first rows' models only; upstream
+# no longer lists SKL014 for 6/0x8F, 6/0x97, 6/0x9A and 6/0xBF).
+_ERRATA = {}
+for _cpus, _errata in [
+        (((6, 0x3D), (6, 0x47), (6, 0x4F), (6, 0x56)), ("bdm70", "bdm64")),
+        (((6, 0x4E), (6, 0x5E), (6, 0x8E), (6, 0x9E), (6, 0xA5), (6, 0xA6)),
+         ("bdm70", "skd007", "skd022", "skd010", "skl014", "skl168")),
+        (((6, 0x55), (6, 0x6A), (6, 0x6C)), ("bdm70", "skd022", "skl014", "skz84")),
+        (((6, 0x5C), (6, 0x5F)), ("apl12", "apl11")),
+        (((6, 0x66), (6, 0x7D), (6, 0x7E), (6, 0x8C), (6, 0x8D), (6, 0xA7), (6, 0xA8)), ("bdm70", "skd022", "skl014")),
+        (((6, 0x7A), (6, 0x86), (6, 0x96), (6, 0x9C), (6, 0xAF), (6, 0xB6), (6, 0xDD)), ("apl11",)),
+        (((6, 0x8F), (6, 0xAD), (6, 0xAE), (6, 0xCF), (19, 0x01)), ("bdm70", "skd022", "skz84")),
+        (((6, 0x97), (6, 0x9A), (6, 0xAA), (6, 0xAC), (6, 0xB5), (6, 0xB7), (6, 0xBA), (6, 0xBD), (6, 0xBF),
+          (6, 0xC5), (6, 0xC6), (6, 0xCC), (6, 0xD5), (18, 0x01), (18, 0x03)), ("bdm70", "skd022", "apl11"))]:
+    for _cpu in _cpus:
+        _ERRATA[_cpu] = frozenset(_errata)
 
 
 def parse_cpu(text):
@@ -63,6 +68,6 @@ def parse_cpu(text):
 
 def cpu_errata(cpu):
     """The errata libipt knows for ``cpu`` (family, model[, stepping]), as a frozenset of names."""
-    if cpu is None or cpu[0] != 6:
+    if cpu is None:
         return frozenset()
-    return _FAMILY6.get(cpu[1], frozenset())
+    return _ERRATA.get(tuple(cpu[:2]), frozenset())

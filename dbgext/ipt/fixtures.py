@@ -402,8 +402,48 @@ class _Tracer(object):
         self.compression = []
         return ip
 
+    def extra(self, ip, where):
+        """With ``extras_where`` holding ``where`` (branch, overflow, end), one packet group
+        of ``extras`` at ``ip``, the next instruction (between a branch and its TIP, only
+        the groups that name no IP); returns the next instruction after it."""
+        options = self.options
+        if where not in options["extras_where"] or not options["extras"]:
+            return ip
+        groups = [group for group in options["extras"] if where != "branch" or group in NO_IP_EXTRAS]
+        if not groups:
+            return ip
+        group = self.random.choice(groups)
+        writer = self.writer
+        if group == "timing":  # MTC, TSC, a one-byte CYC
+            writer.raw(b"\x59" + bytes([self.random.getrandbits(8)]) + b"\x19" + bytes(7)
+                       + bytes([self.random.getrandbits(5) << 3 | 3]))
+        elif group == "exstop":
+            writer.raw(b"\x02\x62")
+        elif group == "power":  # MWAIT, PWRE, EXSTOP with IP + its FUP, PWRX: at ip, which has not run
+            writer.raw(b"\x02\xc2" + bytes(8) + b"\x02\x22\x00\x20\x02\xe2")
+            writer.fup(ip)
+            writer.raw(b"\x02\xa2\x12\x01\x00\x00\x00")
+            self.commit()
+        elif group == "ptw_ip":  # PTW with IP + its FUP: the PTWRITE at ip ran
+            instruction = self.program.by_address[ip]
+            if instruction.kind == I_PLAIN:
+                self.executed.append(ip)
+                writer.raw(b"\x02\x92" + bytes(4))
+                writer.fup(ip)
+                self.commit()
+                return ip + instruction.size
+        else:  # psb: PSB+ with the FUP of ip (status)
+            writer.psb_plus(ip)
+        return ip
+
+    def tip(self, ip):
+        """The TIP of the branch that just ran, maybe after packets of no IP."""
+        self.extra(None, "branch")
+        self.writer.tip(ip)
+
     def overflow(self, ip):
         """Packets lost: OVF, then FUP where tracing resumes (after untraced code)."""
+        ip = self.extra(ip, "overflow")
         del self.executed[self.committed:]
         ip = self.untraced(ip, self.random.randint(0, 20))
         if self.options["cyc_cut_by_overflow"]:
@@ -481,6 +521,8 @@ class _Tracer(object):
             if options["timing"] and self.random.randrange(16) == 0:
                 writer.raw(b"\x59" + bytes([self.random.getrandbits(8)]))
             ip = self.step(ip, by_address[ip])
+        if not self.ended:
+            self.extra(ip, "end")
         if options["stretch"] and not self.ended:
             # FUP + TIP.PGD: tracing stops before ``ip``
             writer.fup(ip)
@@ -520,7 +562,10 @@ class _Tracer(object):
             if self.chance(options["pgd_without_ip_every"]):
                 self.commit()
                 return self.disable_at_near_branch(instruction.target)
-            writer.tip(instruction.target, deferred)
+            if deferred:
+                writer.tip(instruction.target, deferred)
+            else:
+                self.tip(instruction.target)
             self.commit()
             return instruction.target
         if kind == I_RET:
@@ -532,12 +577,12 @@ class _Tracer(object):
                 writer.tnt(True)
             else:
                 # Never deferred: a TNT where its TIP should be reads as a compressed RET.
-                writer.tip(ip)
+                self.tip(ip)
             self.commit()
             return ip
         if kind == I_IRET:
             ip, self.interrupted_at = self.interrupted_at, None
-            writer.tip(ip)
+            self.tip(ip)
             self.commit()
             return ip
         if kind == I_SYSCALL:
@@ -551,7 +596,7 @@ class _Tracer(object):
             return following
         # I_SYSRET
         ip, self.interrupted_at = self.interrupted_at, None
-        writer.tip(ip)
+        self.tip(ip)
         self.commit()
         return ip
 
@@ -561,7 +606,11 @@ TRACE_DEFAULTS = {"taken_probability": 0.5, "interrupt_every": 0, "psb_every": 4
                   "overflow_every": 0, "overflow_resume": "fup", "deferred_tip_every": 0, "tsx_every": 0,
                   "kernel_traced": True, "stretch": False, "disable_ip_suppressed": False,
                   "psb_while_disabled": False, "cyc_cut_by_overflow": False, "tsx_abort_corrupts_branch": False,
-                  "pgd_without_ip_every": 0, "corrupted_tma": False}
+                  "pgd_without_ip_every": 0, "corrupted_tma": False, "extras": (), "extras_where": ()}
+# Packet groups the tracer can add (``extras``), and those that name no IP.
+# (No PTW without IP: it binds to the next PTWRITE instruction, which random programs lack.)
+EXTRAS = ("timing", "power", "exstop", "ptw_ip", "psb")
+NO_IP_EXTRAS = ("timing", "exstop")
 
 
 def trace_program(program, max_insns, seed=0, **options):
@@ -585,7 +634,10 @@ def trace_program(program, max_insns, seed=0, **options):
     ``tsx_every`` (MODE.TSX begin/commit/abort; ``tsx_abort_corrupts_branch``: a
     conditional branch right before an abort is traced the wrong way, as erratum BDM64);
     ``corrupted_tma`` (each PSB+ holds a TMA with reserved bits set and a bogus byte
-    after it, as erratum SKZ84);
+    after it, as erratum SKZ84); ``extras`` (packet groups of EXTRAS: timing packets,
+    power events with EXSTOP's IP, EXSTOP, PTW with IP, PSB+) written
+    ``extras_where``: ``branch`` (between each indirect branch and its TIP, the groups
+    of NO_IP_EXTRAS), ``overflow`` (right before each OVF), ``end`` (at the end);
     ``kernel_traced`` (False: a syscall disables tracing, sysret's return enables it);
     ``stretch`` (one stretch of tracing: TIP.PGE at the entry, FUP + TIP.PGD at the
     end, so copies of the trace concatenate into a valid trace).

@@ -5,14 +5,24 @@ instructions up to and including one branch) is disassembled once with capstone 
 cached per execution mode, so the steady state is "look up block, append its
 addresses, take one TNT bit or TIP for its branch".
 
-Conventions follow libipt's instruction decoder (2.0.5) so the two outputs compare
-line for line (tests/test_ipt_differential.py checks each class against it):
+Conventions follow libipt's instruction decoder so the outputs compare line for
+line: tests/test_ipt_differential.py checks each class against the installed libipt
+(Debian's 2.0.5) and tests/test_ipt_intel_suite.py against Intel's upstream test
+suite.  Where they differ, upstream rules:
+
+* the end of the trace: the harness stops, as upstream ptxed does, once libipt
+  reports the end of the trace with its events drained, where 2.0.5's decoder would
+  list one instruction more after an event that moved the IP;
+* the CPU errata table is upstream's (errata.py), which knows more CPUs;
+* the instruction an error stops at: ptxed lists it when libipt had decoded it; the
+  flow leaves it out, as the harness (counting what pt_insn_next returned) does:
+  the suite's tests that show it are listed in tests/test_ipt_intel_suite.py.
 
 * events are bound only once the TNT bits are used up, as libipt's query decoder
   signals them only then;
 * end of trace: instructions are reported up to the last one whose outcome
-  consumed trace data (a TNT bit, a TIP, an event), plus the first instruction
-  after an event that moved the IP when it needs no trace data;
+  consumed trace data (a TNT bit, a TIP, an event), no further (ptxed's
+  ``[end of trace]``), also where the walk past that reaches code it cannot read;
 * a TIP.PGD binds to the next branch: a direct call/jmp only when it goes to the
   TIP.PGD's IP ("disabled at <target>": the branch is reported, its target is not
   executed), any indirect branch, return or conditional branch; with the IP
@@ -33,6 +43,15 @@ line for line (tests/test_ipt_differential.py checks each class against it):
   for the branches after it, then its TIP (a second TNT packet is an error);
 * MODE.TSX + FUP is a transaction event at the FUP address; an abort's FUP is also
   an asynchronous transfer to the TIP that follows; in PSB+ MODE.TSX only restates;
+  MODE.TSX or MODE.Exec followed by another IP packet goes with that packet;
+* EXSTOP or PTW with its IP bit + FUP is an event at the FUP's IP (``exstop``: that
+  instruction did not run; ``ptwrite``: the PTWRITE there ran): the code up to it
+  is traced, also right before an OVF or at the end; so is MODE.Exec + FUP outside
+  PSB+ (an interrupt flag change: ``interrupts_enabled``/``interrupts_disabled``);
+  a FUP after TRIG with its IP bit or after a CFE of a branching instruction (IRET,
+  VMENTRY, UIRET, SYSCALL) is no transfer;
+* a PSB+ read as status may not change the execution mode (a bad status update);
+* JMPABS, ERETU, ERETS and UIRET, which the disassembler does not know, are branches;
 * a compressed RET takes a TNT bit that must be taken and returns to the most recent
   call's successor (64-entry return stack, like the hardware's);
 * ``call $+5`` (a call to the next instruction) is not pushed on the return stack;
@@ -40,7 +59,8 @@ line for line (tests/test_ipt_differential.py checks each class against it):
   which did not execute;
 * errata workarounds keyed by the CPU (errata.py);
 * every error is reported with its trace offset (and code address) and decoding
-  resumes at the next PSB.
+  resumes at the next PSB (with ``resync_on_error``, as ptxed's option, at the next
+  packet that names an IP).
 
 Where libipt stops, dbgext goes on: code that cannot be read (a module not in the
 dump, not given as an image) is a reported gap, and decoding resumes at the next
@@ -197,6 +217,11 @@ class BlockCache(object):
             self.ends[block.insns[-1]] = block.kind
         return block
 
+    def instruction_size(self, address, mode):
+        """Size of the instruction at ``address``, 0 when it cannot be decoded."""
+        insn = self._disassembler(mode).one(self.code.read_upto(address, 15), address)
+        return insn[1] if insn is not None else 0
+
     def disassemble(self, address):
         """``mnemonic operands`` of the instruction at ``address`` in the mode the
         decode walked it in (64-bit when it was not walked)."""
@@ -208,8 +233,16 @@ class BlockCache(object):
                            for insn in block.insns}
             self._modes_at = self.blocks_built
         mode = self._modes.get(address, MODE_64)
-        insn = self._disassembler(mode).one(self.code.read_upto(address, 15), address)
-        text = self._texts[address] = "(undecodable)" if insn is None else ("%s %s" % (insn[2], insn[3])).strip()
+        code = self.code.read_upto(address, 15)
+        insn = self._disassembler(mode).one(code, address)
+        raw = _raw_branch(code) if mode == MODE_64 and (insn is None or insn[2] == "clac") else None
+        if raw is not None:
+            text = raw[2]
+        elif insn is not None:
+            text = ("%s %s" % (insn[2], insn[3])).strip()
+        else:
+            text = "(undecodable)"
+        self._texts[address] = text
         return text
 
     def _decode(self, start, mode):
@@ -228,6 +261,10 @@ class BlockCache(object):
                 decoded_to = address + size
                 kind = _classify(mnemonic, operands)
                 if kind is None:
+                    if mnemonic == "clac" and mode == MODE_64:
+                        raw = _raw_branch(chunk[address - cursor:])
+                        if raw is not None:
+                            return Block(start, tuple(insns), raw[1], None, decoded_to, address)
                     continue
                 target = None
                 if kind in (B_COND, B_JUMP, B_CALL):
@@ -236,6 +273,10 @@ class BlockCache(object):
                         kind = B_JUMP  # call $+5 reads the IP; it is not a call
                 return Block(start, tuple(insns), kind, target, decoded_to, address)
             if decoded_to == cursor:
+                raw = _raw_branch(chunk) if mode == MODE_64 else None
+                if raw is not None:
+                    insns.append(cursor)
+                    return Block(start, tuple(insns), raw[1], None, cursor + raw[0], cursor)
                 if len(chunk) < 15 and len(self.code.read_upto(cursor, 15)) < 15:
                     return Block(start, tuple(insns), B_STOP, None, cursor, cursor,
                                  "code at 0x%x is unreadable" % (cursor + len(chunk)))
@@ -244,6 +285,24 @@ class BlockCache(object):
             cursor = decoded_to
         return Block(start, tuple(insns), B_STOP, None, cursor, cursor,
                      "no branch within 0x%x bytes from 0x%x" % (MAX_BLOCK_BYTES, start))
+
+
+# Branches the disassembler does not know, or reads as CLAC: (encoding, size, block
+# kind, mnemonic).  JMPABS (APX: REX2 with no payload bits, opcode A1, a 64-bit target)
+# takes its TIP as an indirect jump does (libipt does not use the encoded target);
+# ERETU, ERETS (FRED) and UIRET return as far returns do.
+_RAW_BRANCHES = ((b"\xd5\x00\xa1", 11, B_INDIRECT, "jmpabs"), (b"\xf3\x0f\x01\xca", 4, B_FAR_RET, "eretu"),
+                 (b"\xf2\x0f\x01\xca", 4, B_FAR_RET, "erets"), (b"\xf3\x0f\x01\xec", 4, B_FAR_RET, "uiret"))
+
+
+def _raw_branch(code):
+    """(size, block kind, text) of a _RAW_BRANCHES branch at the start of ``code``, or None."""
+    for encoding, size, kind, mnemonic in _RAW_BRANCHES:
+        if code.startswith(encoding) and len(code) >= size:
+            if mnemonic == "jmpabs":
+                return size, kind, "jmpabs 0x%x" % int.from_bytes(code[3:size], "little")
+            return size, kind, mnemonic
+    return None
 
 
 def _classify(mnemonic, operands):
@@ -281,10 +340,13 @@ def _classify(mnemonic, operands):
 F_TIP, F_PGE, F_PGD, F_FUP = P.K_TIP, P.K_PGE, P.K_PGD, P.K_FUP
 F_PSB, F_PSBEND, F_OVF, F_ERROR = P.K_PSB, P.K_PSBEND, P.K_OVF, P.K_ERROR
 # F_TNT's value: the bits, oldest first, a byte each (1: taken), so the walk tests a bit as it is.
-F_TNT, F_MODE, F_TSX = 20, 21, 22  # value: bits; mode (16/32/64 or None); (IP of its FUP, state)
+# F_AT_IP: an event that a FUP binds to an IP (MODE.TSX's, MODE.Exec's, EXSTOP's, PTW's);
+# value: (the FUP's IP, the event: tsx_begin, tsx_commit, tsx_abort, interrupts_enabled,
+# interrupts_disabled, exstop or ptwrite).
+F_TNT, F_MODE, F_AT_IP = 20, 21, 22  # value: bits; mode (16/32/64 or None); (IP, event)
 F_END = 23  # no more packets (offset: the last packet's); _Walk.item() hands out None instead
 ITEM_NAMES = {F_TNT: "tnt", F_TIP: "tip", F_PGE: "tip.pge", F_PGD: "tip.pgd", F_FUP: "fup", F_MODE: "mode.exec",
-              F_PSB: "psb", F_PSBEND: "psbend", F_OVF: "ovf", F_ERROR: "error", F_TSX: "mode.tsx"}
+              F_PSB: "psb", F_PSBEND: "psbend", F_OVF: "ovf", F_ERROR: "error", F_AT_IP: "event"}
 # The items _Walk.item() does more with than hand them on (walk_item).
 _WALK_ITEMS = frozenset((F_PSB, F_ERROR, F_END))
 _TAKEN = bytes.maketrans(b"TN", b"\x01\x00")
@@ -320,11 +382,11 @@ TNT_RUN_KEPT = 64
 
 
 def _mode_item(payload):
-    """(F_MODE, execution mode) or (F_TSX, transaction state) of a MODE packet's payload."""
+    """(F_MODE, execution mode) or (F_AT_IP, transaction state) of a MODE packet's payload."""
     name, fields = P.mode_fields(payload)
     if name == "mode.exec":
         return F_MODE, EXEC_MODES.get(fields["mode"])
-    return F_TSX, "tsx_abort" if fields["abort"] else "tsx_begin" if fields["intx"] else "tsx_commit"
+    return F_AT_IP, "tsx_abort" if fields["abort"] else "tsx_begin" if fields["intx"] else "tsx_commit"
 
 
 _MODE_ITEMS = [_mode_item(payload) for payload in range(0x40)]  # the MODE leaves 0 and 1
@@ -332,11 +394,27 @@ _MODE_ITEMS = [_mode_item(payload) for payload in range(0x40)]  # the MODE leave
 # (_flow_items), up to this many in a table: a trace takes the same paths again and again.
 TABLE_SIZE = 1 << 16
 # _flow_items reads the trace a window at a time with one split() of this regex: each
-# match takes _SLOTS packets, each captured whole, so reading costs no regex match
-# and no match object per packet.  A run of TNT-8 and timing packets (PAD, MTC, CYC,
-# TSC: they mean nothing to control flow) is one capture, always all of it (the next packet is not part of any run); a
-# byte that is no packet is captured alone and ends the match with the rest unread.
+# match takes up to _SLOTS packets, each captured whole, so reading costs no regex
+# match and no match object per packet.  A run of TNT-8 and timing packets (PAD, MTC,
+# CYC, TSC: they mean nothing to control flow) is one capture, always all of it (the
+# next packet is not part of any run); a byte that is no packet is captured alone and
+# ends the match with the rest unread.
+#
+# A match never backtracks: a packet's first byte names its alternative and its size
+# is fixed by its bytes (CYC: up to its first even byte), a PAD run takes all of
+# itself (negative lookahead), and the slots after the first are optional, so fewer
+# than _SLOTS packets before the end or a bad byte end the match instead of failing
+# it (a slot that finds no packet leaves the others none either: they try the same
+# bytes).  With nothing after a slot that can fail, the engine never goes back into
+# one.  (Slots that all had to match made sre retry every shorter split of a run at
+# the end of a buffer: time exponential in a run of zeros.)
+#
+# A TNT/timing run is at most _RUN_PACKETS packets, greedily (a longer run is several
+# items, read one after the other as one): sre keeps state for each repetition of the
+# run's group until the match ends, over a kilobyte each in the last slots, so an
+# unbounded run of a megabyte took a gigabyte.
 _SLOTS = 64
+_RUN_PACKETS = 256
 _WINDOW = 1 << 20  # bytes per split(), at most about
 
 
@@ -346,28 +424,36 @@ def _token_regex():
         return _TOKENS[0]
     quiet = b"|".join(key + rest for name, key, rest in P._COMMON if name in P.QUIET_PACKETS)
     element = b"(?:" + P._byte_class(P._TNT8) + b"|" + quiet + b")"
-    packet = b"|".join([element + b"+(?!" + element + b")"]
+    packet = b"|".join([element + b"{1,%d}" % _RUN_PACKETS]
                        + [key + rest for name, key, rest in P._COMMON if name not in P.QUIET_PACKETS]
                        + [b"\\x02(?:" + b"|".join(key + rest for _, key, rest in P._EXTENDED_PACKETS) + b")"])
     token = b"(" + packet + b")"
-    _TOKENS.append(re.compile(token * _SLOTS + b"|" + token + b"|(.).*", re.DOTALL))
+    # "(?:token|)", not "token?": the same match, and sre runs it as a plain branch (20% faster).
+    _TOKENS.append(re.compile(token + (b"(?:" + token + b"|)") * (_SLOTS - 1) + b"|(.).*", re.DOTALL))
     return _TOKENS[0]
 
 
 _TOKENS = []  # _token_regex(), once compiled
-_BAD_COLUMN = _SLOTS + 1  # in split()'s rows: a key per slot, a single packet's key, the bad byte
+_BAD_COLUMN = _SLOTS  # in split()'s rows: a packet per slot, then the bad byte
 # What a packet's first byte makes it, for _flow_items.
-_RUN, _IP0, _IP2, _IP4, _IP6, _IP8, _MODE, _EXTENDED, _UNUSED = range(9)
+_RUN, _IP0, _IP2, _IP4, _IP6, _IP8, _MODE, _EXTENDED, _TRIG, _UNUSED = range(10)
 _FIRST_BYTE = [_UNUSED] * 256
 for _byte in range(256):
     if _byte in P.IP_KIND_OF_OPCODE and _byte >> 5 in P.IP_PAYLOAD:
         _FIRST_BYTE[_byte] = {0: _IP0, 2: _IP2, 4: _IP4, 6: _IP6, 8: _IP8}[P.IP_PAYLOAD[_byte >> 5]]
     elif _byte in P._TNT8 or _byte in (0x00, 0x59, 0x19) or _byte & 3 == 3:
         _FIRST_BYTE[_byte] = _RUN  # TNT-8, PAD, MTC, TSC, CYC
-_FIRST_BYTE[0x99], _FIRST_BYTE[0x02] = _MODE, _EXTENDED
+_FIRST_BYTE[0x99], _FIRST_BYTE[0x02], _FIRST_BYTE[0xD9] = _MODE, _EXTENDED, _TRIG
 del _byte
-# Extended opcodes (PTW, EXSTOP) whose IP bit says the next FUP is theirs, not a control transfer's.
-_FUP_OWNERS = frozenset(opcode for opcode, (name, _) in P._EXTENDED.items() if name in ("ptw", "exstop"))
+# Extended opcodes (PTW, EXSTOP) whose IP bit says the next FUP is theirs, not a control
+# transfer's: the event they name binds to its IP.  (TRIG's flags byte, bit 7, says the
+# same for TRIG, which changes nothing in the flow.)
+# CFE types of an instruction that transfers control (IRET, VMENTRY, UIRET, SYSCALL): with
+# its IP bit, the FUP after the CFE names that instruction, which runs and takes the TIP
+# (or TIP.PGD) that follows as any far transfer does.
+_CFE_OF_A_BRANCH = frozenset((2, 7, 13, 15))
+_EVENT_AT_FUP = {opcode: {"ptw": "ptwrite", "exstop": "exstop"}[name] for opcode, (name, _) in P._EXTENDED.items()
+                 if name in ("ptw", "exstop") and opcode & 0x80}
 # skd010_resume: the overflow resolved with tracing off after all.
 _STAYS_OFF = -1
 # IPBytes of a compressed IP -> the bits its payload gives (the rest comes from the last IP).
@@ -382,12 +468,12 @@ class FlowResult(object):
     ``instruction_count``: all of them, always decoded to the end of the trace;
     ``events``: (instruction index, kind, trace offset, IP) of enabled, disabled,
     sync, overflow, resumed, interrupt, gap, resync and transaction events, in
-    order, the first MAX_EVENTS of them (``event_count`` counts them all; every one
-    goes to the ``listeners``); ``problems``: a ProblemLog (trace offsets are
+    order, the first MAX_EVENTS of them (``event_count`` counts them all, and
+    ``event_kinds`` by kind; every one goes to the ``listeners``); ``problems``: a ProblemLog (trace offsets are
     offsets in the decoded data)."""
 
     __slots__ = ("instructions", "instruction_count", "truncated", "problems", "events", "event_count",
-                 "listeners", "blocks_built")
+                 "event_kinds", "listeners", "blocks_built")
 
     def __init__(self):
         self.instructions = []
@@ -396,11 +482,13 @@ class FlowResult(object):
         self.problems = ProblemLog()
         self.events = []
         self.event_count = 0
+        self.event_kinds = {}  # kind: how many, of every event
         self.listeners = []
         self.blocks_built = 0
 
     def add_event(self, event):
         self.event_count += 1
+        self.event_kinds[event[1]] = self.event_kinds.get(event[1], 0) + 1
         if len(self.events) < MAX_EVENTS:
             self.events.append(event)
         for listener in self.listeners:
@@ -415,12 +503,15 @@ class FlowDecoder(object):
     """Walks the code along a trace.  ``code`` is a :class:`CodeImage`.
 
     ``suspicious``: {address: name} of functions a real trace should not enter
-    (nt!KeBugCheckEx...); entering one adds a warning."""
+    (nt!KeBugCheckEx...); entering one adds a warning.  ``resync_on_error`` (ptxed's
+    ``--resync-on-error``): after an error decoding resumes at the next packet that
+    names an IP (TIP, TIP.PGE, FUP + TIP, an OVF's resume point), not at the next PSB."""
 
-    def __init__(self, code, suspicious=None, cache=None, errata=frozenset()):
+    def __init__(self, code, suspicious=None, cache=None, errata=frozenset(), resync_on_error=False):
         self.cache = cache or BlockCache(code)
         self.suspicious = dict(suspicious or {})
         self.errata = frozenset(errata)
+        self.resync_on_error = resync_on_error
 
     def decode(self, data, start=0, end=None, max_insns=None, sink=None, progress=None, result=None):
         """Decode ``data[start:end]`` to the end.  Committed instructions go, in chunks,
@@ -508,23 +599,25 @@ def _flow_items(data, start, end):
     """The items of ``data[start:end]`` from its first PSB on, then F_END forever.
 
     The packets (see _token_regex), reduced to what control flow keeps of them: TNT-8
-    runs become one F_TNT item (timing packets inside them are left out); a FUP that
-    belongs to a PTW or EXSTOP (not to a control transfer) is left out; MODE.TSX and
-    the FUP that binds it become one F_TSX item (value: the IP and tsx_begin,
-    tsx_commit or tsx_abort) and, as in libipt, the FUP of an abort also stays, as an
-    asynchronous transfer to the TIP that follows; in PSB+ MODE.TSX is status, and
-    the FUP is PSB+'s.  A packet that does not decode is an F_ERROR item, and the
-    items go on from the next PSB."""
+    runs become F_TNT items (timing packets inside them are left out); a FUP that
+    belongs to a TRIG or a CFE of a branching instruction (not to a control transfer) is
+    left out; MODE.TSX, MODE.Exec outside PSB+, EXSTOP or PTW with its IP bit and the
+    FUP that binds it become one F_AT_IP item (value: the IP and the event) and, as in
+    libipt, the FUP of an abort also stays, as an asynchronous transfer to the TIP that
+    follows; in PSB+ MODE.TSX is status, and the FUP is PSB+'s.  A packet that does
+    not decode is an F_ERROR item, and the items go on from the next PSB."""
     end = len(data) if end is None else min(end, len(data))
     position = data.find(P.PSB, start, end)
     offset = start
     if position < 0:
         yield F_ERROR, start, "no PSB in the %d bytes from offset %d" % (max(end - start, 0), start)
     last_ip = 0
-    skip_fup = False     # the next FUP belongs to a PTW or EXSTOP
-    tsx = None           # after MODE.TSX outside PSB+: its state (its FUP comes next)
-    fup_bound = False    # skip_fup or tsx: the next FUP is not a plain one
+    skip_fup = False     # the next FUP belongs to a TRIG or a CFE of a branching instruction
+    bound = None         # the event the next FUP binds (MODE.TSX or MODE.Exec outside PSB+, EXSTOP, PTW)
+    fup_bound = False    # skip_fup or bound: the next FUP is not a plain one
     in_psb = False
+    exec_mode = None     # the last MODE.Exec's
+    last_psb = position - 1
     # {the IP bits a 2-byte (4-byte) IP packet keeps: {packet: (kind, IP[, the 2-byte table of that IP])}}
     ip2_tables, ip4_tables = {}, {}
     ip2_table, ip4_table = _ip_table(ip2_tables, 0), _ip_table(ip4_tables, 0)
@@ -594,14 +687,25 @@ def _flow_items(data, start, end):
                 if what == _MODE:
                     kind, value = mode_items[packet[1]]
                     if kind == F_MODE:
-                        yield kind, offset, value
+                        # Outside PSB+ a MODE.Exec that restates the mode with a FUP right
+                        # after it (an interrupt flag change) is no F_MODE item: it would
+                        # stand between the walk and the FUP or TIP it waits for.  (Followed by
+                        # anything else, it binds to the TIP that comes: libipt fails on TNT.)
+                        fup_next = next_offset < stop and data[next_offset] & 0x1F == 0x1D
+                        if in_psb or value != exec_mode or not fup_next:
+                            yield kind, offset, value
+                        exec_mode = value
+                        if not in_psb:  # a FUP right after it: where the interrupt flag changed
+                            bound = "interrupts_enabled" if packet[1] & 4 else "interrupts_disabled"
+                            fup_bound = True
                     elif not in_psb:
-                        tsx = value
+                        bound = value
                         fup_bound = True
                 elif what == _EXTENDED:
                     opcode = packet[1]
                     if opcode == 0x82:  # PSB
                         last_ip = 0
+                        last_psb = offset
                         ip2_table, ip4_table = _ip_table(ip2_tables, 0), _ip_table(ip4_tables, 0)
                         in_psb = True
                         yield F_PSB, offset, None
@@ -615,18 +719,29 @@ def _flow_items(data, start, end):
                         last_ip = 0  # as libipt: the IP after an overflow does not build on older IPs
                         ip2_table, ip4_table = _ip_table(ip2_tables, 0), _ip_table(ip4_tables, 0)
                         yield F_OVF, offset, None
-                    elif opcode in _FUP_OWNERS and opcode & 0x80:
+                    elif opcode in _EVENT_AT_FUP:
+                        bound = _EVENT_AT_FUP[opcode]
+                        fup_bound = True
+                    elif opcode == 0x13 and packet[2] & 0x80 and packet[2] & 0x1F in _CFE_OF_A_BRANCH:
                         skip_fup = fup_bound = True
+                elif what == _TRIG and packet[1] & 0x80:
+                    skip_fup = fup_bound = True
                 continue
-            if not fup_bound or kind != f_fup:
+            if not fup_bound:
+                yield kind, offset, ip
+            elif kind != f_fup:
+                # Another IP packet first: the MODE.Exec or MODE.TSX went with it (a far
+                # transfer, tracing enabled in a transaction), and no FUP is theirs.
+                skip_fup = fup_bound = False
+                bound = None
                 yield kind, offset, ip
             elif skip_fup:
                 skip_fup = False
-                fup_bound = tsx is not None
+                fup_bound = bound is not None
             else:
-                state, tsx = tsx, None
+                state, bound = bound, None
                 fup_bound = False
-                yield F_TSX, offset, (ip, state)
+                yield F_AT_IP, offset, (ip, state)
                 if state == "tsx_abort":
                     yield kind, offset, ip
         if next_offset == stop:
@@ -636,7 +751,8 @@ def _flow_items(data, start, end):
         else:
             offset = next_offset
             yield F_ERROR, offset, P._error_message(data, offset, end)
-            position = data.find(P.PSB, offset + 1, end)
+            # As the packet decoder (packets.tokens): at the PSB that holds the bad byte, or the next.
+            position = data.find(P.PSB, max(last_psb + 1, offset - len(P.PSB) + 1), end)
     while True:
         yield F_END, offset, None
 
@@ -646,9 +762,9 @@ class _Walk(object):
 
     # Slots: the walk reads and writes its state once per packet, and on 3.8 a slot
     # is cheaper to reach than an instance dict entry.
-    __slots__ = ("cache", "suspicious", "errata", "result", "problems", "out", "flushed", "sink", "progress",
-                 "next_trace_item", "data", "pushed", "in_status", "mode", "retstack", "bits", "bit_index",
-                 "lookahead", "ended", "committed", "resumed_at", "last_offset", "warned", "walking", "synced",
+    __slots__ = ("cache", "suspicious", "errata", "resync_on_error", "result", "problems", "out", "flushed",
+                 "sink", "progress", "next_trace_item", "data", "pushed", "in_status", "mode", "retstack", "bits",
+                 "bit_index", "lookahead", "ended", "committed", "resumed_at", "last_offset", "warned", "walking", "synced",
                  "off_ip", "psb_mode", "bdm64_checked", "waiting_fups", "held", "held_after",
                  "resync_past_psb")
 
@@ -656,6 +772,7 @@ class _Walk(object):
         self.cache = decoder.cache
         self.suspicious = decoder.suspicious
         self.errata = decoder.errata
+        self.resync_on_error = decoder.resync_on_error
         self.result = result
         self.problems = result.problems
         self.out = []            # instructions walked and not yet handed to the sink
@@ -771,8 +888,8 @@ class _Walk(object):
     def skip_status_psb(self):
         """A PSB+ in the middle of a traced stretch only restates the state (IP, mode);
         the first item after it is left in lookahead.  Like any event libipt
-        processes, it makes the next instruction one reported at the end of the
-        trace (see drop_uncommitted)."""
+        processes, it makes the next instruction the first after an event
+        (``resumed_at``, for erratum BDM64)."""
         if self.committed == len(self.out):
             self.resumed_at = self.committed
         self.in_status = True
@@ -783,7 +900,9 @@ class _Walk(object):
                     return
                 kind, value = item[0], item[2]
                 if kind == F_MODE and value is not None:
-                    self.mode = value
+                    if value != self.mode:  # status only: it cannot change the mode
+                        self.error(item[1], "PSB+ gives the execution mode as %d-bit where decoding is in %d-bit "
+                                   "mode (a bad status update)" % (value, self.mode))
                 elif kind != F_FUP and kind != F_PSB:
                     self.lookahead = item
                     return
@@ -819,16 +938,12 @@ class _Walk(object):
 
     def drop_uncommitted(self, failed_at=None, at_end=False):
         """Drop what was walked past the last trace data.  At the end of the trace,
-        like libipt, the first instruction after an event that moved the IP stays when
-        it is not the branch (``failed_at``) that found no data; while libipt holds an
-        event (hold_async_branch) it does not see the end coming: everything up to that
-        branch stays."""
+        while libipt holds an event (hold_async_branch) it does not see the end
+        coming: everything up to the branch that found no data (``failed_at``) stays."""
         keep = self.committed
         out = self.out
         if at_end and self.held is not None:
             keep = len(out) - (1 if out and out[-1] == failed_at else 0)
-        elif at_end and keep == self.resumed_at and len(out) > keep and out[keep] != failed_at:
-            keep += 1
         del out[keep:]
 
     def error(self, offset, message, failed_at=None):
@@ -855,6 +970,46 @@ class _Walk(object):
                 self.lookahead = item
                 return
 
+    def skip_to_ip(self):
+        """After an error (resync_on_error): drop items up to the next that names where
+        execution is; returns that IP, or None where tracing is off or a PSB or OVF
+        (left as lookahead) says it."""
+        held, held_after = self.held, self.held_after
+        self.reset()
+        if held is not None and held_after[-1][0] == F_TIP:  # a FUP + TIP already read: an interrupt
+            self.event("interrupt", held[1], held[2])
+            return held_after[-1][2]
+        while True:
+            item = self.next_item()
+            if item is None:
+                return None
+            kind, offset, value = item
+            if kind in (F_PSB, F_OVF):
+                self.lookahead = item
+                return None
+            if kind == F_PGD:
+                self.event("disabled", offset, value)
+                return None
+            if kind == F_MODE and value is not None:
+                self.mode = value
+            elif (kind == F_TIP or kind == F_PGE) and value is not None:
+                self.event("resync", offset, value)
+                return value
+            elif kind == F_AT_IP:
+                self.lookahead = item
+                return value[0]
+            elif kind == F_FUP and value is not None:
+                following = self.peek_past_modes()
+                if following is not None and following[0] == F_TIP and following[2] is not None:
+                    self.lookahead = None
+                    self.event("interrupt", following[1], value)
+                    return following[2]
+                if following is not None and following[0] == F_PGD:
+                    self.lookahead = None
+                    self.event("disabled", following[1], value)
+                    return None
+                return value
+
     def psb_follows(self, offset):
         """Whether the packet at ``offset`` is followed by a PSB, timing packets aside.
         libipt's query decoder reads on to the next packet that is a branch or an event
@@ -871,9 +1026,10 @@ class _Walk(object):
     # -- driver -------------------------------------------------------------------
 
     def run(self):
+        resume = None  # where decoding goes on after an error (resync_on_error)
         while not self.ended or self.lookahead is not None:
             try:
-                ip = self.await_enable()
+                ip, resume = resume if resume is not None else self.await_enable(), None
                 if ip is None:
                     break
                 self.walking = True
@@ -881,7 +1037,10 @@ class _Walk(object):
             except _Resync:
                 self.walking = False
                 self.synced = False
-                self.skip_to_psb()
+                if self.resync_on_error:
+                    resume = self.skip_to_ip()
+                else:
+                    self.skip_to_psb()
             self.walking = False
         self.committed = len(self.out)
         self.flush()
@@ -903,6 +1062,8 @@ class _Walk(object):
                         return ip
                     self.fup_while_disabled(ip)
                 self.synced = True
+            elif kind == F_FUP and self.bound_by_cfe(offset):
+                continue  # an event's IP (event trace) while tracing is off: nothing ran
             elif kind == F_PGE or kind == F_FUP:
                 # FUP with tracing off: the resume point after an OVF.
                 if value is None:
@@ -921,6 +1082,12 @@ class _Walk(object):
             elif kind == F_TNT or kind == F_TIP:
                 self.error(offset, "%s while tracing is disabled" % ITEM_NAMES[kind])
 
+    def bound_by_cfe(self, offset):
+        """Whether the FUP at ``offset`` comes right after a CFE with its IP bit: the IP
+        of an event (an interrupt, a VM exit...), not where tracing resumes."""
+        cfe = self.data[offset - 4:offset]
+        return len(cfe) == 4 and cfe[:2] == b"\x02\x13" and cfe[2] & 0x80 != 0
+
     def read_psb_plus(self):
         """The PSB+ after its PSB: applies its MODE.Exec, returns its FUP's IP (None without)."""
         ip = None
@@ -932,7 +1099,10 @@ class _Walk(object):
             kind, offset, value = item
             if kind == F_PSBEND:
                 return ip
-            if kind == F_FUP:
+            if kind == F_PSB:  # decoding resynced at a PSB after a packet error: PSB+ starts again
+                ip = None
+                self.psb_mode = False
+            elif kind == F_FUP:
                 ip = value
             elif kind == F_MODE:
                 self.psb_mode = True
@@ -1036,7 +1206,7 @@ class _Walk(object):
         for index, (kind, offset, value) in enumerate(ahead):
             if kind == F_MODE:
                 continue
-            if kind in (F_PGD, F_TIP, F_FUP, F_TSX, F_PSB):
+            if kind in (F_PGD, F_TIP, F_FUP, F_AT_IP, F_PSB):
                 self.event("overflow", overflow_offset, None)
             if kind in (F_PGD, F_TIP):
                 self.drop_items(index + 1)
@@ -1044,7 +1214,7 @@ class _Walk(object):
                     return _STAYS_OFF
                 self.event("resumed", offset, value)
                 return value
-            if kind in (F_FUP, F_TSX):
+            if kind in (F_FUP, F_AT_IP):
                 # Decoding goes on from the FUP (or its MODE.TSX): it binds as it would.
                 self.drop_items(index)
                 ip = value if kind == F_FUP else value[0]
@@ -1409,7 +1579,20 @@ class _Walk(object):
         whose code can be read; returns that IP, or None when tracing stops first.
 
         The return stack is kept down to the frame the IP returns to (code beyond
-        the gap usually returns into the code that called it)."""
+        the gap usually returns into the code that called it).
+
+        Past the end of the trace or before an OVF there is no gap: what was walked
+        without trace data is dropped, as at any end of the trace or overflow."""
+        if self.bit_index >= len(self.bits):
+            item = self.peek()
+            if item is None:
+                self.drop_uncommitted(at_end=True)
+                return None
+            if item[0] == F_OVF:  # no gap either: what was walked after the last trace data is lost
+                self.drop_uncommitted()
+                return None
+            if item[0] == F_PGD and item[2] is None:  # tracing stopped at a MOV CR3 on the way
+                return self.unbound_disable(item[1], block.end, "code")
         start = self.last_offset
         self.bits, self.bit_index = b"", 0
         self.walking = False
@@ -1426,11 +1609,15 @@ class _Walk(object):
                     resume = self.read_psb_plus()
                 elif kind == F_MODE and value is not None:
                     self.mode = value
+                elif kind == F_AT_IP:  # an event at an IP (PTW, EXSTOP, MODE.TSX): execution is there
+                    resume = value[0]
                 elif kind == F_PGD or kind == F_OVF:
                     self.lookahead = item
                     break
                 if resume is not None and not self.cache.code.read_upto(resume, 1):
                     resume = None  # still outside the code we have
+                elif kind == F_AT_IP:
+                    self.lookahead = item  # the walk binds it where it resumes
         finally:
             self.walking = True
         self.problems.add("ipt_gap", block.end, "%s: trace skipped to offset %d" % (block.problem, self.last_offset),
@@ -1470,7 +1657,7 @@ class _Walk(object):
             if self.fup_waits():
                 return None, -1
             return item[2], -1
-        if kind == F_TSX:
+        if kind == F_AT_IP:
             return item[2][0], -1
         if kind == F_PGD and item[2] is not None:
             return None, item[2]
@@ -1561,7 +1748,7 @@ class _Walk(object):
         if "bdm64" not in self.errata or len(self.out) == self.resumed_at:
             return False
         item = self.lookahead
-        if item is None or item[0] != F_TSX or item[2][1] != "tsx_abort" or item is self.bdm64_checked:
+        if item is None or item[0] != F_AT_IP or item[2][1] != "tsx_abort" or item is self.bdm64_checked:
             return False
         steps = BDM64_MAX_STEPS
         blocks = self.cache.blocks(self.mode)
@@ -1579,7 +1766,8 @@ class _Walk(object):
 
     def take_async(self, address):
         """At the FUP address: consume FUP + TIP (transfer) or FUP + TIP.PGD (tracing
-        off); at a MODE.TSX's address: consume it and go on from there."""
+        off); at the address of an event a FUP binds (MODE.TSX, EXSTOP, PTW): consume it
+        and go on from there (after the PTWRITE)."""
         self.committed = self.resumed_at = len(self.out)
         if self.held is not None:
             (_, fup_offset, _), ahead = self.held, self.held_after
@@ -1589,8 +1777,17 @@ class _Walk(object):
                     self.mode = mode
             self.event("interrupt", fup_offset, address)
             return ahead[-1][2]
-        if self.lookahead[0] == F_TSX:
+        if self.lookahead[0] == F_AT_IP:
             item, self.lookahead = self.lookahead, None
+            if item[2][1] == "ptwrite":
+                # The PTWRITE at the FUP's IP ran (it is no branch): it is traced, the
+                # event follows it, and the walk goes on after it.
+                size = self.cache.instruction_size(address, self.mode)
+                if size:
+                    self.out.append(address)
+                    self.committed = self.resumed_at = len(self.out)
+                    self.event("ptwrite", item[1], address)
+                    return address + size
             self.event(item[2][1], item[1], address)
             return address
         self.lookahead = None
@@ -1651,6 +1848,8 @@ class _Walk(object):
             self.drop_uncommitted()
 
 
-def decode_flow(data, code, start=0, end=None, max_insns=None, suspicious=None, errata=frozenset()):
+def decode_flow(data, code, start=0, end=None, max_insns=None, suspicious=None, errata=frozenset(),
+                resync_on_error=False):
     """Convenience: decode ``data`` over ``code`` (a CodeImage)."""
-    return FlowDecoder(code, suspicious, errata=errata).decode(data, start, end, max_insns)
+    return FlowDecoder(code, suspicious, errata=errata, resync_on_error=resync_on_error).decode(
+        data, start, end, max_insns)

@@ -59,6 +59,15 @@ TNT8_BITS = _tnt8_table()  # TNT-8 byte -> "TNNT..." oldest first
 _TNT8 = frozenset(TNT8_BITS)  # the TNT-8 bytes: any even byte from 4
 
 
+_TRIG_ICNT = 0x40  # TRIG flags: the packet carries an instruction count
+_TRIG_LONG = frozenset(flags for flags in range(256) if flags & _TRIG_ICNT)
+_TRIG_SHORT = frozenset(range(256)) - _TRIG_LONG
+
+
+def _trig_size(flags):
+    return 5 if flags & _TRIG_ICNT else 3
+
+
 def _byte_class(values):
     return b"[" + b"".join(re.escape(bytes([v])) for v in sorted(values)) + b"]"
 
@@ -92,8 +101,11 @@ def _build_pattern():
         ("tsc", b"\\x19", b".{7}"),
         ("mode", b"\\x99[\\x00-\\x3f]", b""),
         ("ip8", _byte_class(ip_opcodes[8]), b".{8}"),
-        ("pad", b"\\x00+", b""),
-        ("trig", b"\\xd9", b"..."),
+        # A PAD run is all of it: "(?!\\x00)" keeps a run from also matching as two
+        # shorter ones, which inside a repeated group would backtrack exponentially.
+        ("pad", b"\\x00+", b"(?!\\x00)"),
+        # TRIG: flags (IP, ICNT valid, MULT), TRBV, then a 2-byte ICNT when its flag is set.
+        ("trig", b"\\xd9", b"(?:" + _byte_class(_TRIG_SHORT) + b"." + b"|" + _byte_class(_TRIG_LONG) + b"...)"),
     ]
     extended = [
         ("psb", b"\\x82", b"(?:\\x02\\x82){7}"),
@@ -148,7 +160,7 @@ def _error_message(data, offset, end):
     elif byte == 0x19:
         need = 8
     elif byte == 0xD9:
-        need = 4
+        need = _trig_size(data[offset + 1]) if remaining >= 2 else 3
     elif byte == 0x99 and remaining >= 2:
         return "mode packet with unknown leaf %d" % (data[offset + 1] >> 5)
     elif byte in (0x59, 0x99):
@@ -229,12 +241,13 @@ def other_fields(name, data, offset):
         return "ptw", {"payload": _u(data, offset + 2, size), "size": size,
                        "ip": data[offset + 1] >> 7}
     if name == "cfe":
-        return "cfe", {"type": data[offset + 2] & 0x1F, "vector": data[offset + 3], "ip": data[offset + 2] >> 7}
+        return "cfe", {"cfe_type": data[offset + 2] & 0x1F, "vector": data[offset + 3], "ip": data[offset + 2] >> 7}
     if name == "evd":
-        return "evd", {"type": data[offset + 2] & 0x3F, "payload": _u(data, offset + 3, 8)}
+        return "evd", {"evd_type": data[offset + 2] & 0x3F, "payload": _u(data, offset + 3, 8)}
     if name == "trig":
-        return "trig", {"trbv": data[offset + 1] & 0xF, "ip": data[offset + 1] >> 5 & 1,
-                        "mi": data[offset + 1] >> 7, "icntr": _u(data, offset + 2, 2)}
+        flags = data[offset + 1]
+        return "trig", {"trbv": data[offset + 2], "ip": flags >> 7, "mult": flags >> 5 & 1,
+                        "icnt": _u(data, offset + 3, 2) if flags & _TRIG_ICNT else None}
     return name, {}  # stop
 
 
@@ -257,8 +270,10 @@ def tokens(data, start=0, end=None, at_packet=False):
     ``at_packet`` says a packet starts there).
 
     Yields ``(kind, offset, value)`` (kinds K_*).  Errors come as K_ERROR tokens
-    naming the offset; the tokenizer then resumes at the next PSB.  The first token
-    is an error when the range holds no PSB at all.
+    naming the offset; the tokenizer then resumes, as libipt does, at the PSB that
+    holds the bad byte (a packet read into a PSB's bytes: it is one after all) or
+    else the next PSB, never at or before the PSB it last synchronised on.  The
+    first token is an error when the range holds no PSB at all.
     """
     if end is None:
         end = len(data)
@@ -268,6 +283,7 @@ def tokens(data, start=0, end=None, at_packet=False):
         yield K_ERROR, start, "no PSB in the %d bytes from offset %d" % (max(end - start, 0), start)
         return
     last_ip = 0
+    last_psb = position - 1
     finditer = PACKET_RE.finditer
     # The names compared or called once per packet, as locals (faster than globals on 3.8).
     g_tnt8, g_ip2, g_ip4, g_ip6, g_ip0, g_ip8, g_pad, g_psb, g_psbend, g_mode = (
@@ -303,6 +319,7 @@ def tokens(data, start=0, end=None, at_packet=False):
                 yield K_PAD_RUN, offset, match.end() - offset
             elif group == g_psb:
                 last_ip = 0
+                last_psb = offset
                 yield K_PSB, offset, None
             elif group == g_psbend:
                 yield K_PSBEND, offset, None
@@ -317,7 +334,7 @@ def tokens(data, start=0, end=None, at_packet=False):
                 yield K_OVF, offset, None
             elif group == G_BAD:
                 yield K_ERROR, offset, _error_message(data, offset, end)
-                resume = offset + 1
+                resume = max(last_psb + 1, offset - len(PSB) + 1)
                 break
             else:
                 yield K_OTHER, offset, other_fields(match.lastgroup, data, offset)
@@ -360,7 +377,7 @@ class PacketDecode(object):
 _IP_SIZES = {0: 1, 1: 3, 2: 5, 3: 7, 4: 7, 6: 9}
 _FIXED_SIZES = {K_PSB: 16, K_PSBEND: 2, K_OVF: 2, K_TNT64: 8, K_MODE: 2}
 _OTHER_SIZES = {"tsc": 8, "mtc": 2, "pip": 8, "cbr": 4, "tma": 7, "vmcs": 7, "mnt": 11, "exstop": 2,
-                "mwait": 10, "pwre": 4, "pwrx": 7, "stop": 2, "cfe": 4, "evd": 11, "trig": 4}
+                "mwait": 10, "pwre": 4, "pwrx": 7, "stop": 2, "cfe": 4, "evd": 11}
 
 
 def _simple_name(kind):
@@ -395,6 +412,8 @@ def decode_packets(data, start=0, end=None, max_packets=None):
                     size += 1
             elif name == "ptw":
                 size = 2 + fields["size"]
+            elif name == "trig":
+                size = _trig_size(data[offset + 1])
             else:
                 size = _OTHER_SIZES[name]
             append(Packet(offset, name, size, fields))
@@ -495,9 +514,10 @@ class _Counter(object):
             keyed.append(key + rest)
         packet = b"|".join(keyed) + b"|\\x02(?:" + b"|".join(key + rest for _, key, rest in _EXTENDED_PACKETS) + b")"
         cyc = dict((name, key) for name, key, _ in _COMMON)["cyc"]
-        one_byte_keys = _byte_class(set(range(256)) - {0x00, 0x02, 0x59, 0x99, _SILENT_TIP} - _CYC_CONTINUED - _TNT8)
+        one_byte_keys = _byte_class(set(range(256)) - {0x00, 0x02, 0x59, 0x99, 0xD9, _SILENT_TIP} - _CYC_CONTINUED
+                                    - _TNT8)
         # A PAD run's key goes on into the next byte, so that two runs stay two keys.
-        key = one_byte_keys + b"|[\\x02\\x99].|\\x00+[^\\x00]?|" + cyc
+        key = one_byte_keys + b"|[\\x02\\x99\\xd9].|\\x00+[^\\x00]?|" + cyc
         if variant != _MTC_CAPTURED:
             key = b"\\x59|" + key  # MTC as a literal: sre tries one without a call
         keyed_packet = b"(?=(" + key + b"))(?:" + packet + b")"
@@ -524,13 +544,12 @@ class _Counter(object):
         # Keys longer than a byte, in the joined keys: the pattern starts with a
         # character class, so split() skips the other characters fast.
         odd, even = _byte_class(range(1, 256, 2)), _byte_class(range(0, 256, 2))
-        longer = (b"(" + _byte_class({0x00, 0x02, 0x99} | _CYC_CONTINUED) + b"(?:(?<=\\x00)\\x00*[^\\x00]?|"
-                  b"(?<=[\\x02\\x99]).|" + odd + b"{0,7}" + even + b"))")
+        longer = (b"(" + _byte_class({0x00, 0x02, 0x99, 0xD9} | _CYC_CONTINUED) + b"(?:(?<=\\x00)\\x00*[^\\x00]?|"
+                  b"(?<=[\\x02\\x99\\xd9]).|" + odd + b"{0,7}" + even + b"))")
         self.longer_keys = re.compile(longer.decode("latin-1"), re.DOTALL)
         types = self.one_byte_types = {opcode: (IP_KIND_NAMES[kind], 1 + IP_PAYLOAD[opcode >> 5])
                                        for opcode, kind in IP_KIND_OF_OPCODE.items() if opcode >> 5 in IP_PAYLOAD}
-        types.update((opcode, (name, _OTHER_SIZES[name])) for opcode, name in ((0x59, "mtc"), (0x19, "tsc"),
-                                                                                (0xD9, "trig")))
+        types.update((opcode, (name, _OTHER_SIZES[name])) for opcode, name in ((0x59, "mtc"), (0x19, "tsc")))
         types.update((byte, ("cyc", 1)) for byte in range(256) if byte & 7 == 3)
 
     @staticmethod
@@ -545,6 +564,8 @@ class _Counter(object):
             return name, 1, size
         if first == "\x99":
             return ("mode.exec" if ord(key[1]) >> 5 == 0 else "mode.tsx"), 1, 2
+        if first == "\xd9":
+            return "trig", 1, _trig_size(ord(key[1]))
         return "cyc", 1, len(key)
 
     def count(self, data, start, end):

@@ -6,12 +6,15 @@ of the instruction and path listings, under their node in the call tree, and as 
 list after the function counts and the totals."""
 
 from ..render.text import hexaddr
+from .analysis import problems_by_kind
 
 EVENT_WORDS = {"enabled": "tracing enabled at", "disabled": "tracing disabled", "sync": "synchronized at",
                "overflow": "overflow: packets lost", "resumed": "resumed after the overflow at",
                "interrupt": "asynchronous transfer (interrupt) from", "gap": "gap: no code at",
                "resync": "resynchronized at", "tsx_begin": "transaction begins at",
-               "tsx_commit": "transaction commits at", "tsx_abort": "transaction aborts at"}
+               "tsx_commit": "transaction commits at", "tsx_abort": "transaction aborts at",
+               "exstop": "execution stopped (power event) at", "ptwrite": "ptwrite at",
+               "interrupts_enabled": "interrupts enabled at", "interrupts_disabled": "interrupts disabled at"}
 
 
 def event_text(event):
@@ -49,17 +52,19 @@ def source_lines(out, buffer):
         out.line("note: %s" % note)
 
 
-def problems(out, log, title="problems"):
-    if log:
+def problems(out, log, title="problems", totals_only=False):
+    if totals_only:
+        _counts(out, "problems", problems_by_kind(log))
+    elif log:
         out.line("%s (%d):" % (title, log.count()))
         for problem in log:
             out.line("  %s" % problem)
 
 
 def _counts(out, title, counts):
-    out.line("%s:" % title)
+    out.line("%s: %d" % (title, sum(counts.values())))
     for name, count in counts.items():
-        out.line("  %-10s %d" % (name, count))
+        out.line("  %-20s %d" % (name, count))
 
 
 def packets(out, result, windbg=False):
@@ -72,12 +77,14 @@ def packets(out, result, windbg=False):
             if buffer.listing_truncated:
                 out.line("(listed %d of %d packets: --max-packets N lists more; --stats counts them all)"
                          % (len(buffer.packets), buffer.stats.packets))
-        totals = buffer.stats.as_dict()
-        out.line("bytes: %d" % totals["bytes"])
-        out.line("packets: %d" % totals["packets"])
-        _counts(out, "types", totals["types"])
-        out.line("errors: %d" % totals["errors"])
-    problems(out, result.problems)
+        _packet_totals(out, buffer.stats.as_dict())
+    problems(out, result.problems, totals_only=result.stats)
+
+
+def _packet_totals(out, totals):
+    out.line("bytes: %d" % totals["bytes"])
+    _counts(out, "packets", totals["types"])
+    out.line("errors: %d" % totals["errors"])
 
 
 def _merged(rows, events, row_index):
@@ -160,12 +167,13 @@ def _events_cut(out, buffer):
 
 def flow_buffer(out, buffer, windbg, view):
     source_lines(out, buffer.source)
-    _events_cut(out, buffer)
     if buffer.stats:
+        _packet_totals(out, buffer.packet_stats.as_dict())
         out.line("instructions: %d" % buffer.instruction_count)
         out.line("blocks: %d" % buffer.decode.blocks_built)
-        _event_list(out, buffer.events)
+        _counts(out, "events", dict(sorted(buffer.events_by_kind.items())))
         return
+    _events_cut(out, buffer)
     if view == "instructions":
         _instructions(out, buffer, windbg)
     elif view == "path":
@@ -186,7 +194,7 @@ def flow(out, result, windbg=False):
                                                        ", ".join(sorted(result.errata))))
     for buffer in result.buffers:
         flow_buffer(out, buffer, windbg, result.view)
-    problems(out, result.problems)
+    problems(out, result.problems, totals_only=result.stats)
 
 
 def event_header(out, header):

@@ -286,6 +286,50 @@ def looks_like_event(payload):
     return plausible_event(header) and PSB in payload[EVENT_HEADER.size:EVENT_HEADER.size + header["TraceSize"]]
 
 
+class _PsbSearch(object):
+    """The first PSB of a trace in target memory, for candidates at rising addresses.
+
+    Candidate headers can sit every few bytes (a buffer of copies, or data that looks
+    like headers), each with a trace of up to MAX_TRACE_SIZE bytes; searching each
+    trace anew would cost their sizes multiplied.  So the search remembers how far it
+    has read and what it found: memory from ``start`` to ``searched`` is readable and
+    holds no PSB before ``psb`` (None: none at all; ``hole``: ``searched`` is where
+    reading stopped at unreadable memory), and every byte is read about once."""
+
+    def __init__(self, target):
+        self.target = target
+        self.start = self.searched = 0
+        self.psb = None
+        self.hole = False
+
+    def first(self, address, size):
+        """Address of the first PSB wholly inside the readable start of ``[address,
+        address + size)``, or None."""
+        end = address + size
+        if not self.start <= address <= self.searched:
+            self.start = self.searched = address
+            self.psb, self.hole = None, False
+        if self.psb is not None and self.psb >= address:
+            return self.psb if self.psb + len(PSB) <= end else None
+        # Nothing from address to self.searched (a PSB there would be self.psb):
+        # read on, from where a PSB cut by the last read would start.
+        while not self.hole and self.searched < end:
+            at = max(address, self.searched - len(PSB) + 1)
+            probe = self.target.try_read(at, min(SCAN_CHUNK, end - at))
+            data = probe.data
+            if probe.holes:
+                data = data[:probe.holes[0][0] - at]
+                self.hole = True
+            found = data.find(PSB)
+            self.searched = at + len(data)
+            if found >= 0:
+                self.psb = at + found
+                self.searched = self.psb + len(PSB)
+                self.hole = False
+                return self.psb
+        return None
+
+
 def scan_target(target, start=0, end=None, max_events=1000, max_bytes=1 << 30):
     """Find IntelProcessorTrace events in readable target memory.
 
@@ -298,6 +342,7 @@ def scan_target(target, start=0, end=None, max_events=1000, max_bytes=1 << 30):
     events = []
     notes = []
     scanned = 0
+    psb_search = _PsbSearch(target)
     for lo, hi in target.readable_ranges(start, end):
         cursor = lo
         while cursor < hi:
@@ -315,13 +360,11 @@ def scan_target(target, start=0, end=None, max_events=1000, max_bytes=1 << 30):
                 if not plausible_event(header):
                     continue
                 trace_address = address + EVENT_HEADER.size
-                size = header["TraceSize"]
-                probe = target.try_read(trace_address, size)
-                usable = probe.data if not probe.holes else probe.data[:probe.holes[0][0] - trace_address]
-                if PSB not in usable:
+                psb = psb_search.first(trace_address, header["TraceSize"])
+                if psb is None:
                     continue
                 events.append({"address": address, "trace_address": trace_address, "header": header,
-                               "psb_at_start": usable.startswith(PSB), "readable_bytes": len(usable)})
+                               "psb_at_start": psb == trace_address})
                 if len(events) >= max_events:
                     notes.append("stopped after %d events" % max_events)
                     return events, notes

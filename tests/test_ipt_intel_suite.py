@@ -1,0 +1,333 @@
+"""Intel's own libipt test suite is the specification of the packet decoder and the
+flow: every ``.ptt`` in ``../shared/realworld/ipt/libipt-ptt/`` (230 tests, current
+upstream), decoded the way its expected listings were made.
+
+* packets: ``decode_packets`` of ``NAME.pt``, from the first PSB, equals
+  ``NAME-ptdump.exp`` line for line: offset, packet name, and the payload column
+  ptdump prints (IP bytes and IP, TNT bits, payload fields);
+* flows: ``decode_flow`` of ``NAME.pt`` over ``NAME.bin`` at the ``.ptt``'s ``org``,
+  with each of the test's ``; cpu`` (its errata workarounds on), equals the instruction
+  addresses of ``NAME-ptxed.exp`` up to its end (``[end of trace]``, or the first
+  error when the test does not resynchronise), and its events (PTXED_EVENTS: the
+  kinds both print) come in ptxed's order.
+
+A ptxed option changes nothing to compare (event and timing display) or has an
+equivalent (``--resync-on-error``: FlowDecoder's ``resync_on_error``; ``--cpu``), or
+its test is not applicable, for a reason listed in
+FLOW_NOT_APPLICABLE.  Tests whose flow still disagrees are listed, by the family
+of libipt's conventions they follow, in FLOW_DISAGREES: a ratchet: a test asserts
+each still disagrees (fixing one means removing it) and that the list does not grow.
+"""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from dbgext.ipt.errata import cpu_errata, parse_cpu
+from dbgext.ipt.flow import CodeImage, decode_flow
+from dbgext.ipt.packets import PSB, decode_packets
+
+SUITE = Path(__file__).resolve().parents[1].parent / "shared" / "realworld" / "ipt" / "libipt-ptt"
+TESTS = sorted(path.stem for path in SUITE.glob("*.ptt"))
+FLOW_TESTS = [name for name in TESTS if (SUITE / (name + "-ptxed.exp")).exists()]
+
+# ptxed options whose test cannot be compared, with the reason (short: a test below
+# asserts it does not grow).
+FLOW_NOT_APPLICABLE = {
+    "--block:show-blocks": "prints the block decoder's blocks, which dbgext does not list",
+    "--filter:addr0_cfg": "decodes under an IP filter configuration, which dbgext is not given",
+    "--quiet": "lists no instructions",
+    "--raw": "loads the code from an offset of another file",
+}
+NOT_APPLICABLE_LIMIT = 4
+# Listings that differ by design: ptdump applies the test CPU's packet-layer errata;
+# ``ipt packets`` lists the packets as encoded (the flow applies those errata).
+PACKETS_DIFFER = {
+    "skd007": "SKD007: ptdump shows a CYC cut by an OVF as one OVF",
+    "skz84": "SKZ84: ptdump shows a TMA with reserved bits and the byte after it as one invalid packet",
+}
+
+# Flows that still disagree, by family (the issue's families; each is a libipt
+# convention dbgext does not follow yet).
+FLOW_DISAGREES_BY_FAMILY = {
+    "paging: libipt binds each PIP to a MOV CR3 that follows and decodes on past the end of the trace "
+    "while one is pending; the flow does not track PIPs":
+        ("pip-pip_mov_cr3-fail",),
+    "an error's instruction: ptxed lists the instruction an error stopped at when libipt had decoded it; "
+    "the flow leaves it out, as the harness's libipt 2.0.5 calls count it (a failed pt_insn_next)":
+        ("ptxed-resync-bad_query-fup-tip", "ptxed-resync-bad_query-ovf", "ptxed-resync-bad_query-tip"),
+}
+FLOW_DISAGREES = {name: family for family, names in FLOW_DISAGREES_BY_FAMILY.items() for name in names}
+FLOW_DISAGREES_LIMIT = 4  # it only shrinks: fixing a family means removing its tests
+
+# ptdump's name of each packet type.
+PTDUMP_NAMES = {"tnt8": "tnt.8", "tnt64": "tnt.64"}
+PTDUMP_TYPES = {"pad", "psb", "psbend", "ovf", "stop", "tnt.8", "tnt.64", "tip", "tip.pge", "tip.pgd", "fup",
+                "mode.exec", "mode.tsx", "pip", "tsc", "cbr", "tma", "mtc", "cyc", "vmcs", "mnt", "exstop",
+                "mwait", "pwre", "pwrx", "ptw", "cfe", "evd", "trig"}
+# IPBytes -> (payload hex digits shown, '?' digits before them)
+IP_SHOWN = {0: (0, 16), 1: (4, 12), 2: (8, 8), 3: (16, 0), 4: (12, 4), 6: (16, 0)}
+CFE_WITH_VECTOR = {1, 5, 9, 12, 14}  # INTR, SIPI, VMEXIT_INTR, UINTR, SWINTR
+CFE_SIPI = 5  # its vector is shown in hex, the others' in decimal
+
+
+def directives(name):
+    """{"cpus": ["F/M"...], "ptxed": [options], "ptdump": [options], "org": int}."""
+    found = {"cpus": [], "ptxed": [], "ptdump": [], "org": 0}
+    for line in (SUITE / (name + ".ptt")).read_text().splitlines():
+        words = line.lstrip("; ").split()
+        if line.startswith(";") and len(words) >= 2 and words[0] == "cpu":
+            found["cpus"].append(words[1])
+        elif line.startswith(";") and words and words[0] in ("opt:ptxed", "opt:ptdump"):
+            found[words[0][4:]] += words[1:]
+        elif words[:1] == ["org"]:
+            found["org"] = int(words[1], 0)
+    return found
+
+
+def ptdump_payload(packet):
+    """The payload column ptdump prints for ``packet`` (a dbgext Packet)."""
+    fields, kind = packet.fields, packet.type
+    if kind in ("tnt8", "tnt64"):
+        return fields["bits"].replace("T", "!").replace("N", ".")
+    if kind in ("tip", "tip.pge", "tip.pgd", "fup"):
+        shown, hidden = IP_SHOWN[fields["ipbytes"]]
+        ip = fields["ip"] or 0
+        digits = ("%016x" % ip)[16 - shown:] if shown else ""
+        return "%d: %s%s" % (fields["ipbytes"], "?" * hidden, digits)
+    if kind == "mode.exec":
+        return ", ".join(flag for flag, on in (("cs.l", fields["csl"]), ("cs.d", fields["csd"]),
+                                                ("if", fields["if"])) if on)
+    if kind == "mode.tsx":
+        return ", ".join(flag for flag, on in (("intx", fields["intx"]), ("abrt", fields["abort"])) if on)
+    if kind == "pip":
+        return "%x%s" % (fields["cr3"], ", nr" if fields["nr"] else "")
+    if kind in ("tsc", "cbr", "mtc", "cyc", "vmcs", "mnt"):
+        return "%x" % fields[{"tsc": "tsc", "cbr": "ratio", "mtc": "ctc", "cyc": "value", "vmcs": "base",
+                              "mnt": "payload"}[kind]]
+    if kind == "tma":
+        return "%x, %x" % (fields["ctc"], fields["fc"])
+    if kind == "exstop":
+        return "ip" if fields["ip"] else ""
+    if kind == "mwait":
+        return "%08x, %08x" % (fields["hints"], fields["ext"])
+    # ptdump names a C-state by its encoding plus one (0 is C1, 0xF is C0).
+    if kind == "pwre":
+        return "c%x.%x%s" % ((fields["state"] + 1) & 0xF, (fields["sub_state"] + 1) & 0xF,
+                             ", hw" if fields["hw"] else "")
+    if kind == "pwrx":
+        wake = "int" if fields["interrupt"] else "st" if fields["store"] else "hw" if fields["autonomous"] else ""
+        return "%s: c%x, c%x" % (wake, (fields["last"] + 1) & 0xF, (fields["deepest"] + 1) & 0xF)
+    if kind == "ptw":
+        return "%d: %x%s" % (fields["size"] // 8, fields["payload"], ", ip" if fields["ip"] else "")
+    if kind == "cfe":
+        shown = "%d" % fields["cfe_type"]
+        if fields["cfe_type"] in CFE_WITH_VECTOR:
+            shown += (": %x" if fields["cfe_type"] == CFE_SIPI else ": %d") % fields["vector"]
+        return shown + (", ip" if fields["ip"] else "")
+    if kind == "evd":
+        return "%d: %x" % (fields["evd_type"], fields["payload"])
+    if kind == "trig":
+        return "%02x%s%s%s" % (fields["trbv"], ", ip" if fields["ip"] else "", ", mult" if fields["mult"] else "",
+                               ", icnt: %d" % fields["icnt"] if fields["icnt"] is not None else "")
+    return ""
+
+
+# A ptdump line: [offset] [raw bytes] name, then columns two or more spaces apart:
+# the payload, then what options add (timing, the last IP, the execution mode...).
+_PTDUMP_LINE = re.compile(r"^(?:([0-9a-f]{16})\s+)?(?:[0-9a-f]+\s+)?(%s)(?:\s+(.*))?$"
+                          % "|".join(re.escape(name) for name in sorted(PTDUMP_TYPES, key=len, reverse=True)))
+_EXTRA_COLUMN = re.compile(r"^(?:tsc|fcr|cr3|vmcs|type|ip|em) ")
+
+
+def expected_packets(name, with_offsets):
+    """ptdump's (offset or None, name, payload) lines, from the first PSB on."""
+    rows = []
+    for line in (SUITE / (name + "-ptdump.exp")).read_text().splitlines():
+        match = _PTDUMP_LINE.match(line.strip())
+        if not match:
+            continue
+        payload = re.split(r"\s{2,}", match.group(3) or "")[0]
+        if _EXTRA_COLUMN.match(payload):
+            payload = ""
+        offset = int(match.group(1), 16) if with_offsets and match.group(1) else None
+        rows.append((offset, match.group(2), payload))
+    first = next((index for index, row in enumerate(rows) if row[1] == "psb"), len(rows))
+    return rows[first:]
+
+
+def our_packets(name, with_offsets):
+    data = (SUITE / (name + ".pt")).read_bytes()
+    hidden = {"cyc"} if "--no-cyc" in directives(name)["ptdump"] else set()
+    return [(packet.offset if with_offsets else None, PTDUMP_NAMES.get(packet.type, packet.type),
+             ptdump_payload(packet)) for packet in decode_packets(data).packets if packet.type not in hidden]
+
+
+def packets_agree(name):
+    with_offsets = "--no-offset" not in directives(name)["ptdump"]
+    return our_packets(name, with_offsets) == expected_packets(name, with_offsets)
+
+
+_ADDRESS = re.compile(r"^(?:\? )?([0-9a-f]{16})\b")
+
+
+def expected_flow(name):
+    """ptxed's instruction addresses up to its end: the end of trace, or the first
+    error when the test does not resynchronise (ptxed stops there)."""
+    resync = "--resync-on-error" in directives(name)["ptxed"]
+    addresses = []
+    for line in (SUITE / (name + "-ptxed.exp")).read_text().splitlines():
+        match = _ADDRESS.match(line)
+        if match:
+            addresses.append(int(match.group(1), 16))
+        elif line.startswith("[end of trace]") or (": error:" in line and not resync):
+            break
+    return addresses
+
+
+def not_applicable(name):
+    """The reason the flow of test ``name`` cannot be compared, or None."""
+    for option in directives(name)["ptxed"]:
+        for prefix, reason in FLOW_NOT_APPLICABLE.items():
+            if option.startswith(prefix):
+                return reason
+    return None
+
+
+def cpus(name):
+    """The CPUs the test runs with (each ``; cpu`` line, or ptxed's ``--cpu``), None for none."""
+    found = directives(name)
+    options = found["ptxed"]
+    if "--cpu" in options:
+        return [options[options.index("--cpu") + 1]]
+    return found["cpus"] or [None]
+
+
+def our_flow(name, cpu):
+    found = directives(name)
+    errata = cpu_errata(parse_cpu(cpu)) if cpu and cpu != "0/0" else frozenset()
+    code = CodeImage(images=[(found["org"], (SUITE / (name + ".bin")).read_bytes())])
+    return decode_flow((SUITE / (name + ".pt")).read_bytes(), code, errata=errata,
+                       resync_on_error="--resync-on-error" in found["ptxed"]).instructions
+
+
+def flow_agrees(name):
+    return all(our_flow(name, cpu) == expected_flow(name) for cpu in cpus(name))
+
+
+def test_the_suite_is_there_whole():
+    assert len(TESTS) == 230 and len(FLOW_TESTS) == 191
+    for name in TESTS:
+        assert (SUITE / (name + ".pt")).read_bytes().find(PSB) >= 0 or name.startswith("ptdump-"), name
+
+
+@pytest.mark.parametrize("name", [name for name in TESTS if name not in PACKETS_DIFFER])
+def test_packets_equal_ptdumps_listing(name):
+    with_offsets = "--no-offset" not in directives(name)["ptdump"]
+    assert our_packets(name, with_offsets) == expected_packets(name, with_offsets)
+
+
+@pytest.mark.parametrize("name", sorted(PACKETS_DIFFER))
+def test_a_listing_that_differs_by_design_differs_only_where_its_erratum_is(name):
+    ours, theirs = our_packets(name, True), expected_packets(name, True)
+    assert ours != theirs and ours[:3] == theirs[:3]
+
+
+@pytest.mark.parametrize("name", [name for name in FLOW_TESTS
+                                  if not_applicable(name) is None and name not in FLOW_DISAGREES])
+def test_flow_equals_ptxeds_instructions(name):
+    for cpu in cpus(name):
+        assert (cpu, our_flow(name, cpu)) == (cpu, expected_flow(name))
+
+
+@pytest.mark.parametrize("name", sorted(FLOW_DISAGREES))
+def test_a_flow_listed_as_disagreeing_still_disagrees(name):
+    assert not flow_agrees(name), "%s agrees now: remove it from FLOW_DISAGREES" % name
+
+
+def test_the_list_of_disagreeing_flows_does_not_grow():
+    assert len(FLOW_DISAGREES) <= FLOW_DISAGREES_LIMIT and set(FLOW_DISAGREES) <= set(FLOW_TESTS)
+
+
+def test_the_list_of_options_without_an_equivalent_stays_short():
+    assert len(FLOW_NOT_APPLICABLE) <= NOT_APPLICABLE_LIMIT
+    assert all(any(not_applicable(name) == reason for name in FLOW_TESTS) for reason in FLOW_NOT_APPLICABLE.values())
+
+
+def test_resync_on_error_goes_on_at_the_next_ip_from_the_command_line():
+    """ptxed-resync-bad_query-tip: the jnz finds a TIP; with --resync-on-error decoding goes
+    on at that TIP's IP, without it at the next PSB (there is none)."""
+    import io
+    import json
+
+    from dbgext.cli import main
+    name = "ptxed-resync-bad_query-tip"
+    argv = ["ipt", "flow", "--trace", str(SUITE / (name + ".pt")), "--image",
+            "%s@%x" % (SUITE / (name + ".bin"), directives(name)["org"]), "--json"]
+    listed = {}
+    for option in ([], ["--resync-on-error"]):
+        stream = io.StringIO()
+        main(argv + option, stream=stream)
+        document = json.loads(stream.getvalue())
+        listed[bool(option)] = [row["ip"] for row in document["buffers"][0]["instructions"]]
+        assert [problem["kind"] for problem in document["problems"]] == ["ipt_flow_error"]
+    assert listed == {False: [], True: [0x100005]}
+
+
+# -- events ---------------------------------------------------------------------------
+
+# The events both print, by the start of ptxed's line: compared as a sequence of kinds.
+PTXED_EVENTS = (("[enabled", "enabled"), ("[disabled", "disabled"), ("[overflow", "overflow"),
+                ("[interrupts enabled", "interrupts_enabled"), ("[interrupts disabled", "interrupts_disabled"),
+                ("[interrupt", "interrupt"), ("[exstop", "exstop"), ("[ptwrite", "ptwrite"),
+                ("[begin transaction", "tsx_begin"), ("[committed", "tsx_commit"), ("[aborted", "tsx_abort"))
+# Tests whose events still differ (events while tracing is off, PTW without IP, the
+# event trace's interrupts, TSX state with TIP.PGE...): measured when the comparison was
+# added; it only shrinks.
+EVENTS_DISAGREE = frozenset((
+    "fup-tip_pgd-tip_pge", "mtc-ovf_keep-cyc", "mtc-ovf_reset-cyc", "mwait-pwre-exstop_ip-fup-ovf",
+    "mwait-pwre-exstop_ip-ovf", "psb-fup-ptw-trig", "ptet", "ptet-evd_cr2-cfe_iret", "ptet-evd_cr2-evd_vmxq",
+    "ptet-evd_vmxq-cfe_intr", "ptet-evd_vmxr-cfe_rsm", "ptet-evd_vmxr-evd-cr2", "ptet-int-eretu",
+    "ptet-int-int-erets-eretu", "ptet-int-iret", "ptet-int-iret-cpl_0", "ptet-int-iret-cpl_3", "ptet-mode_exec-if",
+    "ptet-mode_exec-spurious", "ptet-smi-rsm", "ptet-vmexit-vmentry-nonroot", "ptw", "ptw-fup",
+    "ptxed-resync-nomap-fup-tip", "ptxed-resync-nomap-mode_tsx-eos", "ptxed-resync-nomap-mode_tsx-tip_pgd",
+    "ptxed-resync-nomap-ptw-tip", "ptxed-resync-nomap-tip_pgd", "ptxed-resync-nomap-tip_pge", "ptxed-tick",
+    "syscall-sysret-cpl_3", "sysenter-sysexit-cpl_3", "tip_pgd-exstop-tip_pge",
+    "tip_pgd-mwait-pwre-exstop-pwrx-tip_pge", "tip_pgd-mwait-pwre-exstop_ip-pwre-pwrx",
+    "tip_pgd-mwait-pwre-exstop_ip-pwrx", "tip_pgd-tsx", "tip_pge-fup-tip_pgd-tip_pge", "tip_pge-ptw-tip_pgd",
+    "tip_pge-tsx_abort-tip-fup-tip_pgd", "tip_pge-tsx_abort-tip_pgd"))
+EVENTS_DISAGREE_LIMIT = 41
+
+
+def expected_events(name):
+    """The kinds of ptxed's event lines of PTXED_EVENTS, up to where expected_flow stops."""
+    resync = "--resync-on-error" in directives(name)["ptxed"]
+    kinds = []
+    for line in (SUITE / (name + "-ptxed.exp")).read_text().splitlines():
+        if line.startswith("[end of trace]") or (": error:" in line and not resync):
+            break
+        kinds += [kind for prefix, kind in PTXED_EVENTS if line.startswith(prefix)][:1]
+    return kinds
+
+
+def our_events(name):
+    found = directives(name)
+    cpu = cpus(name)[0]
+    errata = cpu_errata(parse_cpu(cpu)) if cpu and cpu != "0/0" else frozenset()
+    code = CodeImage(images=[(found["org"], (SUITE / (name + ".bin")).read_bytes())])
+    result = decode_flow((SUITE / (name + ".pt")).read_bytes(), code, errata=errata,
+                         resync_on_error="--resync-on-error" in found["ptxed"])
+    wanted = {kind for _, kind in PTXED_EVENTS}
+    return [event[1] for event in result.events if event[1] in wanted]
+
+
+@pytest.mark.parametrize("name", [name for name in FLOW_TESTS
+                                  if not_applicable(name) is None and name not in EVENTS_DISAGREE])
+def test_flow_events_equal_ptxeds_events(name):
+    assert our_events(name) == expected_events(name)
+
+
+def test_the_list_of_disagreeing_events_does_not_grow():
+    assert len(EVENTS_DISAGREE) <= EVENTS_DISAGREE_LIMIT and EVENTS_DISAGREE <= set(FLOW_TESTS)
+    assert all(our_events(name) != expected_events(name) for name in EVENTS_DISAGREE)
