@@ -12,12 +12,15 @@ next such match), 15 in a byte, 255 in a u16 and, when that is 0, a u32.
 
 Speed of plain XPRESS (in pure Python, what costs is bytecodes and new int
 objects per token): each flag word is split into its runs of literals at once
-(its 32 bits as text, split at the 1s), a run is one slice (one byte: one
-append), and a match is one slice copy (a repeated pattern when it overlaps
-itself).  The match words are decoded for every byte offset of the buffer at
-once, with bytes.translate and one big-int OR: the negated offset as a signed
-16-bit array and the short length as a byte string, so a match costs two C
-index operations and no shifts or masks.
+(its 32 bits as text, from a table of the 256 bytes, split at the 1s), a run
+is one slice (one byte: one append), and a match is one slice copy (a repeated
+pattern when it overlaps itself).  The match words are decoded for every byte
+offset of the buffer at once, with bytes.translate and one big-int OR: the
+negated offset as a signed 16-bit array and the short length as a byte string,
+so a match costs two C index operations and no shifts or masks.  Matches are
+checked (before the start, past ``size``) only in the first 8 KiB of output,
+where the largest offset could reach before the start, and when they overlap
+themselves, where a long length could repeat without bound.
 
 XPRESS Huffman:
 The stream is a run of blocks, one per 64 KiB of output.  Each block starts with
@@ -53,6 +56,7 @@ MASKS = [(1 << n) - 1 for n in range(REFILL_BITS + SYMBOL_AND_OFFSET_BITS)]
 PLAIN_MIN_MATCH = 3
 PLAIN_LONG_LENGTH = 15 + 7           # what a u16/u32 length counts beyond the 3-bit and nibble steps
 PLAIN_MAX_OFFSET = 1 << 13
+PLAIN_FLAG_BITS = tuple(format(byte, "08b") for byte in range(256))     # a flag byte as text, high bit first
 # By the first byte of a match word: its length, or 0 when the length continues (3-bit field 7).
 PLAIN_SHORT_LENGTHS = bytes((byte & 7) + PLAIN_MIN_MATCH if byte & 7 != 7 else 0 for byte in range(256))
 # The bytes of ~(word >> 3), the negated offset as a 16-bit two's complement, from the word's two bytes:
@@ -240,16 +244,20 @@ def decompress_plain(data, size, where="compressed data"):
     append = out.append
     position = 0
     nibble_at = 0        # the byte whose high nibble the next length-7 match uses, or 0
+    # Until 8 KiB are out a match may reach before the start: ``floor`` then sends every match
+    # to the checked copy; after, only the ones that overlap themselves go there.
+    floor = -PLAIN_MAX_OFFSET
+    bits = PLAIN_FLAG_BITS
     try:
         while len(out) < size:
-            if position + 4 > end:
-                raise IndexError
-            runs = format(int.from_bytes(data[position:position + 4], "little"), "032b").split("1")
+            # The word's bits, most significant first, from the table of bytes (a flag word that
+            # would run past the input raises IndexError).
+            runs = (bits[data[position + 3]] + bits[data[position + 2]] + bits[data[position + 1]]
+                    + bits[data[position]]).split("1")
             position += 4
             last_run = len(runs.pop())                    # the literals after the word's last match
-            # Until 8 KiB are out a match may reach before the start: ``floor`` then sends every
-            # match to the checked copy; after, only the ones that overlap themselves go there.
-            floor = 0 if len(out) >= PLAIN_MAX_OFFSET else -PLAIN_MAX_OFFSET
+            if floor and len(out) >= PLAIN_MAX_OFFSET:
+                floor = 0
             for run in map(len, runs):                    # the literals before each match
                 # A run cut by the end of the input comes up short, which the check after the loop sees.
                 if run == 1:
