@@ -15,7 +15,7 @@ objects per token): each flag word is split into its runs of literals at once
 (its 32 bits as text, from a table of the 256 bytes, split at the 1s), a run
 is one slice (one byte: one append), and a match is one slice copy (a repeated
 pattern when it overlaps itself).  The match words are decoded for every byte
-offset of the buffer at once, with bytes.translate and one big-int OR: the
+offset of the buffer at once, with one big-int shift and bytes.translate: the
 negated offset as a signed 16-bit array and the short length as a byte string,
 so a match costs two C index operations and no shifts or masks.  Matches are
 checked (before the start, past ``size``) only in the first 8 KiB of output,
@@ -59,11 +59,10 @@ PLAIN_MAX_OFFSET = 1 << 13
 PLAIN_FLAG_BITS = tuple(format(byte, "08b") for byte in range(256))     # a flag byte as text, high bit first
 # By the first byte of a match word: its length, or 0 when the length continues (3-bit field 7).
 PLAIN_SHORT_LENGTHS = bytes((byte & 7) + PLAIN_MIN_MATCH if byte & 7 != 7 else 0 for byte in range(256))
-# The bytes of ~(word >> 3), the negated offset as a 16-bit two's complement, from the word's two bytes:
-# bits 0-4 from the first byte, bits 5-7 from the second, and the high byte from the second.
-PLAIN_NOT_OFFSET_LOW = bytes(31 - (byte >> 3) for byte in range(256))
-PLAIN_NOT_OFFSET_MIDDLE = bytes(224 - ((byte & 7) << 5) for byte in range(256))
-PLAIN_NOT_OFFSET_HIGH = bytes(255 - (byte >> 3) for byte in range(256))
+# The two bytes of ~(word >> 3), the negated offset as a 16-bit two's complement, from the bytes of
+# the input shifted right by 3 bits (see _negated_offsets).
+PLAIN_NOT_OFFSET_LOW = bytes(255 - byte for byte in range(256))
+PLAIN_NOT_OFFSET_HIGH = bytes(255 - (byte & 31) for byte in range(256))
 
 
 class XpressError(BadInput):
@@ -211,12 +210,12 @@ def _negated_offsets(data):
     ``out[back:back + length]`` is the match's copy.  A word that would run past
     the input raises IndexError."""
     count = max(len(data) - 1, 0)
-    # The two bit fields of the low byte come from different input bytes and never overlap: one OR.
-    low = (int.from_bytes(data[:count].translate(PLAIN_NOT_OFFSET_LOW), "little")
-           | int.from_bytes(data[1:].translate(PLAIN_NOT_OFFSET_MIDDLE), "little")).to_bytes(count, "little")
+    # In the input shifted right by 3 bits as one integer, byte p is bits 3-10 of the word at p
+    # (offset - 1's low byte) and the low 5 bits of byte p + 1 its bits 11-15 (the high byte).
+    shifted = (int.from_bytes(data, "little") >> 3).to_bytes(len(data), "little")
     interleaved = bytearray(2 * count)
-    interleaved[0::2] = low
-    interleaved[1::2] = data[1:].translate(PLAIN_NOT_OFFSET_HIGH)
+    interleaved[0::2] = shifted[:count].translate(PLAIN_NOT_OFFSET_LOW)
+    interleaved[1::2] = shifted[1:].translate(PLAIN_NOT_OFFSET_HIGH)
     backs = array("h", interleaved)
     if sys.byteorder != "little":
         backs.byteswap()
