@@ -227,7 +227,8 @@ def decompress_plain(data, size, where="compressed data"):
 
     Raises :class:`XpressError` naming ``where`` when the data is corrupt: input
     that ends before the output is complete, a match reaching before the start,
-    or a match that repeats itself running past ``size``.
+    or a checked match (one that repeats itself, or any in the first 8 KiB of
+    output) starting before ``size`` and running past it.
 
     The end is checked once per flag word, not per token: the tokens after the
     last one of a flag word may run past ``size`` or past the input (the writer
