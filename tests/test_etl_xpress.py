@@ -376,6 +376,8 @@ def test_plain_errors_name_the_buffer():
         decompress_plain(stream[:6], 21, "buffer 7")
     with pytest.raises(XpressError, match="before the start"):
         decompress_plain(plain_stream([ord("a"), (5, 2)]), 6, "buffer 7")
+    with pytest.raises(XpressError, match="output byte 0x3 reaches back 0x5 bytes, before the start"):
+        decompress_plain(plain_stream(list(b"abc") + [(3, 5)]), 6, "buffer 7")   # a copy that does not overlap
     with pytest.raises(XpressError, match="past the expected size"):
         decompress_plain(stream, 10, "buffer 7")
 

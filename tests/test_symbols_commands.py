@@ -89,6 +89,14 @@ def test_x_says_which_modules_had_nothing_to_search(kernel):
     assert document["modules_without_symbols"] == ["nt"]
 
 
+def test_x_warns_once_per_reason_for_modules_it_could_not_search(kernel):
+    dump, symbols = kernel
+    code, out, err = run(["x", "*!*Thread*", "--dump", dump, "--symbols", symbols])
+    assert code == 0 and "kernel_shapes!SampleThread" in out
+    assert err.splitlines() == ["warning: nt: no symbols: its image is not in the dump and the symbol path gives no "
+                                "PDB for it"]
+
+
 def test_x_without_a_module_is_a_usage_error(kernel):
     dump, symbols = kernel
     code, _, err = run(["x", "Copy*", "--dump", dump, "--symbols", symbols])

@@ -8,9 +8,19 @@ Plain XPRESS: 32-bit little-endian flag words, read from the most significant
 bit; a 0 bit is a literal byte, a 1 bit a match: a u16 whose low 3 bits are the
 length - 3 and whose high 13 bits the offset - 1.  Length 7 continues in a
 nibble (two matches share one byte: the low nibble first, the high nibble at the
-next such match), 15 in a byte, 255 in a u16 and, when that is 0, a u32.  The
-decoder copies each run of literals between two flag bits as one slice, and
-each match as one slice (a repeated pattern when it overlaps itself).
+next such match), 15 in a byte, 255 in a u16 and, when that is 0, a u32.
+
+Speed of plain XPRESS (in pure Python, what costs is bytecodes and new int
+objects per token): each flag word is split into its runs of literals at once
+(its 32 bits as text, from a table of the 256 bytes, split at the 1s), a run
+is one slice (one byte: one append), and a match is one slice copy (a repeated
+pattern when it overlaps itself).  The match words are decoded for every byte
+offset of the buffer at once, with one big-int shift and bytes.translate: the
+negated offset as a signed 16-bit array and the short length as a byte string,
+so a match costs two C index operations and no shifts or masks.  Matches are
+checked (before the start, past ``size``) only in the first 8 KiB of output,
+where the largest offset could reach before the start, and when they overlap
+themselves, where a long length could repeat without bound.
 
 XPRESS Huffman:
 The stream is a run of blocks, one per 64 KiB of output.  Each block starts with
@@ -45,6 +55,14 @@ SYMBOL_AND_OFFSET_BITS = 31          # a code (<= 15 bits) then its offset bits 
 MASKS = [(1 << n) - 1 for n in range(REFILL_BITS + SYMBOL_AND_OFFSET_BITS)]
 PLAIN_MIN_MATCH = 3
 PLAIN_LONG_LENGTH = 15 + 7           # what a u16/u32 length counts beyond the 3-bit and nibble steps
+PLAIN_MAX_OFFSET = 1 << 13
+PLAIN_FLAG_BITS = tuple(format(byte, "08b") for byte in range(256))     # a flag byte as text, high bit first
+# By the first byte of a match word: its length, or 0 when the length continues (3-bit field 7).
+PLAIN_SHORT_LENGTHS = bytes((byte & 7) + PLAIN_MIN_MATCH if byte & 7 != 7 else 0 for byte in range(256))
+# The two bytes of ~(word >> 3), the negated offset as a 16-bit two's complement, from the bytes of
+# the input shifted right by 3 bits (see _negated_offsets).
+PLAIN_NOT_OFFSET_LOW = bytes(255 - byte for byte in range(256))
+PLAIN_NOT_OFFSET_HIGH = bytes(255 - (byte & 31) for byte in range(256))
 
 
 class XpressError(BadInput):
@@ -186,60 +204,72 @@ def decompress(data, size, where="compressed data"):
     return bytes(out)
 
 
-def _u16_arrays(data):
-    """(words at even offsets, words at odd offsets) of ``data``, little-endian:
-    the u16 at byte p is ``arrays[p & 1][p >> 1]``, one C index instead of two
-    byte reads and a shift."""
-    count = len(data)
-    arrays = (array("H", data[:count & ~1]), array("H", data[1:1 + ((count - 1) & ~1)] if count > 1 else b""))
+def _negated_offsets(data):
+    """The negated offset (-1 to -8192) of a match word at every byte offset of
+    ``data`` but the last (where no whole word starts), as signed 16-bit ints:
+    ``out[back:back + length]`` is the match's copy.  A word that would run past
+    the input raises IndexError."""
+    count = max(len(data) - 1, 0)
+    # In the input shifted right by 3 bits as one integer, byte p is bits 3-10 of the word at p
+    # (offset - 1's low byte) and the low 5 bits of byte p + 1 its bits 11-15 (the high byte).
+    shifted = (int.from_bytes(data, "little") >> 3).to_bytes(len(data), "little")
+    interleaved = bytearray(2 * count)
+    interleaved[0::2] = shifted[:count].translate(PLAIN_NOT_OFFSET_LOW)
+    interleaved[1::2] = shifted[1:].translate(PLAIN_NOT_OFFSET_HIGH)
+    backs = array("h", interleaved)
     if sys.byteorder != "little":
-        for words in arrays:
-            words.byteswap()
-    return arrays
+        backs.byteswap()
+    return backs
 
 
 def decompress_plain(data, size, where="compressed data"):
     """The ``size`` bytes that ``data`` (bytes-like, plain LZ77 XPRESS) decodes to.
 
     Raises :class:`XpressError` naming ``where`` when the data is corrupt: input
-    that ends before the output is complete, a match reaching before the start
-    or a long match running past ``size``.
+    that ends before the output is complete, a match reaching before the start,
+    or a checked match (one that repeats itself, or any in the first 8 KiB of
+    output) starting before ``size`` and running past it.
 
     The end is checked once per flag word, not per token: the tokens after the
-    last one of a flag word may run a few bytes past ``size`` (at most 32 short
-    ones) or past the input (the writer sets the unused flag bits, which read as
-    matches), and both are harmless once ``size`` bytes are out."""
+    last one of a flag word may run past ``size`` or past the input (the writer
+    sets the unused flag bits, which read as matches), and both are harmless
+    once ``size`` bytes are out.  The output stays bounded: a match that does
+    not overlap itself copies at most 8 KiB (its offset), and one that does (the
+    only kind a long length can make large) is checked against ``size`` first."""
     data = bytes(data)
     end = len(data)
-    even, odd = _u16_arrays(data)
-    masks = MASKS
+    backs = _negated_offsets(data)
+    short_lengths = data.translate(PLAIN_SHORT_LENGTHS)
     out = bytearray()
+    append = out.append
     position = 0
-    produced = 0
     nibble_at = 0        # the byte whose high nibble the next length-7 match uses, or 0
+    # Until 8 KiB are out a match may reach before the start: ``floor`` then sends every match
+    # to the checked copy; after, only the ones that overlap themselves go there.
+    floor = -PLAIN_MAX_OFFSET
+    bits = PLAIN_FLAG_BITS
     try:
-        while produced < size:
-            if position + 4 > end:
-                raise IndexError
-            flags = int.from_bytes(data[position:position + 4], "little")
+        while len(out) < size:
+            # The word's bits, most significant first, from the table of bytes (a flag word that
+            # would run past the input raises IndexError).
+            runs = (bits[data[position + 3]] + bits[data[position + 2]] + bits[data[position + 1]]
+                    + bits[data[position]]).split("1")
             position += 4
-            count = 32                                    # flag bits left in this word
-            while count:
-                bits = (flags & masks[count]).bit_length()   # the next match is flag bit ``bits - 1``
-                if bits != count:
-                    # A run of literals, copied at once; a run cut by the end of the
-                    # input comes up short, which the check after the loop sees.
-                    take = count - bits
-                    out += data[position:position + take]
-                    position += take
-                    produced += take
-                    if not bits:
-                        break
-                count = bits - 1
-                match = (odd if position & 1 else even)[position >> 1]
+            last_run = len(runs.pop())                    # the literals after the word's last match
+            if floor and len(out) >= PLAIN_MAX_OFFSET:
+                floor = 0
+            for run in map(len, runs):                    # the literals before each match
+                # A run cut by the end of the input comes up short, which the check after the loop sees.
+                if run == 1:
+                    append(data[position])
+                    position += 1
+                elif run:
+                    out += data[position:position + run]
+                    position += run
+                back = backs[position]
+                length = short_lengths[position]
                 position += 2
-                length = (match & 7) + PLAIN_MIN_MATCH
-                if length == 7 + PLAIN_MIN_MATCH:
+                if not length:
                     if nibble_at:
                         length = data[nibble_at] >> 4
                         nibble_at = 0
@@ -264,23 +294,30 @@ def decompress_plain(data, size, where="compressed data"):
                             length -= PLAIN_LONG_LENGTH
                         length += 15
                     length += 7 + PLAIN_MIN_MATCH
-                    if produced + length > size:
-                        if produced >= size:                # past the last token: done
-                            break
-                        raise XpressError("%s: a match at output byte 0x%x runs 0x%x bytes past the expected size "
-                                          "0x%x" % (where, produced, produced + length - size, size))
-                start = produced - (match >> 3) - 1
-                if 0 <= start <= produced - length:
-                    out += out[start:start + length]
-                elif start < 0:
+                stop = back + length
+                if stop < floor:                          # within the output and not overlapping itself
+                    out += out[back:stop]
+                    continue
+                produced = len(out)
+                if produced < -back:
                     raise XpressError("%s: a match at output byte 0x%x reaches back 0x%x bytes, before the start"
-                                      % (where, produced, produced - start))
+                                      % (where, produced, -back))
+                if produced + length > size:
+                    if produced >= size:                  # past the last token: done
+                        break
+                    raise XpressError("%s: a match at output byte 0x%x runs 0x%x bytes past the expected size "
+                                      "0x%x" % (where, produced, produced + length - size, size))
+                if stop < 0:
+                    out += out[back:stop]
                 else:                                     # the match repeats its own start
-                    out += (out[start:produced] * (length // (produced - start) + 1))[:length]
-                produced += length
+                    out += (out[back:] * (length // -back + 1))[:length]
+            else:
+                if last_run:
+                    out += data[position:position + last_run]
+                    position += last_run
     except IndexError:
         pass             # read past the input: an error only if the output is not complete
-    if produced < size or len(out) < size:
+    if len(out) < size:
         raise XpressError("%s: the compressed data ends at byte 0x%x with %d of %d bytes decoded"
-                          % (where, len(data), min(len(out), produced), size))
+                          % (where, end, len(out), size))
     return bytes(out[:size]) if len(out) > size else bytes(out)

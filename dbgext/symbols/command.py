@@ -4,6 +4,7 @@ call :mod:`dbgext.symbols.query`, render)."""
 import argparse
 
 from ..command import Command
+from ..errors import BadInput
 from .query import MAX_DT_DEPTH, display_type, match_symbols, nearest_symbols
 
 
@@ -46,6 +47,9 @@ def _run_ln(ctx, args):
 
 # -- x -------------------------------------------------------------------------------------
 
+MAX_NAMED_MODULES = 5    # modules named in one "no symbols" line; the rest are counted
+
+
 def _add_x_arguments(parser):
     parser.add_argument("pattern", help="MODULE!PATTERN with * and ? wildcards, e.g. nt!Ke*Thread")
 
@@ -61,10 +65,27 @@ def _run_x(ctx, args):
         ctx.out.line("%s %s%s" % (target.format_address(hit.address), hit.full_name, size))
     if result.truncated:
         ctx.warn("more than %d matches; the rest are left out" % len(result.hits))
-    for name in result.modules_without_symbols:
-        ctx.warn("%s: %s" % (name, target.symbols.status(name)))
+    reasons = []
+    for why, names in _grouped(result.without_symbols):
+        shown = ", ".join(names[:MAX_NAMED_MODULES])
+        if len(names) > MAX_NAMED_MODULES:
+            shown += " and %d more modules" % (len(names) - MAX_NAMED_MODULES)
+        reasons.append("%s: no symbols: %s" % (shown, why))
     _problems(ctx, result)
+    if not result.hits and reasons:
+        # Nothing listed because nothing could be searched: an error, not a search that found nothing.
+        raise BadInput("x %s: %s" % (args.pattern, "; ".join(reasons)))
+    for reason in reasons:
+        ctx.warn(reason)
     return 0
+
+
+def _grouped(without_symbols):
+    """[(why, [module names])] in the order the reasons first appear."""
+    groups = {}
+    for name, why in without_symbols:
+        groups.setdefault(why, []).append(name)
+    return list(groups.items())
 
 
 # -- dt ------------------------------------------------------------------------------------

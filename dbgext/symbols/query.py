@@ -7,8 +7,10 @@ import fnmatch
 import struct
 
 from ..errors import BadInput, SymbolNotFound
+from ..pe import DIRECTORY_EXPORT
 from ..problems import ProblemLog
-from .module import ISF_SYMBOLS, PDB_SYMBOLS
+from .match import image_headers
+from .module import EXPORT_SYMBOLS, ISF_SYMBOLS, PDB_SYMBOLS
 
 SCHEMA_VERSION = 1
 
@@ -16,6 +18,7 @@ MAX_DT_BYTES = 0x10000   # the most one dt reads: a structure claiming more is s
 MAX_DT_DEPTH = 9         # WinDbg's -r takes a digit
 MAX_DT_LINES = 20000
 MAX_X_RESULTS = 100000
+EXPORT_DIRECTORY_BYTES = 0x28   # IMAGE_EXPORT_DIRECTORY
 
 
 class SymbolHit(object):
@@ -90,17 +93,22 @@ def nearest_symbols(target, address):
 class MatchResult(object):
     """``x``: symbols whose ``module!name`` matches a pattern, by address."""
 
-    def __init__(self, pattern, hits, modules_without_symbols, truncated):
+    def __init__(self, pattern, hits, without_symbols, truncated):
         self.pattern = pattern
         self.hits = hits
-        self.modules_without_symbols = modules_without_symbols
+        self.without_symbols = without_symbols    # [(module name, why it has no symbols)]
         self.truncated = truncated
         self.problems = ProblemLog()
+
+    @property
+    def modules_without_symbols(self):
+        return [name for name, _ in self.without_symbols]
 
     def as_dict(self):
         return {"schema_version": SCHEMA_VERSION, "command": "x", "pattern": self.pattern, "count": len(self.hits),
                 "truncated": self.truncated, "symbols": [hit.as_dict() for hit in self.hits],
-                "modules_without_symbols": self.modules_without_symbols, "problems": self.problems.as_list()}
+                "modules_without_symbols": self.modules_without_symbols,
+                "why_no_symbols": dict(self.without_symbols), "problems": self.problems.as_list()}
 
 
 def match_symbols(target, pattern, limit=MAX_X_RESULTS):
@@ -117,7 +125,7 @@ def match_symbols(target, pattern, limit=MAX_X_RESULTS):
     for module in modules:
         table = target.symbols.module_symbols(module.name)
         if table is None or not table.symbols:
-            without.append(module.name)
+            without.append((module.name, why_no_symbols(target, module, table)))
             continue
         for entry in table.entries():
             if fnmatch.fnmatchcase(entry.name.lower(), name_pattern):
@@ -127,6 +135,35 @@ def match_symbols(target, pattern, limit=MAX_X_RESULTS):
                 hits.append(SymbolHit(module.name, entry.name, module.base + entry.rva, entry.size))
     hits.sort(key=lambda hit: (hit.address, hit.name))
     return MatchResult(pattern, hits, without, truncated)
+
+
+def why_no_symbols(target, module, table):
+    """Why ``module`` (``table``: its ModuleSymbols or None) has no symbols to
+    list, in one phrase: what the target lacks and what the symbol path lacks —
+    a small dump holds few image pages, so its modules have neither PDB nor
+    exports until a symbol path gives the PDB."""
+    if table is not None and table.status != EXPORT_SYMBOLS:
+        return "its %s (%s) hold no symbols" % (table.status, table.path or table.source)
+    kind = target.backend.kind
+    if kind == "pykd":
+        return "the debugger has no symbols for it (see .sympath and .reload)"
+    where = "the dump" if kind not in ("memory", "image") else "memory"
+    headers = image_headers(target, module)
+    if headers is None:
+        image = "its image is not in %s" % where
+    else:
+        rva, size = headers.directory(DIRECTORY_EXPORT)
+        directory = module.base + rva
+        if not rva or not size:
+            image = "its image has no exports"
+        elif not target.try_read(directory, EXPORT_DIRECTORY_BYTES).readable(directory, EXPORT_DIRECTORY_BYTES):
+            image = "its export table is not in %s" % where
+        else:
+            image = "its export table names nothing readable"
+    locator = target.symbols.locator
+    if locator is None or not locator.elements:
+        return "%s and no symbol path is set (--symbols or _NT_SYMBOL_PATH)" % image
+    return "%s and the symbol path gives no PDB for it" % image
 
 
 # -- dt -------------------------------------------------------------------------------------
