@@ -60,8 +60,8 @@ REGISTERS = {"pc": NT_BASE + 0x1230, "sp": KERNEL_POOL + 0x800, "fp": KERNEL_POO
 # The frame records (x29, x30) the fp chain holds: the callers' return addresses
 # follow a bl in nt; the outermost record ends the chain.
 CALLERS = (NT_BASE + 0x1400, NT_BASE + 0x1500)
+BL = 0x94000000     # bl .+0: a call, what the walker wants before a return address
 DUMP_TYPES = (1, 5, 8, 10)
-BL = 0x94000000
 
 
 def arm64_scenario(seed=61, pcr_offsets=(("OffsetPcrContainedPrcb", CONTAINED_PRCB),)):
