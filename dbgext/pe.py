@@ -554,7 +554,7 @@ class PEImage(object):
             return []
         rva, size = found
         data = self.read_partial(rva, size)
-        wanted = RELOC_DIR64 if self.arch == "x64" else RELOC_HIGHLOW
+        wanted = RELOC_DIR64 if self.pointer_size == 8 else RELOC_HIGHLOW
         sites = []
         at = 0
         while at + 8 <= len(data):

@@ -28,7 +28,7 @@ def pseudo_register(target, name):
     thread = selected_thread(target, _Ignored())
     if thread is None:
         raise BadInput("@$%s: this target has no thread" % name)
-    kernel = thread.kernel_thread is not None
+    kernel = thread.kernel_thread is not None or (target.info() or {}).get("mode") == "kernel"
     if name == "thread":
         value = thread.kernel_thread if kernel else thread.teb
         if value is None:
@@ -36,7 +36,7 @@ def pseudo_register(target, name):
         return value
     base, (type_name, field) = (thread.kernel_thread, KTHREAD_PROCESS) if kernel else (thread.teb, TEB_PEB)
     if base is None:
-        raise BadInput("@$proc: the selected thread's TEB is unknown")
+        raise BadInput("@$proc: the selected thread's %s is unknown" % ("KTHREAD" if kernel else "TEB"))
     try:
         offset = lookup_layout(target, type_name, fields=(field,)).offset(field)
     except LayoutNotFound:

@@ -3,6 +3,7 @@ gcc, clang + lld-link) and cross-checked with llvm-readobj; plus hostile headers
 
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,13 @@ from dbgext.stackuse.fixtures import Function, build_pe
 from requirements import need_tool
 
 TOOLS = ["i686-w64-mingw32-gcc", "clang", "lld-link", "llvm-readobj"]
+# MSVC 14.31's ARM64 xcpt4.exe (not copied: read from ../shared/realworld).
+XCPT4 = Path(__file__).resolve().parents[1].parent / "shared" / "realworld" / "pdb" / "msvc2022-arm64-xcpt4" / \
+    "xcpt4.exe"
+# Its DIR64 relocation sites, as `llvm-readobj --coff-basereloc` lists them (17
+# DIR64 entries and one ABSOLUTE padding entry).
+XCPT4_DIR64_SITES = [0x8190, 0x8198, 0x81A8, 0x81B8, 0x81D0, 0x81D8, 0x8210, 0x8218, 0x8220, 0x8228,
+                     0x89C8, 0x89E0, 0x89E8, 0x8AA0, 0x8AA8, 0xB020, 0xB038]
 
 SOURCE = r"""
 #ifdef _MSC_VER  /* MinGW's runtime brings its own */
@@ -91,6 +99,24 @@ def test_base_relocations_match_llvm_readobj(built):
         text = _readobj(path, "--coff-basereloc")
         expected = sorted(int(address, 16) for address in re.findall(r"Type: HIGHLOW\s+Address: (0x[0-9A-F]+)", text))
         assert PEImage.from_file(path).relocations == expected
+
+
+def xcpt4():
+    if not XCPT4.is_file():
+        pytest.fail("%s is missing: the real-world files live in ../shared/realworld" % XCPT4)
+    return str(XCPT4)
+
+
+def test_an_arm64_images_relocations_are_its_17_dir64_sites():
+    image = PEImage.from_file(xcpt4())
+    assert (image.arch, image.relocations) == ("arm64", XCPT4_DIR64_SITES)
+
+
+def test_the_arm64_dir64_sites_are_llvm_readobjs():
+    need_tool("llvm-readobj")
+    text = _readobj(xcpt4(), "--coff-basereloc")
+    assert sorted(int(address, 16) for address in re.findall(r"Type: DIR64\s+Address: (0x[0-9A-F]+)", text)) == \
+        XCPT4_DIR64_SITES
 
 
 def test_codeview_record_names_the_pdb_by_guid_and_age(built):

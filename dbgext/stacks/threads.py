@@ -6,7 +6,10 @@
   its ``KernelStack`` points at (``_KSWITCH_FRAME``: the saved RBP and the return
   address into the scheduler), as WinDbg's ``.thread`` does;
 * a kernel thread's stack bounds come from ``_KTHREAD.InitialStack`` and
-  ``StackLimit``.
+  ``StackLimit``;
+* a kernel dump's crashing thread is its processor's ``_KPRCB.CurrentThread``,
+  the KPRCB found as Windows finds it: on ARM64 inside the KPCR that x18 holds in
+  kernel mode, on x64 through ``nt!KiProcessorBlock``.
 
 Layouts come from the target's type information first, then the dump's
 debugger data, then the built-in table below (:func:`dbgext.layouts.lookup_layout`).
@@ -23,6 +26,14 @@ KTHREAD_STACK_FIELDS = ("InitialStack", "StackLimit", "KernelStack")
 KPRCB_TYPE = "nt!_KPRCB"
 KPRCB_CURRENT_THREAD = "CurrentThread"
 PROCESSOR_BLOCK_SYMBOL = "nt!KiProcessorBlock"
+KPCR_TYPE = "nt!_KPCR"
+# The register that holds the running processor's KPCR in kernel mode.
+KPCR_REGISTER = {"arm64": "x18"}
+# How a KPCR leads to its KPRCB: the KPRCB inside it (KDDEBUGGER_DATA64's
+# OffsetPcrContainedPrcb, 0x980 on the real ARM64 dump), else a pointer to it
+# (OffsetPcrCurrentPrcb).
+KPCR_CONTAINED_PRCB = "Prcb"
+KPCR_CURRENT_PRCB = "CurrentPrcb"
 
 BUILTIN = BuiltinLayouts({
     "_KTHREAD": [
@@ -57,31 +68,69 @@ def selected_thread(target, problems):
     if thread is None:
         return None
     if thread.kernel_thread is None and thread.stack_base is None and info.get("mode") == "kernel":
-        kernel_thread = current_kernel_thread(target, problems)
+        kernel_thread = current_kernel_thread(target, thread.registers, problems)
         if kernel_thread:
             thread = Thread(thread.id, thread.registers, kernel_thread=kernel_thread, teb=thread.teb,
                             stack_base=thread.stack_base, stack_limit=thread.stack_limit, name=thread.name)
     return thread
 
 
-def current_kernel_thread(target, problems):
-    """nt!KiProcessorBlock[processor] -> _KPRCB.CurrentThread, the offset from type
-    information or the dump's KDDEBUGGER_DATA64."""
-    block = target.symbol_address(PROCESSOR_BLOCK_SYMBOL)
+def current_kernel_thread(target, registers, problems):
+    """The running thread's KTHREAD, _KPRCB.CurrentThread of the processor whose
+    context is ``registers``: its KPRCB from the KPCR in the register Windows keeps
+    it in (ARM64's x18), else nt!KiProcessorBlock[processor].  Offsets come from
+    type information or the dump's KDDEBUGGER_DATA64; when they are unknown, None
+    and a one-line note."""
+    thread_offset = _field_offset(target, KPRCB_TYPE, KPRCB_CURRENT_THREAD)
+    register = KPCR_REGISTER.get(target.arch)
     try:
-        offset = lookup_layout(target, KPRCB_TYPE, None, fields=(KPRCB_CURRENT_THREAD,)).offset(KPRCB_CURRENT_THREAD)
-    except LayoutNotFound:
-        offset = None
-    if block is None or offset is None:
+        if register is not None:
+            prcb = _prcb_of_kpcr(target, register, registers.get(register), thread_offset, problems)
+        else:
+            prcb = _prcb_of_processor_block(target, thread_offset, problems)
+        return None if prcb is None else target.pointer(prcb + thread_offset)
+    except UnreadableMemory as error:
+        problems.add("thread_unreadable", error.address, "cannot read the current thread's KTHREAD")
+        return None
+
+
+def _prcb_of_kpcr(target, register, kpcr, thread_offset, problems):
+    """The KPRCB of the KPCR at ``kpcr`` (the value of ``register``), or None with a note."""
+    if not kpcr or kpcr >> 47 != 0x1FFFF:
+        problems.add("no_kpcr", kpcr, "%s (%s) is not a kernel address, so not the KPCR: the current thread's "
+                     "KTHREAD is unknown" % (register, "unset" if kpcr is None else target.format_address(kpcr)),
+                     "note")
+        return None
+    contained = _field_offset(target, KPCR_TYPE, KPCR_CONTAINED_PRCB)
+    current = None if contained is not None else _field_offset(target, KPCR_TYPE, KPCR_CURRENT_PRCB)
+    missing = None
+    if contained is None and current is None:
+        missing = "%s.%s (or %s)" % (KPCR_TYPE, KPCR_CONTAINED_PRCB, KPCR_CURRENT_PRCB)
+    elif thread_offset is None:
+        missing = "%s.%s" % (KPRCB_TYPE, KPRCB_CURRENT_THREAD)
+    if missing:
+        problems.add("layout_missing", None, "no offset of %s in type information or KDDEBUGGER_DATA64: the "
+                     "current thread's KTHREAD is unknown" % missing, "note")
+        return None
+    return kpcr + contained if contained is not None else target.pointer(kpcr + current)
+
+
+def _prcb_of_processor_block(target, thread_offset, problems):
+    """nt!KiProcessorBlock[processor], or None with a note."""
+    block = target.symbol_address(PROCESSOR_BLOCK_SYMBOL)
+    if block is None or thread_offset is None:
         problems.add("layout_missing", None, "no %s / %s.%s in the symbols: the current thread's KTHREAD is "
                      "unknown" % (PROCESSOR_BLOCK_SYMBOL, KPRCB_TYPE, KPRCB_CURRENT_THREAD), "note")
         return None
     processor = target.info().get("processor") or 0
+    return target.pointer(block + processor * target.pointer_size)
+
+
+def _field_offset(target, type_name, field):
+    """``type_name.field``'s offset from type information or KDDEBUGGER_DATA64, or None."""
     try:
-        prcb = target.pointer(block + processor * target.pointer_size)
-        return target.pointer(prcb + offset)
-    except UnreadableMemory as error:
-        problems.add("thread_unreadable", error.address, "cannot read the current thread's KTHREAD")
+        return lookup_layout(target, type_name, None, fields=(field,)).offset(field)
+    except LayoutNotFound:
         return None
 
 
