@@ -3,6 +3,7 @@
 import io
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -321,6 +322,35 @@ def test_event_file_with_position(files, tmp_path):
 def test_scan_the_dump(files):
     document = run_json("ipt", "scan", "--dump", files["dump"])
     assert [event["address"] for event in document["events"]] == [files["info"]["event_address"]]
+
+
+REALWORLD = Path(__file__).resolve().parents[1].parent / "shared" / "realworld"
+
+
+def test_scan_of_a_small_memory_dump_says_it_needs_a_bigger_dump():
+    code, text = run("ipt", "scan", "--dump", REALWORLD / "kernel" / "rizin__triage_x64.dmp")
+    assert code == 1 and "(none)" not in text
+    assert "needs a kernel, full or active memory dump: a small memory dump holds only" in text
+
+
+def test_scan_of_a_minidump_that_finds_nothing_says_why_in_one_line():
+    code, text = run("ipt", "scan", "--dump", REALWORLD / "minidumps" / "breakpad__minidump2.dmp")
+    assert code == 0 and "(none)" in text
+    why = [line for line in text.splitlines() if "ipt_scan_empty" in line]
+    assert len(why) == 1
+    assert "0x16fc readable bytes searched (3 ranges)" in why[0] and "a minidump holds one process's memory" in why[0]
+
+
+def test_scan_of_a_dump_that_finds_nothing_says_how_much_it_searched(tmp_path):
+    scenario = Scenario("x64", "kernel")
+    scenario.write(scenario.alloc_pages(0x1000), b"\x90" * 0x1000)
+    dump = tmp_path / "empty.dmp"
+    scenario.write_kernel_dump(str(dump))
+    document = run_json("ipt", "scan", "--dump", dump)
+    assert document["events"] == []
+    empty = [problem for problem in document["problems"] if problem["kind"] == "ipt_scan_empty"]
+    assert len(empty) == 1 and "readable bytes searched" in empty[0]["message"]
+    assert "minidump" not in empty[0]["message"]
 
 
 def test_scan_an_etl_file(files, tmp_path):

@@ -418,16 +418,19 @@ def _scan(target, etl=None, start=None, length=None, max_events=1000):
     if etl is not None:
         return ScanResult(etl, _scan_etl(etl, max_events, problems), problems)
     _need_target(target, "scan without --etl")
+    target.require_full_memory("scanning memory for IntelProcessorTrace events")
     end = None
     if start is not None:
         end = start + (length if length is not None else 0x100000)
-    found, notes = sources.scan_target(target, start or 0, end, max_events=max_events)
-    for note in notes:
+    scan = sources.scan_target(target, start or 0, end, max_events=max_events)
+    for note in scan.notes:
         problems.add("ipt_scan_stopped", None, note, "note")
+    if not scan.events:
+        problems.add("ipt_scan_empty", None, sources.why_none(target, scan), "note")
     rows = [{"address": event["address"], "trace_address": event["trace_address"],
              "process": event["header"]["Process"], "thread": event["header"]["Thread"],
              "trace_size": event["header"]["TraceSize"], "trace_position": event["header"]["TracePosition"],
-             "psb_at_start": event["psb_at_start"]} for event in found]
+             "psb_at_start": event["psb_at_start"]} for event in scan.events]
     return ScanResult("memory", rows, problems)
 
 

@@ -12,6 +12,7 @@ and report offsets into it, which ``buffer.original_offset`` maps back to offset
 in the buffer as it sits in memory or in the file.
 """
 
+import collections
 import re
 import struct
 
@@ -271,6 +272,8 @@ _HEADER_TAIL_OFFSET = 16
 
 SCAN_CHUNK = 1 << 20
 
+MemoryScan = collections.namedtuple("MemoryScan", "events notes bytes_searched ranges_searched")
+
 
 def plausible_event(header):
     size = header["TraceSize"]
@@ -334,16 +337,18 @@ def scan_target(target, start=0, end=None, max_events=1000, max_bytes=1 << 30):
     """Find IntelProcessorTrace events in readable target memory.
 
     A candidate is a plausible header whose trace holds a PSB (at its start, or
-    anywhere for a wrapped buffer).  Returns (events, notes): events are dicts with
-    the event address, header and trace address; notes say where the scan stopped."""
+    anywhere for a wrapped buffer).  Returns a MemoryScan: ``events`` are dicts with
+    the event address, header and trace address; ``notes`` say where the scan
+    stopped; ``bytes_searched`` and ``ranges_searched`` say how much it read."""
     if end is None and target.backend.mapped_ranges() is None:
         # A live session cannot list its memory; probing 2^64 bytes page by page never ends.
         raise BadInput("this target cannot enumerate its memory: give a range to scan (--start ADDR --length N)")
     events = []
     notes = []
-    scanned = 0
+    scanned = ranges = 0
     psb_search = _PsbSearch(target)
     for lo, hi in target.readable_ranges(start, end):
+        ranges += 1
         cursor = lo
         while cursor < hi:
             span = min(SCAN_CHUNK, hi - cursor)
@@ -367,10 +372,21 @@ def scan_target(target, start=0, end=None, max_events=1000, max_bytes=1 << 30):
                                "psb_at_start": psb == trace_address})
                 if len(events) >= max_events:
                     notes.append("stopped after %d events" % max_events)
-                    return events, notes
+                    return MemoryScan(events, notes, scanned, ranges)
             scanned += span
             cursor += span
             if scanned >= max_bytes:
                 notes.append("stopped after scanning %d bytes (at %s)" % (scanned, hexaddr(cursor)))
-                return events, notes
-    return events, notes
+                return MemoryScan(events, notes, scanned, ranges)
+    return MemoryScan(events, notes, scanned, ranges)
+
+
+def why_none(target, scan):
+    """One line on why ``scan`` found nothing: how much memory it could read, and
+    what a minidump lacks (ETW keeps IntelProcessorTrace events in kernel buffers)."""
+    text = "no IntelProcessorTrace event in the 0x%x readable bytes searched (%d ranges)" % (
+        scan.bytes_searched, scan.ranges_searched)
+    if target.kind == "minidump":
+        text += ("; a minidump holds one process's memory, and ETW keeps these events in kernel buffers "
+                 "(a kernel, full or active memory dump holds them)")
+    return text
