@@ -17,7 +17,6 @@ import re
 import struct
 
 from ..errors import BadInput, UnreadableMemory
-from ..render.text import hexaddr
 from .packets import PSB
 
 IPT_EVENT_TYPE = 32
@@ -130,7 +129,8 @@ def from_target(target, address, size, position=None):
         raise UnreadableMemory(address, size)
     buffer = unwrap(read.data, position, "memory", address)
     for start, end in read.holes:
-        buffer.notes.append("bytes %s..%s are unreadable (decoded as PAD/zero)" % (hexaddr(start), hexaddr(end)))
+        buffer.notes.append("bytes %s..%s are unreadable (decoded as PAD/zero)"
+                            % (target.format_address(start), target.format_address(end)))
     return buffer
 
 
@@ -190,7 +190,7 @@ def event_from_target(target, address, position=None):
     header = parse_event_header(target.read(address, EVENT_HEADER.size))
     size = header["TraceSize"]
     if size > MAX_TRACE_SIZE:
-        raise BadInput("IPT event at %s: TraceSize %d is implausible" % (hexaddr(address), size))
+        raise BadInput("IPT event at %s: TraceSize %d is implausible" % (target.format_address(address), size))
     read = target.try_read(address + EVENT_HEADER.size, size)
     trace = read.data
     if read.holes:
@@ -198,7 +198,7 @@ def event_from_target(target, address, position=None):
         trace = trace[:read.holes[0][0] - read.address]
     buffer = event_buffer(header, trace, "event", address + EVENT_HEADER.size, position)
     if read.holes:
-        buffer.notes.append("trace bytes from %s are unreadable" % hexaddr(read.holes[0][0]))
+        buffer.notes.append("trace bytes from %s are unreadable" % target.format_address(read.holes[0][0]))
     return buffer
 
 
@@ -256,9 +256,9 @@ def process_trace_from_target(target, address):
     """ipt.sys's IPT_TRACE_DATA at ``address`` in the target: one TraceBuffer per thread."""
     total = target.unpack("<HHI", address)[2]
     if total > MAX_TRACE_SIZE:
-        raise BadInput("IPT_TRACE_DATA at %s: TraceSize %d is implausible" % (hexaddr(address), total))
+        raise BadInput("IPT_TRACE_DATA at %s: TraceSize %d is implausible" % (target.format_address(address), total))
     data = target.try_read(address, TRACE_DATA_HEADER.size + total).data
-    return process_trace_buffers(data, target.pointer_size, "process trace at %s" % hexaddr(address))
+    return process_trace_buffers(data, target.pointer_size, "process trace at %s" % target.format_address(address))
 
 
 # -- finding IPT events in memory ------------------------------------------------------
@@ -340,7 +340,7 @@ def scan_target(target, start=0, end=None, max_events=1000, max_bytes=1 << 30):
     anywhere for a wrapped buffer).  Returns a MemoryScan: ``events`` are dicts with
     the event address, header and trace address; ``notes`` say where the scan
     stopped; ``bytes_searched`` and ``ranges_searched`` say how much it read."""
-    if end is None and target.backend.mapped_ranges() is None:
+    if end is None and not target.can_list_memory():
         # A live session cannot list its memory; probing 2^64 bytes page by page never ends.
         raise BadInput("this target cannot enumerate its memory: give a range to scan (--start ADDR --length N)")
     events = []
@@ -376,7 +376,7 @@ def scan_target(target, start=0, end=None, max_events=1000, max_bytes=1 << 30):
             scanned += span
             cursor += span
             if scanned >= max_bytes:
-                notes.append("stopped after scanning %d bytes (at %s)" % (scanned, hexaddr(cursor)))
+                notes.append("stopped after scanning %d bytes (at %s)" % (scanned, target.format_address(cursor)))
                 return MemoryScan(events, notes, scanned, ranges)
     return MemoryScan(events, notes, scanned, ranges)
 
