@@ -279,7 +279,7 @@ def test_cpu_selects_libipt_errata(files):
                         "--stats")
     assert document["cpu"] == [6, 0x5C, 9] and document["errata"] == ["apl11", "apl12"]
     code, text = run("ipt", "flow", "--trace", files["trace"], "--image", files["image"], "--cpu", "skylake")
-    assert code == 1 and "--cpu takes FAMILY/MODEL" in text and "Traceback" not in text
+    assert code == 1 and "a CPU is FAMILY/MODEL" in text and "Traceback" not in text
 
 
 def test_event_in_the_dump(files):
@@ -420,7 +420,7 @@ def test_windbg_event_and_flow_over_the_live_target(files):
 
 @pytest.mark.parametrize("argv, message", [
     (["ipt"], "choose one of"),
-    (["ipt", "packets"], "give --trace FILE"),
+    (["ipt", "packets"], "give a trace: trace (a file)"),
     (["ipt", "flow", "--trace", "TRACE"], "flow needs code"),
     (["ipt", "flow", "--trace", "TRACE", "--image", "nobase"], "FILE@BASE"),
     (["ipt", "packets", "--trace", "/nonexistent/trace.bin"], "cannot read"),
@@ -510,13 +510,67 @@ def test_long_decodes_show_progress_on_a_terminal_only(files, tmp_path):
 
 def test_scripts_use_the_public_api(files):
     import dbgext.ipt
-    result = dbgext.ipt.analyze(None, "flow", trace=str(files["trace"]), images=[(str(files["folder"] / "code.bin"),
-                                                                                   BASE)], view="functions")
+    result = dbgext.ipt.reconstruct_flow(trace=str(files["trace"]), images=[(str(files["folder"] / "code.bin"), BASE)],
+                                         view="functions")
     assert isinstance(result, dbgext.ipt.FlowAnalysis) and result.problems == []
     assert result.buffers[0].instruction_count == len(files["expected"])
     document = result.as_dict()
     assert document["schema_version"] == dbgext.ipt.SCHEMA_VERSION == 2
     assert json.loads(json.dumps(document)) == document
+
+
+def test_the_public_api_is_one_function_per_action_each_returning_one_result_type(files):
+    import dbgext.ipt
+    trace = str(files["trace"])
+    assert isinstance(dbgext.ipt.list_packets(trace=trace, stats=True), dbgext.ipt.PacketsResult)
+    with dbgext.open(str(files["dump"])) as target:
+        assert isinstance(dbgext.ipt.scan_events(target), dbgext.ipt.ScanResult)
+        assert isinstance(dbgext.ipt.decode_event(target, address=files["info"]["event_address"]),
+                          dbgext.ipt.EventResult)
+    assert not hasattr(dbgext.ipt, "analyze")
+    # the functions do not shadow the decoder modules
+    assert dbgext.ipt.packets.__name__ == "dbgext.ipt.packets" and dbgext.ipt.flow.__name__ == "dbgext.ipt.flow"
+
+
+def test_a_mistyped_keyword_fails_at_the_call_naming_it(files):
+    import dbgext.ipt
+    with pytest.raises(TypeError, match="max_insn"):
+        dbgext.ipt.reconstruct_flow(trace=str(files["trace"]), max_insn=10)
+    with pytest.raises(TypeError, match="positional"):
+        dbgext.ipt.list_packets(None, str(files["trace"]))
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda ipt: ipt.list_packets(), "give a trace: trace (a file), data (bytes), or address (with size)"),
+    (lambda ipt: ipt.list_packets(data=PSB, format="process", position=4), "position does not apply to format"),
+    (lambda ipt: ipt.reconstruct_flow(data=PSB), "the flow needs code: images [(file, base)], or a target"),
+    (lambda ipt: ipt.decode_event(), "give an event: address (with a target), trace (a file), or etl"),
+    (lambda ipt: ipt.decode_event(address=0x1000), "an event at an address needs a target"),
+    (lambda ipt: ipt.scan_events(), "a scan of memory needs a target"),
+])
+def test_library_errors_name_parameters_not_flags(call, message):
+    import dbgext.ipt
+    from dbgext.errors import BadInput
+    with pytest.raises(BadInput) as raised:
+        call(dbgext.ipt)
+    assert message in str(raised.value) and "--" not in str(raised.value)
+
+
+def test_no_bad_input_message_in_the_ipt_library_names_a_flag():
+    import ast
+    import dbgext.ipt
+    folder = Path(dbgext.ipt.__file__).parent
+    flagged = []
+    for path in sorted(folder.glob("*.py")):
+        if path.name == "command.py":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "BadInput":
+                texts = [part.value for part in ast.walk(node) if isinstance(part, ast.Constant)
+                         and isinstance(part.value, str)]
+                flagged.extend("%s:%d" % (path.name, node.lineno) for text in texts if re.search(r"--[a-z]", text))
+    assert flagged == []
 
 
 def test_a_raw_trace_given_as_an_event_is_named_as_such(files):

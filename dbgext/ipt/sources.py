@@ -149,7 +149,7 @@ def event_buffer(header, trace, origin, address=None, position=None):
     ``trace`` holds the bytes present after the header (possibly fewer than TraceSize).
     A full buffer (TraceSize of at least IptOption's buffer size) with its write
     position inside the data has wrapped: it is unrolled from TracePosition.
-    ``position`` (the user's --position) overrides that: the trace present is a ring
+    ``position`` (given by the user) overrides that: the trace present is a ring
     whose oldest byte is there."""
     if position is not None:
         header = dict(header, TracePosition=position, TraceSize=len(trace))
@@ -174,7 +174,7 @@ def event_buffer(header, trace, origin, address=None, position=None):
         notes.append("the ring wrapped at TracePosition %d but is incomplete; decoding it as stored" % position)
     elif 0 < position < full:
         notes.append("TracePosition %d is inside the data of a buffer that is not full; decoding as stored "
-                     "(--position %d unrolls it)" % (position, position))
+                     "(a position of %d unrolls it)" % (position, position))
     buffer = TraceBuffer(trace, origin, address, header=header)
     buffer.notes.extend(notes)
     return buffer
@@ -342,7 +342,7 @@ def scan_target(target, start=0, end=None, max_events=1000, max_bytes=1 << 30):
     stopped; ``bytes_searched`` and ``ranges_searched`` say how much it read."""
     if end is None and not target.can_list_memory():
         # A live session cannot list its memory; probing 2^64 bytes page by page never ends.
-        raise BadInput("this target cannot enumerate its memory: give a range to scan (--start ADDR --length N)")
+        raise BadInput("this target cannot enumerate its memory: give a range to scan (start, length)")
     events = []
     notes = []
     scanned = ranges = 0
