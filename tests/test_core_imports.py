@@ -139,10 +139,7 @@ def test_nothing_below_the_renderers_imports_them():
     graph = import_graph()
     below = {module: sorted(target for target in imports if target.startswith("dbgext.render"))
              for module, imports in graph.items() if not _is_presentation(module)}
-    assert {module: imports for module, imports in below.items() if imports} == {
-        # TEMPORARY (issue 26): the IPT branch's rework of ipt/ drops this.
-        "dbgext.ipt.sources": ["dbgext.render.text"],
-    }
+    assert {module: imports for module, imports in below.items() if imports} == {}
 
 
 def _backend_calls(path):
@@ -156,9 +153,7 @@ def _backend_calls(path):
 def test_only_the_target_layer_calls_backends():
     calls = {module: _backend_calls(path) for module, path in module_files().items()
              if not module.startswith("dbgext.target")}
-    assert sorted(module for module, lines in calls.items() if lines) == [
-        "dbgext.ipt.sources",   # TEMPORARY (issue 26): the IPT branch moves it onto Target.can_list_memory.
-    ]
+    assert {module: lines for module, lines in calls.items() if lines} == {}
 
 
 def _target_uses(path):

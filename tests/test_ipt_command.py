@@ -3,6 +3,7 @@
 import io
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -278,7 +279,7 @@ def test_cpu_selects_libipt_errata(files):
                         "--stats")
     assert document["cpu"] == [6, 0x5C, 9] and document["errata"] == ["apl11", "apl12"]
     code, text = run("ipt", "flow", "--trace", files["trace"], "--image", files["image"], "--cpu", "skylake")
-    assert code == 1 and "--cpu takes FAMILY/MODEL" in text and "Traceback" not in text
+    assert code == 1 and "a CPU is FAMILY/MODEL" in text and "Traceback" not in text
 
 
 def test_event_in_the_dump(files):
@@ -321,6 +322,35 @@ def test_event_file_with_position(files, tmp_path):
 def test_scan_the_dump(files):
     document = run_json("ipt", "scan", "--dump", files["dump"])
     assert [event["address"] for event in document["events"]] == [files["info"]["event_address"]]
+
+
+REALWORLD = Path(__file__).resolve().parents[1].parent / "shared" / "realworld"
+
+
+def test_scan_of_a_small_memory_dump_says_it_needs_a_bigger_dump():
+    code, text = run("ipt", "scan", "--dump", REALWORLD / "kernel" / "rizin__triage_x64.dmp")
+    assert code == 1 and "(none)" not in text
+    assert "needs a kernel, full or active memory dump: a small memory dump holds only" in text
+
+
+def test_scan_of_a_minidump_that_finds_nothing_says_why_in_one_line():
+    code, text = run("ipt", "scan", "--dump", REALWORLD / "minidumps" / "breakpad__minidump2.dmp")
+    assert code == 0 and "(none)" in text
+    why = [line for line in text.splitlines() if "ipt_scan_empty" in line]
+    assert len(why) == 1
+    assert "0x16fc readable bytes searched (3 ranges)" in why[0] and "a minidump holds one process's memory" in why[0]
+
+
+def test_scan_of_a_dump_that_finds_nothing_says_how_much_it_searched(tmp_path):
+    scenario = Scenario("x64", "kernel")
+    scenario.write(scenario.alloc_pages(0x1000), b"\x90" * 0x1000)
+    dump = tmp_path / "empty.dmp"
+    scenario.write_kernel_dump(str(dump))
+    document = run_json("ipt", "scan", "--dump", dump)
+    assert document["events"] == []
+    empty = [problem for problem in document["problems"] if problem["kind"] == "ipt_scan_empty"]
+    assert len(empty) == 1 and "readable bytes searched" in empty[0]["message"]
+    assert "minidump" not in empty[0]["message"]
 
 
 def test_scan_an_etl_file(files, tmp_path):
@@ -390,7 +420,7 @@ def test_windbg_event_and_flow_over_the_live_target(files):
 
 @pytest.mark.parametrize("argv, message", [
     (["ipt"], "choose one of"),
-    (["ipt", "packets"], "give --trace FILE"),
+    (["ipt", "packets"], "give a trace: trace (a file)"),
     (["ipt", "flow", "--trace", "TRACE"], "flow needs code"),
     (["ipt", "flow", "--trace", "TRACE", "--image", "nobase"], "FILE@BASE"),
     (["ipt", "packets", "--trace", "/nonexistent/trace.bin"], "cannot read"),
@@ -480,13 +510,67 @@ def test_long_decodes_show_progress_on_a_terminal_only(files, tmp_path):
 
 def test_scripts_use_the_public_api(files):
     import dbgext.ipt
-    result = dbgext.ipt.analyze(None, "flow", trace=str(files["trace"]), images=[(str(files["folder"] / "code.bin"),
-                                                                                   BASE)], view="functions")
+    result = dbgext.ipt.reconstruct_flow(trace=str(files["trace"]), images=[(str(files["folder"] / "code.bin"), BASE)],
+                                         view="functions")
     assert isinstance(result, dbgext.ipt.FlowAnalysis) and result.problems == []
     assert result.buffers[0].instruction_count == len(files["expected"])
     document = result.as_dict()
     assert document["schema_version"] == dbgext.ipt.SCHEMA_VERSION == 2
     assert json.loads(json.dumps(document)) == document
+
+
+def test_the_public_api_is_one_function_per_action_each_returning_one_result_type(files):
+    import dbgext.ipt
+    trace = str(files["trace"])
+    assert isinstance(dbgext.ipt.list_packets(trace=trace, stats=True), dbgext.ipt.PacketsResult)
+    with dbgext.open(str(files["dump"])) as target:
+        assert isinstance(dbgext.ipt.scan_events(target), dbgext.ipt.ScanResult)
+        assert isinstance(dbgext.ipt.decode_event(target, address=files["info"]["event_address"]),
+                          dbgext.ipt.EventResult)
+    assert not hasattr(dbgext.ipt, "analyze")
+    # the functions do not shadow the decoder modules
+    assert dbgext.ipt.packets.__name__ == "dbgext.ipt.packets" and dbgext.ipt.flow.__name__ == "dbgext.ipt.flow"
+
+
+def test_a_mistyped_keyword_fails_at_the_call_naming_it(files):
+    import dbgext.ipt
+    with pytest.raises(TypeError, match="max_insn"):
+        dbgext.ipt.reconstruct_flow(trace=str(files["trace"]), max_insn=10)
+    with pytest.raises(TypeError, match="positional"):
+        dbgext.ipt.list_packets(None, str(files["trace"]))
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda ipt: ipt.list_packets(), "give a trace: trace (a file), data (bytes), or address (with size)"),
+    (lambda ipt: ipt.list_packets(data=PSB, format="process", position=4), "position does not apply to format"),
+    (lambda ipt: ipt.reconstruct_flow(data=PSB), "the flow needs code: images [(file, base)], or a target"),
+    (lambda ipt: ipt.decode_event(), "give an event: address (with a target), trace (a file), or etl"),
+    (lambda ipt: ipt.decode_event(address=0x1000), "an event at an address needs a target"),
+    (lambda ipt: ipt.scan_events(), "a scan of memory needs a target"),
+])
+def test_library_errors_name_parameters_not_flags(call, message):
+    import dbgext.ipt
+    from dbgext.errors import BadInput
+    with pytest.raises(BadInput) as raised:
+        call(dbgext.ipt)
+    assert message in str(raised.value) and "--" not in str(raised.value)
+
+
+def test_no_bad_input_message_in_the_ipt_library_names_a_flag():
+    import ast
+    import dbgext.ipt
+    folder = Path(dbgext.ipt.__file__).parent
+    flagged = []
+    for path in sorted(folder.glob("*.py")):
+        if path.name == "command.py":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "BadInput":
+                texts = [part.value for part in ast.walk(node) if isinstance(part, ast.Constant)
+                         and isinstance(part.value, str)]
+                flagged.extend("%s:%d" % (path.name, node.lineno) for text in texts if re.search(r"--[a-z]", text))
+    assert flagged == []
 
 
 def test_a_raw_trace_given_as_an_event_is_named_as_such(files):

@@ -73,6 +73,18 @@ def test_ip_decompression_follows_last_ip_and_psb_resets_it():
     assert ips == [0xFFFFF80012345678, 0xFFFFF80000010000, 0xFFFF665544332211, 0x1234]
 
 
+@pytest.mark.parametrize("ipbytes, payload, expected", [
+    (1, 0x1234, 0xFFFFF80012341234),            # the low 16 bits replaced
+    (2, 0x00010000, 0xFFFFF80000010000),        # the low 32 bits replaced
+    (3, 0x800012345678, 0xFFFF800012345678),    # 48 bits sign-extended: bit 47 set
+    (3, 0x7FFF12345678, 0x00007FFF12345678),    # bit 47 clear: the upper bits are zero
+    (4, 0x665544332211, 0xFFFF665544332211),    # the low 48 bits replaced, the upper 16 kept
+    (6, 0x0000000000401000, 0x0000000000401000),  # the whole IP
+])
+def test_ip_decompression_replaces_what_ipbytes_says_of_the_last_ip(ipbytes, payload, expected):
+    assert packets.decompress_ip(ipbytes, payload, 0xFFFFF80012345678) == expected
+
+
 def test_decoding_starts_at_first_psb():
     result = decode_packets(b"\x2d\x34" + PSB + b"\x06")
     assert result.packets[0].offset == 2 and types(result) == ["psb", "tnt8"]

@@ -174,9 +174,9 @@ def scenario_with_events():
 
 def test_scan_finds_events_in_memory_including_wrapped_ones():
     scenario, info, wrapped = scenario_with_events()
-    events, notes = sources.scan_target(scenario.target())
-    assert [event["address"] for event in events] == [info["event_address"], wrapped]
-    assert events[0]["psb_at_start"] and notes == []
+    scan = sources.scan_target(scenario.target())
+    assert [event["address"] for event in scan.events] == [info["event_address"], wrapped]
+    assert scan.events[0]["psb_at_start"] and scan.notes == []
 
 
 def test_event_from_target_and_unreadable_trace():
@@ -203,16 +203,16 @@ def test_raw_trace_in_target_with_a_hole_is_reported():
 def test_scan_finds_each_event_once_whatever_the_chunk_boundaries(monkeypatch, chunk):
     scenario, info, wrapped = scenario_with_events()
     monkeypatch.setattr(sources, "SCAN_CHUNK", chunk)
-    events, _ = sources.scan_target(scenario.target())
+    events = sources.scan_target(scenario.target()).events
     assert [event["address"] for event in events] == [info["event_address"], wrapped]
 
 
 def test_scan_limits_are_notes():
     scenario, info, _ = scenario_with_events()
-    events, notes = sources.scan_target(scenario.target(), max_events=1)
-    assert len(events) == 1 and notes == ["stopped after 1 events"]
-    events, notes = sources.scan_target(scenario.target(), max_bytes=1)
-    assert notes and notes[0].startswith("stopped after scanning")
+    scan = sources.scan_target(scenario.target(), max_events=1)
+    assert len(scan.events) == 1 and scan.notes == ["stopped after 1 events"]
+    scan = sources.scan_target(scenario.target(), max_bytes=1)
+    assert scan.notes and scan.notes[0].startswith("stopped after scanning")
 
 
 def test_incomplete_wrapped_event_is_decoded_as_stored_with_a_note():
@@ -227,7 +227,7 @@ def test_incomplete_wrapped_event_is_decoded_as_stored_with_a_note():
 def test_position_inside_a_buffer_that_is_not_full_is_only_a_note():
     trace, _ = F.trace_program(PROGRAM, 400, seed=1)
     buffer = sources.event_from_bytes(event_bytes(trace, position=len(trace) // 2, buffer_size=3))
-    assert buffer.data == trace and any("--position" in note for note in buffer.notes)
+    assert buffer.data == trace and any("a position of %d unrolls it" % (len(trace) // 2) in note for note in buffer.notes)
 
 
 def test_user_position_overrides_the_event_header_on_the_stored_bytes(linear_trace):

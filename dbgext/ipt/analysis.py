@@ -1,18 +1,23 @@
-"""The ipt capability's public API: ``analyze(target, action, **options)``.
+"""The ipt capability's public API: one function per action, with keyword arguments.
 
 Every memory read, every decode and every derived fact happens here; the command
-parses arguments and renders, nothing else.  Each action returns a result object
+parses arguments and renders, nothing else.  Each function returns one result type
 whose ``as_dict()`` is the ``--json`` document (docs/json-schema/ipt.md) and whose
 ``problems`` is a ProblemLog:
 
-* ``packets`` -> :class:`PacketsResult`: totals of every packet, and a listing;
-* ``flow`` -> :class:`FlowAnalysis`: the instruction flow decoded to the end of
-  the trace, its events, a listing capped at ``max_insns`` and one view
-  (``instructions``, ``path``, ``calltree``, ``functions``) over all of it;
-* ``event`` -> :class:`EventResult`: an ETW IntelProcessorTrace event, its
-  header, packets and (with code from the target) its path;
-* ``scan`` -> :class:`ScanResult`: IntelProcessorTrace events found in target
-  memory or in an .etl file.
+* :func:`list_packets` -> :class:`PacketsResult`: totals of every packet, and a
+  listing (``ipt packets``);
+* :func:`reconstruct_flow` -> :class:`FlowAnalysis`: the instruction flow decoded
+  to the end of the trace, its events, a listing capped at ``max_insns`` and one
+  view (``instructions``, ``path``, ``calltree``, ``functions``) over all of it
+  (``ipt flow``);
+* :func:`decode_event` -> :class:`EventResult`: an ETW IntelProcessorTrace event,
+  its header, packets and (with code from the target) its path (``ipt event``);
+* :func:`scan_events` -> :class:`ScanResult`: IntelProcessorTrace events found in
+  target memory or in an .etl file (``ipt scan``).
+
+``target`` is a dbgext Target (code and trace memory), or None when files give
+everything.  Errors (BadInput) name these functions' parameters.
 """
 
 import os
@@ -26,14 +31,15 @@ from .packets import decode_packets, packet_stats
 from .views import Namer, event_row, make_view
 
 SCHEMA_VERSION = 2
-ACTIONS = ("packets", "flow", "event", "scan")
 FORMATS = ("raw", "event", "process")
 FLOW_VIEWS = ("instructions", "path", "calltree", "functions")
 DEFAULT_MAX_INSNS = 100000
 DEFAULT_MAX_PACKETS = 100000
+DEFAULT_MAX_EVENTS = 1000
+DEFAULT_SCAN_LENGTH = 0x100000
 SUSPICIOUS_FUNCTIONS = ("nt!KeBugCheckEx", "nt!KeBugCheck2", "nt!KeBugCheck")
 # Known file magics, to say what an input that is not an IPT event is.
-FILE_MAGICS = ((b"\x02\x82\x02\x82", "a raw trace starting with a PSB (ipt packets/flow --trace read those)"),
+FILE_MAGICS = ((b"\x02\x82\x02\x82", "a raw trace starting with a PSB (read it as a raw trace)"),
                (b"\x89PNG", "a PNG image"), (b"MZ", "a PE image"), (b"\x7fELF", "an ELF file"),
                (b"PAGEDU64", "a kernel dump"), (b"PAGEDUMP", "a kernel dump"), (b"MDMP", "a minidump"),
                (b"%PDF", "a PDF document"), (b"PK\x03\x04", "a ZIP archive"), (b"\xff\xd8\xff", "a JPEG image"))
@@ -42,34 +48,13 @@ FILE_MAGICS = ((b"\x02\x82\x02\x82", "a raw trace starting with a PSB (ipt packe
 NO_INTEL_PT_ON_ARM64 = "Intel PT does not exist on ARM64: this target has no IPT trace to decode"
 
 
-def analyze(target=None, action="flow", **options):
-    """Run one ipt action.  ``target`` is a dbgext Target (code and trace memory) or
-    None when files give everything.  Options by action:
-
-    * trace source (packets, flow): ``trace`` (a file), ``data`` (bytes), or
-      ``address`` with ``size`` (target memory); ``format`` raw|event|process;
-      ``position`` (ring buffer: where the oldest byte is);
-    * packets: ``stats`` (totals only), ``max_packets`` (listing cap);
-    * flow: ``images`` [(path, base)] (code files; default: the target's memory),
-      ``view``, ``stats`` (counts only), ``max_insns`` (listing cap: decoding always
-      goes to the end), ``cpu`` (family, model[, stepping]) for errata workarounds,
-      ``resync_on_error`` (go on at the next packet naming an IP after an error, not at
-      the next PSB), ``progress(fraction, instructions)``;
-    * event: ``trace`` (a file holding header + trace), ``address``, or ``etl`` with
-      ``index``; ``position``; ``force`` (decode a header that does not look like
-      one); code from ``target`` when given;
-    * scan: ``etl`` (a file) or target memory from ``start`` for ``length`` bytes;
-      ``max_events``."""
-    runners = {"packets": _packets, "flow": _flow, "event": _event, "scan": _scan}
+def _check_arch(target):
     if target is not None and target.arch == "arm64":
         raise BadInput(NO_INTEL_PT_ON_ARM64)
-    if action not in runners:
-        raise BadInput("unknown ipt action %r (one of: %s)" % (action, ", ".join(ACTIONS)))
-    return runners[action](target, **options)
 
 
 def _document(action, body, problems, totals_only=False):
-    """The --json document; ``totals_only`` (--stats): problems counted by kind, not listed."""
+    """The JSON document; ``totals_only`` (stats): problems counted by kind, not listed."""
     document = {"schema_version": SCHEMA_VERSION, "action": action}
     document.update(body)
     if totals_only:
@@ -107,17 +92,21 @@ def _stored_offsets(problems, buffer):
 
 def _need_target(target, what):
     if target is None:
-        raise BadInput("%s needs a target (--dump FILE, or inside WinDbg)" % what)
+        raise BadInput("%s needs a target (a dump, or the debugger session)" % what)
 
 
 # -- trace buffers ---------------------------------------------------------------------
 
-def load_buffers(target=None, trace=None, data=None, address=None, size=None, format="raw", position=None):
-    """The TraceBuffers to decode: from a file, bytes, or target memory."""
+def load_buffers(target=None, *, trace=None, data=None, address=None, size=None, format="raw", position=None):
+    """The TraceBuffers to decode: from the file ``trace``, the bytes ``data``, or
+    target memory at ``address`` (``size`` bytes for a raw trace).  ``format``: raw
+    packets, an ETW IntelProcessorTrace ``event`` (header + trace), or ipt.sys's
+    ``process`` trace (one buffer per thread); ``position``: a ring buffer's oldest
+    byte (decoding starts at the first PSB after it, across the wrap)."""
     if format not in FORMATS:
         raise BadInput("unknown trace format %r (one of: %s)" % (format, ", ".join(FORMATS)))
     if format == "process" and position is not None:
-        raise BadInput("--position does not apply to --format process: each thread's "
+        raise BadInput("position does not apply to format 'process': each thread's "
                        "RingBufferOffset says where its ring starts")
     if trace is not None or data is not None:
         origin = trace if trace is not None else "bytes"
@@ -128,15 +117,15 @@ def load_buffers(target=None, trace=None, data=None, address=None, size=None, fo
             return [sources.event_from_bytes(raw, origin, position)]
         return sources.process_trace_buffers(raw, origin=os.path.basename(origin))
     if address is not None:
-        _need_target(target, "--address")
+        _need_target(target, "a trace at an address")
         if format == "event":
             return [sources.event_from_target(target, address, position)]
         if format == "process":
             return sources.process_trace_from_target(target, address)
         if size is None:
-            raise BadInput("--address needs --size N for a raw trace")
+            raise BadInput("a raw trace at an address needs its size")
         return [sources.from_target(target, address, size, position)]
-    raise BadInput("give --trace FILE, or --address ADDR (with --size N) and a target")
+    raise BadInput("give a trace: trace (a file), data (bytes), or address (with size) and a target")
 
 
 def _packet_rows(packets, buffer):
@@ -182,9 +171,15 @@ class PacketsResult(object):
                          self.stats)
 
 
-def _packets(target, stats=False, max_packets=DEFAULT_MAX_PACKETS, **source):
+def list_packets(target=None, *, trace=None, data=None, address=None, size=None, format="raw", position=None,
+                 stats=False, max_packets=DEFAULT_MAX_PACKETS):
+    """The packets of a trace (``ipt packets``): every packet counted; listed up to
+    ``max_packets`` unless ``stats`` (totals only).  The trace comes as
+    :func:`load_buffers` says.  Returns a PacketsResult."""
+    _check_arch(target)
     results = []
-    for buffer in load_buffers(target, **source):
+    for buffer in load_buffers(target, trace=trace, data=data, address=address, size=size, format=format,
+                               position=position):
         totals = packet_stats(buffer.data)
         listing, truncated = None, False
         if not stats:
@@ -208,7 +203,7 @@ class Code(object):
             size = image.size_of_image if hasattr(image, "size_of_image") else len(image)
             named.append((base, size, os.path.splitext(os.path.basename(path))[0], exports))
         if not files and target is None:
-            raise BadInput("flow needs code: --image FILE@BASE, or a target (--dump FILE / inside WinDbg)")
+            raise BadInput("the flow needs code: images [(file, base)], or a target")
         self.target = target
         self.image = CodeImage(target, files)
         self.namer = Namer(target, named)
@@ -306,11 +301,24 @@ def _decode_buffer(decoder, code, buffer, view, max_insns, stats, progress):
     return FlowBuffer(buffer, result, decoder.cache, code.namer, view, view_data, listing, stats)
 
 
-def _flow(target, images=(), view="instructions", stats=False, max_insns=DEFAULT_MAX_INSNS, cpu=None,
-          resync_on_error=False, progress=None, **source):
+def reconstruct_flow(target=None, *, trace=None, data=None, address=None, size=None, format="raw", position=None,
+                     images=(), view="instructions", stats=False, max_insns=DEFAULT_MAX_INSNS, cpu=None,
+                     resync_on_error=False, progress=None):
+    """The executed instructions of a trace (``ipt flow``), decoded to its end.
+
+    The trace comes as :func:`load_buffers` says.  Code comes from ``images``
+    [(file path, base)] and else from the target's memory.  ``view``: one of
+    FLOW_VIEWS over the whole flow; ``max_insns`` caps the instructions view's
+    listing only; ``stats``: totals only.  ``cpu`` (family, model[, stepping])
+    turns on libipt's errata workarounds for that CPU; ``resync_on_error`` goes on
+    at the next packet naming an IP after an error, not at the next PSB;
+    ``progress(fraction, instructions)`` is called now and then.  Returns a
+    FlowAnalysis."""
+    _check_arch(target)
     if view not in FLOW_VIEWS:
         raise BadInput("unknown view %r (one of: %s)" % (view, ", ".join(FLOW_VIEWS)))
-    buffers = load_buffers(target, **source)
+    buffers = load_buffers(target, trace=trace, data=data, address=address, size=size, format=format,
+                           position=position)
     code = Code(target, images)
     errata = cpu_errata(cpu)
     decoder = FlowDecoder(code.image, code.suspicious, BlockCache(code.image), errata, resync_on_error)
@@ -325,6 +333,17 @@ def _what_is(raw):
         if raw.startswith(magic):
             return name
     return "bytes %s" % raw[:8].hex(" ")
+
+
+class NotAnEvent(BadInput):
+    """Bytes given as an IntelProcessorTrace event (a file, an .etl event) whose
+    header is not one: ``where`` they are and what was ``found``."""
+
+    def __init__(self, where, found):
+        self.where = where
+        self.found = found
+        super().__init__("%s is not an IntelProcessorTrace event: found %s (force=True decodes it anyway)"
+                         % (where, found))
 
 
 def check_event_header(header, raw, where, address=None):
@@ -344,8 +363,7 @@ def check_event_header(header, raw, where, address=None):
     found = "%s (%s)" % (_what_is(raw), ", ".join(wrong))
     if address is not None:
         raise WrongSignature("IntelProcessorTrace event header", address, found)
-    raise BadInput("%s is not an IntelProcessorTrace event: found %s (give --force to decode it anyway)"
-                   % (where, found))
+    raise NotAnEvent(where, found)
 
 
 class EventResult(object):
@@ -371,9 +389,16 @@ class EventResult(object):
         return _document("event", body, self.problems)
 
 
-def _event(target, trace=None, address=None, etl=None, index=None, position=None, force=False, progress=None):
+def decode_event(target=None, *, trace=None, address=None, etl=None, index=None, position=None, force=False,
+                 progress=None):
+    """An ETW IntelProcessorTrace event (``ipt event``): its header, packets and,
+    with a target, the path it traced.  The event is at ``address`` in the target,
+    in the file ``trace`` (header + trace), or event ``index`` of the .etl file
+    ``etl``; ``position`` overrides its TracePosition; ``force`` decodes a header
+    that does not look like one.  Returns an EventResult."""
+    _check_arch(target)
     if address is not None:
-        _need_target(target, "--address")
+        _need_target(target, "an event at an address")
         raw = target.read(address, sources.EVENT_HEADER.size)
         if not force:
             check_event_header(sources.parse_event_header(raw), raw, None, address)
@@ -387,7 +412,7 @@ def _event(target, trace=None, address=None, etl=None, index=None, position=None
             check_event_header(sources.parse_event_header(raw), raw, where)
         buffer = sources.event_from_bytes(raw, where, position)
     else:
-        raise BadInput("give --address ADDR (with a target), --trace FILE or --etl FILE --index N")
+        raise BadInput("give an event: address (with a target), trace (a file), or etl (a file) with index")
     stats = packet_stats(buffer.data)
     flow = None
     if target is not None:
@@ -413,27 +438,35 @@ class ScanResult(object):
         return _document("scan", {"source": self.source, "events": self.events}, self.problems)
 
 
-def _scan(target, etl=None, start=None, length=None, max_events=1000):
+def scan_events(target=None, *, etl=None, start=None, length=None, max_events=DEFAULT_MAX_EVENTS):
+    """IntelProcessorTrace events (``ipt scan``) in the .etl file ``etl``, else in
+    the target's memory: all it can list, or ``length`` bytes (default
+    DEFAULT_SCAN_LENGTH) from ``start``.  Stops after ``max_events``.  Returns a
+    ScanResult."""
+    _check_arch(target)
     problems = ProblemLog()
     if etl is not None:
         return ScanResult(etl, _scan_etl(etl, max_events, problems), problems)
-    _need_target(target, "scan without --etl")
+    _need_target(target, "a scan of memory")
+    target.require_full_memory("scanning memory for IntelProcessorTrace events")
     end = None
     if start is not None:
-        end = start + (length if length is not None else 0x100000)
-    found, notes = sources.scan_target(target, start or 0, end, max_events=max_events)
-    for note in notes:
+        end = start + (length if length is not None else DEFAULT_SCAN_LENGTH)
+    scan = sources.scan_target(target, start or 0, end, max_events=max_events)
+    for note in scan.notes:
         problems.add("ipt_scan_stopped", None, note, "note")
+    if not scan.events:
+        problems.add("ipt_scan_empty", None, sources.why_none(target, scan), "note")
     rows = [{"address": event["address"], "trace_address": event["trace_address"],
              "process": event["header"]["Process"], "thread": event["header"]["Thread"],
              "trace_size": event["header"]["TraceSize"], "trace_position": event["header"]["TracePosition"],
-             "psb_at_start": event["psb_at_start"]} for event in found]
+             "psb_at_start": event["psb_at_start"]} for event in scan.events]
     return ScanResult("memory", rows, problems)
 
 
 def _etl_ipt_events(reader):
     """(index, event) of the IntelProcessorTrace events of an EtlReader; index counts
-    every event of the file, so it names one event for ``ipt event --etl --index``."""
+    every event of the file, so it names one event for decode_event's ``index``."""
     from ..etl import INTEL_PT_GUID, iter_events
     for index, event in enumerate(iter_events(reader)):
         if event.provider == INTEL_PT_GUID and event.opcode == sources.IPT_EVENT_TYPE:
@@ -446,7 +479,7 @@ def _etl_ipt_events(reader):
 def etl_event_payload(path, wanted):
     from ..etl import EtlReader
     if wanted is None:
-        raise BadInput("--etl needs --index N (ipt scan --etl FILE lists the events)")
+        raise BadInput("an event of an .etl file needs its index (a scan of the file lists the events)")
     with EtlReader(path) as reader:
         for index, event in _etl_ipt_events(reader):
             if index == wanted:

@@ -1,11 +1,13 @@
-"""``dbgext ipt packets|flow|event|scan``: parse the arguments, run
-:func:`dbgext.ipt.analyze`, print its result (text) or its ``as_dict()`` (--json)."""
+"""``dbgext ipt packets|flow|event|scan``: parse the arguments, run the action's
+function (dbgext.ipt.list_packets, reconstruct_flow, decode_event, scan_events),
+print its result (text) or its ``as_dict()`` (--json)."""
 
 from ..address import parse_number
 from ..command import Command
 from ..errors import BadInput
 from . import render
-from .analysis import DEFAULT_MAX_INSNS, DEFAULT_MAX_PACKETS, FLOW_VIEWS, FORMATS, analyze
+from .analysis import (DEFAULT_MAX_EVENTS, DEFAULT_MAX_INSNS, DEFAULT_MAX_PACKETS, FLOW_VIEWS, FORMATS, NotAnEvent,
+                       decode_event, list_packets, reconstruct_flow, scan_events)
 from .errata import parse_cpu
 
 
@@ -52,7 +54,7 @@ def add_arguments(parser):
     event.add_argument("--force", action="store_true", help="decode a header that does not look like an event's")
     scan = sub.add_parser("scan", help="find IntelProcessorTrace events in target memory or an .etl file")
     scan.add_argument("--etl", metavar="FILE", help="scan this .etl file instead of target memory")
-    scan.add_argument("--max-events", metavar="N", help="stop after N events (hex; default 0n1000)")
+    scan.add_argument("--max-events", metavar="N", help="stop after N events (hex; default 0n%d)" % DEFAULT_MAX_EVENTS)
     scan.add_argument("--start", metavar="ADDR", help="scan from ADDR (needed in a live session)")
     scan.add_argument("--length", metavar="N", help="scan N bytes from --start (hex; default 100000)")
 
@@ -94,29 +96,44 @@ def _end_progress(ctx, progress):
         ctx.err.stream.write("\r" + " " * 60 + "\r")
 
 
+def _packets(ctx, args, progress):
+    return list_packets(_target(ctx), stats=args.stats, max_packets=_number(args.max_packets) or DEFAULT_MAX_PACKETS,
+                        **_source_options(ctx, args))
+
+
+def _flow(ctx, args, progress):
+    return reconstruct_flow(_target(ctx), images=[parse_image(ctx, spec) for spec in args.image], view=args.view,
+                            stats=args.stats, max_insns=_number(args.max_insns) or DEFAULT_MAX_INSNS,
+                            cpu=parse_cpu(args.cpu) if args.cpu else None, resync_on_error=args.resync_on_error,
+                            progress=progress, **_source_options(ctx, args))
+
+
+def _event(ctx, args, progress):
+    try:
+        return decode_event(_target(ctx), trace=args.trace,
+                            address=ctx.address(args.address) if args.address else None, etl=args.etl,
+                            index=_number(args.index), position=_number(args.position), force=args.force,
+                            progress=progress)
+    except NotAnEvent as error:   # the library names its parameter; a command user types the flag
+        raise BadInput("%s is not an IntelProcessorTrace event: found %s (give --force to decode it anyway)"
+                       % (error.where, error.found))
+
+
+def _scan(ctx, args, progress):
+    return scan_events(_target(ctx), etl=args.etl, start=ctx.address(args.start) if args.start else None,
+                       length=_number(args.length), max_events=_number(args.max_events) or DEFAULT_MAX_EVENTS)
+
+
+ACTIONS = {"packets": _packets, "flow": _flow, "event": _event, "scan": _scan}
+
+
 def run(ctx, args):
     action = getattr(args, "ipt_command", None)
     if not action:
         raise BadInput("choose one of: packets, flow, event, scan (see dbgext ipt -h)")
     progress = _progress(ctx) if action in ("flow", "event") else None
-    if action == "packets":
-        options = _source_options(ctx, args)
-        options.update(stats=args.stats, max_packets=_number(args.max_packets) or DEFAULT_MAX_PACKETS)
-    elif action == "flow":
-        options = _source_options(ctx, args)
-        options.update(images=[parse_image(ctx, spec) for spec in args.image], view=args.view, stats=args.stats,
-                       max_insns=_number(args.max_insns) or DEFAULT_MAX_INSNS,
-                       cpu=parse_cpu(args.cpu) if args.cpu else None, resync_on_error=args.resync_on_error,
-                       progress=progress)
-    elif action == "event":
-        options = {"trace": args.trace, "address": ctx.address(args.address) if args.address else None,
-                   "etl": args.etl, "index": _number(args.index), "position": _number(args.position),
-                   "force": args.force, "progress": progress}
-    else:
-        options = {"etl": args.etl, "start": ctx.address(args.start) if args.start else None,
-                   "length": _number(args.length), "max_events": _number(args.max_events) or 1000}
     try:
-        result = analyze(_target(ctx), action, **options)
+        result = ACTIONS[action](ctx, args, progress)
     finally:
         _end_progress(ctx, progress)
     if args.json:

@@ -56,13 +56,13 @@ def parse_cpu(text):
     """``FAMILY/MODEL[/STEPPING]`` (decimal, or hex with 0x, as ptxed's --cpu) -> tuple."""
     parts = text.split("/")
     if len(parts) not in (2, 3):
-        raise BadInput("--cpu takes FAMILY/MODEL[/STEPPING] (e.g. 6/142/10), got %r" % text)
+        raise BadInput("a CPU is FAMILY/MODEL[/STEPPING] (e.g. 6/142/10), got %r" % text)
     try:
         values = tuple(int(part, 0) for part in parts)
     except ValueError:
-        raise BadInput("--cpu takes FAMILY/MODEL[/STEPPING] numbers, got %r" % text)
+        raise BadInput("a CPU is FAMILY/MODEL[/STEPPING] in numbers, got %r" % text)
     if not (0 < values[0] <= 0xFFFF and 0 <= values[1] <= 0xFF) or (len(values) == 3 and not 0 <= values[2] <= 0xFF):
-        raise BadInput("--cpu %s is out of range (family 1-65535, model and stepping 0-255)" % text)
+        raise BadInput("CPU %s is out of range (family 1-65535, model and stepping 0-255)" % text)
     return values
 
 

@@ -624,7 +624,7 @@ def _flow_items(data, start, end):
     tnt_runs = {}  # TNT-8 run: its bits
     tokens = _token_regex()
     split, first_byte, bad_column, stride = tokens.split, _FIRST_BYTE, _BAD_COLUMN, tokens.groups + 1
-    ip_kind_of_opcode, u16, u32, u64 = P.IP_KIND_OF_OPCODE, P._U16, P._U32, P._U64
+    ip_kind_of_opcode, decompress_ip = P.IP_KIND_OF_OPCODE, P.decompress_ip
     mode_items, table_size = _MODE_ITEMS, TABLE_SIZE
     f_tnt, f_fup = F_TNT, F_FUP
     while position >= 0:
@@ -647,7 +647,8 @@ def _flow_items(data, start, end):
                 if known is None:
                     if len(ip2_table) >= table_size:
                         ip2_table.clear()
-                    known = ip2_table[packet] = ip_kind_of_opcode[packet[0]], (last_ip & ~0xFFFF) | u16(packet, 1)[0]
+                    known = ip2_table[packet] = (ip_kind_of_opcode[packet[0]],
+                                                 decompress_ip(1, int.from_bytes(packet[1:], "little"), last_ip))
                 kind, ip = known
                 last_ip = ip
             elif what == _RUN:
@@ -666,21 +667,14 @@ def _flow_items(data, start, end):
                 if known is None:
                     if len(ip4_table) >= table_size:
                         ip4_table.clear()
-                    ip = (last_ip & ~0xFFFFFFFF) | u32(packet, 1)[0]
+                    ip = decompress_ip(2, int.from_bytes(packet[1:], "little"), last_ip)
                     known = ip4_table[packet] = ip_kind_of_opcode[packet[0]], ip, _ip_table(ip2_tables, ip >> 16)
                 kind, ip, ip2_table = known
                 last_ip = ip
             elif what == _IP0:
                 kind, ip = ip_kind_of_opcode[packet[0]], None
             elif what == _IP6 or what == _IP8:
-                if what == _IP8:
-                    ip = u64(packet, 1)[0]
-                else:
-                    payload = int.from_bytes(packet[1:7], "little")
-                    if packet[0] >> 5 == 3:  # sign-extended from bit 47
-                        ip = payload | (0xFFFF << 48) if payload & P._SIGN_BIT_47 else payload
-                    else:
-                        ip = (last_ip & ~P._LOW_48) | payload
+                ip = decompress_ip(packet[0] >> 5, int.from_bytes(packet[1:], "little"), last_ip)
                 kind, last_ip = ip_kind_of_opcode[packet[0]], ip
                 ip2_table, ip4_table = _ip_table(ip2_tables, ip >> 16), _ip_table(ip4_tables, ip >> 32)
             else:

@@ -13,7 +13,6 @@ at the next PSB, so the decoder never reads past the buffer and always terminate
 """
 
 import re
-import struct
 from collections import Counter
 
 from ..problems import ProblemLog
@@ -260,9 +259,21 @@ def mode_fields(payload):
     return "mode.tsx", {"intx": payload & 1, "abort": payload >> 1 & 1}
 
 
+# IP compression: IPBytes -> the bits of the last IP a packet keeps; its payload
+# replaces the others (3: 48 bits sign-extended from bit 47, nothing kept).
+IP_KEPT_BITS = {1: 0xFFFFFFFFFFFF0000, 2: 0xFFFFFFFF00000000, 3: 0, 4: 0xFFFF000000000000, 6: 0}
 _SIGN_BIT_47 = 1 << 47
-_LOW_48 = (1 << 48) - 1
-_U16, _U32, _U64 = (struct.Struct(layout).unpack_from for layout in ("<H", "<I", "<Q"))
+_SIGN_EXTENSION = 0xFFFF << 48
+
+
+def decompress_ip(ipbytes, payload, last_ip):
+    """The IP an IP packet names, from its IPBytes field, its payload (an int read
+    little-endian) and the last IP: IPBytes 1, 2 and 4 replace the last IP's low 16,
+    32 and 48 bits, 3 sign-extends 48 bits, 6 gives all 64.  IP compression is
+    written here only: the packet decoder and the flow both call it."""
+    if ipbytes == 3 and payload & _SIGN_BIT_47:
+        return payload | _SIGN_EXTENSION
+    return (last_ip & IP_KEPT_BITS[ipbytes]) | payload
 
 
 def tokens(data, start=0, end=None, at_packet=False):
@@ -286,9 +297,9 @@ def tokens(data, start=0, end=None, at_packet=False):
     last_psb = position - 1
     finditer = PACKET_RE.finditer
     # The names compared or called once per packet, as locals (faster than globals on 3.8).
-    g_tnt8, g_ip2, g_ip4, g_ip6, g_ip0, g_ip8, g_pad, g_psb, g_psbend, g_mode = (
-        G_TNT8, G_IP2, G_IP4, G_IP6, G_IP0, G_IP8, G_PAD, G_PSB, G_PSBEND, G_MODE)
-    k_tnt8_run, ip_kind_of_opcode, u16, u32 = K_TNT8_RUN, IP_KIND_OF_OPCODE, _U16, _U32
+    g_tnt8, g_ip0, g_pad, g_psb, g_psbend, g_mode = G_TNT8, G_IP0, G_PAD, G_PSB, G_PSBEND, G_MODE
+    ip_groups = frozenset((G_IP2, G_IP4, G_IP6, G_IP8))  # the IP packets with a payload
+    k_tnt8_run, ip_kind_of_opcode, decompress, from_bytes = K_TNT8_RUN, IP_KIND_OF_OPCODE, decompress_ip, int.from_bytes
     while position >= 0:
         resume = -1
         for match in finditer(data, position, end):
@@ -296,25 +307,12 @@ def tokens(data, start=0, end=None, at_packet=False):
             offset = match.start()
             if group == g_tnt8:
                 yield k_tnt8_run, offset, match.group()
-            elif group == g_ip2:  # an IP packet: its group says how many IP bytes it updates
-                ip = last_ip = (last_ip & ~0xFFFF) | u16(data, offset + 1)[0]
-                yield ip_kind_of_opcode[data[offset]], offset, ip
-            elif group == g_ip4:
-                ip = last_ip = (last_ip & ~0xFFFFFFFF) | u32(data, offset + 1)[0]
-                yield ip_kind_of_opcode[data[offset]], offset, ip
-            elif group == g_ip6:
-                payload = int.from_bytes(data[offset + 1:offset + 7], "little")
-                if data[offset] >> 5 == 3:  # sign-extended from bit 47
-                    ip = payload | (0xFFFF << 48) if payload & _SIGN_BIT_47 else payload
-                else:
-                    ip = (last_ip & ~_LOW_48) | payload
-                last_ip = ip
+            elif group in ip_groups:
+                payload = from_bytes(data[offset + 1:match.end()], "little")
+                ip = last_ip = decompress(data[offset] >> 5, payload, last_ip)
                 yield ip_kind_of_opcode[data[offset]], offset, ip
             elif group == g_ip0:
                 yield ip_kind_of_opcode[data[offset]], offset, None
-            elif group == g_ip8:
-                ip = last_ip = _U64(data, offset + 1)[0]
-                yield ip_kind_of_opcode[data[offset]], offset, ip
             elif group == g_pad:
                 yield K_PAD_RUN, offset, match.end() - offset
             elif group == g_psb:

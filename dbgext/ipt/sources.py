@@ -12,11 +12,11 @@ and report offsets into it, which ``buffer.original_offset`` maps back to offset
 in the buffer as it sits in memory or in the file.
 """
 
+import collections
 import re
 import struct
 
 from ..errors import BadInput, UnreadableMemory
-from ..render.text import hexaddr
 from .packets import PSB
 
 IPT_EVENT_TYPE = 32
@@ -129,7 +129,8 @@ def from_target(target, address, size, position=None):
         raise UnreadableMemory(address, size)
     buffer = unwrap(read.data, position, "memory", address)
     for start, end in read.holes:
-        buffer.notes.append("bytes %s..%s are unreadable (decoded as PAD/zero)" % (hexaddr(start), hexaddr(end)))
+        buffer.notes.append("bytes %s..%s are unreadable (decoded as PAD/zero)"
+                            % (target.format_address(start), target.format_address(end)))
     return buffer
 
 
@@ -148,7 +149,7 @@ def event_buffer(header, trace, origin, address=None, position=None):
     ``trace`` holds the bytes present after the header (possibly fewer than TraceSize).
     A full buffer (TraceSize of at least IptOption's buffer size) with its write
     position inside the data has wrapped: it is unrolled from TracePosition.
-    ``position`` (the user's --position) overrides that: the trace present is a ring
+    ``position`` (given by the user) overrides that: the trace present is a ring
     whose oldest byte is there."""
     if position is not None:
         header = dict(header, TracePosition=position, TraceSize=len(trace))
@@ -173,7 +174,7 @@ def event_buffer(header, trace, origin, address=None, position=None):
         notes.append("the ring wrapped at TracePosition %d but is incomplete; decoding it as stored" % position)
     elif 0 < position < full:
         notes.append("TracePosition %d is inside the data of a buffer that is not full; decoding as stored "
-                     "(--position %d unrolls it)" % (position, position))
+                     "(a position of %d unrolls it)" % (position, position))
     buffer = TraceBuffer(trace, origin, address, header=header)
     buffer.notes.extend(notes)
     return buffer
@@ -189,7 +190,7 @@ def event_from_target(target, address, position=None):
     header = parse_event_header(target.read(address, EVENT_HEADER.size))
     size = header["TraceSize"]
     if size > MAX_TRACE_SIZE:
-        raise BadInput("IPT event at %s: TraceSize %d is implausible" % (hexaddr(address), size))
+        raise BadInput("IPT event at %s: TraceSize %d is implausible" % (target.format_address(address), size))
     read = target.try_read(address + EVENT_HEADER.size, size)
     trace = read.data
     if read.holes:
@@ -197,7 +198,7 @@ def event_from_target(target, address, position=None):
         trace = trace[:read.holes[0][0] - read.address]
     buffer = event_buffer(header, trace, "event", address + EVENT_HEADER.size, position)
     if read.holes:
-        buffer.notes.append("trace bytes from %s are unreadable" % hexaddr(read.holes[0][0]))
+        buffer.notes.append("trace bytes from %s are unreadable" % target.format_address(read.holes[0][0]))
     return buffer
 
 
@@ -255,9 +256,9 @@ def process_trace_from_target(target, address):
     """ipt.sys's IPT_TRACE_DATA at ``address`` in the target: one TraceBuffer per thread."""
     total = target.unpack("<HHI", address)[2]
     if total > MAX_TRACE_SIZE:
-        raise BadInput("IPT_TRACE_DATA at %s: TraceSize %d is implausible" % (hexaddr(address), total))
+        raise BadInput("IPT_TRACE_DATA at %s: TraceSize %d is implausible" % (target.format_address(address), total))
     data = target.try_read(address, TRACE_DATA_HEADER.size + total).data
-    return process_trace_buffers(data, target.pointer_size, "process trace at %s" % hexaddr(address))
+    return process_trace_buffers(data, target.pointer_size, "process trace at %s" % target.format_address(address))
 
 
 # -- finding IPT events in memory ------------------------------------------------------
@@ -270,6 +271,8 @@ _HEADER_TAIL_RE = re.compile(
 _HEADER_TAIL_OFFSET = 16
 
 SCAN_CHUNK = 1 << 20
+
+MemoryScan = collections.namedtuple("MemoryScan", "events notes bytes_searched ranges_searched")
 
 
 def plausible_event(header):
@@ -334,16 +337,18 @@ def scan_target(target, start=0, end=None, max_events=1000, max_bytes=1 << 30):
     """Find IntelProcessorTrace events in readable target memory.
 
     A candidate is a plausible header whose trace holds a PSB (at its start, or
-    anywhere for a wrapped buffer).  Returns (events, notes): events are dicts with
-    the event address, header and trace address; notes say where the scan stopped."""
-    if end is None and target.backend.mapped_ranges() is None:
+    anywhere for a wrapped buffer).  Returns a MemoryScan: ``events`` are dicts with
+    the event address, header and trace address; ``notes`` say where the scan
+    stopped; ``bytes_searched`` and ``ranges_searched`` say how much it read."""
+    if end is None and not target.can_list_memory():
         # A live session cannot list its memory; probing 2^64 bytes page by page never ends.
-        raise BadInput("this target cannot enumerate its memory: give a range to scan (--start ADDR --length N)")
+        raise BadInput("this target cannot enumerate its memory: give a range to scan (start, length)")
     events = []
     notes = []
-    scanned = 0
+    scanned = ranges = 0
     psb_search = _PsbSearch(target)
     for lo, hi in target.readable_ranges(start, end):
+        ranges += 1
         cursor = lo
         while cursor < hi:
             span = min(SCAN_CHUNK, hi - cursor)
@@ -367,10 +372,21 @@ def scan_target(target, start=0, end=None, max_events=1000, max_bytes=1 << 30):
                                "psb_at_start": psb == trace_address})
                 if len(events) >= max_events:
                     notes.append("stopped after %d events" % max_events)
-                    return events, notes
+                    return MemoryScan(events, notes, scanned, ranges)
             scanned += span
             cursor += span
             if scanned >= max_bytes:
-                notes.append("stopped after scanning %d bytes (at %s)" % (scanned, hexaddr(cursor)))
-                return events, notes
-    return events, notes
+                notes.append("stopped after scanning %d bytes (at %s)" % (scanned, target.format_address(cursor)))
+                return MemoryScan(events, notes, scanned, ranges)
+    return MemoryScan(events, notes, scanned, ranges)
+
+
+def why_none(target, scan):
+    """One line on why ``scan`` found nothing: how much memory it could read, and
+    what a minidump lacks (ETW keeps IntelProcessorTrace events in kernel buffers)."""
+    text = "no IntelProcessorTrace event in the 0x%x readable bytes searched (%d ranges)" % (
+        scan.bytes_searched, scan.ranges_searched)
+    if target.kind == "minidump":
+        text += ("; a minidump holds one process's memory, and ETW keeps these events in kernel buffers "
+                 "(a kernel, full or active memory dump holds them)")
+    return text

@@ -144,7 +144,7 @@ def why_no_symbols(target, module, table):
     exports until a symbol path gives the PDB."""
     if table is not None and table.status != EXPORT_SYMBOLS:
         return "its %s (%s) hold no symbols" % (table.status, table.path or table.source)
-    kind = target.backend.kind
+    kind = target.kind
     if kind == "pykd":
         return "the debugger has no symbols for it (see .sympath and .reload)"
     where = "the dump" if kind not in ("memory", "image") else "memory"

@@ -523,6 +523,12 @@ class Target(object):
             walk.entries.append(nxt)
             current = nxt
 
+    @property
+    def kind(self):
+        """What the source is: a kernel dump's kind (``kernel-dump``,
+        ``kernel-small-dump``...), ``minidump``, ``pykd``, ``image`` or ``memory``."""
+        return self.backend.kind
+
     def can_list_memory(self):
         """Whether the source knows which memory it holds (a dump does; a live
         session does not, so a scan there needs a bounded range)."""

@@ -110,14 +110,14 @@ register_analysis("etwstacks", summarize_etwstacks,
 # -- ipt: Intel PT events ------------------------------------------------------------------
 
 def summarize_ipt(target):
-    from ..ipt import analyze
+    from ..ipt import scan_events
     from ..ipt.analysis import NO_INTEL_PT_ON_ARM64
 
     if target.arch == "arm64":
         return {"skipped": NO_INTEL_PT_ON_ARM64}
     if _cannot_list_memory(target):
         return {"skipped": CANNOT_SCAN}
-    scan = analyze(target, "scan", max_events=MAX_IPT_EVENTS)
+    scan = scan_events(target, max_events=MAX_IPT_EVENTS)
     events = scan.events
     return {
         "events": len(events),
