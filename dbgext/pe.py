@@ -296,6 +296,34 @@ class PEImage(object):
             return bytes(pieces[0])
         return b"".join(pieces)
 
+    def read_backed(self, rva, size):
+        """The bytes at ``rva`` up to ``size`` that the file (or target memory)
+        holds, stopping at the first byte that is a hole or zero-fill.  A table a
+        header sizes (a directory, a count of entries) is read this way: what it
+        costs is bounded by the bytes behind it, not by the size it claims."""
+        if rva < 0 or size <= 0:
+            return b""
+        end = rva + size
+        hole = self._first_hole(rva, size)
+        if hole is not None:
+            end = hole
+        pieces = []
+        at = rva
+        while at < end:
+            segment = self._segment(at)
+            if segment is None:
+                break
+            inside = at - segment.rva
+            backed = min(end - at, segment.filled - inside)
+            if backed <= 0:
+                break
+            start = segment.offset + inside
+            pieces.append(segment.buffer[start:start + backed])
+            at += backed
+            if at < min(end, segment.end):
+                break  # the segment's zero-filled tail
+        return bytes(pieces[0]) if len(pieces) == 1 else b"".join(pieces)
+
     def unpack(self, fmt, rva):
         """``struct.unpack`` of the bytes at ``rva`` (``fmt`` little-endian), or None."""
         size = struct.calcsize(fmt)
@@ -412,10 +440,11 @@ class PEImage(object):
             self.problems.add("pe_exports_implausible", self.va(rva), "%s: the export directory claims %d functions"
                               % (self.name, number_of_functions))
             return exports
-        functions = self.read(functions_rva, 4 * number_of_functions)
-        names = self.read(names_rva, 4 * number_of_names)
-        ordinals = self.read(ordinals_rva, 2 * number_of_names)
-        if functions is None or names is None or ordinals is None:
+        functions = self.read_backed(functions_rva, 4 * number_of_functions)
+        names = self.read_backed(names_rva, 4 * number_of_names)
+        ordinals = self.read_backed(ordinals_rva, 2 * number_of_names)
+        if len(functions) < 4 * number_of_functions or len(names) < 4 * number_of_names \
+                or len(ordinals) < 2 * number_of_names:
             self.problems.add("pe_directory_unreadable", self.va(rva),
                               "%s: the export tables are not readable" % self.name)
             return exports
@@ -478,12 +507,12 @@ class PEImage(object):
         if found is None:
             return []
         rva, size = found
-        data = self.read_partial(rva, size - size % 12)
+        data = self.read_backed(rva, size - size % 12)
         data = data[:len(data) - len(data) % 12]
         if len(data) < size - size % 12:
             self.problems.add("pe_directory_unreadable", self.va(rva + len(data)),
-                              "%s: the exception directory is cut short after %d entries"
-                              % (self.name, len(data) // 12))
+                              "%s: the exception directory claims 0x%x bytes; the %s holds %d entries of it"
+                              % (self.name, size, self.origin, len(data) // 12))
         return list(struct.iter_unpack("<III", data))
 
     @property
@@ -533,7 +562,11 @@ class PEImage(object):
         if found is None:
             return []
         rva, size = found
-        data = self.read_partial(rva, size)
+        data = self.read_backed(rva, size)
+        if len(data) < size:
+            self.problems.add("pe_directory_unreadable", self.va(rva + len(data)),
+                              "%s: the base relocation directory claims 0x%x bytes; the %s holds 0x%x"
+                              % (self.name, size, self.origin, len(data)))
         wanted = RELOC_DIR64 if self.arch == "x64" else RELOC_HIGHLOW
         sites = []
         at = 0
@@ -613,7 +646,7 @@ class PEImage(object):
         if not table or not count:
             return []
         rva = table - self.image_base
-        data = self.read_partial(rva, min(count, MAX_EXPORTS) * entry_size)
+        data = self.read_backed(rva, min(count, MAX_EXPORTS) * entry_size)
         if len(data) < count * entry_size:
             self.problems.add("pe_directory_unreadable", table, "%s: %s holds %d entries, %d readable"
                               % (self.name, table_field, count, len(data) // entry_size))
