@@ -428,9 +428,10 @@ def xpress_single_match(size):
     return bytes(out)
 
 
-def etl_bomb(file_size, decoded_size=64 << 20):
-    """An .etl file of about ``file_size`` bytes: the first (uncompressed) buffer
-    of a real one, then compressed buffers each decoding to ``decoded_size``."""
+def etl_bomb(buffers, decoded_size=64 << 20):
+    """An .etl file: the first (uncompressed) buffer of a real one, then
+    ``buffers`` compressed buffers of a few hundred bytes, each decoding to
+    ``decoded_size`` zero bytes."""
     from dbgext.etl import format as fmt
     from dbgext.etl.writer import EtlWriter
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -449,12 +450,12 @@ def etl_bomb(file_size, decoded_size=64 << 20):
     struct.pack_into("<II", header, 0, disk_size, decoded_size)
     struct.pack_into("<H", header, 0x34, struct.unpack_from("<H", header, 0x34)[0] | fmt.BUFFER_FLAG_COMPRESSED)
     bomb = bytes(header + packed + bytes(disk_size - fmt.BUFFER_HEADER_SIZE - len(packed)))
-    return bytes(first) + bomb * max(1, (file_size - len(first)) // len(bomb))
+    return bytes(first) + bomb * buffers
 
 
-def _etl_bomb_case(name, file_size):
+def _etl_bomb_case(name, buffers):
     def build(directory):
-        path = _write(os.path.join(directory, "input.etl"), etl_bomb(file_size))
+        path = _write(os.path.join(directory, "input.etl"), etl_bomb(buffers))
         return [["etwstacks", "--simulate", "--etl", path, "--json"]], [path]
     return HostileCase("bombs", name, build)
 
@@ -490,8 +491,9 @@ def _isf_bomb_case(suffix, blank_bytes):
 
 
 BOMBS = [
-    _etl_bomb_case("etl-one-buffer-decoding-to-64-mib", 0),
-    _etl_bomb_case("etl-64-kib-of-buffers-decoding-to-64-mib-each", 64 << 10),
+    _etl_bomb_case("etl-one-buffer-decoding-to-64-mib", 1),
+    _etl_bomb_case("etl-100-buffers-decoding-to-64-mib-each", 100),
+    _etl_bomb_case("etl-1-mb-of-buffers-decoding-to-64-mib-each", 2700),
     _isf_bomb_case(".json.xz", 2 << 30),
     _isf_bomb_case(".json.gz", 1 << 30),
 ]

@@ -9,10 +9,11 @@ from . import load_manifest, write_sample
 
 def _sample_arguments(parser):
     parser.add_argument("--out", metavar="DIR", required=True, help="directory to write the sample into")
+    parser.add_argument("--force", action="store_true", help="replace the files of an existing sample")
 
 
 def _run_sample(ctx, args):
-    dump_path = write_sample(args.out)
+    dump_path = write_sample(args.out, force=args.force)
     ctx.out.line("wrote %s (symbols in %s.symbols, manifest sample.json)" % (dump_path, dump_path))
     return 0
 
@@ -56,7 +57,8 @@ def _run_demo(ctx, args):
     dump_path = os.path.join(directory, "sample.dmp")
     if args.rebuild or not os.path.exists(os.path.join(directory, "sample.json")):
         ctx.out.line("building the sample kernel dump in %s ..." % directory)
-        write_sample(directory)
+        # The demo's folder is its own cache: --rebuild is what replaces it.
+        write_sample(directory, force=args.rebuild, force_option="--rebuild")
     manifest = load_manifest(directory)
     if manifest.get("missing"):
         ctx.out.line("(not in this build: %s)" % ", ".join(manifest["missing"]))

@@ -20,7 +20,7 @@ import struct
 from ..target.base import PAGE_SIZE, Module, Target
 from ..target.base import Thread as TargetThread
 from ..target.image import ImageBackend
-from ..target.symbols import ModuleSymbols, SymbolTable, write_isf_file
+from ..target.symbols import ModuleSymbols, SymbolTable, isf_file_path, write_isf_file
 
 # Where allocations go by default, per (arch, mode): realistic pool / heap ranges.
 HEAP_BASE = {
@@ -243,10 +243,19 @@ class Scenario(object):
                                         stack_limit=thread.stack_base))
         return threads
 
-    def write_symbols(self, directory):
+    def write_symbols(self, directory, force=True, force_option="--force"):
+        """One ISF file per module with symbols or types (replacing existing ones
+        unless ``force`` is False; never through a link)."""
         import os
         os.makedirs(directory, exist_ok=True)
-        return [write_isf_file(ms, directory) for ms in self.module_symbols.values() if ms.symbols or ms.types]
+        return [write_isf_file(ms, directory, force, force_option) for ms in self._symbols_to_write()]
+
+    def symbol_file_paths(self, directory):
+        """The paths :meth:`write_symbols` writes into ``directory``."""
+        return [isf_file_path(ms, directory) for ms in self._symbols_to_write()]
+
+    def _symbols_to_write(self):
+        return [ms for ms in self.module_symbols.values() if ms.symbols or ms.types]
 
     def write_kernel_dump(self, path, bitmap=False, dump_type=None):
         from .kdump_writer import write_kernel_dump

@@ -19,7 +19,6 @@ from the debugger (:class:`dbgext.target.pykd_backend.PykdSymbols`).
 """
 
 import bisect
-import io
 import json
 import os
 import sys
@@ -400,11 +399,15 @@ def load_isf_directory(paths, table=None):
     return table
 
 
-def write_isf_file(module_symbols, directory):
-    path = os.path.join(directory, module_symbols.module_name + ".json")
-    with io.open(path, "w", encoding="utf-8") as handle:
-        json.dump(module_symbols.to_isf(), handle, indent=1, sort_keys=True)
-    return path
+def isf_file_path(module_symbols, directory):
+    return os.path.join(directory, module_symbols.module_name + ".json")
+
+
+def write_isf_file(module_symbols, directory, force=True, force_option="--force"):
+    """``directory/<module>.json``, written as every output is (dbgext.outputs)."""
+    from ..outputs import write_text
+    return write_text(isf_file_path(module_symbols, directory),
+                      json.dumps(module_symbols.to_isf(), indent=1, sort_keys=True), force, force_option)
 
 
 def open_symbol_table(option_paths, beside=(), no_download=False, environ=None, diagnostics=None):
