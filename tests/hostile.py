@@ -72,7 +72,7 @@ import capstone  # imported by most commands: counted as the interpreter's, not 
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 started = time.monotonic()
 with open(os.devnull, "w") as sink:
-    code = main(json.loads(sys.argv[2]), stream=sink)
+    code = main(json.loads(sys.argv[2]), stream=sink, error_stream=sys.stderr)
 seconds = time.monotonic() - started
 grew = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
 sys.stdout.write("\n" + json.dumps({"code": code, "seconds": seconds, "grew": grew}) + "\n")
@@ -599,3 +599,16 @@ def case_named(name):
         if case.name == name:
             return case
     raise KeyError(name)
+
+
+# What CI runs (tests/test_fuzz_hostile.py): a few cases of each family, each a
+# command or three in a fresh interpreter.  The others (the 1 MB .etl bomb, the
+# gigabyte ISF bombs) run under scripts/fuzz.py --hostile.
+CI_CASES = [
+    "pe-exception-directory-into-zero-fill", "pe-relocation-directory-into-zero-fill",
+    "pe-export-counts-into-zero-fill", "stack-file-count-near-4g", "stack-file-json-count-near-4g",
+    "minidump-list-counts-near-4g", "kernel-dump-run-pages-near-4g", "trace-database-bucket-count-near-4g",
+    "stack-file-nested-100000-lists", "module-list-loops-past-its-head", "trace-database-block-names-itself-next",
+    "isf-type-contains-itself",
+    "etl-one-buffer-decoding-to-64-mib",
+] + [case.name for case in LINKS]
