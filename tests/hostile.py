@@ -407,55 +407,66 @@ def _self_containing_types_case():
 
 # -- bombs -------------------------------------------------------------------------------
 
-def xpress_single_match(size):
-    """LZ77+Huffman bytes decoding to ``size`` zero bytes: one literal and one
-    match of ``size - 1`` bytes at offset 1 (a few hundred bytes in all)."""
+def xpress_literals_then_match(literals, size):
+    """LZ77+Huffman bytes decoding to ``size`` bytes: ``literals``, then one match
+    repeating them (offset ``len(literals)``) up to ``size`` — a few hundred bytes
+    whatever ``size`` is."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from xpress_support import EOF_SYMBOL, MIN_MATCH, _BitWriter, canonical_codes, match_symbol
-    length = size - 1
-    symbol = match_symbol(length, 1)
-    lengths = [0] * 512
-    lengths[0], lengths[EOF_SYMBOL], lengths[symbol] = 1, 2, 2
+    from xpress_support import EOF_SYMBOL, MIN_MATCH, _BitWriter, canonical_codes, code_lengths, match_symbol
+    length, offset = size - len(literals), len(literals)
+    symbol = match_symbol(length, offset)
+    frequencies = [0] * 512
+    for byte in literals:
+        frequencies[byte] += 1
+    frequencies[symbol] += 1
+    frequencies[EOF_SYMBOL] += 1
+    lengths = code_lengths(frequencies)
     out = bytearray(lengths[2 * i] | lengths[2 * i + 1] << 4 for i in range(256))
     codes = canonical_codes(lengths)
     writer = _BitWriter(out)
-    writer.bits(*codes[0])
+    for byte in literals:
+        writer.bits(*codes[byte])
     writer.bits(*codes[symbol])
-    extra = length - MIN_MATCH - 15
-    writer.byte_stream(b"\xff\x00\x00" + struct.pack("<I", extra + 15))
+    writer.byte_stream(b"\xff\x00\x00" + struct.pack("<I", length - MIN_MATCH))
+    offset_bits = offset.bit_length() - 1
+    writer.bits(offset - (1 << offset_bits), offset_bits)
     writer.bits(*codes[EOF_SYMBOL])
     writer.finish()
     return bytes(out)
 
 
-def etl_bomb(buffers, decoded_size=64 << 20):
+def etl_bomb(buffers, decoded_size=64 << 20, event=False):
     """An .etl file: the first (uncompressed) buffer of a real one, then
     ``buffers`` compressed buffers of a few hundred bytes, each decoding to
-    ``decoded_size`` zero bytes."""
+    ``decoded_size`` bytes: zeros, or with ``event`` one stack-walk event repeated
+    (every copy a valid event, so skipping payloads of one repeated byte does not
+    catch it)."""
     from dbgext.etl import format as fmt
     from dbgext.etl.writer import EtlWriter
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from xpress_support import FORMAT_XPRESS_HUFF, COMPRESSED_MODE
     writer = EtlWriter()
-    writer.add_stack_definition(0xFFFF000000000010, [0xFFFFF80000001000])
+    header_event_end = len(writer._current)
+    writer.add_stack_walk([0xFFFFF80000001000 + 0x10 * index for index in range(8)])
+    literals = bytes(writer._current[header_event_end:]) if event else b"\0"
     data = bytearray(writer.to_bytes())
-    first_size = struct.unpack_from("<I", data, 0)[0]
-    first = data[:first_size]
+    first = data[:struct.unpack_from("<I", data, 0)[0]]
     struct.pack_into("<I", first, 0x2C, FORMAT_XPRESS_HUFF)
     mode_offset = fmt.BUFFER_HEADER_SIZE + 0x40
     struct.pack_into("<I", first, mode_offset, struct.unpack_from("<I", first, mode_offset)[0] | COMPRESSED_MODE)
-    packed = xpress_single_match(decoded_size - fmt.BUFFER_HEADER_SIZE)
+    payload_size = (decoded_size - fmt.BUFFER_HEADER_SIZE) // len(literals) * len(literals)
+    packed = xpress_literals_then_match(literals, payload_size)
     header = bytearray(first[:fmt.BUFFER_HEADER_SIZE])
     disk_size = (fmt.BUFFER_HEADER_SIZE + len(packed) + 7) & ~7
-    struct.pack_into("<II", header, 0, disk_size, decoded_size)
+    struct.pack_into("<II", header, 0, disk_size, fmt.BUFFER_HEADER_SIZE + payload_size)
     struct.pack_into("<H", header, 0x34, struct.unpack_from("<H", header, 0x34)[0] | fmt.BUFFER_FLAG_COMPRESSED)
     bomb = bytes(header + packed + bytes(disk_size - fmt.BUFFER_HEADER_SIZE - len(packed)))
     return bytes(first) + bomb * buffers
 
 
-def _etl_bomb_case(name, buffers):
+def _etl_bomb_case(name, buffers, event=False):
     def build(directory):
-        path = _write(os.path.join(directory, "input.etl"), etl_bomb(buffers))
+        path = _write(os.path.join(directory, "input.etl"), etl_bomb(buffers, event=event))
         return [["etwstacks", "--simulate", "--etl", path, "--json"]], [path]
     return HostileCase("bombs", name, build)
 
@@ -494,6 +505,8 @@ BOMBS = [
     _etl_bomb_case("etl-one-buffer-decoding-to-64-mib", 1),
     _etl_bomb_case("etl-100-buffers-decoding-to-64-mib-each", 100),
     _etl_bomb_case("etl-1-mb-of-buffers-decoding-to-64-mib-each", 2700),
+    _etl_bomb_case("etl-one-buffer-repeating-one-stack-walk-event-for-64-mib", 1, event=True),
+    _etl_bomb_case("etl-8-buffers-repeating-one-stack-walk-event-for-64-mib", 8, event=True),
     _isf_bomb_case(".json.xz", 2 << 30),
     _isf_bomb_case(".json.gz", 1 << 30),
 ]
