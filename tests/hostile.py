@@ -368,6 +368,27 @@ def _module_list_case(name, patch):
     return HostileCase("cycles", name, build)
 
 
+def _ipt_event_case(name, trace_size):
+    """The sample's IntelProcessorTrace event claiming ``trace_size`` bytes of
+    trace where the dump holds 80."""
+    def build(directory):
+        holder = {}
+
+        def apply(scenario, manifest):
+            holder["event"] = manifest["contents"]["ipt"]["event_address"]
+            scenario.pack(holder["event"] + IPT_EVENT_TRACE_SIZE, "<I", trace_size)
+        path, _ = _kernel_dump(directory, patch=apply)
+        return [["ipt", "event", "--dump", path, "--address", "0x%x" % holder["event"], "--json"]], [path]
+    return HostileCase("claims", name, build)
+
+
+IPT_EVENT_TRACE_SIZE = 24   # EventTimeStamp, Process, Thread, IptOption, then TraceSize (u32)
+
+IPT_CLAIMS = [
+    _ipt_event_case("ipt-event-trace-size-128-mib", 128 << 20),
+    _ipt_event_case("ipt-event-trace-size-near-4g", 0xFFFFFFFF),
+]
+
 DATABASE_CLAIMS = [
     _trace_database_case("claims", "trace-database-bucket-count-near-4g",
                          lambda scenario, db: scenario.pack(db + RTL_KERNEL["NoOfBuckets"], "<I", 0xFFFFFFFF)),
@@ -602,7 +623,7 @@ LINKS = [
 ]
 
 
-CASES = (PE_CLAIMS + STACK_FILE_CLAIMS + DUMP_CLAIMS + DATABASE_CLAIMS + STACK_FILE_CYCLES + DUMP_CYCLES
+CASES = (PE_CLAIMS + STACK_FILE_CLAIMS + DUMP_CLAIMS + IPT_CLAIMS + DATABASE_CLAIMS + STACK_FILE_CYCLES + DUMP_CYCLES
          + [_self_containing_types_case()] + BOMBS + LINKS)
 FAMILIES = ("claims", "cycles", "bombs", "links")
 
