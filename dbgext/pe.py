@@ -473,6 +473,9 @@ class PEImage(object):
         rva = found[0]
         pointer = self.pointer_size
         ordinal_flag = 1 << (8 * pointer - 1)
+        # Descriptors may all name one thunk table: the thunks read in all are
+        # bounded by the bytes that could hold them, not descriptors x table length.
+        thunks_left = sum(segment.filled for segment in self._segments) // pointer
         for index in range(MAX_IMPORT_DESCRIPTORS):
             descriptor = self.unpack("<IIIII", rva + 20 * index)
             if descriptor is None:
@@ -489,6 +492,12 @@ class PEImage(object):
                 value = self.pointer(names_rva + slot * pointer)
                 if not value:
                     break
+                thunks_left -= 1
+                if thunks_left < 0:
+                    self.problems.add("pe_imports_implausible", self.va(rva + 20 * index),
+                                      "%s: the import descriptors list more thunks than the image's bytes hold; "
+                                      "stopped at descriptor %d" % (self.name, index))
+                    return imports
                 if value & ordinal_flag:
                     name = "#%d" % (value & 0xFFFF)
                 else:

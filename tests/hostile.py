@@ -145,14 +145,15 @@ def _write(path, data):
 
 PE_IMAGE_BASE = 0x140000000
 TEXT_RVA, RDATA_RVA, BSS_RVA = 0x1000, 0x2000, 0x3000
-BSS_CLAIM = 0xFFFF0000      # a section with no raw data claiming almost 4 GiB of zero-fill
+IMAGE_SIZE_CLAIM = 0xFFFFF000   # SizeOfImage; .bss, with no raw data, claims almost 4 GiB of zero-fill
 FUNCTION_CODE = b"\x48\x83\xec\x28\x48\x83\xc4\x28\xc3"   # sub rsp,28h; add rsp,28h; ret
 
 
-def hostile_pe(directories, rdata=()):
-    """A 2 KiB x64 PE: .text (one function), .rdata (``rdata``: (offset, bytes)
-    patches) and an uninitialised .bss claiming BSS_CLAIM bytes; ``directories``
-    {data directory index: (rva, size)}."""
+def hostile_pe(directories, rdata=(), rdata_size=0x200):
+    """A small x64 PE: .text (one function), .rdata of ``rdata_size`` bytes
+    (``rdata``: (offset, bytes) patches) and an uninitialised .bss from BSS_RVA
+    (or after .rdata) up to IMAGE_SIZE_CLAIM; ``directories`` {data directory
+    index: (rva, size)}."""
     headers = bytearray(0x400)
     headers[:2] = b"MZ"
     struct.pack_into("<I", headers, 0x3C, 0x40)
@@ -162,21 +163,22 @@ def hostile_pe(directories, rdata=()):
     struct.pack_into("<HBBIIIII", headers, optional, 0x20B, 14, 0, 0x200, 0x400, 0, TEXT_RVA, TEXT_RVA)
     struct.pack_into("<QII", headers, optional + 24, PE_IMAGE_BASE, 0x1000, 0x200)
     struct.pack_into("<HHHHHH", headers, optional + 40, 10, 0, 0, 0, 10, 0)
-    struct.pack_into("<III", headers, optional + 56, BSS_RVA + BSS_CLAIM, 0x400, 0)
+    struct.pack_into("<III", headers, optional + 56, IMAGE_SIZE_CLAIM, 0x400, 0)
     struct.pack_into("<HH", headers, optional + 68, 1, 0x160)
     struct.pack_into("<I", headers, optional + 108, 16)
     for index, (rva, size) in directories.items():
         struct.pack_into("<II", headers, optional + 112 + 8 * index, rva, size)
     table = optional + 0xF0
+    bss_rva = max(BSS_RVA, RDATA_RVA + (rdata_size + 0xFFF) // 0x1000 * 0x1000)
     sections = [(b".text", 0x200, TEXT_RVA, 0x200, 0x400, 0x60000020),
-                (b".rdata", 0x200, RDATA_RVA, 0x200, 0x600, 0x40000040),
-                (b".bss", BSS_CLAIM, BSS_RVA, 0, 0, 0xC0000080)]
+                (b".rdata", rdata_size, RDATA_RVA, rdata_size, 0x600, 0x40000040),
+                (b".bss", IMAGE_SIZE_CLAIM - bss_rva, bss_rva, 0, 0, 0xC0000080)]
     for index, (name, vsize, rva, raw_size, raw_offset, characteristics) in enumerate(sections):
         struct.pack_into("<8sIIII12xI", headers, table + 40 * index, name, vsize, rva, raw_size, raw_offset,
                          characteristics)
     text = bytearray(b"\xcc" * 0x200)
     text[:len(FUNCTION_CODE)] = FUNCTION_CODE
-    data = bytearray(0x200)
+    data = bytearray(rdata_size)
     # One function's unwind info (UWOP_ALLOC_SMALL 0x28 after 4 prologue bytes) at .rdata+0x80.
     data[0x80:0x86] = struct.pack("<BBBBBB", 1, 4, 1, 0, 4, 0x42)
     for offset, patch in rdata:
@@ -184,9 +186,9 @@ def hostile_pe(directories, rdata=()):
     return bytes(headers + text + data)
 
 
-def _pe_case(name, directories, rdata=(), extra_commands=()):
+def _pe_case(name, directories, rdata=(), extra_commands=(), rdata_size=0x200):
     def build(directory):
-        path = _write(os.path.join(directory, "input.sys"), hostile_pe(directories, rdata))
+        path = _write(os.path.join(directory, "input.sys"), hostile_pe(directories, rdata, rdata_size))
         commands = [["stackuse", "functions", "--pe", path, "--json"],
                     ["stackuse", "functions", "--pe", path, "--depth", "--json"]]
         return commands + [[word.format(input=path) for word in argv] for argv in extra_commands], [path]
@@ -209,6 +211,17 @@ def _export_directory(count):
     return [(0x100, bytes(directory))]
 
 
+def _imports_sharing_one_thunk_table(descriptors=4096, thunks=65535):
+    """``descriptors`` import descriptors (at .rdata+0x100) all naming one table of
+    ``thunks`` ordinal imports: a few hundred KB that list 2**28 imports."""
+    table = 0x100 + 20 * (descriptors + 1)
+    name = table + 8 * (thunks + 1)
+    descriptor = struct.pack("<IIIII", RDATA_RVA + table, 0, 0, RDATA_RVA + name, RDATA_RVA + table)
+    thunk_table = struct.pack("<%dQ" % thunks, *((1 << 63) | (index & 0xFFFF) for index in range(thunks)))
+    patches = [(0x100, descriptor * descriptors), (table, thunk_table), (name, b"hostile.dll\0")]
+    return patches, (name + 16 + 0x1FF) // 0x200 * 0x200
+
+
 PE_CLAIMS = [
     _pe_case("pe-exception-directory-into-zero-fill", {3: (BSS_RVA, 0xFFFFFF00)}),
     _pe_case("pe-relocation-directory-into-zero-fill", {5: (BSS_RVA, 0xFFFFFF00)}),
@@ -219,6 +232,8 @@ PE_CLAIMS = [
     _pe_case("pe-cfg-table-count-near-4g", {10: (RDATA_RVA + 0x100, 0x94)},
              _load_config(0x80, 0x88, 0xFFFFFFFF, flags=0xF0000000)),
     _pe_case("pe-export-counts-into-zero-fill", {0: (RDATA_RVA + 0x100, 40)}, _export_directory(0xFFFFF)),
+    _pe_case("pe-import-descriptors-sharing-one-thunk-table", {1: (RDATA_RVA + 0x100, 20 * 4097)},
+             _imports_sharing_one_thunk_table()[0], rdata_size=_imports_sharing_one_thunk_table()[1]),
 ]
 
 
@@ -640,7 +655,7 @@ def case_named(name):
 # gigabyte ISF bombs) run under scripts/fuzz.py --hostile.
 CI_CASES = [
     "pe-exception-directory-into-zero-fill", "pe-relocation-directory-into-zero-fill",
-    "pe-export-counts-into-zero-fill", "stack-file-count-near-4g", "stack-file-json-count-near-4g",
+    "pe-export-counts-into-zero-fill", "pe-import-descriptors-sharing-one-thunk-table", "stack-file-count-near-4g", "stack-file-json-count-near-4g",
     "minidump-list-counts-near-4g", "kernel-dump-run-pages-near-4g", "trace-database-bucket-count-near-4g",
     "stack-file-nested-100000-lists", "module-list-loops-past-its-head", "trace-database-block-names-itself-next",
     "isf-type-contains-itself",

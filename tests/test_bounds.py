@@ -13,7 +13,7 @@ from dbgext.errors import BadInput
 from dbgext.etwcache.streams import MAX_EXPANDED_EVENTS, load_stack_file
 from dbgext.pe import PEImage
 
-from hostile import BSS_RVA, FUNCTION_CODE, RDATA_RVA, TEXT_RVA, hostile_pe
+from hostile import BSS_RVA, FUNCTION_CODE, RDATA_RVA, TEXT_RVA, _imports_sharing_one_thunk_table, hostile_pe
 
 
 def image(directories, rdata=()):
@@ -56,6 +56,14 @@ def test_export_and_cfg_tables_in_zero_fill_are_unreadable_not_zeros():
     pe = image({10: (RDATA_RVA + 0x100, 0x94)}, [(0x100, bytes(config))])
     assert pe.guard_functions == [] and messages(pe) == [
         "hostile.sys: guard_function_table holds 4294967295 entries, 0 readable"]
+
+
+def test_import_descriptors_sharing_one_thunk_table_read_no_more_thunks_than_the_image_holds():
+    patches, rdata_size = _imports_sharing_one_thunk_table(descriptors=64, thunks=4000)
+    pe = PEImage.from_bytes(hostile_pe({1: (RDATA_RVA + 0x100, 20 * 65)}, patches, rdata_size), "hostile.sys")
+    assert len(pe.imports) == 4000   # one IAT: every descriptor names the same slots
+    assert messages(pe) == ["hostile.sys: the import descriptors list more thunks than the image's bytes hold; "
+                            "stopped at descriptor %d" % (sum(s.filled for s in pe._segments) // 8 // 4000)]
 
 
 def test_read_backed_stops_where_the_file_s_bytes_end_read_partial_zero_fills_as_the_loader_does():
