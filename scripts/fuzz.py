@@ -122,7 +122,9 @@ def run_hostile(families, names, checkout, python, out, timeout, as_json):
     """Run every hostile case of ``families`` (tests/hostile.py) with ``checkout``'s
     dbgext; print each case and each family's worst time and memory growth.
     Exit code 1 when a case broke a limit."""
-    sys.path.insert(0, TESTS)
+    # The cases are built with this repository's dbgext and test support, whichever
+    # checkout's dbgext then runs them.
+    sys.path[:0] = [os.path.dirname(HERE), TESTS]
     import hostile
     cases = [case for case in hostile.CASES if case.family in families and (not names or case.name in names)]
     results = []
