@@ -397,6 +397,24 @@ def _ipt_event_case(name, trace_size):
     return HostileCase("claims", name, build)
 
 
+def _module_pdata_case(name, size):
+    """The sample driver's image in the dump with its exception directory
+    claiming ``size`` bytes: the unwinder reads .pdata from target memory."""
+    def build(directory):
+        def apply(scenario, manifest):
+            base = manifest["contents"]["stackuse"]["base"]
+            nt_headers = struct.unpack("<I", scenario.read(base + 0x3C, 4))[0]
+            scenario.pack(base + nt_headers + 24 + 112 + 8 * 3 + 4, "<I", size)
+        path, _ = _kernel_dump(directory, patch=apply)
+        return [["k", "--dump", path, "--json"], ["stackuse", "thread", "--dump", path, "--json"]], [path]
+    return HostileCase("claims", name, build)
+
+
+MODULE_CLAIMS = [
+    _module_pdata_case("module-in-dump-exception-directory-120-mib", 120 << 20),
+    _module_pdata_case("module-in-dump-exception-directory-near-4g", 0xFFFFFF00),
+]
+
 IPT_EVENT_TRACE_SIZE = 24   # EventTimeStamp, Process, Thread, IptOption, then TraceSize (u32)
 
 IPT_CLAIMS = [
@@ -638,7 +656,7 @@ LINKS = [
 ]
 
 
-CASES = (PE_CLAIMS + STACK_FILE_CLAIMS + DUMP_CLAIMS + IPT_CLAIMS + DATABASE_CLAIMS + STACK_FILE_CYCLES + DUMP_CYCLES
+CASES = (PE_CLAIMS + STACK_FILE_CLAIMS + DUMP_CLAIMS + MODULE_CLAIMS + IPT_CLAIMS + DATABASE_CLAIMS + STACK_FILE_CYCLES + DUMP_CYCLES
          + [_self_containing_types_case()] + BOMBS + LINKS)
 FAMILIES = ("claims", "cycles", "bombs", "links")
 
@@ -657,6 +675,7 @@ CI_CASES = [
     "pe-exception-directory-into-zero-fill", "pe-relocation-directory-into-zero-fill",
     "pe-export-counts-into-zero-fill", "pe-import-descriptors-sharing-one-thunk-table", "stack-file-count-near-4g", "stack-file-json-count-near-4g",
     "minidump-list-counts-near-4g", "kernel-dump-run-pages-near-4g", "trace-database-bucket-count-near-4g",
+    "module-in-dump-exception-directory-120-mib",
     "stack-file-nested-100000-lists", "module-list-loops-past-its-head", "trace-database-block-names-itself-next",
     "isf-type-contains-itself",
     "etl-one-buffer-decoding-to-64-mib",
