@@ -673,9 +673,9 @@ def case_named(name):
 # gigabyte ISF bombs) run under scripts/fuzz.py --hostile.
 CI_CASES = [
     "pe-exception-directory-into-zero-fill", "pe-relocation-directory-into-zero-fill",
-    "pe-export-counts-into-zero-fill", "pe-import-descriptors-sharing-one-thunk-table", "stack-file-count-near-4g", "stack-file-json-count-near-4g",
-    "minidump-list-counts-near-4g", "kernel-dump-run-pages-near-4g", "trace-database-bucket-count-near-4g",
-    "module-in-dump-exception-directory-120-mib",
+    "pe-export-counts-into-zero-fill", "pe-import-descriptors-sharing-one-thunk-table",
+    "stack-file-count-near-4g", "stack-file-json-count-near-4g", "minidump-list-counts-near-4g",
+    "kernel-dump-run-pages-near-4g", "trace-database-bucket-count-near-4g", "module-in-dump-exception-directory-120-mib",
     "stack-file-nested-100000-lists", "module-list-loops-past-its-head", "trace-database-block-names-itself-next",
     "isf-type-contains-itself",
     "etl-one-buffer-decoding-to-64-mib",
