@@ -656,8 +656,8 @@ LINKS = [
 ]
 
 
-CASES = (PE_CLAIMS + STACK_FILE_CLAIMS + DUMP_CLAIMS + MODULE_CLAIMS + IPT_CLAIMS + DATABASE_CLAIMS + STACK_FILE_CYCLES + DUMP_CYCLES
-         + [_self_containing_types_case()] + BOMBS + LINKS)
+CASES = (PE_CLAIMS + STACK_FILE_CLAIMS + DUMP_CLAIMS + MODULE_CLAIMS + IPT_CLAIMS + DATABASE_CLAIMS
+         + STACK_FILE_CYCLES + DUMP_CYCLES         + [_self_containing_types_case()] + BOMBS + LINKS)
 FAMILIES = ("claims", "cycles", "bombs", "links")
 
 
@@ -675,7 +675,8 @@ CI_CASES = [
     "pe-exception-directory-into-zero-fill", "pe-relocation-directory-into-zero-fill",
     "pe-export-counts-into-zero-fill", "pe-import-descriptors-sharing-one-thunk-table",
     "stack-file-count-near-4g", "stack-file-json-count-near-4g", "minidump-list-counts-near-4g",
-    "kernel-dump-run-pages-near-4g", "trace-database-bucket-count-near-4g", "module-in-dump-exception-directory-120-mib",
+    "kernel-dump-run-pages-near-4g", "trace-database-bucket-count-near-4g",
+    "module-in-dump-exception-directory-120-mib",
     "stack-file-nested-100000-lists", "module-list-loops-past-its-head", "trace-database-block-names-itself-next",
     "isf-type-contains-itself",
     "etl-one-buffer-decoding-to-64-mib",
