@@ -657,7 +657,7 @@ LINKS = [
 
 
 CASES = (PE_CLAIMS + STACK_FILE_CLAIMS + DUMP_CLAIMS + MODULE_CLAIMS + IPT_CLAIMS + DATABASE_CLAIMS
-         + STACK_FILE_CYCLES + DUMP_CYCLES         + [_self_containing_types_case()] + BOMBS + LINKS)
+         + STACK_FILE_CYCLES + DUMP_CYCLES + [_self_containing_types_case()] + BOMBS + LINKS)
 FAMILIES = ("claims", "cycles", "bombs", "links")
 
 
