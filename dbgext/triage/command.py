@@ -22,9 +22,9 @@ import os
 from ..command import Command
 from ..errors import EXIT_OK, EXIT_PROBLEMS, BadInput
 from ..outputs import check_output, write_text
-from .store import check_parquet_export
 from .record import build_record, content_hash, load_plugins, select_analyses
 from .run import DEFAULT_TIMEOUT
+from .store import check_parquet_export
 
 DEFAULT_DB = "triage.duckdb"
 
