@@ -298,6 +298,34 @@ class PEImage(object):
             return bytes(pieces[0])
         return b"".join(pieces)
 
+    def read_backed(self, rva, size):
+        """The bytes at ``rva`` up to ``size`` that the file (or target memory)
+        holds, stopping at the first byte that is a hole or zero-fill.  A table a
+        header sizes (a directory, a count of entries) is read this way: what it
+        costs is bounded by the bytes behind it, not by the size it claims."""
+        if rva < 0 or size <= 0:
+            return b""
+        end = rva + size
+        hole = self._first_hole(rva, size)
+        if hole is not None:
+            end = hole
+        pieces = []
+        at = rva
+        while at < end:
+            segment = self._segment(at)
+            if segment is None:
+                break
+            inside = at - segment.rva
+            backed = min(end - at, segment.filled - inside)
+            if backed <= 0:
+                break
+            start = segment.offset + inside
+            pieces.append(segment.buffer[start:start + backed])
+            at += backed
+            if at < min(end, segment.end):
+                break  # the segment's zero-filled tail
+        return bytes(pieces[0]) if len(pieces) == 1 else b"".join(pieces)
+
     def unpack(self, fmt, rva):
         """``struct.unpack`` of the bytes at ``rva`` (``fmt`` little-endian), or None."""
         size = struct.calcsize(fmt)
@@ -414,10 +442,11 @@ class PEImage(object):
             self.problems.add("pe_exports_implausible", self.va(rva), "%s: the export directory claims %d functions"
                               % (self.name, number_of_functions))
             return exports
-        functions = self.read(functions_rva, 4 * number_of_functions)
-        names = self.read(names_rva, 4 * number_of_names)
-        ordinals = self.read(ordinals_rva, 2 * number_of_names)
-        if functions is None or names is None or ordinals is None:
+        functions = self.read_backed(functions_rva, 4 * number_of_functions)
+        names = self.read_backed(names_rva, 4 * number_of_names)
+        ordinals = self.read_backed(ordinals_rva, 2 * number_of_names)
+        if len(functions) < 4 * number_of_functions or len(names) < 4 * number_of_names \
+                or len(ordinals) < 2 * number_of_names:
             self.problems.add("pe_directory_unreadable", self.va(rva),
                               "%s: the export tables are not readable" % self.name)
             return exports
@@ -446,6 +475,9 @@ class PEImage(object):
         rva = found[0]
         pointer = self.pointer_size
         ordinal_flag = 1 << (8 * pointer - 1)
+        # Descriptors may all name one thunk table: the thunks read in all are
+        # bounded by the bytes that could hold them, not descriptors x table length.
+        thunks_left = sum(segment.filled for segment in self._segments) // pointer
         for index in range(MAX_IMPORT_DESCRIPTORS):
             descriptor = self.unpack("<IIIII", rva + 20 * index)
             if descriptor is None:
@@ -462,6 +494,12 @@ class PEImage(object):
                 value = self.pointer(names_rva + slot * pointer)
                 if not value:
                     break
+                thunks_left -= 1
+                if thunks_left < 0:
+                    self.problems.add("pe_imports_implausible", self.va(rva + 20 * index),
+                                      "%s: the import descriptors list more thunks than the image's bytes hold; "
+                                      "stopped at descriptor %d" % (self.name, index))
+                    return imports
                 if value & ordinal_flag:
                     name = "#%d" % (value & 0xFFFF)
                 else:
@@ -482,12 +520,12 @@ class PEImage(object):
         if found is None:
             return []
         rva, size = found
-        data = self.read_partial(rva, size - size % 12)
+        data = self.read_backed(rva, size - size % 12)
         data = data[:len(data) - len(data) % 12]
         if len(data) < size - size % 12:
             self.problems.add("pe_directory_unreadable", self.va(rva + len(data)),
-                              "%s: the exception directory is cut short after %d entries"
-                              % (self.name, len(data) // 12))
+                              "%s: the exception directory claims 0x%x bytes; the %s holds %d entries of it"
+                              % (self.name, size, self.origin, len(data) // 12))
         return list(struct.iter_unpack("<III", data))
 
     def _parse_arm64_runtime_functions(self):
@@ -499,11 +537,12 @@ class PEImage(object):
         if found is None:
             return []
         rva, size = found
-        data = self.read_partial(rva, size - size % PDATA_ENTRY_SIZE)
+        data = self.read_backed(rva, size - size % PDATA_ENTRY_SIZE)
+        data = data[:len(data) - len(data) % PDATA_ENTRY_SIZE]
         if len(data) < size - size % PDATA_ENTRY_SIZE:
             self.problems.add("pe_directory_unreadable", self.va(rva + len(data)),
-                              "%s: the exception directory is cut short after %d entries"
-                              % (self.name, len(data) // PDATA_ENTRY_SIZE))
+                              "%s: the exception directory claims 0x%x bytes; the %s holds %d entries of it"
+                              % (self.name, size, self.origin, len(data) // PDATA_ENTRY_SIZE))
         return runtime_functions(self, data)
 
     @property
@@ -553,7 +592,11 @@ class PEImage(object):
         if found is None:
             return []
         rva, size = found
-        data = self.read_partial(rva, size)
+        data = self.read_backed(rva, size)
+        if len(data) < size:
+            self.problems.add("pe_directory_unreadable", self.va(rva + len(data)),
+                              "%s: the base relocation directory claims 0x%x bytes; the %s holds 0x%x"
+                              % (self.name, size, self.origin, len(data)))
         wanted = RELOC_DIR64 if self.pointer_size == 8 else RELOC_HIGHLOW
         sites = []
         at = 0
@@ -633,7 +676,7 @@ class PEImage(object):
         if not table or not count:
             return []
         rva = table - self.image_base
-        data = self.read_partial(rva, min(count, MAX_EXPORTS) * entry_size)
+        data = self.read_backed(rva, min(count, MAX_EXPORTS) * entry_size)
         if len(data) < count * entry_size:
             self.problems.add("pe_directory_unreadable", table, "%s: %s holds %d entries, %d readable"
                               % (self.name, table_field, count, len(data) // entry_size))

@@ -9,6 +9,13 @@ SIGBUS through an mmap, a crash in a C extension) is caught and counted like any
 other failure.  Prints inputs per second per kind and every distinct failure
 signature with its count; the first input that hit each signature is saved in
 ``--out`` for reproduction.  Exit code 1 when anything failed.
+
+    python scripts/fuzz.py --hostile claims,cycles --checkout ../main
+
+runs the built hostile cases instead (``tests/hostile.py``: sizes and counts
+near 2**32, cycles, decompression bombs, planted links), each command in a fresh
+interpreter under a 4 GiB address-space limit, and prints every family's worst
+time and memory growth, for any checkout's dbgext.
 """
 
 import argparse
@@ -111,6 +118,42 @@ def _signal_name(returncode):
     return "exit %s" % returncode
 
 
+# -- hostile families (issue 27): claims, cycles, bombs, links ---------------------------
+
+def run_hostile(families, names, checkout, python, out, timeout, as_json):
+    """Run every hostile case of ``families`` (tests/hostile.py) with ``checkout``'s
+    dbgext; print each case and each family's worst time and memory growth.
+    Exit code 1 when a case broke a limit."""
+    # The cases are built with this repository's dbgext and test support, whichever
+    # checkout's dbgext then runs them.
+    sys.path[:0] = [os.path.dirname(HERE), TESTS]
+    import hostile
+    cases = [case for case in hostile.CASES if case.family in families and (not names or case.name in names)]
+    results = []
+    for case in cases:
+        result = hostile.run_case(case, os.path.join(out, case.family, case.name), checkout, python, timeout)
+        results.append(result)
+        if not as_json:
+            print("%-7s %-48s %9d B in  %7.2f s  %6d MB  codes %s%s" % (
+                case.family, case.name, result["input_bytes"], result["seconds"], result["grew"] >> 20,
+                ",".join(str(code) for code in result["codes"]),
+                "".join("\n          FAIL " + failure for failure in result["failures"])), flush=True)
+    worst = {}
+    for result in results:
+        family = worst.setdefault(result["family"], {"cases": 0, "failed": 0, "seconds": 0.0, "grew_mb": 0})
+        family["cases"] += 1
+        family["failed"] += bool(result["failures"])
+        family["seconds"] = max(family["seconds"], round(result["seconds"], 2))
+        family["grew_mb"] = max(family["grew_mb"], result["grew"] >> 20)
+    if as_json:
+        print(json.dumps({"checkout": checkout, "families": worst, "cases": results}, indent=1))
+    else:
+        for name, family in sorted(worst.items()):
+            print("%-7s %d cases, %d failed; worst %.2f s, worst memory growth %d MB"
+                  % (name, family["cases"], family["failed"], family["seconds"], family["grew_mb"]))
+    return 1 if any(result["failures"] for result in results) else 0
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--inputs", type=int, default=10000, help="inputs in all (split across the kinds)")
@@ -122,11 +165,23 @@ def main():
     parser.add_argument("--chunk", type=int, default=5000, help="inputs per worker process")
     parser.add_argument("--out", default=tempfile.mkdtemp(prefix="dbgext-fuzz-"))
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--hostile", metavar="FAMILIES", nargs="?", const="claims,cycles,bombs,links",
+                        help="run the built hostile cases (tests/hostile.py) of these families instead of "
+                        "mutations, each in a fresh interpreter under a 4 GiB address-space limit")
+    parser.add_argument("--case", action="append", help="with --hostile: only this case (repeatable)")
+    parser.add_argument("--checkout", default=os.path.dirname(HERE),
+                        help="with --hostile: the repository whose dbgext runs (default: this one)")
+    parser.add_argument("--python", default=sys.executable, help="with --hostile: the interpreter to run")
+    parser.add_argument("--timeout", type=float, default=120.0,
+                        help="with --hostile: seconds after which a command is killed")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--count", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    if args.hostile:
+        return run_hostile(args.hostile.split(","), args.case, os.path.abspath(args.checkout), args.python,
+                           args.out, args.timeout, args.json)
     if args.worker:
         worker(args.worker, args.levels, args.first, args.count, args.out, args.budget)
         return 0

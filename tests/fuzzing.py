@@ -12,6 +12,11 @@ counts distinct bugs, not inputs.
 
 Used by ``tests/test_fuzz.py`` (Hypothesis, a bounded example count) and by
 ``scripts/fuzz.py`` (long campaigns across processes).
+
+Mutation finds what flipped and truncated bytes do; the hostile families
+(claims, cycles, bombs, links) are built on purpose instead, in
+``tests/hostile.py`` (run by ``tests/test_fuzz_hostile.py`` and
+``scripts/fuzz.py --hostile``).
 """
 
 import io

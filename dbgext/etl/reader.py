@@ -403,8 +403,11 @@ class EtlReader(object):
         if header_size == 0x10:
             event.timestamp = int.from_bytes(data[offset + 8:offset + 16], "little")
         else:
-            event.thread_id, event.process_id, event.timestamp, _k, _u = fmt.SYSTEM_REST.unpack_from(
-                data + bytes(8), offset + 8)
+            # A compact header lacks the last 8 bytes: pad this event's bytes, never
+            # the whole buffer (a copy per event is quadratic in the buffer).
+            rest = bytes(data[offset + 8:offset + 8 + fmt.SYSTEM_REST.size])
+            event.thread_id, event.process_id, event.timestamp, _k, _u = fmt.SYSTEM_REST.unpack(
+                rest.ljust(fmt.SYSTEM_REST.size, b"\0"))
         event.provider = fmt.GROUP_GUIDS.get(event.group)
         event.payload = data[offset + header_size:offset + size]
         return size

@@ -11,8 +11,26 @@ from ..rtltrace import walk as walk_trace_database
 from .layouts import KERNEL_SPACE_START
 from .replay import StackStream
 
-# Bound on events produced by expanding hit counts (RTL trace databases).
+# Bound on events produced by expanding hit counts (RTL trace databases) and the
+# counts of a stack file: each event is one list slot, so a count is never
+# expanded past it.
 MAX_EXPANDED_EVENTS = 5000000
+
+
+class _EventBudget(object):
+    """The events a stack file's counts add up to, refused in one line past
+    MAX_EXPANDED_EVENTS (before a count is expanded, not after)."""
+
+    def __init__(self, path):
+        self.path = path
+        self.total = 0
+
+    def take(self, count, where):
+        self.total += count
+        if self.total > MAX_EXPANDED_EVENTS:
+            raise BadInput("%s: the counts add up to more than %d stack-walk events (at %s, count %d); "
+                           "scale them down" % (self.path, MAX_EXPANDED_EVENTS, where, count))
+        return count
 
 
 def _frame(value, where):
@@ -34,6 +52,8 @@ def load_stack_file(path):
     Text: one stack per line, hex frames separated by blanks or commas, optionally
     preceded by ``COUNT:``; blank lines and ``#`` comments are ignored.  Every stack
     is split into its kernel and user parts, which the kernel caches separately.
+    The counts may add up to MAX_EXPANDED_EVENTS events; JSON nested deeper than
+    the interpreter's recursion limit is refused in one line.
     An .etl file is recognised by its signature and read as :func:`load_etl_stream`."""
     try:
         with io.open(path, "rb") as handle:
@@ -44,12 +64,15 @@ def load_stack_file(path):
     except (OSError, UnicodeDecodeError) as error:
         raise BadInput("cannot read stack file %s: %s" % (path, error))
     stream = StackStream(source="stack file %s" % path)
+    budget = _EventBudget(path)
     stripped = text.lstrip()
     if stripped.startswith("[") or stripped.startswith("{"):
         try:
             document = json.loads(text)
         except ValueError as error:
             raise BadInput("%s: invalid JSON: %s" % (path, error))
+        except RecursionError:
+            raise BadInput("%s: invalid JSON: nested too deeply" % path)
         items = document.get("stacks") if isinstance(document, dict) else document
         if not isinstance(items, list):
             raise BadInput("%s: expected a list of stacks" % path)
@@ -59,11 +82,11 @@ def load_stack_file(path):
             if isinstance(item, dict):
                 count = item.get("count", 1)
                 item = item.get("frames")
-                if not isinstance(count, int) or count < 0:
+                if not isinstance(count, int) or isinstance(count, bool) or count < 0:
                     raise BadInput("%s: bad count %r" % (where, count))
             if not isinstance(item, list):
                 raise BadInput("%s: not a list of frames" % where)
-            stream.add_split([_frame(value, where) for value in item], count)
+            stream.add_split([_frame(value, where) for value in item], budget.take(count, where))
         return stream
     for number, line in enumerate(text.splitlines(), 1):
         line = line.split("#", 1)[0].strip()
@@ -77,7 +100,10 @@ def load_stack_file(path):
                 count = int(head.strip(), 0)
             except ValueError:
                 raise BadInput("%s: bad count %r" % (where, head))
-        stream.add_split([_frame(value, where) for value in line.replace(",", " ").split()], count)
+            if count < 0:
+                raise BadInput("%s: bad count %r" % (where, head))
+        stream.add_split([_frame(value, where) for value in line.replace(",", " ").split()],
+                         budget.take(count, where))
     return stream
 
 

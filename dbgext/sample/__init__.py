@@ -12,6 +12,7 @@ import io
 import json
 import os
 
+from .. import outputs
 from ..etwcache.fixtures import add_sample_logger
 from ..ipt.fixtures import add_sample_trace
 from ..rtltrace.fixtures import add_sample_database
@@ -93,16 +94,25 @@ def build_sample_scenario():
     return scenario, manifest
 
 
-def write_sample(directory):
+def write_sample(directory, force=False, force_option="--force"):
     """Write ``sample.dmp``, its ISF symbols (``sample.dmp.symbols/``) and
-    ``sample.json`` (the manifest) into ``directory``; returns the dump path."""
-    os.makedirs(directory, exist_ok=True)
-    scenario, manifest = build_sample_scenario()
+    ``sample.json`` (the manifest) into ``directory``; returns the dump path.
+
+    Every file goes through :mod:`dbgext.outputs`: a link where a file (or the
+    symbols folder) goes is refused, and so is an existing file unless ``force``;
+    all of them are checked before anything is written."""
     dump_path = os.path.join(directory, "sample.dmp")
-    scenario.write_kernel_dump(dump_path)
-    scenario.write_symbols(dump_path + ".symbols")
-    with io.open(os.path.join(directory, "sample.json"), "w", encoding="utf-8") as handle:
-        json.dump(manifest, handle, indent=1, default=_jsonable)
+    symbols = dump_path + ".symbols"
+    manifest_path = os.path.join(directory, "sample.json")
+    outputs.output_directory(directory)
+    outputs.refuse_link(symbols)
+    scenario, manifest = build_sample_scenario()
+    for path in [dump_path, manifest_path] + scenario.symbol_file_paths(symbols):
+        outputs.check_output(path, force, force_option)
+    with outputs.replacing(dump_path, force, force_option) as partial:
+        scenario.write_kernel_dump(partial)
+    scenario.write_symbols(outputs.output_directory(symbols), force, force_option)
+    outputs.write_text(manifest_path, json.dumps(manifest, indent=1, default=_jsonable), force, force_option)
     return dump_path
 
 

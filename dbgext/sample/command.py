@@ -9,10 +9,11 @@ from . import MANIFEST_FORMAT, load_manifest, write_sample
 
 def _sample_arguments(parser):
     parser.add_argument("--out", metavar="DIR", required=True, help="directory to write the sample into")
+    parser.add_argument("--force", action="store_true", help="replace the files of an existing sample")
 
 
 def _run_sample(ctx, args):
-    dump_path = write_sample(args.out)
+    dump_path = write_sample(args.out, force=args.force)
     ctx.out.line("wrote %s (symbols in %s.symbols, manifest sample.json)" % (dump_path, dump_path))
     return 0
 
@@ -55,7 +56,9 @@ def _run_demo(ctx, args):
     manifest = load_manifest(directory) if os.path.exists(os.path.join(directory, "sample.json")) else None
     if args.rebuild or manifest is None or manifest.get("format") != MANIFEST_FORMAT:
         ctx.out.line("building the sample kernel dump in %s ..." % directory)
-        write_sample(directory)
+        # The demo's folder is its own cache: --rebuild, or a sample of an older
+        # format, is what replaces it.
+        write_sample(directory, force=args.rebuild or manifest is not None, force_option="--rebuild")
         manifest = load_manifest(directory)
     worst = 0
     for title, argv in demo_steps(dump_path, manifest):

@@ -20,7 +20,7 @@ import struct
 from ..target.base import PAGE_SIZE, Module, Target
 from ..target.base import Thread as TargetThread
 from ..target.image import ImageBackend
-from ..symbols.module import ModuleSymbols, write_isf_file
+from ..symbols.module import ModuleSymbols, isf_file_path, write_isf_file
 from ..symbols.table import SymbolTable
 from .kdump_writer import KUSER_SHARED_DATA, write_kernel_dump
 
@@ -244,10 +244,19 @@ class Scenario(object):
                                         stack_limit=thread.stack_base))
         return threads
 
-    def write_symbols(self, directory):
+    def write_symbols(self, directory, force=True, force_option="--force"):
+        """One ISF file per module with symbols or types (replacing existing ones
+        unless ``force`` is False; never through a link)."""
         import os
         os.makedirs(directory, exist_ok=True)
-        return [write_isf_file(ms, directory) for ms in self.module_symbols.values() if ms.symbols or ms.types]
+        return [write_isf_file(ms, directory, force, force_option) for ms in self._symbols_to_write()]
+
+    def symbol_file_paths(self, directory):
+        """The paths :meth:`write_symbols` writes into ``directory``."""
+        return [isf_file_path(ms, directory) for ms in self._symbols_to_write()]
+
+    def _symbols_to_write(self):
+        return [ms for ms in self.module_symbols.values() if ms.symbols or ms.types]
 
     def write_kernel_dump(self, path, bitmap=False, dump_type=None):
         return write_kernel_dump(self, path, bitmap=bitmap, dump_type=dump_type)

@@ -2,11 +2,11 @@
 fills: an ISF file, a PDB (:mod:`dbgext.symbols.match`), exports, the debugger;
 and ISF files read into it and written from it."""
 
-import io
 import json
 import os
 from collections import namedtuple
 
+from ..outputs import write_text
 from .isf import read_isf_file
 from .types import isf_type_view
 
@@ -153,8 +153,11 @@ def load_isf_file(path):
     return ModuleSymbols(parsed.module_name, parsed.symbols, parsed.types, parsed.base_types or None, path)
 
 
-def write_isf_file(module_symbols, directory):
-    path = os.path.join(directory, module_symbols.module_name + ".json")
-    with io.open(path, "w", encoding="utf-8") as handle:
-        json.dump(module_symbols.to_isf(), handle, indent=1, sort_keys=True)
-    return path
+def isf_file_path(module_symbols, directory):
+    return os.path.join(directory, module_symbols.module_name + ".json")
+
+
+def write_isf_file(module_symbols, directory, force=True, force_option="--force"):
+    """``directory/<module>.json``, written as every output is (dbgext.outputs)."""
+    return write_text(isf_file_path(module_symbols, directory),
+                      json.dumps(module_symbols.to_isf(), indent=1, sort_keys=True), force, force_option)

@@ -10,19 +10,21 @@
 
 Outputs never overwrite inputs: ``--out`` or ``--db`` naming a dump (or a symbol
 file) is refused, and an existing ``--out`` file or parquet export is replaced only
-with ``--force``.
+with ``--force``.  No output is written through a link (dbgext.outputs): a link at
+``--out``, ``--db`` (or its ``.wal``), the ``--parquet`` folder or a file in it is
+refused.
 """
 
 import argparse
-import io
 import json
 import os
-import tempfile
 
 from ..command import Command
 from ..errors import EXIT_OK, EXIT_PROBLEMS, BadInput
+from ..outputs import check_output, write_text
 from .record import build_record, content_hash, load_plugins, select_analyses
 from .run import DEFAULT_TIMEOUT
+from .store import check_parquet_export
 
 DEFAULT_DB = "triage.duckdb"
 
@@ -194,6 +196,8 @@ def _batch(ctx, args):
     if not files:
         raise BadInput("; ".join(unmatched) or "no dump files under %s" % " ".join(args.paths))
     _refuse_overwriting_inputs("--db", args.db, files)
+    if args.parquet:
+        check_parquet_export(args.parquet, replace=args.force)
     progress = None if (args.no_progress or args.json) else Progress(stream=ctx.err.stream)
     with TriageStore(args.db) as store:
         result = run_batch(args.paths, store, workers=args.workers, timeout=args.timeout,
@@ -229,6 +233,8 @@ def _report(ctx, args):
 
     if args.top < 1:
         raise BadInput("--top must be at least 1")
+    if args.parquet:
+        check_parquet_export(args.parquet, replace=args.force)
     with TriageStore(args.db, read_only=True) as store:
         report = build_report(store, top=args.top)
         if args.parquet:
@@ -247,14 +253,13 @@ def _one_target(ctx, args):
     analyses = select_analyses(_analysis_names(args.analyses))
     if args.out:
         _refuse_overwriting_inputs("--out", args.out, _inputs(args) + list(args.symbols or ()))
-        if os.path.exists(args.out) and not args.force:
-            raise BadInput("%s already exists (give --force to replace it)" % args.out)
+        check_output(args.out, args.force)
     path = args.dump
     size = os.path.getsize(path) if path else None
     content_key = content_hash(path) if path else None
     record = build_record(ctx.target, path, size, content_key, analyses)
     if args.out:
-        write_json_file(args.out, record.as_dict())
+        write_json_file(args.out, record.as_dict(), args.force)
     if args.json:
         ctx.out.json(record.as_dict())
     else:
@@ -262,22 +267,11 @@ def _one_target(ctx, args):
     return EXIT_OK
 
 
-def write_json_file(path, document):
-    """Write ``document`` to ``path`` through a temporary file in the same
-    directory and a rename: ``path`` is either replaced whole or left as it was."""
-    from .store import StorageError
-
-    directory = os.path.dirname(os.path.abspath(path))
-    partial = None
-    try:
-        handle, partial = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), suffix=".partial", dir=directory)
-        with io.open(handle, "w", encoding="utf-8") as stream:
-            json.dump(document, stream, indent=2, default=str)
-        os.replace(partial, path)
-    except OSError as error:
-        if partial and os.path.exists(partial):
-            os.remove(partial)
-        raise StorageError("cannot write %s: %s" % (path, error.strerror or error))
+def write_json_file(path, document, force=True):
+    """Write ``document`` to ``path`` as every output is written (dbgext.outputs:
+    a temporary file and a rename, never through a link): ``path`` is either
+    replaced whole or left as it was."""
+    write_text(path, json.dumps(document, indent=2, default=str), force)
 
 
 COMMAND = Command("triage", "Triage many crash/live dumps into a DuckDB file, report WER-like buckets, "

@@ -14,11 +14,13 @@ Storage faults become one-line :class:`StorageError`s; DuckDB's own lock refuses
 second writer, which is reported as such.
 """
 
+import contextlib
 import json
 import os
 import re
 
-from ..errors import DbgextError
+from ..errors import BadInput, DbgextError
+from ..outputs import is_link, refuse_link, replacing
 from .record import STATUS_FAILED, DumpRecord
 
 SCHEMA_VERSION = 2
@@ -114,6 +116,24 @@ def _strip_prefix(text):
     return re.sub(r"^[A-Za-z ]*(Error|Exception): ", "", text)
 
 
+def check_parquet_export(directory, replace=False):
+    """The (table, path) of each file of a ``--parquet`` export into ``directory``;
+    StorageError (one line) when the folder or a file is a link, or a file exists
+    and not ``replace``.  Called before a batch too, so a refusal costs nothing."""
+    targets = [(table, os.path.join(directory, table + ".parquet")) for table in EXPORTED_TABLES]
+    if is_link(directory):
+        raise StorageError("%s is a symbolic link: refusing to export through it" % directory)
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise StorageError("cannot export to %s: it is a file, not a directory" % directory)
+    for _, path in targets:
+        if is_link(path):
+            raise StorageError("%s is a symbolic link: refusing to write through it" % path)
+    existing = [path for _, path in targets if os.path.exists(path)]
+    if existing and not replace:
+        raise StorageError("%s already exists (replace it to export again)" % existing[0])
+    return targets
+
+
 class TriageStore(object):
     """One DuckDB database file (``:memory:`` works for tests)."""
 
@@ -125,6 +145,11 @@ class TriageStore(object):
         if path != ":memory:":
             if read_only and not os.path.exists(path):
                 raise DbgextError("no triage database at %s (a triage run over dumps makes one)" % path)
+            if not read_only:
+                # DuckDB opens (and creates) both files through links: a planted
+                # one would have it write elsewhere.
+                refuse_link(path)
+                refuse_link(path + ".wal")
             directory = os.path.dirname(os.path.abspath(path))
             if not os.path.isdir(directory):
                 raise StorageError("cannot create triage database %s: directory %s does not exist"
@@ -318,31 +343,23 @@ class TriageStore(object):
         Files are written under temporary names and renamed into place only when
         every table was written, so a failure leaves no half-written export.  An
         existing export is refused unless ``replace``."""
-        targets = [(table, os.path.join(directory, table + ".parquet")) for table in EXPORTED_TABLES]
-        if os.path.exists(directory) and not os.path.isdir(directory):
-            raise StorageError("cannot export to %s: it is a file, not a directory" % directory)
-        existing = [path for _, path in targets if os.path.exists(path)]
-        if existing and not replace:
-            raise StorageError("%s already exists (replace it to export again)" % existing[0])
+        targets = check_parquet_export(directory, replace)
         try:
             os.makedirs(directory, exist_ok=True)
         except OSError as error:
             raise StorageError("cannot create %s: %s" % (directory, error.strerror or error))
         if not os.access(directory, os.W_OK):
             raise StorageError("cannot export to %s: permission denied" % directory)
-        written = []
         try:
-            for table, path in targets:
-                partial = "%s.partial-%d" % (path, os.getpid())
-                written.append(partial)
-                self.connection.execute("COPY %s TO '%s' (FORMAT PARQUET)" % (table, partial.replace("'", "''")))
-            for (_, path), partial in zip(targets, written):
-                os.replace(partial, path)
-        except (self._duckdb.Error, OSError) as error:
-            for partial in written:
-                if os.path.exists(partial):
-                    os.remove(partial)
-            if isinstance(error, OSError):
-                raise StorageError("cannot export to %s: %s" % (directory, error.strerror or error))
+            with contextlib.ExitStack() as files:
+                for table, path in targets:
+                    # A fresh, exclusively created name per table (outputs.replacing):
+                    # DuckDB's COPY follows links, the name it writes to has none.
+                    partial = files.enter_context(replacing(path, replace))
+                    self.connection.execute("COPY %s TO '%s' (FORMAT PARQUET)"
+                                            % (table, partial.replace("'", "''")))
+        except self._duckdb.Error as error:
             raise StorageError("cannot export to %s: %s" % (directory, _strip_prefix(str(error).splitlines()[0])))
+        except BadInput as error:
+            raise StorageError(str(error))
         return [path for _, path in targets]
