@@ -68,3 +68,15 @@ def pytest_terminal_summary(terminalreporter):
         reasons.setdefault(reason, []).append(nodeid)
     for reason, nodeids in sorted(reasons.items()):
         terminalreporter.write_line("%4d  %s  (e.g. %s)" % (len(nodeids), reason, nodeids[0]))
+
+
+@pytest.fixture(autouse=True)
+def no_test_analyses_left_registered():
+    """A test that runs triage in this process with ``--plugin
+    triage_support:register_test_analyses`` must not leave those analyses in the
+    registry: a later in-process triage (the demo's, say) would run them too."""
+    yield
+    from dbgext.triage.record import unregister_analysis
+    from triage_support import TEST_ANALYSES
+    for name in TEST_ANALYSES:
+        unregister_analysis(name)

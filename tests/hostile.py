@@ -496,8 +496,8 @@ def etl_bomb(buffers, decoded_size=64 << 20, event=False):
     (every copy a valid event, so skipping payloads of one repeated byte does not
     catch it)."""
     from dbgext.etl import format as fmt
-    from etl_writer import EtlWriter
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from etl_writer import EtlWriter
     from xpress_support import FORMAT_XPRESS_HUFF, COMPRESSED_MODE
     writer = EtlWriter()
     header_event_end = len(writer._current)
