@@ -679,5 +679,7 @@ CI_CASES = [
     "module-in-dump-exception-directory-120-mib",
     "stack-file-nested-100000-lists", "module-list-loops-past-its-head", "trace-database-block-names-itself-next",
     "isf-type-contains-itself",
-    "etl-one-buffer-decoding-to-64-mib",
+    "etl-one-buffer-decoding-to-64-mib", "etl-100-buffers-decoding-to-64-mib-each",
+    "etl-8-buffers-repeating-one-stack-walk-event-for-64-mib", "isf-json-xz-2048-mib-of-blanks",
+    "isf-json-gz-1024-mib-of-blanks", "ipt-event-trace-size-128-mib",
 ] + [case.name for case in LINKS]
