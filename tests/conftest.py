@@ -70,13 +70,27 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line("%4d  %s  (e.g. %s)" % (len(nodeids), reason, nodeids[0]))
 
 
+
+
+@pytest.fixture(scope="session")
+def builtin_triage_plugins():
+    """The triage registry with the built-in adapters alone (they register on import,
+    so they are loaded once, before any test adds plug-ins)."""
+    from dbgext.triage import record
+    record.load_plugins()
+    return dict(record._REGISTRY), set(record._LOADED_PLUGIN_MODULES)
+
+
 @pytest.fixture(autouse=True)
-def no_test_analyses_left_registered():
-    """A test that runs triage in this process with ``--plugin
-    triage_support:register_test_analyses`` must not leave those analyses in the
-    registry: a later in-process triage (the demo's, say) would run them too."""
+def triage_plugins_restored(builtin_triage_plugins):
+    """A test (or a module fixture) that runs triage in this process with
+    ``--plugin ...`` must not leave those analyses registered: a later in-process
+    triage (the demo's, say) would run them too.  After each test the registry and
+    the set of loaded plug-ins go back to the built-ins."""
     yield
-    from dbgext.triage.record import unregister_analysis
-    from triage_support import TEST_ANALYSES
-    for name in TEST_ANALYSES:
-        unregister_analysis(name)
+    from dbgext.triage import record
+    registry, loaded = builtin_triage_plugins
+    record._REGISTRY.clear()
+    record._REGISTRY.update(registry)
+    record._LOADED_PLUGIN_MODULES.clear()
+    record._LOADED_PLUGIN_MODULES.update(loaded)
