@@ -46,7 +46,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
-from dbgext.ipt import fixtures  # noqa: E402
+import ipt_tracer  # noqa: E402
 from dbgext.ipt.flow import CodeImage, FlowDecoder  # noqa: E402
 from dbgext.ipt.packets import compile_counters, packet_stats  # noqa: E402
 
@@ -271,7 +271,7 @@ def build_trace(options, megabytes, program):
     the packets end)."""
     options = dict(options)
     pad_every = options.pop("pad_every", 0)
-    stretch, expected = fixtures.trace_program(program, STRETCH_INSNS // (4 if pad_every else 1), seed=3,
+    stretch, expected = ipt_tracer.trace_program(program, STRETCH_INSNS // (4 if pad_every else 1), seed=3,
                                                stretch=True, **options)
     if pad_every:
         stretch += bytes(3 * len(stretch))
@@ -287,7 +287,7 @@ def main():
     parser.add_argument("--ctypes", action="store_true", help="time libipt through ctypes (tests/ipt_support.py), "
                         "not the C harness")
     options = parser.parse_args()
-    program = fixtures.random_program(BASE, functions=300, seed=2, syscalls=True)
+    program = ipt_tracer.random_program(BASE, functions=300, seed=2, syscalls=True)
     # dbgext's start-up is not timed: its regexes are compiled here (the packet
     # counter's variants too, which a fresh process compiles for long buffers only).
     compile_counters()

@@ -303,7 +303,7 @@ def _minidump_seed(arch):
 
 
 def _ipt_seed(directory):
-    from dbgext.ipt.fixtures import random_program, trace_program
+    from ipt_tracer import random_program, trace_program
     program = random_program(0x401000, functions=20, seed=3)
     trace, _ = trace_program(program, 3000, seed=5, interrupt_every=400)
     code_path = os.path.join(directory, "code.bin")
@@ -557,7 +557,7 @@ IPT_PACKET_SAMPLES = {
 
 def ipt_adversarial_program():
     """(code, trace): a real trace over a program at IPT_ADVERSARIAL_BASE."""
-    from dbgext.ipt.fixtures import random_program, trace_program
+    from ipt_tracer import random_program, trace_program
     program = random_program(IPT_ADVERSARIAL_BASE, functions=12, seed=9)
     trace, _ = trace_program(program, 300, seed=2, interrupt_every=90)
     return program.code, trace

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+import ipt_tracer as T
 from dbgext.cli import main
 from dbgext.ipt import fixtures as F
 from dbgext.ipt import sources
@@ -32,7 +33,7 @@ def run_json(*argv, **options):
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     folder = tmp_path_factory.mktemp("ipt")
-    trace, expected = F.trace_program(PROGRAM, 300, seed=4, interrupt_every=80, timing=True)
+    trace, expected = T.trace_program(PROGRAM, 300, seed=4, interrupt_every=80, timing=True)
     (folder / "trace.bin").write_bytes(trace)
     (folder / "code.bin").write_bytes(PROGRAM.code)
     scenario = Scenario("x64", "kernel")
@@ -45,6 +46,14 @@ def files(tmp_path_factory):
     scenario.write_symbols(str(dump) + ".symbols")
     return {"folder": folder, "trace": folder / "trace.bin", "image": "%s@0x%x" % (folder / "code.bin", BASE),
             "expected": expected, "dump": dump, "info": info, "scenario": scenario}
+
+
+def test_the_bundled_sample_trace_is_the_tracers_walk_of_the_sample_program():
+    """The package keeps the sample's trace as bytes; the tracer still writes them."""
+    program = F.sample_program(F.SAMPLE_MODULE[1] + F.SAMPLE_CODE_RVA)
+    trace, executed = T.trace_program(program, 300, seed=7, interrupt_every=150, psb_every=0)
+    assert trace == F.SAMPLE_TRACE
+    assert len(executed) == F.SAMPLE_TRACE_INSTRUCTIONS
 
 
 def only_buffer(document):
@@ -148,7 +157,7 @@ def test_flow_stats_decode_everything(files):
 
 def test_stats_print_totals_only_however_many_events_and_problems(files, tmp_path):
     """Packets by type, instructions, events by kind, problems by kind: never a list."""
-    trace, expected = F.trace_program(PROGRAM, 3000, seed=8, interrupt_every=10)
+    trace, expected = T.trace_program(PROGRAM, 3000, seed=8, interrupt_every=10)
     broken = trace + b"\x02\x99" + trace[16:] * 3 + b"\x02\x99" * 300  # undecodable bytes, then more errors
     (tmp_path / "noisy.bin").write_bytes(broken)
     argv = ["ipt", "flow", "--trace", tmp_path / "noisy.bin", "--image", files["image"], "--stats"]
@@ -205,7 +214,7 @@ def test_size_and_address_take_windbg_numbers(files):
 def test_interrupts_get_their_own_node_in_the_call_tree(files, tmp_path):
     """FUP + TIP into the handler and iretq back: the handler's instructions are
     charged to a node of its own (via "interrupt"), not to the interrupted function."""
-    writer = F.PacketWriter()
+    writer = T.PacketWriter()
     writer.psb_plus(PROGRAM.entry)
     validate = PROGRAM.labels["ValidateRequest"]
     writer.fup(validate + 1)                 # interrupted after push rbx
@@ -226,7 +235,7 @@ def test_interrupts_get_their_own_node_in_the_call_tree(files, tmp_path):
 
 def writer_at_the_indirect_call():
     """A trace from Dispatch through ValidateRequest up to Dispatch's call rax."""
-    writer = F.PacketWriter()
+    writer = T.PacketWriter()
     writer.psb_plus(PROGRAM.entry)
     writer.tnt(True)    # jbe taken: no Checksum
     writer.tnt(True)    # ret
@@ -465,7 +474,7 @@ def test_flow_over_a_pe_file_maps_its_sections_and_names_exports(tmp_path):
     exports = {name: address - image_base for name, address in program.labels.items() if "_" not in name}
     pe = tmp_path / "iptpe.sys"
     pe.write_bytes(build_pe(program.code, image_base, exports))
-    trace, expected = F.trace_program(program, 200, seed=5)
+    trace, expected = T.trace_program(program, 200, seed=5)
     (tmp_path / "t.bin").write_bytes(trace)
     image = "%s@0x%x" % (pe, image_base)
     document = run_json("ipt", "flow", "--trace", tmp_path / "t.bin", "--image", image)
@@ -477,7 +486,7 @@ def test_flow_over_a_pe_file_maps_its_sections_and_names_exports(tmp_path):
 
 
 def test_a_path_into_kebugcheckex_is_flagged(files, tmp_path):
-    writer = F.PacketWriter()
+    writer = T.PacketWriter()
     writer.psb_plus(0xFFFFF80000001000)  # nt!KeBugCheckEx in the dump's symbols
     writer.tnt(True)
     (tmp_path / "bugcheck.bin").write_bytes(writer.bytes())
@@ -494,8 +503,8 @@ class Terminal(io.StringIO):
 
 
 def test_long_decodes_show_progress_on_a_terminal_only(files, tmp_path):
-    program = F.random_program(BASE, functions=40, seed=1)
-    trace, expected = F.trace_program(program, 300000, seed=2)
+    program = T.random_program(BASE, functions=40, seed=1)
+    trace, expected = T.trace_program(program, 300000, seed=2)
     (tmp_path / "big.bin").write_bytes(trace)
     (tmp_path / "code.bin").write_bytes(program.code)
     argv = ["ipt", "flow", "--trace", str(tmp_path / "big.bin"), "--image", "%s@%x" % (tmp_path / "code.bin", BASE),
@@ -581,7 +590,7 @@ def test_a_raw_trace_given_as_an_event_is_named_as_such(files):
 def test_events_are_counted_past_the_ones_kept_and_the_call_tree_sees_them_all(files, tmp_path, monkeypatch):
     import dbgext.ipt.flow
     monkeypatch.setattr(dbgext.ipt.flow, "MAX_EVENTS", 3)
-    trace, expected = F.trace_program(PROGRAM, 2000, seed=8, interrupt_every=30)
+    trace, expected = T.trace_program(PROGRAM, 2000, seed=8, interrupt_every=30)
     (tmp_path / "irqs.bin").write_bytes(trace)
     document = run_json("ipt", "flow", "--trace", tmp_path / "irqs.bin", "--image", files["image"], "--view",
                         "calltree")

@@ -1,6 +1,6 @@
 """The instruction flow against libipt's instruction decoder, class by class.
 
-Each class is a kind of trace the tracer (dbgext.ipt.fixtures) writes over random
+Each class is a kind of trace the tracer (tests/ipt_tracer.py) writes over random
 code: both decoders must produce the same instructions (and agree on whether there
 was an error).  The erratum classes write an erratum's signature and run with the
 CPU that has it (libipt applies its workaround) and without a CPU (it does not);
@@ -15,7 +15,7 @@ import sys
 import pytest
 
 import ipt_support as libipt
-from dbgext.ipt import fixtures as F
+import ipt_tracer as T
 from dbgext.ipt.flow import CodeImage, decode_flow
 from dbgext.ipt.packets import PSB
 
@@ -68,8 +68,8 @@ def case(name, seed):
 def compared_case(name, seed):
     """(program, trace) of one case of a CLASSES or COMPARED class."""
     options = (CLASSES.get(name) or COMPARED[name])[0]
-    program = F.random_program(BASE, functions=30, seed=seed, syscalls=True)
-    trace, _ = F.trace_program(program, 50 + seed * 37 % 600, seed=seed, **options)
+    program = T.random_program(BASE, functions=30, seed=seed, syscalls=True)
+    trace, _ = T.trace_program(program, 50 + seed * 37 % 600, seed=seed, **options)
     return program, trace
 
 
@@ -167,8 +167,8 @@ def test_after_a_tip_pge_while_tracing_is_on_the_resync_skips_the_psb_right_afte
 def gap_case(seed):
     """Code with a hole (one function missing from the image): libipt stops at the
     hole and resyncs at the next PSB; dbgext reports a gap and resumes earlier."""
-    program = F.random_program(BASE, functions=30, seed=seed, syscalls=True)
-    trace, expected = F.trace_program(program, 1500, seed=seed, psb_every=256)
+    program = T.random_program(BASE, functions=30, seed=seed, syscalls=True)
+    trace, expected = T.trace_program(program, 1500, seed=seed, psb_every=256)
     hole_start = program.labels["f%d" % (3 + seed % 5)]
     hole_end = program.labels["f%d" % (4 + seed % 5)]
     regions = {program.base: program.code[:hole_start - program.base],
@@ -267,14 +267,14 @@ def counts(cases):
 
 # -- combinations: packet groups where they can fall ------------------------------------
 
-# Packet groups (fixtures.EXTRAS: timing, power events with EXSTOP's IP, EXSTOP, PTW
+# Packet groups (ipt_tracer.EXTRAS: timing, power events with EXSTOP's IP, EXSTOP, PTW
 # with IP, PSB+) at each place they can fall, over the tracer options that make that
 # place: between an indirect branch and its TIP (the groups that name no IP), right
 # before an OVF, at the end of the trace.
 COMBINATION_PLACES = {"branch": {"interrupt_every": 40, "uncompressed_ret_every": 2, "timing": True},
                       "overflow": {"overflow_every": 60}, "end": {"interrupt_every": 50}}
 COMBINATIONS = [(where, group) for where in COMBINATION_PLACES
-                for group in (F.NO_IP_EXTRAS if where == "branch" else F.EXTRAS)]
+                for group in (T.NO_IP_EXTRAS if where == "branch" else T.EXTRAS)]
 COMBINATION_SEEDS = 16
 # Where libipt 2.0.5 lists instructions that did not run (the tracer's path says so),
 # and the flow follows the path that ran.
@@ -286,8 +286,8 @@ LIBIPT_ARTIFACTS = {
 
 def combination_case(where, group, seed):
     """(program, trace, the instructions that ran) of one combination."""
-    program = F.random_program(BASE, functions=30, seed=seed, syscalls=True)
-    trace, executed = F.trace_program(program, 50 + seed * 37 % 600, seed=seed, extras=(group,),
+    program = T.random_program(BASE, functions=30, seed=seed, syscalls=True)
+    trace, executed = T.trace_program(program, 50 + seed * 37 % 600, seed=seed, extras=(group,),
                                       extras_where=(where,), **COMBINATION_PLACES[where])
     return program, trace, executed
 
@@ -333,7 +333,7 @@ def test_erratum_skd022_a_vm_entry_that_stops_tracing_ran(cpu, pgd_ip):
     where the VM entry ran and tracing stopped after it (libipt's workaround)."""
     code = b"\x90\x85\xc0\x0f\x01\xc2\x90\x90"  # nop; test eax, eax; vmlaunch; nop; nop
     program = type("Program", (), {"base": BASE, "code": code})
-    writer = F.PacketWriter()
+    writer = T.PacketWriter()
     writer.psb_plus(BASE)
     writer.fup(BASE + 3)
     writer.pgd(pgd_ip)
@@ -373,7 +373,7 @@ def decode_alike(trace, code, cpu):
 
 
 def writer_at(ip):
-    writer = F.PacketWriter()
+    writer = T.PacketWriter()
     writer.psb_plus(ip)
     return writer
 

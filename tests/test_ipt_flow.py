@@ -5,6 +5,7 @@ import os
 import pytest
 
 import ipt_support as libipt
+import ipt_tracer as T
 from dbgext.ipt import fixtures as F
 from dbgext.ipt import flow
 from dbgext.ipt.flow import CodeImage, FlowDecoder, decode_flow
@@ -15,7 +16,7 @@ needs_libipt = pytest.mark.skipif(libipt.LIB is None, reason=libipt.SKIP_REASON)
 
 BASE = 0xFFFFF80012341000
 SAMPLE = F.sample_program(BASE)
-RANDOM = F.random_program(BASE, functions=80, seed=4)
+RANDOM = T.random_program(BASE, functions=80, seed=4)
 
 
 def image(program):
@@ -41,7 +42,7 @@ TRACE_SHAPES = [
 
 @pytest.mark.parametrize("shape", TRACE_SHAPES)
 def test_sample_program_follows_the_traced_path(shape):
-    trace, expected = F.trace_program(SAMPLE, 400, seed=11, **shape)
+    trace, expected = T.trace_program(SAMPLE, 400, seed=11, **shape)
     result = ours(trace)
     assert result.problems == []
     assert result.instructions == expected
@@ -51,7 +52,7 @@ def test_sample_program_follows_the_traced_path(shape):
 @pytest.mark.parametrize("shape", TRACE_SHAPES)
 @pytest.mark.parametrize("seed", [1, 2])
 def test_random_programs_match_libipt_line_for_line(shape, seed):
-    trace, expected = F.trace_program(RANDOM, 3000, seed=seed, **shape)
+    trace, expected = T.trace_program(RANDOM, 3000, seed=seed, **shape)
     ips, errors = theirs(trace, RANDOM)
     result = ours(trace, RANDOM)
     assert errors == [] and result.problems == []
@@ -60,14 +61,14 @@ def test_random_programs_match_libipt_line_for_line(shape, seed):
 
 def test_call_to_next_instruction_is_not_a_call():
     """Checksum starts with call $+5; pop rax: its RET must return to ValidateRequest."""
-    trace, expected = F.trace_program(SAMPLE, 200, seed=5, taken_probability=0.0)
+    trace, expected = T.trace_program(SAMPLE, 200, seed=5, taken_probability=0.0)
     checksum = SAMPLE.labels["Checksum"]
     assert checksum in expected
     assert ours(trace).instructions == expected
 
 
 def writer_at(ip):
-    writer = F.PacketWriter()
+    writer = T.PacketWriter()
     writer.psb_plus(ip)
     return writer
 
@@ -130,13 +131,13 @@ def test_overflow_drops_straight_line_code_and_resumes_at_fup():
 
 @needs_libipt
 def test_tracing_enabled_by_tip_pge_and_disabled_by_tip_pgd():
-    writer = F.PacketWriter()
+    writer = T.PacketWriter()
     writer.psb_plus(None)               # PSB+ without FUP: tracing is off
     writer.ip_packet(0x11, SAMPLE.labels["CompleteRequest"])  # TIP.PGE
     writer.tnt(True)                    # ... would be a compressed RET: stack empty
     trace = writer.bytes()
     assert ours(trace).instructions == theirs(trace)[0]
-    writer = F.PacketWriter()
+    writer = T.PacketWriter()
     writer.psb_plus(None)
     writer.ip_packet(0x11, SAMPLE.entry)
     writer.tnt(True)                    # jbe taken: no Checksum
@@ -178,7 +179,7 @@ def test_tip_where_a_tnt_bit_is_needed_reports_offset():
 def test_decoding_resumes_at_the_next_psb_after_an_error():
     bad = writer_at(SAMPLE.entry)
     bad.tip(SAMPLE.entry)
-    good, expected = F.trace_program(SAMPLE, 100, seed=3)
+    good, expected = T.trace_program(SAMPLE, 100, seed=3)
     before_error = ours(bad.bytes()).instructions
     result = ours(bad.bytes() + good)
     assert len(result.problems) == 1
@@ -186,14 +187,14 @@ def test_decoding_resumes_at_the_next_psb_after_an_error():
 
 
 def test_max_insns_caps_the_listing_not_the_decode():
-    trace, expected = F.trace_program(RANDOM, 2000, seed=9)
+    trace, expected = T.trace_program(RANDOM, 2000, seed=9)
     result = ours(trace, RANDOM, max_insns=100)
     assert result.instructions == expected[:100] and result.truncated
     assert result.instruction_count == len(expected)
 
 
 def test_a_sink_gets_every_instruction_in_chunks():
-    trace, expected = F.trace_program(RANDOM, 3000, seed=9)
+    trace, expected = T.trace_program(RANDOM, 3000, seed=9)
     chunks = []
     result = FlowDecoder(image(RANDOM)).decode(trace, max_insns=0, sink=chunks.append)
     assert result.instructions == [] and result.instruction_count == len(expected)
@@ -205,7 +206,7 @@ def test_unreadable_code_page_is_reported_with_its_address_and_keeps_what_decode
     scenario.add_module("demo", SAMPLE.base - 0x1000, 0x3000)
     scenario.write(SAMPLE.base, SAMPLE.code)
     scenario.unmap(SAMPLE.base, 1)  # the code page is gone from the dump
-    trace, _ = F.trace_program(SAMPLE, 100, seed=3)
+    trace, _ = T.trace_program(SAMPLE, 100, seed=3)
     result = decode_flow(trace, CodeImage(scenario.target()))
     assert result.instructions == []
     assert [(p.kind, p.address, p.severity) for p in result.problems] == [("ipt_gap", SAMPLE.entry, "warning")]
@@ -226,7 +227,7 @@ def test_code_in_memory_beats_the_file_for_import_optimized_calls():
     memory_code[7:12] = b"\xe8" + (target_function - (base + 12)).to_bytes(4, "little", signed=True)
     memory_code[12:15] = b"\x75\x00\xc3"                        # jnz +0; ret
     memory_code[0x100] = 0xC3                                  # X: ret
-    writer = F.PacketWriter()
+    writer = T.PacketWriter()
     writer.psb_plus(base)
     writer.tnt(True)   # X's ret, compressed
     writer.tnt(False)  # jnz
@@ -240,7 +241,7 @@ def test_code_in_memory_beats_the_file_for_import_optimized_calls():
 
 
 def test_path_into_kebugcheckex_warns():
-    trace, expected = F.trace_program(SAMPLE, 100, seed=3)
+    trace, expected = T.trace_program(SAMPLE, 100, seed=3)
     result = decode_flow(trace, image(SAMPLE), suspicious={SAMPLE.labels["Checksum"]: "nt!KeBugCheckEx"})
     assert [(p.kind, p.address, p.severity) for p in result.problems] == [
         ("ipt_suspicious_path", SAMPLE.labels["Checksum"], "warning")]
@@ -263,7 +264,7 @@ def test_mode_exec_selects_the_instruction_set(mode_64):
     """0x48 is a REX prefix in 64-bit code and dec eax in 32-bit code."""
     base = 0x401000
     code = b"\x48\x74\x02\x90\x90\x48\x75\xf8\xc3"  # [dec eax;] jz +2; nop; nop; [dec eax;] jnz -8
-    writer = F.PacketWriter()
+    writer = T.PacketWriter()
     writer.psb_plus(base, mode_64=mode_64)
     for taken in (False, True, True, False):
         writer.tnt(taken)
@@ -281,7 +282,7 @@ def test_unreadable_second_code_page_keeps_the_path_up_to_it():
     hole = (RANDOM.base & ~0xFFF) + 0x1000
     assert RANDOM.base + len(RANDOM.code) > hole
     scenario.unmap(hole, 0x1000)
-    trace, expected = F.trace_program(RANDOM, 3000, seed=6)
+    trace, expected = T.trace_program(RANDOM, 3000, seed=6)
     first_missing = next(index for index, ip in enumerate(expected) if hole <= ip < hole + 0x1000)
     result = decode_flow(trace, CodeImage(scenario.target()))
     gap = result.problems[0]
@@ -291,8 +292,8 @@ def test_unreadable_second_code_page_keeps_the_path_up_to_it():
 
 
 def test_corrupt_packet_in_the_middle_costs_only_its_psb_segment():
-    first, first_expected = F.trace_program(SAMPLE, 150, seed=1)
-    second, second_expected = F.trace_program(SAMPLE, 150, seed=2)
+    first, first_expected = T.trace_program(SAMPLE, 150, seed=1)
+    second, second_expected = T.trace_program(SAMPLE, 150, seed=2)
     corrupt = first[:-3] + b"\xad" + first[-2:]  # a TIP with reserved IPBytes near the end
     result = ours(corrupt + second)
     assert [(p.kind, p.offset, p.message) for p in result.problems] == [
@@ -312,7 +313,7 @@ def test_prefixed_branches_are_branches():
             b"\x74\x01"                      # 1012: jz 1015
             b"\x90"                          # 1014: nop
             b"\xf3\xc3")                     # 1015: repz ret
-    writer = F.PacketWriter()
+    writer = T.PacketWriter()
     writer.psb_plus(base)
     writer.tnt(False)   # jz not taken
     writer.tnt(True)    # repz ret, compressed
@@ -322,7 +323,7 @@ def test_prefixed_branches_are_branches():
     assert result.instructions == [base, base + 0x10, base + 0x12, base + 0x14, base + 0x15]
     assert result.instructions == libipt.instruction_flow(trace, {base: code})[0]
     jump = b"\x3e\xff\xe0"           # notrack jmp rax
-    writer = F.PacketWriter()
+    writer = T.PacketWriter()
     writer.psb_plus(base)
     writer.tip(base)
     result = decode_flow(writer.bytes(), CodeImage(images=[(base, jump)]))
@@ -331,7 +332,7 @@ def test_prefixed_branches_are_branches():
 
 def test_newer_packets_do_not_stop_the_flow():
     """CFE, EVD and TRIG (event trace, triggers) carry no control flow of their own."""
-    plain, expected = F.trace_program(SAMPLE, 200, seed=3)
+    plain, expected = T.trace_program(SAMPLE, 200, seed=3)
     marked = plain.replace(b"\x02\x23", b"\x02\x23\x02\x13\x01\x0e\x02\x53\x01" + bytes(8) + b"\xd9\x05\x10\x00", 1)
     result = ours(marked)
     assert result.problems == [] and result.instructions == expected
@@ -342,7 +343,7 @@ def test_transactions_begin_commit_and_abort_as_events():
     """MODE.TSX + FUP: begin and commit change nothing in the flow; an abort is a
     transfer (FUP + TIP) to the abort handler.  In PSB+ MODE.TSX only restates."""
     validate = SAMPLE.labels["ValidateRequest"]
-    writer = F.PacketWriter()
+    writer = T.PacketWriter()
     writer.psb_plus(SAMPLE.entry, intx=0)
     writer.tsx(1)
     writer.fup(validate)                 # begins at ValidateRequest's first instruction
@@ -365,7 +366,7 @@ def test_transactions_begin_commit_and_abort_as_events():
 def test_erratum_skd007_takes_only_a_cyc_cut_by_an_overflow_for_an_overflow():
     """With SKD007 a CYC whose second byte starts an OVF (07 02 F3) is the OVF; the same
     bytes inside another packet (a TSC's payload) stay what they are."""
-    plain, expected = F.trace_program(SAMPLE, 200, seed=3)
+    plain, expected = T.trace_program(SAMPLE, 200, seed=3)
     inside_tsc = plain.replace(b"\x02\x23", b"\x02\x23\x19\x07\x02\xf3\x00\x00\x00\x00", 1)
     assert ours(inside_tsc, errata={"skd007"}).instructions == expected
 
@@ -387,7 +388,7 @@ def test_erratum_skd007_takes_only_a_cyc_cut_by_an_overflow_for_an_overflow():
 def test_erratum_skz84_skips_a_corrupted_tma_and_the_byte_after_it():
     """A TMA with reserved bits set stops decoding until the next PSB; with SKZ84 it and
     the bogus byte after it are skipped."""
-    plain, expected = F.trace_program(SAMPLE, 200, seed=3)
+    plain, expected = T.trace_program(SAMPLE, 200, seed=3)
     corrupted = plain.replace(b"\x02\x23", b"\x19" + bytes(7) + b"\x02\x73\x01\x00\x00\x05\xfe\x59\x02\x23", 1)
     assert ours(corrupted).problems.errors
     result = ours(corrupted, errata={"skz84"})
@@ -397,7 +398,7 @@ def test_erratum_skz84_skips_a_corrupted_tma_and_the_byte_after_it():
 @pytest.mark.parametrize("shape", TRACE_SHAPES)
 def test_the_tables_of_ip_packets_and_tnt_runs_seen_only_remember(monkeypatch, shape):
     """With tables of two entries (dropped again and again) the flow is the traced path."""
-    trace, expected = F.trace_program(RANDOM, 4000, seed=8, **shape)
+    trace, expected = T.trace_program(RANDOM, 4000, seed=8, **shape)
     monkeypatch.setattr(flow, "TABLE_SIZE", 2)
     result = ours(trace, RANDOM)
     assert result.problems == []
@@ -409,7 +410,7 @@ def test_the_tables_of_ip_packets_and_tnt_runs_seen_only_remember(monkeypatch, s
 def test_reading_the_trace_a_window_at_a_time_changes_nothing(monkeypatch, window, damage):
     """Packets cut by a window's end, and bytes that are no packet, read the same with
     tiny windows as with the default one."""
-    trace, _ = F.trace_program(RANDOM, 3000, seed=11, interrupt_every=30, psb_every=64, timing=True)
+    trace, _ = T.trace_program(RANDOM, 3000, seed=11, interrupt_every=30, psb_every=64, timing=True)
     if damage:
         trace = bytearray(trace)
         for offset in range(100, len(trace), 997):
@@ -436,7 +437,7 @@ ALL_ERRATA = frozenset(["bdm70", "bdm64", "skd007", "skd022", "skd010", "skl014"
 def test_fuzzed_traces_decode_to_problems_not_exceptions(name, problem, errata):
     """Random packet streams over random code (the fuzzer's finds) end in problems."""
     base = 0xFFFFF80012341000
-    program = F.random_program(base, functions=40, seed=5, syscalls=True)
+    program = T.random_program(base, functions=40, seed=5, syscalls=True)
     with open(os.path.join(os.path.dirname(__file__), "data", "fuzz", name), "rb") as handle:
         trace = handle.read()
     result = FlowDecoder(CodeImage(images=[(base, program.code)]), errata=errata).decode(trace, max_insns=None)

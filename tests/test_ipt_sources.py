@@ -5,6 +5,7 @@ import struct
 
 import pytest
 
+import ipt_tracer as T
 from dbgext.errors import BadInput, UnreadableMemory
 from dbgext.ipt import fixtures as F
 from dbgext.ipt import sources
@@ -13,7 +14,7 @@ from dbgext.ipt.packets import PSB, decode_packets
 from dbgext.sample.scenario import Scenario
 
 BASE = 0xFFFFF80012341000
-PROGRAM = F.random_program(BASE, functions=30, seed=8)
+PROGRAM = T.random_program(BASE, functions=30, seed=8)
 CODE = CodeImage(images=[(PROGRAM.base, PROGRAM.code)])
 
 
@@ -37,7 +38,7 @@ def event_bytes(trace, position=None, buffer_size=0, option=None):
 
 
 def test_event_header_and_trace():
-    trace, _ = F.trace_program(PROGRAM, 200, seed=1)
+    trace, _ = T.trace_program(PROGRAM, 200, seed=1)
     buffer = sources.event_from_bytes(event_bytes(trace))
     assert buffer.data == trace and buffer.ring_start == 0
     assert buffer.header["Process"] == 4 and buffer.header["Thread"] == 8
@@ -50,7 +51,7 @@ def test_event_header_too_short_is_bad_input():
 
 
 def test_trace_size_larger_than_the_data_decodes_what_is_there():
-    trace, _ = F.trace_program(PROGRAM, 200, seed=1)
+    trace, _ = T.trace_program(PROGRAM, 200, seed=1)
     data = event_bytes(trace)[:-10]
     buffer = sources.event_from_bytes(data)
     assert len(buffer.data) == len(trace) - 10
@@ -58,7 +59,7 @@ def test_trace_size_larger_than_the_data_decodes_what_is_there():
 
 
 def test_trace_position_beyond_the_trace_is_a_note_not_a_crash():
-    trace, _ = F.trace_program(PROGRAM, 200, seed=1)
+    trace, _ = T.trace_program(PROGRAM, 200, seed=1)
     buffer = sources.event_from_bytes(event_bytes(trace, position=len(trace) + 100))
     assert buffer.data == trace and any("beyond" in note for note in buffer.notes)
 
@@ -77,7 +78,7 @@ def first_psb_at_or_after(data, offset):
 
 @pytest.fixture(scope="module")
 def linear_trace():
-    trace, _ = F.trace_program(PROGRAM, 6000, seed=2, psb_every=160, interrupt_every=300)
+    trace, _ = T.trace_program(PROGRAM, 6000, seed=2, psb_every=160, interrupt_every=300)
     return trace
 
 
@@ -138,7 +139,7 @@ def process_trace(threads, pointer_size=8):
 
 
 def test_process_trace_has_one_ring_per_thread(linear_trace):
-    first, _ = F.trace_program(PROGRAM, 300, seed=3)
+    first, _ = T.trace_program(PROGRAM, 300, seed=3)
     ring, position = ring_of(linear_trace, 3000)
     buffers = sources.process_trace_buffers(process_trace([(0x10, first, 0), (0x20, ring, position)]))
     assert [b.header["ThreadId"] for b in buffers] == [0x10, 0x20]
@@ -216,7 +217,7 @@ def test_scan_limits_are_notes():
 
 
 def test_incomplete_wrapped_event_is_decoded_as_stored_with_a_note():
-    trace, _ = F.trace_program(PROGRAM, 200, seed=1)
+    trace, _ = T.trace_program(PROGRAM, 200, seed=1)
     full_buffer = {"TraceMode": 1, "BufferSize": 0}
     padded = trace + bytes(4096 - len(trace))
     data = event_bytes(padded, position=len(trace), option=full_buffer)[:-5]
@@ -225,7 +226,7 @@ def test_incomplete_wrapped_event_is_decoded_as_stored_with_a_note():
 
 
 def test_position_inside_a_buffer_that_is_not_full_is_only_a_note():
-    trace, _ = F.trace_program(PROGRAM, 400, seed=1)
+    trace, _ = T.trace_program(PROGRAM, 400, seed=1)
     buffer = sources.event_from_bytes(event_bytes(trace, position=len(trace) // 2, buffer_size=3))
     assert buffer.data == trace and any("a position of %d unrolls it" % (len(trace) // 2) in note for note in buffer.notes)
 

@@ -71,6 +71,42 @@ def _byte_class(values):
     return b"[" + b"".join(re.escape(bytes([v])) for v in sorted(values)) + b"]"
 
 
+# The packets behind the 0x02 prefix, one row each: (tokenizer name, JSON type, second
+# bytes, size, the regex of the bytes after the second).  The tokenizer's alternatives
+# (tried in this order, the most frequent first), the counter's and the flow's opcode
+# table (_EXTENDED), the listing's sizes and the error messages all come from it.
+EXTENDED_PACKETS = (
+    ("psb", "psb", (0x82,), 16, b"(?:\\x02\\x82){7}"),
+    ("psbend", "psbend", (0x23,), 2, b""),
+    ("tnt64", "tnt64", (0xA3,), 8, b"(?!\\x00{6}).{6}"),
+    ("pip", "pip", (0x43,), 8, b".{6}"),
+    ("cbr", "cbr", (0x03,), 4, b".."),
+    # CTC, a reserved byte, FC[7:0], FC[8]: libipt rejects a TMA with any reserved bit set.
+    ("tma", "tma", (0x73,), 7, b"..\\x00.[\\x00\\x01]"),
+    ("ovf", "ovf", (0xF3,), 2, b""),
+    ("vmcs", "vmcs", (0xC8,), 7, b".{5}"),
+    ("stop", "stop", (0x83,), 2, b""),
+    ("mnt", "mnt", (0xC3,), 11, b"\\x88.{8}"),
+    ("exstop", "exstop", (0x62, 0xE2), 2, b""),
+    ("mwait", "mwait", (0xC2,), 10, b".{8}"),
+    ("pwre", "pwre", (0x22,), 4, b".."),
+    ("pwrx", "pwrx", (0xA2,), 7, b".{5}"),
+    ("ptw4", "ptw", (0x12, 0x92), 6, b".{4}"),
+    ("ptw8", "ptw", (0x32, 0xB2), 10, b".{8}"),
+    ("cfe", "cfe", (0x13,), 4, b".."),
+    ("evd", "evd", (0x53,), 11, b".{9}"),
+)
+# Second byte of an extended packet -> (JSON type, size).
+_EXTENDED = {second: (packet_type, size)
+             for _, packet_type, seconds, size, _ in EXTENDED_PACKETS for second in seconds}
+
+
+def _second_byte_class(seconds):
+    """The regex of an extended packet's second byte (written as \\xNN, readable in a dump of the pattern)."""
+    escaped = b"".join(b"\\x%02x" % second for second in seconds)
+    return escaped if len(seconds) == 1 else b"[" + escaped + b"]"
+
+
 def _build_pattern():
     ip_opcodes = {length: set() for length in (0, 2, 4, 6, 8)}
     reserved_ip = set()
@@ -106,27 +142,7 @@ def _build_pattern():
         # TRIG: flags (IP, ICNT valid, MULT), TRBV, then a 2-byte ICNT when its flag is set.
         ("trig", b"\\xd9", b"(?:" + _byte_class(_TRIG_SHORT) + b"." + b"|" + _byte_class(_TRIG_LONG) + b"...)"),
     ]
-    extended = [
-        ("psb", b"\\x82", b"(?:\\x02\\x82){7}"),
-        ("psbend", b"\\x23", b""),
-        ("tnt64", b"\\xa3", b"(?!\\x00{6}).{6}"),
-        ("pip", b"\\x43", b".{6}"),
-        ("cbr", b"\\x03", b".."),
-        # CTC, a reserved byte, FC[7:0], FC[8]: libipt rejects a TMA with any reserved bit set.
-        ("tma", b"\\x73", b"..\\x00.[\\x00\\x01]"),
-        ("ovf", b"\\xf3", b""),
-        ("vmcs", b"\\xc8", b".{5}"),
-        ("stop", b"\\x83", b""),
-        ("mnt", b"\\xc3", b"\\x88.{8}"),
-        ("exstop", b"[\\x62\\xe2]", b""),
-        ("mwait", b"\\xc2", b".{8}"),
-        ("pwre", b"\\x22", b".."),
-        ("pwrx", b"\\xa2", b".{5}"),
-        ("ptw4", b"[\\x12\\x92]", b".{4}"),
-        ("ptw8", b"[\\x32\\xb2]", b".{8}"),
-        ("cfe", b"\\x13", b".."),
-        ("evd", b"\\x53", b".{9}"),
-    ]
+    extended = [(name, _second_byte_class(seconds), rest) for name, _, seconds, _, rest in EXTENDED_PACKETS]
     tnt_run = _byte_class(_TNT8) + b"+"
 
     def named(entries):
@@ -373,13 +389,10 @@ class PacketDecode(object):
 
 
 _IP_SIZES = {0: 1, 1: 3, 2: 5, 3: 7, 4: 7, 6: 9}
-_FIXED_SIZES = {K_PSB: 16, K_PSBEND: 2, K_OVF: 2, K_TNT64: 8, K_MODE: 2}
-_OTHER_SIZES = {"tsc": 8, "mtc": 2, "pip": 8, "cbr": 4, "tma": 7, "vmcs": 7, "mnt": 11, "exstop": 2,
-                "mwait": 10, "pwre": 4, "pwrx": 7, "stop": 2, "cfe": 4, "evd": 11}
-
-
-def _simple_name(kind):
-    return {K_PSB: "psb", K_PSBEND: "psbend", K_OVF: "ovf"}[kind]
+# The one-byte-opcode packets the listing sizes by name (the extended ones: _EXTENDED).
+_ONE_BYTE_SIZES = {"tsc": 8, "mtc": 2}
+# The tokens with no value.
+_SIMPLE_NAMES = {K_PSB: "psb", K_PSBEND: "psbend", K_OVF: "ovf"}
 
 
 def decode_packets(data, start=0, end=None, max_packets=None):
@@ -408,17 +421,18 @@ def decode_packets(data, start=0, end=None, max_packets=None):
                 size = 1
                 while data[offset + size - 1] & (4 if size == 1 else 1):
                     size += 1
-            elif name == "ptw":
-                size = 2 + fields["size"]
             elif name == "trig":
                 size = _trig_size(data[offset + 1])
+            elif data[offset] == 0x02:
+                size = _EXTENDED[data[offset + 1]][1]
             else:
-                size = _OTHER_SIZES[name]
+                size = _ONE_BYTE_SIZES[name]
             append(Packet(offset, name, size, fields))
         elif kind == K_ERROR:
             result.problems.add("ipt_packet_error", None, value, offset=offset)
-        else:
-            append(Packet(offset, _simple_name(kind), _FIXED_SIZES[kind], {}))
+        else:  # psb, psbend, ovf
+            name, size = _EXTENDED[data[offset + 1]]
+            append(Packet(offset, name, size, {}))
         if 0 <= limit < len(packets):
             del packets[limit:]
             result.truncated = True
@@ -547,7 +561,7 @@ class _Counter(object):
         self.longer_keys = re.compile(longer.decode("latin-1"), re.DOTALL)
         types = self.one_byte_types = {opcode: (IP_KIND_NAMES[kind], 1 + IP_PAYLOAD[opcode >> 5])
                                        for opcode, kind in IP_KIND_OF_OPCODE.items() if opcode >> 5 in IP_PAYLOAD}
-        types.update((opcode, (name, _OTHER_SIZES[name])) for opcode, name in ((0x59, "mtc"), (0x19, "tsc")))
+        types.update((opcode, (name, _ONE_BYTE_SIZES[name])) for opcode, name in ((0x59, "mtc"), (0x19, "tsc")))
         types.update((byte, ("cyc", 1)) for byte in range(256) if byte & 7 == 3)
 
     @staticmethod
@@ -602,11 +616,6 @@ class _Counter(object):
         return found, slots
 
 
-_EXTENDED = {0x82: ("psb", 16), 0x23: ("psbend", 2), 0xA3: ("tnt64", 8), 0x43: ("pip", 8), 0x03: ("cbr", 4),
-             0x73: ("tma", 7), 0xF3: ("ovf", 2), 0xC8: ("vmcs", 7), 0x83: ("stop", 2), 0xC3: ("mnt", 11),
-             0xC2: ("mwait", 10), 0x22: ("pwre", 4), 0xA2: ("pwrx", 7), 0x62: ("exstop", 2), 0xE2: ("exstop", 2),
-             0x12: ("ptw", 6), 0x92: ("ptw", 6), 0x32: ("ptw", 10), 0xB2: ("ptw", 10), 0x13: ("cfe", 4),
-             0x53: ("evd", 11)}
 _COUNTERS = {}  # variant: its _Counter, once built
 # Compiling a variant's regex takes 0.1-0.17 s on Python 3.8; what a variant saves
 # pays that back over tens of megabytes, so a shorter buffer keeps the one it has.
@@ -656,7 +665,7 @@ def _count_tokens(stats, stream, stop):
             stats.problems.add("ipt_packet_error", None, value, offset=offset)
             resynced = True
         else:
-            counts[_simple_name(kind)] += 1
+            counts[_SIMPLE_NAMES[kind]] += 1
     return None
 
 

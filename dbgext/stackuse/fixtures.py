@@ -63,7 +63,7 @@ class BuiltImage(object):
         self.iat = iat            # "dll!name" -> IAT slot rva
 
 
-def build_pe(arch, functions, image_base=None, imports=(), name="sample.sys", truncate_pdata_to=None):
+def build_pe(arch, functions, image_base=None, imports=(), name="sample.sys"):
     """Assemble a PE image.  File alignment equals section alignment, so the file
     bytes are also the mapped image."""
     x64 = arch == "x64"
@@ -168,7 +168,6 @@ def build_pe(arch, functions, image_base=None, imports=(), name="sample.sys", tr
             begin = rvas[function.name]
             pdata += struct.pack("<III", begin, begin + sizes[function.name],
                                  function.unwind.get("unwind_rva", unwind_rvas[function.name]))
-    pdata_size = len(pdata) if truncate_pdata_to is None else truncate_pdata_to
     size_of_image = _align(pdata_rva + max(len(pdata), 1), SECTION_ALIGNMENT)
     # -- code, now that every address is known -----------------------------------------------
     text = bytearray(b"\xcc" * text_size)
@@ -201,7 +200,7 @@ def build_pe(arch, functions, image_base=None, imports=(), name="sample.sys", tr
     headers = _headers(x64, image_base, size_of_image, rvas.get(functions[0].name, TEXT_RVA), sections,
                        export=(rdata_rva + export_at, export_size),
                        imports=(rdata_rva + descriptors_at, 20 * (len(dlls) + 1)) if dlls else (0, 0),
-                       exception=(pdata_rva, pdata_size) if x64 and pdata else (0, 0))
+                       exception=(pdata_rva, len(pdata)) if x64 and pdata else (0, 0))
     image = bytearray(size_of_image)
     image[:len(headers)] = headers
     image[TEXT_RVA:TEXT_RVA + text_size] = text
