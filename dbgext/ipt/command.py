@@ -6,8 +6,8 @@ from ..address import parse_number
 from ..command import Command
 from ..errors import BadInput
 from . import render
-from .analysis import (DECODERS, DEFAULT_MAX_EVENTS, DEFAULT_MAX_INSNS, DEFAULT_MAX_PACKETS, FLOW_VIEWS, FORMATS, NotAnEvent,
-                       decode_event, list_packets, reconstruct_flow, scan_events)
+from .analysis import (DECODERS, DEFAULT_MAX_EVENTS, DEFAULT_MAX_INSNS, DEFAULT_MAX_PACKETS, FLOW_VIEWS, FORMATS,
+                       NotAnEvent, decode_event, list_packets, reconstruct_flow, scan_events)
 from .errata import parse_cpu
 
 
@@ -47,7 +47,8 @@ def add_arguments(parser):
                       "the next PSB")
     flow.add_argument("--decoder", choices=DECODERS, default="python",
                       help="python: dbgext's own decoder (default, the reference); libipt: Intel's libipt through "
-                      "ctypes (libipt.so.2, or the library DBGEXT_LIBIPT names), a cross-check: slower than python through ctypes")
+                      "ctypes (libipt.so.2, or the library DBGEXT_LIBIPT names): a cross-check, slower than python "
+                      "through ctypes")
     event = sub.add_parser("event", help="an ETW IntelProcessorTrace event: header, IptOption, decoded path")
     event.add_argument("--address", metavar="ADDR", help="address of the event payload (its header) in the target")
     event.add_argument("--trace", metavar="FILE", help="a file holding the event payload (header + trace)")

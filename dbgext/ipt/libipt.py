@@ -85,7 +85,10 @@ EVENT_STATUS_UPDATE = 1 << 1
 
 # enum pt_event_type -> (the flow's event kind, which variant word is its IP); the
 # events the Python decoder reports, by the same names.  Others (paging, exec_mode,
-# timing, power...) are not flow events there, so they are not here either.
+# timing, power...) are not flow events there, so they are not here either; nor are
+# status updates (a PSB+ restating the state), nor a TSX, EXSTOP or PTWRITE event
+# without IP.  A "disabled" event's IP is libipt's: none where libipt gives none (the
+# Python decoder gives the TIP.PGD's).
 EVENTS = {
     0: ("enabled", 0),            # ptev_enabled {ip, resumed}
     1: ("disabled", 0),           # ptev_disabled {ip}
@@ -97,6 +100,10 @@ EVENTS = {
     16: ("ptwrite", 0),           # ptev_ptwrite {ip, size, payload}
 }
 EVENT_OVERFLOW, EVENT_TSX = 6, 8
+EVENTS_NEED_IP = (8, 12, 16)
+# Events after which tracing is on without a "sync" (the Python decoder's name for
+# tracing found on at a PSB+).
+EVENTS_STARTING = (0, 6)
 
 # enum pt_insn_class -> the block kind the views read (CallTree: calls and returns).
 INSN_CLASSES = {2: B_CALL, 3: B_RET, 4: B_JUMP, 5: B_COND, 6: B_FAR_CALL, 7: B_FAR_RET, 8: B_INDIRECT}
@@ -117,6 +124,7 @@ FUNCTIONS = (
     ("pt_insn_next", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t], ctypes.c_int),
     ("pt_insn_event", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t], ctypes.c_int),
     ("pt_insn_get_offset", [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64)], ctypes.c_int),
+    ("pt_insn_get_sync_offset", [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64)], ctypes.c_int),
 )
 
 _loaded = {}  # library path or name -> CDLL with FUNCTIONS declared
@@ -265,6 +273,7 @@ class _Run(object):
         self.out = []
         self.flushed = 0
         self.offset = ctypes.c_uint64()
+        self.sync_offset = None   # the PSB synchronised at, until its "sync" event or an event that starts tracing
 
     def trace_offset(self):
         self.lib.pt_insn_get_offset(self.decoder, ctypes.byref(self.offset))
@@ -290,13 +299,29 @@ class _Run(object):
         self.result.problems.add("ipt_flow_error", ip, "libipt: %s" % self.lib.pt_errstr(-status).decode(),
                                  offset=self.trace_offset())
 
+    def synchronised(self):
+        self.lib.pt_insn_get_sync_offset(self.decoder, ctypes.byref(self.offset))
+        self.sync_offset = self.start + self.offset.value
+
+    def sync(self, ip):
+        """Tracing was on at the PSB+ synchronised at: the Python decoder's "sync" event,
+        before the first event or instruction after it, at its IP."""
+        self.result.add_event((self.flushed + len(self.out), "sync", self.sync_offset, ip))
+        self.sync_offset = None
+
     def event(self, event):
         """Record a libipt event under the flow's name for it, before the next instruction."""
         known = EVENTS.get(event.type)
-        if known is None:
+        if known is None or event.flags & EVENT_STATUS_UPDATE:
             return
         kind, word = known
         ip = None if event.flags & EVENT_IP_SUPPRESSED else event.variant[word]
+        if ip is None and event.type in EVENTS_NEED_IP:
+            return
+        if event.type in EVENTS_STARTING:
+            self.sync_offset = None
+        elif self.sync_offset is not None:
+            self.sync(ip)
         index = self.flushed + len(self.out)
         offset = self.trace_offset()
         if event.type == EVENT_OVERFLOW:
@@ -319,12 +344,16 @@ class _Run(object):
         out = self.out
         last_ip = None
         status = lib.pt_insn_sync_forward(decoder)
+        if status >= 0:
+            self.synchronised()
         while True:
             if status < 0:
                 if status == -PTE_EOS:
                     break
                 self.error(status, last_ip)
                 status = lib.pt_insn_sync_forward(decoder)
+                if status >= 0:
+                    self.synchronised()
                 continue
             while status & PTS_EVENT_PENDING:
                 status = insn_event(decoder, event_ref, event_size)
@@ -339,6 +368,8 @@ class _Run(object):
             if status < 0:
                 continue
             ip = last_ip = insn.ip
+            if self.sync_offset is not None:
+                self.sync(ip)
             out.append(ip)
             if insn.iclass > 1 and ip not in ends:
                 ends[ip] = INSN_CLASSES.get(insn.iclass, B_INDIRECT)
