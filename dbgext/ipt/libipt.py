@@ -4,7 +4,8 @@
 :class:`LibiptFlowDecoder` in place of flow.FlowDecoder: the same ``decode()``,
 filling the same FlowResult, so the JSON and the text are the same.  libipt reads
 the code through its image callback (``pt_image_set_callback``) from the flow's
-CodeImage: the same target memory and image files the Python decoder reads.
+CodeImage: the same target memory and image files the Python decoder reads (the
+image files as sections, which libipt reads without a call per instruction).
 
 The library is loaded on first use, never at import (inside WinDbg it is usually
 absent): ``libipt.so.2`` on Linux; on Windows the DLL named by DBGEXT_LIBIPT
@@ -22,6 +23,7 @@ decoder remains the reference (tests/test_ipt_libipt.py compares them).
 import ctypes
 import os
 import sys
+import tempfile
 
 from ..errors import BadInput
 from .flow import (B_CALL, B_COND, B_FAR_CALL, B_FAR_RET, B_INDIRECT, B_JUMP, B_RET, FLUSH_SIZE, BlockCache,
@@ -120,6 +122,8 @@ FUNCTIONS = (
     ("pt_insn_free_decoder", [ctypes.c_void_p], None),
     ("pt_insn_get_image", [ctypes.c_void_p], ctypes.c_void_p),
     ("pt_image_set_callback", [ctypes.c_void_p, READ_MEMORY, ctypes.c_void_p], ctypes.c_int),
+    ("pt_image_add_file", [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p,
+                           ctypes.c_uint64], ctypes.c_int),
     ("pt_insn_sync_forward", [ctypes.c_void_p], ctypes.c_int),
     ("pt_insn_next", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t], ctypes.c_int),
     ("pt_insn_event", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t], ctypes.c_int),
@@ -174,6 +178,29 @@ def library_version(library):
 PAGE_SIZE = 0x1000
 
 
+class _ImageFiles(object):
+    """The CodeImage's image files as libipt sections: each image's bytes in memory
+    layout written once to a temporary file (libipt maps sections from files), so
+    libipt reads their code itself; the callback serves only target memory."""
+
+    def __init__(self, code):
+        self.folder = tempfile.TemporaryDirectory(prefix="dbgext-libipt-")
+        self.sections = []   # (path, size, base)
+        for number, (base, size, read) in enumerate(code.images):
+            data = read(0, size)
+            path = os.path.join(self.folder.name, "image%d.bin" % number)
+            with open(path, "wb") as handle:
+                handle.write(data)
+            self.sections.append((path, len(data), base))
+
+    def add_to(self, library, image):
+        for path, size, base in self.sections:
+            status = library.pt_image_add_file(image, os.fsencode(path), 0, size, None, base)
+            if status < 0:
+                raise BadInput("libipt cannot map the code image at %#x: %s"
+                               % (base, library.pt_errstr(-status).decode()))
+
+
 class _CodeReader(object):
     """libipt's image callback over a flow.CodeImage: code read a page at a time and
     kept, as libipt asks for each instruction's bytes (15 at a time)."""
@@ -222,6 +249,7 @@ class LibiptFlowDecoder(object):
         self.suspicious = dict(suspicious or {})
         self.cpu = cpu
         self.version = library_version(self.library)
+        self.files = _ImageFiles(code) if code.images else None
 
     def _config(self, buffer, size):
         config = Config()
@@ -247,8 +275,11 @@ class LibiptFlowDecoder(object):
         decoder = lib.pt_insn_alloc_decoder(ctypes.byref(config))
         if not decoder:
             raise BadInput("libipt could not allocate an instruction decoder for this trace")
+        image = lib.pt_insn_get_image(decoder)
+        if self.files is not None:
+            self.files.add_to(lib, image)
         reader = _CodeReader(self.code)
-        lib.pt_image_set_callback(lib.pt_insn_get_image(decoder), reader.callback, None)
+        lib.pt_image_set_callback(image, reader.callback, None)
         try:
             _Run(self, result, decoder, start, max_insns, sink, progress).run()
         finally:
