@@ -323,8 +323,8 @@ def reconstruct_flow(target=None, *, trace=None, data=None, address=None, size=N
     if decoder not in DECODERS:
         raise BadInput("unknown decoder %r (one of: %s)" % (decoder, ", ".join(DECODERS)))
     if decoder == "libipt" and resync_on_error:
-        raise BadInput("resync_on_error (--resync-on-error) needs the python decoder: libipt 2.0 resynchronises "
-                       "at the next PSB only")
+        raise BadInput("resync_on_error needs the python decoder: libipt 2.0 resynchronises at the next PSB "
+                       "only")
     buffers = load_buffers(target, trace=trace, data=data, address=address, size=size, format=format,
                            position=position)
     code = Code(target, images)

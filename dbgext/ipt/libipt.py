@@ -31,9 +31,8 @@ from .flow import (B_CALL, B_COND, B_FAR_CALL, B_FAR_RET, B_INDIRECT, B_JUMP, B_
 
 LIBRARY_VARIABLE = "DBGEXT_LIBIPT"
 SUPPORTED_MAJOR = 2
-HOW_TO_GET = {"linux": "apt-get install libipt2, or set %s to its path" % LIBRARY_VARIABLE,
-              "win32": "build it from https://github.com/intel/libipt and set %s to the DLL's path"
-              % LIBRARY_VARIABLE}
+HOW_TO_GET = {"linux": "apt-get install libipt2, or set %s to its path" % LIBRARY_VARIABLE}
+BUILD_IT = "build it from https://github.com/intel/libipt and set %s to its path" % LIBRARY_VARIABLE
 DEFAULT_NAMES = {"linux": ("libipt.so.2",), "win32": ("libipt.dll", "ipt.dll"), "darwin": ("libipt.2.dylib",)}
 
 # -- libipt 2.x's structures (intel-pt.h), as data -------------------------------------
@@ -165,7 +164,7 @@ def load(path=None):
         _loaded[name] = library
         return library
     raise BadInput("libipt: cannot load %s (%s); %s, or decode with the python decoder"
-                   % (" or ".join(names), "; ".join(failures), HOW_TO_GET.get(_platform(), HOW_TO_GET["linux"])))
+                   % (" or ".join(names), "; ".join(failures), HOW_TO_GET.get(_platform(), BUILD_IT)))
 
 
 def library_version(library):
