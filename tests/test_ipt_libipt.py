@@ -29,7 +29,7 @@ import pytest
 import test_ipt_differential as differential
 import test_ipt_intel_suite as suite
 from dbgext.cli import main
-from dbgext.errors import BadInput
+from dbgext.errors import BadInput, UnreadableMemory
 from dbgext.ipt import libipt, reconstruct_flow
 from dbgext.ipt.errata import cpu_errata, parse_cpu
 from dbgext.ipt.flow import CodeImage, decode_flow
@@ -160,6 +160,59 @@ def test_packet_groups_anywhere_decode_through_libipt_as_the_code_ran(where, gro
         ours, theirs = both(trace, [(program.base, program.code)])
         assert (seed, theirs.instructions) == (seed, executed) == (seed, ours.instructions)
         assert (seed, comparable(theirs)) == (seed, comparable(ours))
+
+
+# -- code from target memory (the image callback) -------------------------------------------
+
+class CodeMemory(object):
+    """A target whose memory holds ``code`` at ``base`` and nothing else, counting reads."""
+
+    def __init__(self, base, code):
+        self.base, self.code = base, code
+        self.reads = 0
+
+    def read(self, address, size):
+        self.reads += 1
+        offset = address - self.base
+        if not 0 <= offset < len(self.code):
+            raise UnreadableMemory(address)
+        if offset + size > len(self.code):
+            raise UnreadableMemory(self.base + len(self.code))
+        return self.code[offset:offset + size]
+
+
+@pytest.mark.parametrize("name", ["interrupts_and_psbs", "far_transfer_untraced", "overflow"])
+def test_code_read_from_target_memory_through_the_callback_decodes_as_from_images(name):
+    for seed in range(3):
+        program, trace = differential.compared_case(name, seed)
+        memory = CodeMemory(program.base, program.code)
+        ours = decode_flow(trace, CodeImage(images=[(program.base, program.code)]))
+        theirs = libipt.LibiptFlowDecoder(CodeImage(target=memory), library=loaded_library()).decode(trace)
+        assert (seed, theirs.instructions) == (seed, ours.instructions) and ours.instructions
+        assert memory.reads < len(ours.instructions)
+
+
+@pytest.mark.parametrize("base", [0x5000, 0x5010, 0x5FF8])
+def test_the_callbacks_reader_serves_code_inside_a_page_across_pages_and_up_to_its_end(base):
+    """Pages are read whole where the target can; code that starts inside a page, crosses
+    into the next or ends short of what libipt asks for is served as far as it goes."""
+    code = bytes(range(1, 0x31))
+    reader = libipt._CodeReader(CodeImage(target=CodeMemory(base, code)))
+    assert reader.bytes_at(base, 15) == code[:15]
+    assert reader.bytes_at(base + 2, 15) == code[2:17]
+    assert reader.bytes_at(base + 0x28, 15) == code[0x28:]
+    assert reader.bytes_at(base + 0x30, 15) == b"" and reader.bytes_at(base - 1, 15) == b""
+
+
+def test_code_the_target_cannot_read_is_an_error_with_its_trace_offset():
+    name = "tip_pgd-direct_call"
+    trace = (suite.SUITE / (name + ".pt")).read_bytes()
+    memory = CodeMemory(0x200000, b"\x90")
+    result = libipt.LibiptFlowDecoder(CodeImage(target=memory), library=loaded_library()).decode(trace)
+    assert result.instructions == []
+    assert [(problem.kind, problem.message) for problem in result.problems] == [
+        ("ipt_flow_error", "libipt: no memory mapped at this address")]
+    assert result.problems[0].offset is not None
 
 
 # -- the command ----------------------------------------------------------------------------
