@@ -262,6 +262,24 @@ def test_the_command_gives_the_same_json_and_text_with_either_decoder(name, view
     assert outputs["libipt"] == outputs["python"]
 
 
+def test_32_bit_code_is_listed_in_its_mode_with_either_decoder(tmp_path):
+    """inc eax, inc ecx, then jmp eax where a TIP.PGD without IP stops tracing: in
+    64-bit mode 40 and 41 would be REX prefixes."""
+    loaded_library()
+    import ipt_support
+    base = 0x1000
+    image = tmp_path / "code32.bin"
+    image.write_bytes(b"\x40\x41\xff\xe0")
+    trace = ipt_support.encode([ipt_support.packet("psb"), ipt_support.packet("mode", leaf=0, bits=2),
+                                ipt_support.packet("fup", ipc=3, ip=base), ipt_support.packet("psbend"),
+                                ipt_support.packet("tip.pgd")])
+    listings = {}
+    for decoder in ("python", "libipt"):
+        result = reconstruct_flow(data=trace, images=[(str(image), base)], decoder=decoder)
+        listings[decoder] = [(row["ip"], row["text"]) for row in result.buffers[0].rows]
+    assert listings["libipt"] == listings["python"] == [(0x1000, "inc eax"), (0x1001, "inc ecx")]
+
+
 def test_resync_on_error_is_refused_with_libipt_in_one_line():
     error = io.StringIO()
     code = main(["ipt", "flow", "--trace", str(suite.SUITE / "tip-eos.pt"), "--image",

@@ -26,8 +26,8 @@ import sys
 import tempfile
 
 from ..errors import BadInput
-from .flow import (B_CALL, B_COND, B_FAR_CALL, B_FAR_RET, B_INDIRECT, B_JUMP, B_RET, FLUSH_SIZE, BlockCache,
-                   FlowResult)
+from .flow import (B_CALL, B_COND, B_FAR_CALL, B_FAR_RET, B_INDIRECT, B_JUMP, B_RET, FLUSH_SIZE, MODE_16, MODE_32,
+                   BlockCache, FlowResult)
 
 LIBRARY_VARIABLE = "DBGEXT_LIBIPT"
 SUPPORTED_MAJOR = 2
@@ -105,6 +105,9 @@ EVENTS_NEED_IP = (8, 12, 16)
 # Events after which tracing is on without a "sync" (the Python decoder's name for
 # tracing found on at a PSB+).
 EVENTS_STARTING = (0, 6)
+
+# enum pt_exec_mode -> the flow's mode, for the modes the listing cannot assume (64-bit).
+OTHER_MODES = {1: MODE_16, 2: MODE_32}
 
 # enum pt_insn_class -> the block kind the views read (CallTree: calls and returns).
 INSN_CLASSES = {2: B_CALL, 3: B_RET, 4: B_JUMP, 5: B_COND, 6: B_FAR_CALL, 7: B_FAR_RET, 8: B_INDIRECT}
@@ -370,7 +373,8 @@ class _Run(object):
         insn, event = Insn(), Event()
         insn_ref, insn_size = ctypes.byref(insn), ctypes.sizeof(Insn)
         event_ref, event_size = ctypes.byref(event), ctypes.sizeof(Event)
-        ends, suspicious, warned = self.owner.cache.ends, self.owner.suspicious, set()
+        cache = self.owner.cache
+        ends, suspicious, warned = cache.ends, self.owner.suspicious, set()
         out = self.out
         last_ip = None
         status = lib.pt_insn_sync_forward(decoder)
@@ -403,6 +407,8 @@ class _Run(object):
             out.append(ip)
             if insn.iclass > 1 and ip not in ends:
                 ends[ip] = INSN_CLASSES.get(insn.iclass, B_INDIRECT)
+            if insn.mode in OTHER_MODES and ip not in cache.blocks(OTHER_MODES[insn.mode]):
+                cache.build(ip, OTHER_MODES[insn.mode])   # so that the listing disassembles it in its mode
             if ip in suspicious and ip not in warned:
                 warned.add(ip)
                 self.result.problems.add("ipt_suspicious_path", ip, "the path enters %s: a real trace rarely runs "
