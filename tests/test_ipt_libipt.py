@@ -82,10 +82,11 @@ def comparable(result):
             if kind != "sync"]
 
 
-def both(trace, regions, cpu=None, errata=None):
-    """(the Python decoder's FlowResult, the back end's) over ``regions`` [(base, bytes)]."""
+def both(trace, regions, cpu=None):
+    """(the Python decoder's FlowResult, the back end's) over ``regions`` [(base, bytes)],
+    each with its errata workarounds for ``cpu``."""
     code = CodeImage(images=regions)
-    ours = decode_flow(trace, code, errata=cpu_errata(cpu) if errata is None else errata)
+    ours = decode_flow(trace, code, errata=cpu_errata(cpu))
     theirs = libipt.LibiptFlowDecoder(code, cpu=cpu, library=loaded_library()).decode(trace)
     return ours, theirs
 

@@ -2,7 +2,10 @@
 
 ``reconstruct_flow(..., decoder="libipt")`` (``ipt flow --decoder libipt``) uses
 :class:`LibiptFlowDecoder` in place of flow.FlowDecoder: the same ``decode()``,
-filling the same FlowResult, so the JSON and the text are the same.  libipt reads
+filling the same FlowResult, so the JSON and the text are the same, but for what
+libipt does not say: no blocks are built, an event's trace offset is where libipt's
+decoder is (past the packet that gave it), a "disabled" event has the IP libipt gives
+(often none), and "sync" is inferred (see ``_Run.sync``).  libipt reads
 the code through its image callback (``pt_image_set_callback``) from the flow's
 CodeImage: the same target memory and image files the Python decoder reads (the
 image files as sections, which libipt reads without a call per instruction).
