@@ -25,6 +25,11 @@ instruction:
 * flow: libipt's instruction decoder (``pt_insn_next`` to the end, counting) against
   dbgext's flow decoder over a cold block cache, counting through a sink.
 
+The "ipt.libipt" column is dbgext's libipt back end (``ipt flow --decoder libipt``,
+dbgext.ipt.libipt): libipt's instruction decoder called through ctypes, one call per
+instruction, its figure taken as the flow is (in this process, CPU time, the
+decoder's set-up included).
+
 libipt runs in a small C harness compiled here (cc -lipt), timed inside the
 harness, so its figures carry no ctypes call overhead (through ctypes every
 ``pt_insn_next`` costs a Python call, which makes libipt look 5-10x slower than it
@@ -47,7 +52,9 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 import ipt_tracer  # noqa: E402
+from dbgext.errors import BadInput  # noqa: E402
 from dbgext.ipt.flow import CodeImage, FlowDecoder  # noqa: E402
+from dbgext.ipt.libipt import LibiptFlowDecoder  # noqa: E402
 from dbgext.ipt.packets import compile_counters, packet_stats  # noqa: E402
 
 BASE = 0xFFFFF80012341000
@@ -235,6 +242,19 @@ def dbgext_figures(trace, program):
             "insn_seconds": flow_seconds, "problems": len(result.problems)}
 
 
+def backend_figures(trace, program):
+    """The flow through dbgext's libipt back end, one run: {insns, insn_seconds}, None
+    where libipt cannot be loaded."""
+    def decode():
+        decoder = LibiptFlowDecoder(CodeImage(images=[(program.base, program.code)]))
+        return decoder.decode(trace, max_insns=0, sink=lambda chunk: None)
+    try:
+        seconds, result = timed(decode)
+    except BadInput:
+        return None
+    return {"insns": result.instruction_count, "insn_seconds": seconds}
+
+
 def rounds(repeat, *measures):
     """Each measure's figures, one per round, over ``repeat`` rounds.  The measures
     take turns within a round, so a machine whose speed drifts slows both sides
@@ -254,7 +274,8 @@ def median_figures(runs):
         return None
     median = dict(runs[0])
     for key in ("packet_seconds", "insn_seconds"):
-        median[key] = statistics.median(run[key] for run in runs)
+        if key in median:
+            median[key] = statistics.median(run[key] for run in runs)
     return median
 
 
@@ -300,16 +321,20 @@ def main():
             if name not in wanted:
                 continue
             trace, expected_insns = build_trace(trace_options, options.mb, program)
-            our_rounds, their_rounds = rounds(options.repeat, lambda: dbgext_figures(trace, program),
-                                              lambda: libipt_figures(binary, folder, trace, program))
-            rows.append((name, trace, expected_insns, our_rounds, their_rounds))
+            our_rounds, their_rounds, backend_rounds = rounds(
+                options.repeat, lambda: dbgext_figures(trace, program),
+                lambda: libipt_figures(binary, folder, trace, program), lambda: backend_figures(trace, program))
+            rows.append((name, trace, expected_insns, our_rounds, their_rounds, backend_rounds))
     print("ratio: the median of the %d rounds' ratios (their range)" % options.repeat)
-    print("%-8s %7s %10s %9s %9s %-15s | %11s %9s %9s %-15s  %s" % (
-        "trace", "MB", "packets", "libipt", "dbgext", "ratio", "insns", "libipt", "dbgext", "ratio", "libipt via"))
-    print("%-8s %7s %10s %9s %9s %-15s | %11s %9s %9s %-15s" % ("", "", "", "MB/s", "MB/s", "", "", "M/s", "M/s",
-                                                               ""))
-    for name, trace, expected_insns, our_rounds, their_rounds in rows:
+    print("%-8s %7s %10s %9s %9s %-15s | %11s %9s %9s %-15s %10s  %s" % (
+        "trace", "MB", "packets", "libipt", "dbgext", "ratio", "insns", "libipt", "dbgext", "ratio", "ipt.libipt",
+        "libipt via"))
+    print("%-8s %7s %10s %9s %9s %-15s | %11s %9s %9s %-15s %10s" % ("", "", "", "MB/s", "MB/s", "", "", "M/s",
+                                                                     "M/s", "", "M/s"))
+    for name, trace, expected_insns, our_rounds, their_rounds, backend_rounds in rows:
         ours, theirs = median_figures(our_rounds), median_figures(their_rounds)
+        backend = median_figures(backend_rounds)
+        backend_ips = "%10.2f" % (backend["insns"] / backend["insn_seconds"] / 1e6) if backend else "%10s" % "-"
         megabytes = len(trace) / 1e6
         our_mbs = megabytes / ours["packet_seconds"]
         our_ips = ours["insns"] / ours["insn_seconds"] / 1e6
@@ -319,14 +344,16 @@ def main():
             continue
         their_mbs = megabytes / theirs["packet_seconds"]
         their_ips = theirs["insns"] / theirs["insn_seconds"] / 1e6
-        print("%-8s %7.2f %10d %9.1f %9.1f %-15s | %11d %9.2f %9.2f %-15s  %s" % (
+        print("%-8s %7.2f %10d %9.1f %9.1f %-15s | %11d %9.2f %9.2f %-15s %s  %s" % (
             name, megabytes, theirs["packets"], their_mbs, our_mbs,
             ratio_text(our_rounds, their_rounds, "packet_seconds", "packets"), ours["insns"], their_ips, our_ips,
-            ratio_text(our_rounds, their_rounds, "insn_seconds", "insns"), theirs["how"]))
-        if theirs["packets"] != ours["packets"] or theirs["insns"] != ours["insns"] or ours["insns"] != expected_insns:
+            ratio_text(our_rounds, their_rounds, "insn_seconds", "insns"), backend_ips, theirs["how"]))
+        if theirs["packets"] != ours["packets"] or theirs["insns"] != ours["insns"] or ours["insns"] != expected_insns \
+                or (backend and backend["insns"] != ours["insns"]):
             print("  warning: counts differ: packets libipt %d dbgext %d; instructions libipt %d dbgext %d "
-                  "tracer %d; dbgext problems %d" % (theirs["packets"], ours["packets"], theirs["insns"],
-                                                     ours["insns"], expected_insns, ours["problems"]))
+                  "tracer %d ipt.libipt %s; dbgext problems %d" % (
+                      theirs["packets"], ours["packets"], theirs["insns"], ours["insns"], expected_insns,
+                      backend["insns"] if backend else "-", ours["problems"]))
     worst = [(max(rows, key=lambda row: row_ratio(row, seconds, work)), seconds, work)
              for seconds, work in (("packet_seconds", "packets"), ("insn_seconds", "insns"))]
     if all(their is not None for row in rows for their in row[4]):
@@ -337,7 +364,7 @@ def main():
 
 def row_ratio(row, seconds, work):
     """A trace's median ratio (ratio_text's figure)."""
-    _, _, _, ours, theirs = row
+    _, _, _, ours, theirs, _ = row
     if any(their is None for their in theirs):
         return 0.0
     return statistics.median((our[seconds] / our[work]) / (their[seconds] / their[work])

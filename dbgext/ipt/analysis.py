@@ -33,6 +33,8 @@ from .views import Namer, event_row, make_view
 SCHEMA_VERSION = 2
 FORMATS = ("raw", "event", "process")
 FLOW_VIEWS = ("instructions", "path", "calltree", "functions")
+# Flow decoders: dbgext's own (the reference), or Intel's libipt where it is loadable (dbgext.ipt.libipt).
+DECODERS = ("python", "libipt")
 DEFAULT_MAX_INSNS = 100000
 DEFAULT_MAX_PACKETS = 100000
 DEFAULT_MAX_EVENTS = 1000
@@ -303,7 +305,7 @@ def _decode_buffer(decoder, code, buffer, view, max_insns, stats, progress):
 
 def reconstruct_flow(target=None, *, trace=None, data=None, address=None, size=None, format="raw", position=None,
                      images=(), view="instructions", stats=False, max_insns=DEFAULT_MAX_INSNS, cpu=None,
-                     resync_on_error=False, progress=None):
+                     resync_on_error=False, progress=None, decoder="python"):
     """The executed instructions of a trace (``ipt flow``), decoded to its end.
 
     The trace comes as :func:`load_buffers` says.  Code comes from ``images``
@@ -312,17 +314,27 @@ def reconstruct_flow(target=None, *, trace=None, data=None, address=None, size=N
     listing only; ``stats``: totals only.  ``cpu`` (family, model[, stepping])
     turns on libipt's errata workarounds for that CPU; ``resync_on_error`` goes on
     at the next packet naming an IP after an error, not at the next PSB;
-    ``progress(fraction, instructions)`` is called now and then.  Returns a
-    FlowAnalysis."""
+    ``progress(fraction, instructions)`` is called now and then.  ``decoder``:
+    "python" (dbgext's, the reference) or "libipt" (Intel's library through ctypes,
+    where it is loadable: dbgext.ipt.libipt; same result).  Returns a FlowAnalysis."""
     _check_arch(target)
     if view not in FLOW_VIEWS:
         raise BadInput("unknown view %r (one of: %s)" % (view, ", ".join(FLOW_VIEWS)))
+    if decoder not in DECODERS:
+        raise BadInput("unknown decoder %r (one of: %s)" % (decoder, ", ".join(DECODERS)))
+    if decoder == "libipt" and resync_on_error:
+        raise BadInput("resync_on_error needs the python decoder: libipt 2.0 resynchronises at the next PSB "
+                       "only")
     buffers = load_buffers(target, trace=trace, data=data, address=address, size=size, format=format,
                            position=position)
     code = Code(target, images)
     errata = cpu_errata(cpu)
-    decoder = FlowDecoder(code.image, code.suspicious, BlockCache(code.image), errata, resync_on_error)
-    results = [_decode_buffer(decoder, code, buffer, view, max_insns, stats, progress) for buffer in buffers]
+    if decoder == "libipt":
+        from .libipt import LibiptFlowDecoder   # loads the library: never at import (WinDbg has none)
+        flow_decoder = LibiptFlowDecoder(code.image, code.suspicious, BlockCache(code.image), cpu)
+    else:
+        flow_decoder = FlowDecoder(code.image, code.suspicious, BlockCache(code.image), errata, resync_on_error)
+    results = [_decode_buffer(flow_decoder, code, buffer, view, max_insns, stats, progress) for buffer in buffers]
     return FlowAnalysis(results, view, stats, cpu, errata)
 
 

@@ -6,8 +6,8 @@ from ..address import parse_number
 from ..command import Command
 from ..errors import BadInput
 from . import render
-from .analysis import (DEFAULT_MAX_EVENTS, DEFAULT_MAX_INSNS, DEFAULT_MAX_PACKETS, FLOW_VIEWS, FORMATS, NotAnEvent,
-                       decode_event, list_packets, reconstruct_flow, scan_events)
+from .analysis import (DECODERS, DEFAULT_MAX_EVENTS, DEFAULT_MAX_INSNS, DEFAULT_MAX_PACKETS, FLOW_VIEWS, FORMATS,
+                       NotAnEvent, decode_event, list_packets, reconstruct_flow, scan_events)
 from .errata import parse_cpu
 
 
@@ -45,6 +45,10 @@ def add_arguments(parser):
     flow.add_argument("--resync-on-error", action="store_true",
                       help="after an error go on at the next packet that names an IP (as ptxed's option), not at "
                       "the next PSB")
+    flow.add_argument("--decoder", choices=DECODERS, default="python",
+                      help="python: dbgext's own decoder (default, the reference); libipt: Intel's libipt through "
+                      "ctypes (libipt.so.2, or the library DBGEXT_LIBIPT names): a cross-check, slower than python "
+                      "through ctypes")
     event = sub.add_parser("event", help="an ETW IntelProcessorTrace event: header, IptOption, decoded path")
     event.add_argument("--address", metavar="ADDR", help="address of the event payload (its header) in the target")
     event.add_argument("--trace", metavar="FILE", help="a file holding the event payload (header + trace)")
@@ -105,7 +109,7 @@ def _flow(ctx, args, progress):
     return reconstruct_flow(_target(ctx), images=[parse_image(ctx, spec) for spec in args.image], view=args.view,
                             stats=args.stats, max_insns=_number(args.max_insns) or DEFAULT_MAX_INSNS,
                             cpu=parse_cpu(args.cpu) if args.cpu else None, resync_on_error=args.resync_on_error,
-                            progress=progress, **_source_options(ctx, args))
+                            progress=progress, decoder=args.decoder, **_source_options(ctx, args))
 
 
 def _event(ctx, args, progress):
