@@ -11,18 +11,17 @@ import glob
 import hashlib
 import os
 import re
-import shutil
 import struct
 import subprocess
 import tempfile
 
-import pytest
 
 from dbgext.errors import UnreadableMemory
 from dbgext.layouts.arm64 import KTRAP_FRAME_ARM64, KTRAP_FRAME_ARM64_VOLATILE_X
 from dbgext.stacks.arm64_unwind import (find_entry, follows_call, function_table, parse_pdata, unwind_frame_chain,
                                         unwind_function, unwind_leaf)
 from dbgext.stacks.x64 import UnwindStep
+from build_cache import build_into
 from requirements import need_module, need_tool
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -197,8 +196,6 @@ def build(config, source="chain.c", exports=("run",), assembly=()):
     path = os.path.join(final, stem + ".dll")
     if os.path.isfile(path):
         return path
-    os.makedirs(root, exist_ok=True)
-    scratch = tempfile.mkdtemp(prefix="build-", dir=root)
     source_path = os.path.join(SOURCES, source)
     compile_source = (["clang", TARGET] + FLAGS[config] + ["-c", source_path, "-o", "code.obj"]
                       if source.endswith(".c") else ["clang", TARGET, "-c", source_path, "-o", "code.obj"])
@@ -208,15 +205,7 @@ def build(config, source="chain.c", exports=("run",), assembly=()):
     commands.append(["lld-link", "/dll", "/noentry", "/nodefaultlib", "/out:" + stem + ".dll", "code.obj",
                      "chkstk.obj"] + [extra + ".obj" for extra in assembly] + ["/base:0x%x" % IMAGE_BASE]
                     + ["/export:" + name for name in exports])
-    for command in commands:
-        done = subprocess.run(command, cwd=scratch, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        if done.returncode != 0:
-            shutil.rmtree(scratch, ignore_errors=True)
-            raise RuntimeError("%s failed:\n%s" % (" ".join(command), done.stdout.decode(errors="replace")))
-    try:
-        os.rename(scratch, final)
-    except OSError:  # a concurrent run finished the same build first
-        shutil.rmtree(scratch, ignore_errors=True)
+    build_into(root, final, commands)
     return path
 
 

@@ -13,12 +13,12 @@ reads.  The stopped machine (registers, stack, image) becomes a kernel-mode
 import glob
 import hashlib
 import os
-import shutil
 import subprocess
 import tempfile
 
 from dbgext.pe import PEImage
 from dbgext.sample.scenario import Scenario, Thread
+from build_cache import build_into
 from requirements import need_module, need_tool
 
 SOURCES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "stacks")
@@ -66,18 +66,8 @@ def build(config):
     path = os.path.join(final, "chain.dll")
     if os.path.isfile(path):
         return path
-    os.makedirs(root, exist_ok=True)
-    scratch = tempfile.mkdtemp(prefix="build-", dir=root)
-    for command in _commands(config, os.path.join(SOURCES, "chain.c"), os.path.join(SOURCES, "isr.s"),
-                             "chain.dll"):
-        done = subprocess.run(command, cwd=scratch, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        if done.returncode != 0:
-            shutil.rmtree(scratch, ignore_errors=True)
-            raise RuntimeError("%s failed:\n%s" % (" ".join(command), done.stdout.decode(errors="replace")))
-    try:
-        os.rename(scratch, final)
-    except OSError:  # a concurrent run finished the same build first
-        shutil.rmtree(scratch, ignore_errors=True)
+    build_into(root, final, _commands(config, os.path.join(SOURCES, "chain.c"), os.path.join(SOURCES, "isr.s"),
+                                      "chain.dll"))
     return path
 
 

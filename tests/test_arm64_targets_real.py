@@ -6,19 +6,17 @@ Every value below can be checked by hand in the file: the DUMP_HEADER64 (machine
 +0x100), the TRIAGE_DUMP64 at 0x2000 (DriverCount 0xF5 at +0x34, TopOfStack at
 +0x48) and the driver list's first entry (ntoskrnl.exe, DllBase at entry +0x38)."""
 
-import io
 import json
 import struct
-from pathlib import Path
 
 import pytest
 
 import dbgext
 from dbgext.address import evaluate
 from dbgext.pseudo_registers import PseudoRegisterResolver
-from dbgext.cli import main
+from realworld import REALWORLD, real_file, run
 
-ARM64 = Path(__file__).resolve().parents[1].parent / "shared" / "realworld" / "kernel" / "rizin__triage_arm64.dmp"
+ARM64 = REALWORLD / "kernel" / "rizin__triage_arm64.dmp"
 
 NT_BASE = 0xFFFFF803F2E00000
 PC = 0xFFFFF803F32DE014          # header 0x348 + 0x108
@@ -27,15 +25,7 @@ KPCR = 0xFFFFF803EFD00000        # x18 in kernel mode
 
 
 def real():
-    if not ARM64.is_file():
-        pytest.fail("%s is missing: the real-world files live in ../shared/realworld" % ARM64)
-    return str(ARM64)
-
-
-def run(argv):
-    out, err = io.StringIO(), io.StringIO()
-    code = main(argv, stream=out, error_stream=err)
-    return code, out.getvalue(), err.getvalue()
+    return real_file(ARM64)
 
 
 @pytest.fixture(scope="module")

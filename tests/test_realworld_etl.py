@@ -5,33 +5,23 @@ every buffer decompressed by dissect.util: the byte-exact reference.  dissect.et
 an independent event reader, counts the stack lookups the simulator must see."""
 
 import collections
-import io
 import json
 import struct
 from pathlib import Path
 
 import pytest
 
-from dbgext.cli import main
 from dbgext.etl import EtlReader
 from dbgext.etl import format as fmt
 from dbgext.etwcache.layouts import KERNEL_SPACE_START
 from requirements import need_module
+from realworld import REALWORLD, real_file, run
 
-ETL = Path(__file__).resolve().parents[1].parent / "shared" / "realworld" / "etl"
+ETL = REALWORLD / "etl"
 COMPRESSED = ["perfview__net.4.5.2.x64", "perfview__net.4.5.2.x86", "perfview__SelfDescribingSingleEvent"]
 
 
-def real(path):
-    if not path.is_file():
-        pytest.fail("%s is missing: the real-world files live in ../shared/realworld" % path)
-    return str(path)
-
-
-def run(argv):
-    out, err = io.StringIO(), io.StringIO()
-    code = main(argv, stream=out, error_stream=err)
-    return code, out.getvalue(), err.getvalue()
+real = real_file
 
 
 def stored_buffers(path):

@@ -3,32 +3,21 @@ reads them.  The values below can be checked by hand in the file: the header
 (0x38 bug check, 0x1038 MiniDumpFields), TRIAGE_DUMP64 at 0x2000, the driver list
 and its string pool of full paths, and the DumpBlob records after SizeOfDump."""
 
-import io
 import json
-from pathlib import Path
 
 import pytest
 
 import dbgext
-from dbgext.cli import main
+from realworld import REALWORLD, real_file, run
 
-REALWORLD = Path(__file__).resolve().parents[1].parent / "shared" / "realworld" / "kernel"
-X64 = REALWORLD / "rizin__triage_x64.dmp"
+KERNEL = REALWORLD / "kernel"
+X64 = KERNEL / "rizin__triage_x64.dmp"
 
 NT_BASE = 0xFFFFF8047BA00000
 AMDPPM_BASE = 0xFFFFF8048B580000
 
 
-def real(path):
-    if not path.is_file():
-        pytest.fail("%s is missing: the real-world files live in ../shared/realworld" % path)
-    return str(path)
-
-
-def run(argv):
-    out, err = io.StringIO(), io.StringIO()
-    code = main(argv, stream=out, error_stream=err)
-    return code, out.getvalue(), err.getvalue()
+real = real_file
 
 
 @pytest.fixture(scope="module")

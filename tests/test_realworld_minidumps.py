@@ -4,30 +4,19 @@ which platform wrote a dump (the SystemInfo stream), with its CPU, version and
 service pack, and prints addresses at the target's pointer width.  The values
 can be checked by hand in the files' SystemInfo and ModuleList streams."""
 
-import io
 import json
-from pathlib import Path
 
 import pytest
 
 import dbgext
-from dbgext.cli import main
 from dbgext.triage import analyze as triage_analyze
+from realworld import REALWORLD, real_file, run
 
-MINIDUMPS = Path(__file__).resolve().parents[1].parent / "shared" / "realworld" / "minidumps"
+MINIDUMPS = REALWORLD / "minidumps"
 
 
 def real(name):
-    path = MINIDUMPS / name
-    if not path.is_file():
-        pytest.fail("%s is missing: the real-world files live in ../shared/realworld" % path)
-    return str(path)
-
-
-def run(argv):
-    out, err = io.StringIO(), io.StringIO()
-    code = main(argv, stream=out, error_stream=err)
-    return code, out.getvalue(), err.getvalue()
+    return real_file(MINIDUMPS / name)
 
 
 def test_triage_keeps_the_module_lists_image_timestamp_and_size():

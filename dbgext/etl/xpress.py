@@ -69,6 +69,20 @@ class XpressError(BadInput):
     """Compressed data that does not decode; the message names the buffer."""
 
 
+
+def _extended_length(data, position, end):
+    """A match length whose byte was 255 ([MS-XCA] 2.3.4, 2.4.4): the 16-bit word at
+    ``position``, or when that is 0 the 32-bit one after it; and the position
+    after what was read."""
+    length = data[position] | data[position + 1] << 8
+    position += 2
+    if length == 0:
+        if position + 4 > end:
+            raise IndexError
+        length = int.from_bytes(data[position:position + 4], "little")
+        position += 4
+    return length, position
+
 def decoding_table(lengths_table, where="compressed data"):
     """The 2^15-entry lookup list of one block: entry = symbol << 4 | code length,
     indexed by the next 15 bits.  Codes are canonical: shorter codes first, and
@@ -164,13 +178,7 @@ def decompress(data, size, where="compressed data"):
                     length = data[position]
                     position += 1
                     if length == 255:
-                        length = data[position] | data[position + 1] << 8
-                        position += 2
-                        if length == 0:
-                            if position + 4 > end:
-                                raise IndexError
-                            length = int.from_bytes(data[position:position + 4], "little")
-                            position += 4
+                        length, position = _extended_length(data, position, end)
                         if length < 15:
                             raise XpressError("%s: corrupt match length %d at byte 0x%x" % (where, length, position))
                         length -= 15
@@ -281,13 +289,7 @@ def decompress_plain(data, size, where="compressed data"):
                         length = data[position]
                         position += 1
                         if length == 255:
-                            length = data[position] | data[position + 1] << 8
-                            position += 2
-                            if length == 0:
-                                if position + 4 > end:
-                                    raise IndexError
-                                length = int.from_bytes(data[position:position + 4], "little")
-                                position += 4
+                            length, position = _extended_length(data, position, end)
                             if length < PLAIN_LONG_LENGTH:
                                 raise XpressError("%s: corrupt match length %d at byte 0x%x"
                                                   % (where, length, position))

@@ -166,7 +166,6 @@ class ModuleFunctions(object):
     def _seed_pdata(self):
         image = self.image
         base = image.image_base
-        size = image.size_of_image
         # {UNWIND_INFO bytes: (frame size, prologue size)} of unchained records that
         # parsed cleanly: most functions share their prologue's few shapes, and
         # the same bytes always parse the same.
@@ -175,15 +174,9 @@ class ModuleFunctions(object):
             begin, end, unwind_rva = entry
             if begin == 0 and end == 0:
                 continue
-            if not (0 < begin < end <= size) or not image.is_code(begin):
-                self.problems.add("pdata_entry_outside_code", base + begin,
-                                  "RUNTIME_FUNCTION #%d [0x%x, 0x%x) lies outside the code of %s"
-                                  % (index, begin, end, image.name))
-                continue
-            function = self.functions.get(base + begin)
+            function = self._pdata_function(index, begin, end, "RUNTIME_FUNCTION")
             if function is None:
-                function = FunctionInfo(self, base + begin, begin, "pdata", end=base + end)
-                self.functions[base + begin] = function
+                continue
             record = self._plain_unwind_record(unwind_rva)
             known = plain_frames.get(record) if record is not None else None
             if known is not None:
@@ -203,6 +196,21 @@ class ModuleFunctions(object):
                 function.fragment_of = base + frame.chain[-1][0]
         self._starts = None
 
+    def _pdata_function(self, index, begin, end, what):
+        """The function ``.pdata`` entry ``index`` starts (made on first sight), or
+        None, reported, when the entry lies outside the image's code."""
+        image = self.image
+        base = image.image_base
+        if not (0 < begin < end <= image.size_of_image) or not image.is_code(begin):
+            self.problems.add("pdata_entry_outside_code", base + begin, "%s #%d [0x%x, 0x%x) lies outside the "
+                              "code of %s" % (what, index, begin, end, image.name))
+            return None
+        function = self.functions.get(base + begin)
+        if function is None:
+            function = FunctionInfo(self, base + begin, begin, "pdata", end=base + end)
+            self.functions[base + begin] = function
+        return function
+
     def _seed_arm64_pdata(self):
         """ARM64 ``.pdata``: each entry's frame is what its prologue's unwind codes
         allocate (packed entries expanded to their codes), its prologue ends
@@ -210,18 +218,11 @@ class ModuleFunctions(object):
         fragment of the function whose entry it points at."""
         image = self.image
         base = image.image_base
-        size = image.size_of_image
         for index, entry in enumerate(image.runtime_functions):
             begin, end, word = entry
-            if not (0 < begin < end <= size) or not image.is_code(begin):
-                self.problems.add("pdata_entry_outside_code", base + begin,
-                                  ".pdata entry #%d [0x%x, 0x%x) lies outside the code of %s"
-                                  % (index, begin, end, image.name))
-                continue
-            function = self.functions.get(base + begin)
+            function = self._pdata_function(index, begin, end, ".pdata entry")
             if function is None:
-                function = FunctionInfo(self, base + begin, begin, "pdata", end=base + end)
-                self.functions[base + begin] = function
+                continue
             try:
                 unwind = function_unwind(image, entry)
             except UnwindError as error:
