@@ -71,34 +71,77 @@ def _byte_class(values):
     return b"[" + b"".join(re.escape(bytes([v])) for v in sorted(values)) + b"]"
 
 
-# The packets behind the 0x02 prefix, one row each: (tokenizer name, JSON type, second
-# bytes, size, the regex of the bytes after the second).  The tokenizer's alternatives
-# (tried in this order, the most frequent first), the counter's and the flow's opcode
-# table (_EXTENDED), the listing's sizes and the error messages all come from it.
+# The packets behind the 0x02 prefix, one row each: (tokenizer name, JSON type, ptdump
+# name, second bytes, size, the regex of the bytes after the second).  The tokenizer's
+# alternatives (tried in this order, the most frequent first), the counter's and the
+# flow's opcode table (_EXTENDED), the listing's sizes and the error messages all come
+# from it.
 EXTENDED_PACKETS = (
-    ("psb", "psb", (0x82,), 16, b"(?:\\x02\\x82){7}"),
-    ("psbend", "psbend", (0x23,), 2, b""),
-    ("tnt64", "tnt64", (0xA3,), 8, b"(?!\\x00{6}).{6}"),
-    ("pip", "pip", (0x43,), 8, b".{6}"),
-    ("cbr", "cbr", (0x03,), 4, b".."),
+    ("psb", "psb", "psb", (0x82,), 16, b"(?:\\x02\\x82){7}"),
+    ("psbend", "psbend", "psbend", (0x23,), 2, b""),
+    ("tnt64", "tnt64", "tnt.64", (0xA3,), 8, b"(?!\\x00{6}).{6}"),
+    ("pip", "pip", "pip", (0x43,), 8, b".{6}"),
+    ("cbr", "cbr", "cbr", (0x03,), 4, b".."),
     # CTC, a reserved byte, FC[7:0], FC[8]: libipt rejects a TMA with any reserved bit set.
-    ("tma", "tma", (0x73,), 7, b"..\\x00.[\\x00\\x01]"),
-    ("ovf", "ovf", (0xF3,), 2, b""),
-    ("vmcs", "vmcs", (0xC8,), 7, b".{5}"),
-    ("stop", "stop", (0x83,), 2, b""),
-    ("mnt", "mnt", (0xC3,), 11, b"\\x88.{8}"),
-    ("exstop", "exstop", (0x62, 0xE2), 2, b""),
-    ("mwait", "mwait", (0xC2,), 10, b".{8}"),
-    ("pwre", "pwre", (0x22,), 4, b".."),
-    ("pwrx", "pwrx", (0xA2,), 7, b".{5}"),
-    ("ptw4", "ptw", (0x12, 0x92), 6, b".{4}"),
-    ("ptw8", "ptw", (0x32, 0xB2), 10, b".{8}"),
-    ("cfe", "cfe", (0x13,), 4, b".."),
-    ("evd", "evd", (0x53,), 11, b".{9}"),
+    ("tma", "tma", "tma", (0x73,), 7, b"..\\x00.[\\x00\\x01]"),
+    ("ovf", "ovf", "ovf", (0xF3,), 2, b""),
+    ("vmcs", "vmcs", "vmcs", (0xC8,), 7, b".{5}"),
+    ("stop", "stop", "stop", (0x83,), 2, b""),
+    ("mnt", "mnt", "mnt", (0xC3,), 11, b"\\x88.{8}"),
+    ("exstop", "exstop", "exstop", (0x62, 0xE2), 2, b""),
+    ("mwait", "mwait", "mwait", (0xC2,), 10, b".{8}"),
+    ("pwre", "pwre", "pwre", (0x22,), 4, b".."),
+    ("pwrx", "pwrx", "pwrx", (0xA2,), 7, b".{5}"),
+    ("ptw4", "ptw", "ptw", (0x12, 0x92), 6, b".{4}"),
+    ("ptw8", "ptw", "ptw", (0x32, 0xB2), 10, b".{8}"),
+    ("cfe", "cfe", "cfe", (0x13,), 4, b".."),
+    ("evd", "evd", "evd", (0x53,), 11, b".{9}"),
 )
 # Second byte of an extended packet -> (JSON type, size).
 _EXTENDED = {second: (packet_type, size)
-             for _, packet_type, seconds, size, _ in EXTENDED_PACKETS for second in seconds}
+             for _, packet_type, _, seconds, size, _ in EXTENDED_PACKETS for second in seconds}
+
+
+def _ip_opcodes(payload_length):
+    """The opcodes of the IP packets (TIP, TIP.PGE, TIP.PGD, FUP) with that many payload bytes."""
+    return {low | ipbytes << 5 for low in IP_TYPES for ipbytes, length in IP_PAYLOAD.items()
+            if length == payload_length}
+
+
+_CYC_KEY = (b"(?:" + _byte_class(b for b in range(256) if b & 3 == 3 and not b & 4) + b"|"
+            + _byte_class(b for b in range(256) if b & 3 == 3 and b & 4) + _byte_class(range(1, 256, 2))
+            + b"{0,7}" + _byte_class(range(0, 256, 2)) + b")")
+
+# The packets without the 0x02 prefix (TNT-8 apart: its runs are one token), one row
+# each: (tokenizer name, JSON type, ptdump name, key, the regex of the rest, size).  A
+# packet is key + rest; the key alone names its type (the whole run for PAD, the whole
+# packet for CYC).  The rows are the tokenizer's alternatives in the order sre tries
+# them, the most frequent first.  An IP row's JSON and ptdump type come from the
+# opcode (IP_TYPES), MODE's from its leaf (mode_fields); CYC and TRIG have a size of
+# their own (None here).
+ONE_BYTE_PACKETS = (
+    ("ip2", None, None, _byte_class(_ip_opcodes(2)), b"..", 3),
+    ("mtc", "mtc", "mtc", b"\\x59", b".", 2),
+    ("ip4", None, None, _byte_class(_ip_opcodes(4)), b".{4}", 5),
+    ("cyc", "cyc", "cyc", _CYC_KEY, b"", None),
+    ("ip6", None, None, _byte_class(_ip_opcodes(6)), b".{6}", 7),
+    ("ip0", None, None, _byte_class(_ip_opcodes(0)), b"", 1),
+    ("tsc", "tsc", "tsc", b"\\x19", b".{7}", 8),
+    ("mode", None, None, b"\\x99[\\x00-\\x3f]", b"", 2),
+    ("ip8", None, None, _byte_class(_ip_opcodes(8)), b".{8}", 9),
+    # A PAD run is all of it: "(?!\\x00)" keeps a run from also matching as two
+    # shorter ones, which inside a repeated group would backtrack exponentially.
+    ("pad", "pad", "pad", b"\\x00+", b"(?!\\x00)", 1),
+    # TRIG: flags (IP, ICNT valid, MULT), TRBV, then a 2-byte ICNT when its flag is set.
+    ("trig", "trig", "trig", b"\\xd9", b"(?:" + _byte_class(_TRIG_SHORT) + b"." + b"|" + _byte_class(_TRIG_LONG) + b"...)",
+     None),
+)
+# JSON type -> the name Intel's ptdump prints, for every packet type.
+PTDUMP_NAMES = dict(
+    [(packet_type, ptdump) for table in (ONE_BYTE_PACKETS, EXTENDED_PACKETS)
+     for _, packet_type, ptdump, *_ in table if packet_type]
+    + [(packet_type, packet_type) for packet_type in IP_TYPES.values()]
+    + [("tnt8", "tnt.8"), ("mode.exec", "mode.exec"), ("mode.tsx", "mode.tsx")])
 
 
 def _second_byte_class(seconds):
@@ -108,41 +151,11 @@ def _second_byte_class(seconds):
 
 
 def _build_pattern():
-    ip_opcodes = {length: set() for length in (0, 2, 4, 6, 8)}
-    reserved_ip = set()
-    for low in IP_TYPES:
-        for ipbytes in range(8):
-            opcode = low | (ipbytes << 5)
-            if ipbytes in IP_PAYLOAD:
-                ip_opcodes[IP_PAYLOAD[ipbytes]].add(opcode)
-            else:
-                reserved_ip.add(opcode)
-    cyc_last = [b for b in range(256) if b & 3 == 3 and not b & 4]
-    cyc_more = [b for b in range(256) if b & 3 == 3 and b & 4]
-    odd = [b for b in range(1, 256, 2)]
-    even = [b for b in range(0, 256, 2)]
-    # (name, key, rest): a packet is key + rest; the key alone names its type (the
-    # whole run for PAD, the whole packet for CYC).  Most frequent first: sre tries
-    # alternatives in order.  Extended packets sit behind one 0x02 prefix so other
-    # bytes skip all of them with one comparison.
-    common = [
-        ("ip2", _byte_class(ip_opcodes[2]), b".."),
-        ("mtc", b"\\x59", b"."),
-        ("ip4", _byte_class(ip_opcodes[4]), b".{4}"),
-        ("cyc", b"(?:" + _byte_class(cyc_last) + b"|" + _byte_class(cyc_more) + _byte_class(odd) + b"{0,7}"
-         + _byte_class(even) + b")", b""),
-        ("ip6", _byte_class(ip_opcodes[6]), b".{6}"),
-        ("ip0", _byte_class(ip_opcodes[0]), b""),
-        ("tsc", b"\\x19", b".{7}"),
-        ("mode", b"\\x99[\\x00-\\x3f]", b""),
-        ("ip8", _byte_class(ip_opcodes[8]), b".{8}"),
-        # A PAD run is all of it: "(?!\\x00)" keeps a run from also matching as two
-        # shorter ones, which inside a repeated group would backtrack exponentially.
-        ("pad", b"\\x00+", b"(?!\\x00)"),
-        # TRIG: flags (IP, ICNT valid, MULT), TRBV, then a 2-byte ICNT when its flag is set.
-        ("trig", b"\\xd9", b"(?:" + _byte_class(_TRIG_SHORT) + b"." + b"|" + _byte_class(_TRIG_LONG) + b"...)"),
-    ]
-    extended = [(name, _second_byte_class(seconds), rest) for name, _, seconds, _, rest in EXTENDED_PACKETS]
+    reserved_ip = {low | ipbytes << 5 for low in IP_TYPES for ipbytes in range(8) if ipbytes not in IP_PAYLOAD}
+    # (name, key, rest).  Extended packets sit behind one 0x02 prefix so other bytes
+    # skip all of them with one comparison.
+    common = [(name, key, rest) for name, _, _, key, rest, _ in ONE_BYTE_PACKETS]
+    extended = [(name, _second_byte_class(seconds), rest) for name, _, _, seconds, _, rest in EXTENDED_PACKETS]
     tnt_run = _byte_class(_TNT8) + b"+"
 
     def named(entries):
@@ -389,8 +402,8 @@ class PacketDecode(object):
 
 
 _IP_SIZES = {0: 1, 1: 3, 2: 5, 3: 7, 4: 7, 6: 9}
-# The one-byte-opcode packets the listing sizes by name (the extended ones: _EXTENDED).
-_ONE_BYTE_SIZES = {"tsc": 8, "mtc": 2}
+# The one-byte-opcode packets of one size, by JSON type (the extended ones: _EXTENDED).
+_ONE_BYTE_SIZES = {packet_type: size for _, packet_type, _, _, _, size in ONE_BYTE_PACKETS if packet_type and size}
 # The tokens with no value.
 _SIMPLE_NAMES = {K_PSB: "psb", K_PSBEND: "psbend", K_OVF: "ovf"}
 
