@@ -7,6 +7,11 @@ makes the decoder fast on real traces (TNT-8 bytes dominate them); the consumers
 expand a run byte by byte only when they list packets.  Counting (packet_stats)
 does not tokenize at all: one match of a second expression covers many packets.
 
+The packet grammar is two tables, ONE_BYTE_PACKETS and EXTENDED_PACKETS (behind the
+0x02 prefix): a row gives a packet's opcode bytes, its size, its fields by their JSON
+names and the name Intel's ptdump prints; the tokenizer's, the counter's and the
+flow's regular expressions, the listing's sizes and the JSON fields come from them.
+
 Everything starts at a PSB.  An unknown opcode, a reserved IPBytes value or a packet
 cut off by the end of the buffer is reported with its offset and decoding resumes
 at the next PSB, so the decoder never reads past the buffer and always terminates.
@@ -395,7 +400,7 @@ class PacketDecode(object):
         self.truncated = False  # stopped at max_packets
 
 
-_IP_SIZES = {0: 1, 1: 3, 2: 5, 3: 7, 4: 7, 6: 9}
+_IP_SIZES = {ipbytes: 1 + length for ipbytes, length in IP_PAYLOAD.items()}  # IPBytes -> packet size
 # The one-byte-opcode packets of one size, by JSON type (the extended ones: _EXTENDED).
 _ONE_BYTE_SIZES = {packet_type: size for _, packet_type, _, _, _, size, _ in ONE_BYTE_PACKETS if packet_type and size}
 # The tokens with no value.
