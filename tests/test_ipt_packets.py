@@ -455,3 +455,16 @@ def test_a_packet_read_into_a_psb_resyncs_at_that_psb_in_the_listing_and_the_flo
     flow = decode_flow(trace, CodeImage(images=[(0xA0001000, b"\x90" * 4 + b"\xff\xe0")]))
     assert [(event[1], event[3]) for event in flow.events] == [("sync", 0xA0001000)]
     assert [problem.kind for problem in flow.problems] == ["ipt_packet_error"]
+
+
+def test_every_packet_type_has_the_name_intel_ptdump_prints():
+    assert set(packets.PTDUMP_NAMES) == set(packets.PACKET_TYPES)
+    assert packets.PTDUMP_NAMES["tnt8"] == "tnt.8" and packets.PTDUMP_NAMES["tnt64"] == "tnt.64"
+    assert packets.PTDUMP_NAMES["tip.pge"] == "tip.pge"
+
+
+def test_the_tokenizer_tries_the_packet_tables_rows_in_their_order():
+    """TNT-8 runs first, then the one-byte packets, then the extended packets behind 0x02."""
+    rows = [row[0] for row in packets.ONE_BYTE_PACKETS + packets.EXTENDED_PACKETS]
+    groups = sorted((index, name) for name, index in packets.PACKET_RE.groupindex.items())
+    assert [name for _, name in groups] == ["tnt8"] + rows + ["bad"]

@@ -7,6 +7,11 @@ makes the decoder fast on real traces (TNT-8 bytes dominate them); the consumers
 expand a run byte by byte only when they list packets.  Counting (packet_stats)
 does not tokenize at all: one match of a second expression covers many packets.
 
+The packet grammar is two tables, ONE_BYTE_PACKETS and EXTENDED_PACKETS (behind the
+0x02 prefix): a row gives a packet's opcode bytes, its size, its fields by their JSON
+names and the name Intel's ptdump prints; the tokenizer's, the counter's and the
+flow's regular expressions, the listing's sizes and the JSON fields come from them.
+
 Everything starts at a PSB.  An unknown opcode, a reserved IPBytes value or a packet
 cut off by the end of the buffer is reported with its offset and decoding resumes
 at the next PSB, so the decoder never reads past the buffer and always terminates.
@@ -71,34 +76,125 @@ def _byte_class(values):
     return b"[" + b"".join(re.escape(bytes([v])) for v in sorted(values)) + b"]"
 
 
-# The packets behind the 0x02 prefix, one row each: (tokenizer name, JSON type, second
-# bytes, size, the regex of the bytes after the second).  The tokenizer's alternatives
-# (tried in this order, the most frequent first), the counter's and the flow's opcode
-# table (_EXTENDED), the listing's sizes and the error messages all come from it.
+def _u(data, start, length):
+    return int.from_bytes(data[start:start + length], "little")
+
+
+# A packet's payload fields by their JSON names, from the packet at ``at``: the
+# tables' last column.
+def _cyc_fields(data, at):
+    value = data[at] >> 3
+    shift = 5
+    index = at
+    while data[index] & (4 if index == at else 1):
+        index += 1
+        value |= (data[index] >> 1) << shift
+        shift += 7
+    return {"value": value}
+
+
+def _pip_fields(data, at):
+    payload = _u(data, at + 2, 6)
+    return {"cr3": (payload >> 1) << 5, "nr": payload & 1}
+
+
+def _pwrx_fields(data, at):
+    wake = data[at + 3] & 0xF
+    return {"last": data[at + 2] >> 4, "deepest": data[at + 2] & 0xF,
+            "interrupt": wake & 1, "store": wake >> 2 & 1, "autonomous": wake >> 3 & 1}
+
+
+def _trig_fields(data, at):
+    flags = data[at + 1]
+    return {"trbv": data[at + 2], "ip": flags >> 7, "mult": flags >> 5 & 1,
+            "icnt": _u(data, at + 3, 2) if flags & _TRIG_ICNT else None}
+
+
+def _no_fields(data, at):
+    return {}
+
+
+# The packets behind the 0x02 prefix, one row each: (tokenizer name, JSON type, ptdump
+# name, second bytes, size, the regex of the bytes after the second, fields).  The
+# tokenizer's alternatives (tried in this order, the most frequent first), the counter's
+# and the flow's opcode table (_EXTENDED), the listing's sizes and fields and the error
+# messages all come from it (PSB, PSBEND, OVF and TNT-64 are tokens of their own: no fields).
 EXTENDED_PACKETS = (
-    ("psb", "psb", (0x82,), 16, b"(?:\\x02\\x82){7}"),
-    ("psbend", "psbend", (0x23,), 2, b""),
-    ("tnt64", "tnt64", (0xA3,), 8, b"(?!\\x00{6}).{6}"),
-    ("pip", "pip", (0x43,), 8, b".{6}"),
-    ("cbr", "cbr", (0x03,), 4, b".."),
+    ("psb", "psb", "psb", (0x82,), 16, b"(?:\\x02\\x82){7}", None),
+    ("psbend", "psbend", "psbend", (0x23,), 2, b"", None),
+    ("tnt64", "tnt64", "tnt.64", (0xA3,), 8, b"(?!\\x00{6}).{6}", None),
+    ("pip", "pip", "pip", (0x43,), 8, b".{6}", _pip_fields),
+    ("cbr", "cbr", "cbr", (0x03,), 4, b"..", lambda data, at: {"ratio": data[at + 2]}),
     # CTC, a reserved byte, FC[7:0], FC[8]: libipt rejects a TMA with any reserved bit set.
-    ("tma", "tma", (0x73,), 7, b"..\\x00.[\\x00\\x01]"),
-    ("ovf", "ovf", (0xF3,), 2, b""),
-    ("vmcs", "vmcs", (0xC8,), 7, b".{5}"),
-    ("stop", "stop", (0x83,), 2, b""),
-    ("mnt", "mnt", (0xC3,), 11, b"\\x88.{8}"),
-    ("exstop", "exstop", (0x62, 0xE2), 2, b""),
-    ("mwait", "mwait", (0xC2,), 10, b".{8}"),
-    ("pwre", "pwre", (0x22,), 4, b".."),
-    ("pwrx", "pwrx", (0xA2,), 7, b".{5}"),
-    ("ptw4", "ptw", (0x12, 0x92), 6, b".{4}"),
-    ("ptw8", "ptw", (0x32, 0xB2), 10, b".{8}"),
-    ("cfe", "cfe", (0x13,), 4, b".."),
-    ("evd", "evd", (0x53,), 11, b".{9}"),
+    ("tma", "tma", "tma", (0x73,), 7, b"..\\x00.[\\x00\\x01]",
+     lambda data, at: {"ctc": _u(data, at + 2, 2), "fc": data[at + 5] | (data[at + 6] & 1) << 8}),
+    ("ovf", "ovf", "ovf", (0xF3,), 2, b"", None),
+    ("vmcs", "vmcs", "vmcs", (0xC8,), 7, b".{5}", lambda data, at: {"base": _u(data, at + 2, 5) << 12}),
+    ("stop", "stop", "stop", (0x83,), 2, b"", _no_fields),
+    ("mnt", "mnt", "mnt", (0xC3,), 11, b"\\x88.{8}", lambda data, at: {"payload": _u(data, at + 3, 8)}),
+    ("exstop", "exstop", "exstop", (0x62, 0xE2), 2, b"",
+     lambda data, at: {"ip": 1 if data[at + 1] & 0x80 else 0}),
+    ("mwait", "mwait", "mwait", (0xC2,), 10, b".{8}",
+     lambda data, at: {"hints": _u(data, at + 2, 4), "ext": _u(data, at + 6, 4)}),
+    ("pwre", "pwre", "pwre", (0x22,), 4, b"..",
+     lambda data, at: {"state": data[at + 3] >> 4, "sub_state": data[at + 3] & 0xF, "hw": data[at + 2] >> 3 & 1}),
+    ("pwrx", "pwrx", "pwrx", (0xA2,), 7, b".{5}", _pwrx_fields),
+    ("ptw4", "ptw", "ptw", (0x12, 0x92), 6, b".{4}",
+     lambda data, at: {"payload": _u(data, at + 2, 4), "size": 4, "ip": data[at + 1] >> 7}),
+    ("ptw8", "ptw", "ptw", (0x32, 0xB2), 10, b".{8}",
+     lambda data, at: {"payload": _u(data, at + 2, 8), "size": 8, "ip": data[at + 1] >> 7}),
+    ("cfe", "cfe", "cfe", (0x13,), 4, b"..",
+     lambda data, at: {"cfe_type": data[at + 2] & 0x1F, "vector": data[at + 3], "ip": data[at + 2] >> 7}),
+    ("evd", "evd", "evd", (0x53,), 11, b".{9}",
+     lambda data, at: {"evd_type": data[at + 2] & 0x3F, "payload": _u(data, at + 3, 8)}),
 )
 # Second byte of an extended packet -> (JSON type, size).
 _EXTENDED = {second: (packet_type, size)
-             for _, packet_type, seconds, size, _ in EXTENDED_PACKETS for second in seconds}
+             for _, packet_type, _, seconds, size, _, _ in EXTENDED_PACKETS for second in seconds}
+
+
+def _ip_opcodes(payload_length):
+    """The opcodes of the IP packets (TIP, TIP.PGE, TIP.PGD, FUP) with that many payload bytes."""
+    return {low | ipbytes << 5 for low in IP_TYPES for ipbytes, length in IP_PAYLOAD.items()
+            if length == payload_length}
+
+
+_CYC_KEY = (b"(?:" + _byte_class(b for b in range(256) if b & 3 == 3 and not b & 4) + b"|"
+            + _byte_class(b for b in range(256) if b & 3 == 3 and b & 4) + _byte_class(range(1, 256, 2))
+            + b"{0,7}" + _byte_class(range(0, 256, 2)) + b")")
+
+# The packets without the 0x02 prefix (TNT-8 apart: its runs are one token), one row
+# each: (tokenizer name, JSON type, ptdump name, key, the regex of the rest, size,
+# fields).  A packet is key + rest; the key alone names its type (the whole run for PAD, the whole
+# packet for CYC).  The rows are the tokenizer's alternatives in the order sre tries
+# them, the most frequent first.  An IP row's JSON and ptdump type come from the
+# opcode (IP_TYPES), MODE's from its leaf (mode_fields); CYC and TRIG have a size of
+# their own (None here); the IP packets, MODE and PAD are tokens of their own (no fields).
+ONE_BYTE_PACKETS = (
+    ("ip2", None, None, _byte_class(_ip_opcodes(2)), b"..", 3, None),
+    ("mtc", "mtc", "mtc", b"\\x59", b".", 2, lambda data, at: {"ctc": data[at + 1]}),
+    ("ip4", None, None, _byte_class(_ip_opcodes(4)), b".{4}", 5, None),
+    ("cyc", "cyc", "cyc", _CYC_KEY, b"", None, _cyc_fields),
+    ("ip6", None, None, _byte_class(_ip_opcodes(6)), b".{6}", 7, None),
+    ("ip0", None, None, _byte_class(_ip_opcodes(0)), b"", 1, None),
+    ("tsc", "tsc", "tsc", b"\\x19", b".{7}", 8, lambda data, at: {"tsc": _u(data, at + 1, 7)}),
+    ("mode", None, None, b"\\x99[\\x00-\\x3f]", b"", 2, None),
+    ("ip8", None, None, _byte_class(_ip_opcodes(8)), b".{8}", 9, None),
+    # A PAD run is all of it: "(?!\\x00)" keeps a run from also matching as two
+    # shorter ones, which inside a repeated group would backtrack exponentially.
+    ("pad", "pad", "pad", b"\\x00+", b"(?!\\x00)", 1, None),
+    # TRIG: flags (IP, ICNT valid, MULT), TRBV, then a 2-byte ICNT when its flag is set.
+    ("trig", "trig", "trig", b"\\xd9",
+     b"(?:" + _byte_class(_TRIG_SHORT) + b"." + b"|" + _byte_class(_TRIG_LONG) + b"...)", None, _trig_fields),
+)
+# JSON type -> the name Intel's ptdump prints, for every packet type.
+PTDUMP_NAMES = dict(
+    [(packet_type, ptdump) for table in (ONE_BYTE_PACKETS, EXTENDED_PACKETS)
+     for _, packet_type, ptdump, *_ in table if packet_type]
+    + [(packet_type, packet_type) for packet_type in IP_TYPES.values()]
+    + [("tnt8", "tnt.8"), ("mode.exec", "mode.exec"), ("mode.tsx", "mode.tsx")])
+# Tokenizer name -> (JSON type, its fields) of the packets the tokenizer yields as K_OTHER.
+_FIELDS = {row[0]: (row[1], row[-1]) for row in ONE_BYTE_PACKETS + EXTENDED_PACKETS if row[-1]}
 
 
 def _second_byte_class(seconds):
@@ -108,41 +204,11 @@ def _second_byte_class(seconds):
 
 
 def _build_pattern():
-    ip_opcodes = {length: set() for length in (0, 2, 4, 6, 8)}
-    reserved_ip = set()
-    for low in IP_TYPES:
-        for ipbytes in range(8):
-            opcode = low | (ipbytes << 5)
-            if ipbytes in IP_PAYLOAD:
-                ip_opcodes[IP_PAYLOAD[ipbytes]].add(opcode)
-            else:
-                reserved_ip.add(opcode)
-    cyc_last = [b for b in range(256) if b & 3 == 3 and not b & 4]
-    cyc_more = [b for b in range(256) if b & 3 == 3 and b & 4]
-    odd = [b for b in range(1, 256, 2)]
-    even = [b for b in range(0, 256, 2)]
-    # (name, key, rest): a packet is key + rest; the key alone names its type (the
-    # whole run for PAD, the whole packet for CYC).  Most frequent first: sre tries
-    # alternatives in order.  Extended packets sit behind one 0x02 prefix so other
-    # bytes skip all of them with one comparison.
-    common = [
-        ("ip2", _byte_class(ip_opcodes[2]), b".."),
-        ("mtc", b"\\x59", b"."),
-        ("ip4", _byte_class(ip_opcodes[4]), b".{4}"),
-        ("cyc", b"(?:" + _byte_class(cyc_last) + b"|" + _byte_class(cyc_more) + _byte_class(odd) + b"{0,7}"
-         + _byte_class(even) + b")", b""),
-        ("ip6", _byte_class(ip_opcodes[6]), b".{6}"),
-        ("ip0", _byte_class(ip_opcodes[0]), b""),
-        ("tsc", b"\\x19", b".{7}"),
-        ("mode", b"\\x99[\\x00-\\x3f]", b""),
-        ("ip8", _byte_class(ip_opcodes[8]), b".{8}"),
-        # A PAD run is all of it: "(?!\\x00)" keeps a run from also matching as two
-        # shorter ones, which inside a repeated group would backtrack exponentially.
-        ("pad", b"\\x00+", b"(?!\\x00)"),
-        # TRIG: flags (IP, ICNT valid, MULT), TRBV, then a 2-byte ICNT when its flag is set.
-        ("trig", b"\\xd9", b"(?:" + _byte_class(_TRIG_SHORT) + b"." + b"|" + _byte_class(_TRIG_LONG) + b"...)"),
-    ]
-    extended = [(name, _second_byte_class(seconds), rest) for name, _, seconds, _, rest in EXTENDED_PACKETS]
+    reserved_ip = {low | ipbytes << 5 for low in IP_TYPES for ipbytes in range(8) if ipbytes not in IP_PAYLOAD}
+    # (name, key, rest).  Extended packets sit behind one 0x02 prefix so other bytes
+    # skip all of them with one comparison.
+    common = [(name, key, rest) for name, _, _, key, rest, _, _ in ONE_BYTE_PACKETS]
+    extended = [(name, _second_byte_class(seconds), rest) for name, _, _, seconds, _, rest, _ in EXTENDED_PACKETS]
     tnt_run = _byte_class(_TNT8) + b"+"
 
     def named(entries):
@@ -210,62 +276,6 @@ def _error_message(data, offset, end):
     return "malformed packet starting %s" % data[offset:offset + 4].hex()
 
 
-def _u(data, start, length):
-    return int.from_bytes(data[start:start + length], "little")
-
-
-def other_fields(name, data, offset):
-    """Payload fields, by name, of a non-IP, non-TNT packet starting at ``offset``."""
-    if name == "tsc":
-        return "tsc", {"tsc": _u(data, offset + 1, 7)}
-    if name == "mtc":
-        return "mtc", {"ctc": data[offset + 1]}
-    if name == "cyc":
-        value = data[offset] >> 3
-        shift = 5
-        index = offset
-        while data[index] & (4 if index == offset else 1):
-            index += 1
-            value |= (data[index] >> 1) << shift
-            shift += 7
-        return "cyc", {"value": value}
-    if name == "pip":
-        payload = _u(data, offset + 2, 6)
-        return "pip", {"cr3": (payload >> 1) << 5, "nr": payload & 1}
-    if name == "cbr":
-        return "cbr", {"ratio": data[offset + 2]}
-    if name == "tma":
-        return "tma", {"ctc": _u(data, offset + 2, 2), "fc": data[offset + 5] | (data[offset + 6] & 1) << 8}
-    if name == "vmcs":
-        return "vmcs", {"base": _u(data, offset + 2, 5) << 12}
-    if name == "mnt":
-        return "mnt", {"payload": _u(data, offset + 3, 8)}
-    if name == "exstop":
-        return "exstop", {"ip": 1 if data[offset + 1] & 0x80 else 0}
-    if name == "mwait":
-        return "mwait", {"hints": _u(data, offset + 2, 4), "ext": _u(data, offset + 6, 4)}
-    if name == "pwre":
-        return "pwre", {"state": data[offset + 3] >> 4, "sub_state": data[offset + 3] & 0xF,
-                        "hw": data[offset + 2] >> 3 & 1}
-    if name == "pwrx":
-        wake = data[offset + 3] & 0xF
-        return "pwrx", {"last": data[offset + 2] >> 4, "deepest": data[offset + 2] & 0xF,
-                        "interrupt": wake & 1, "store": wake >> 2 & 1, "autonomous": wake >> 3 & 1}
-    if name in ("ptw4", "ptw8"):
-        size = 4 if name == "ptw4" else 8
-        return "ptw", {"payload": _u(data, offset + 2, size), "size": size,
-                       "ip": data[offset + 1] >> 7}
-    if name == "cfe":
-        return "cfe", {"cfe_type": data[offset + 2] & 0x1F, "vector": data[offset + 3], "ip": data[offset + 2] >> 7}
-    if name == "evd":
-        return "evd", {"evd_type": data[offset + 2] & 0x3F, "payload": _u(data, offset + 3, 8)}
-    if name == "trig":
-        flags = data[offset + 1]
-        return "trig", {"trbv": data[offset + 2], "ip": flags >> 7, "mult": flags >> 5 & 1,
-                        "icnt": _u(data, offset + 3, 2) if flags & _TRIG_ICNT else None}
-    return name, {}  # stop
-
-
 def mode_fields(payload):
     """MODE payload (leaf 0 or 1; the tokenizer rejects the others)."""
     if payload >> 5 == 0:
@@ -316,6 +326,7 @@ def tokens(data, start=0, end=None, at_packet=False):
     g_tnt8, g_ip0, g_pad, g_psb, g_psbend, g_mode = G_TNT8, G_IP0, G_PAD, G_PSB, G_PSBEND, G_MODE
     ip_groups = frozenset((G_IP2, G_IP4, G_IP6, G_IP8))  # the IP packets with a payload
     k_tnt8_run, ip_kind_of_opcode, decompress, from_bytes = K_TNT8_RUN, IP_KIND_OF_OPCODE, decompress_ip, int.from_bytes
+    fields_of = _FIELDS
     while position >= 0:
         resume = -1
         for match in finditer(data, position, end):
@@ -351,7 +362,8 @@ def tokens(data, start=0, end=None, at_packet=False):
                 resume = max(last_psb + 1, offset - len(PSB) + 1)
                 break
             else:
-                yield K_OTHER, offset, other_fields(match.lastgroup, data, offset)
+                packet_type, fields = fields_of[match.lastgroup]
+                yield K_OTHER, offset, (packet_type, fields(data, offset))
         if resume < 0:
             return
         position = data.find(PSB, resume, end)
@@ -388,9 +400,9 @@ class PacketDecode(object):
         self.truncated = False  # stopped at max_packets
 
 
-_IP_SIZES = {0: 1, 1: 3, 2: 5, 3: 7, 4: 7, 6: 9}
-# The one-byte-opcode packets the listing sizes by name (the extended ones: _EXTENDED).
-_ONE_BYTE_SIZES = {"tsc": 8, "mtc": 2}
+_IP_SIZES = {ipbytes: 1 + length for ipbytes, length in IP_PAYLOAD.items()}  # IPBytes -> packet size
+# The one-byte-opcode packets of one size, by JSON type (the extended ones: _EXTENDED).
+_ONE_BYTE_SIZES = {packet_type: size for _, packet_type, _, _, _, size, _ in ONE_BYTE_PACKETS if packet_type and size}
 # The tokens with no value.
 _SIMPLE_NAMES = {K_PSB: "psb", K_PSBEND: "psbend", K_OVF: "ovf"}
 
