@@ -985,8 +985,10 @@ def _jump(program, function, fragments, insn, state, target, worklist, arch):
         import_name = module.image.imports.get(slot - module.image.image_base) if slot is not None else None
         if import_name:
             function.call_sites.append(CallSite(address, state.depth, None, "tail", import_name, slot))
-            if function.name is None and address == function.va:
-                function.name = "thunk:" + import_name
+            if address == function.va:
+                function.thunk_of = import_name
+                if function.name is None:
+                    function.name = "thunk:" + import_name
         else:
             function.call_sites.append(CallSite(address, state.depth, None, "indirect-tail"))
         return
@@ -1061,14 +1063,17 @@ def _call(program, function, decoder, insn, state, arch, pointer, import_loads):
                 function.sp_lost = "0x%x (SEH epilogue without a frame pointer)" % address
                 return False
             state.depth = frame - pointer
-        elif callee is not None and callee.ret_pop:
-            state.depth -= callee.ret_pop
-        if callee is None or (callee.name or "").startswith("thunk:"):
+        # A `jmp rel32` thunk (its own body a tail call) pops what its target does.
+        popped = (module.pops_of(target) if callee is not None and callee.module is module
+                  else callee.ret_pop if callee is not None else 0) or 0
+        if helper != "epilog":
+            state.depth -= popped
+        if callee is None or callee.thunk_of is not None:
             _unseen_pops(function, decoder, address + size, state, arch)
         elif arch == "x86":
             # What it takes of the pushes: its `ret N` and the cleanup after it (a
             # helper that takes none, like the CFG check before `call esi`, keeps them).
-            state.pushed = max(0, state.pushed - callee.ret_pop - (cleanup_after(decoder, address + size) or 0))
+            state.pushed = max(0, state.pushed - popped - (cleanup_after(decoder, address + size) or 0))
         state.accumulator = None
         return True
     slot = memory_slot(BITS[arch], op_str, address + size)

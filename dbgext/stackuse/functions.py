@@ -48,7 +48,7 @@ class FunctionInfo(object):
     __slots__ = ("module", "va", "rva", "name", "origin", "end", "fragment_of", "unwind_size",
                  "prologue_size", "dynamic", "problem", "analysed_body",
                  "body_problem", "ret_pop", "max_depth", "call_sites", "sp_lost", "body_end", "moves_sp", "padding",
-                 "prolog_end")
+                 "prolog_end", "thunk_of")
 
     def __init__(self, module, va, rva, origin, name=None, end=None):
         self.module = module
@@ -77,6 +77,7 @@ class FunctionInfo(object):
         # frame; compilers leave them out of the frame size, worst-case depths count them.
         self.padding = 0
         self.prolog_end = None      # x64, ARM64: VA after the prologue the unwind data describes
+        self.thunk_of = None        # the import its first instruction jumps to (`jmp [IAT slot]`)
 
     @property
     def source(self):
