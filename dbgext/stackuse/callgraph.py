@@ -190,7 +190,9 @@ class CallGraph(object):
                 break
             for function in todo:
                 done.add(function.va)
-                self.analyse(function)
+                # In address order, a switch is followed before its case labels.
+                if not module.drop_label(function):
+                    self.analyse(function)
             if self.program.function_count() > MAX_FUNCTIONS:
                 module.problems.add("too_many_functions", None, "more than %d functions: discovery stopped"
                                     % MAX_FUNCTIONS)
@@ -488,6 +490,7 @@ def _follow_body(program, function, record=None):
     # pushes or stores.
     address_taken = arch == "x86" and not image.relocations
     visited = set()
+    labels = set()  # case labels of its jump tables (some may be taken for functions yet)
     # Registers loaded from an IAT slot (`mov rax, [__imp_X]; call rax`).
     import_loads = {}
     worklist = [(function.va, SpState())]
@@ -503,7 +506,7 @@ def _follow_body(program, function, record=None):
                 function.body_problem = "more than %d instructions: analysis stopped" % MAX_INSTRUCTIONS_PER_FUNCTION
                 worklist = []
                 break
-            if address in functions and address != function.va and _is_other_function(
+            if address in functions and address != function.va and address not in labels and _is_other_function(
                     module, function, fragments, address):
                 # Fell through into the next function: control continues there.
                 function.call_sites.append(CallSite(address, state.depth, address, "tail"))
@@ -550,6 +553,7 @@ def _follow_body(program, function, record=None):
                         if target is None and arch == "x86" and "*4 + 0x" in op_str:
                             cases = module.jump_table(function, op_str, table_size)
                             if cases:
+                                labels.update(cases)
                                 worklist.extend((case, state.copy()) for case in cases)
                                 break
                         _jump(program, function, fragments, insn, state, target, worklist, arch)
