@@ -49,8 +49,11 @@ def open_module(target=None, pe=None, module=None, symbols=None, pdb=None):
 
 def pdb_functions(path, image):
     """{rva: name} of the procedures in the PDB at ``path`` (each at its own address:
-    overloads and same-named statics too), refused (BadInput) when
-    its GUID and age are not the ones ``image``'s CodeView record names."""
+    overloads and same-named statics too), then of its function publics where no
+    procedure is (a stripped PDB's, or code of a module built without debug
+    information: hand-written CRT helpers, another compiler's objects), refused
+    (BadInput) when its GUID and age are not the ones ``image``'s CodeView
+    record names."""
     from ..symbols.pdb import PdbFile
     pdb = PdbFile(path)
     try:
@@ -61,6 +64,9 @@ def pdb_functions(path, image):
         names = {}
         for procedure in pdb.procedures():
             names.setdefault(procedure.rva, procedure.name)
+        for public in pdb.publics():
+            if public.is_function:
+                names.setdefault(public.rva, public.name)
         return names
     finally:
         pdb.close()

@@ -190,7 +190,9 @@ class CallGraph(object):
                 break
             for function in todo:
                 done.add(function.va)
-                self.analyse(function)
+                # In address order, a switch is followed before its case labels.
+                if not module.drop_label(function):
+                    self.analyse(function)
             if self.program.function_count() > MAX_FUNCTIONS:
                 module.problems.add("too_many_functions", None, "more than %d functions: discovery stopped"
                                     % MAX_FUNCTIONS)
@@ -488,6 +490,7 @@ def _follow_body(program, function, record=None):
     # pushes or stores.
     address_taken = arch == "x86" and not image.relocations
     visited = set()
+    labels = set()  # case labels of its jump tables (some may be taken for functions yet)
     # Registers loaded from an IAT slot (`mov rax, [__imp_X]; call rax`).
     import_loads = {}
     worklist = [(function.va, SpState())]
@@ -503,7 +506,7 @@ def _follow_body(program, function, record=None):
                 function.body_problem = "more than %d instructions: analysis stopped" % MAX_INSTRUCTIONS_PER_FUNCTION
                 worklist = []
                 break
-            if address in functions and address != function.va and _is_other_function(
+            if address in functions and address != function.va and address not in labels and _is_other_function(
                     module, function, fragments, address):
                 # Fell through into the next function: control continues there.
                 function.call_sites.append(CallSite(address, state.depth, address, "tail"))
@@ -550,6 +553,7 @@ def _follow_body(program, function, record=None):
                         if target is None and arch == "x86" and "*4 + 0x" in op_str:
                             cases = module.jump_table(function, op_str, table_size)
                             if cases:
+                                labels.update(cases)
                                 worklist.extend((case, state.copy()) for case in cases)
                                 break
                         _jump(program, function, fragments, insn, state, target, worklist, arch)
@@ -985,8 +989,10 @@ def _jump(program, function, fragments, insn, state, target, worklist, arch):
         import_name = module.image.imports.get(slot - module.image.image_base) if slot is not None else None
         if import_name:
             function.call_sites.append(CallSite(address, state.depth, None, "tail", import_name, slot))
-            if function.name is None and address == function.va:
-                function.name = "thunk:" + import_name
+            if address == function.va:
+                function.thunk_of = import_name
+                if function.name is None:
+                    function.name = "thunk:" + import_name
         else:
             function.call_sites.append(CallSite(address, state.depth, None, "indirect-tail"))
         return
@@ -1061,14 +1067,17 @@ def _call(program, function, decoder, insn, state, arch, pointer, import_loads):
                 function.sp_lost = "0x%x (SEH epilogue without a frame pointer)" % address
                 return False
             state.depth = frame - pointer
-        elif callee is not None and callee.ret_pop:
-            state.depth -= callee.ret_pop
-        if callee is None or (callee.name or "").startswith("thunk:"):
+        # A `jmp rel32` thunk (its own body a tail call) pops what its target does.
+        popped = (module.pops_of(target) if callee is not None and callee.module is module
+                  else callee.ret_pop if callee is not None else 0) or 0
+        if helper != "epilog":
+            state.depth -= popped
+        if callee is None or callee.thunk_of is not None:
             _unseen_pops(function, decoder, address + size, state, arch)
         elif arch == "x86":
             # What it takes of the pushes: its `ret N` and the cleanup after it (a
             # helper that takes none, like the CFG check before `call esi`, keeps them).
-            state.pushed = max(0, state.pushed - callee.ret_pop - (cleanup_after(decoder, address + size) or 0))
+            state.pushed = max(0, state.pushed - popped - (cleanup_after(decoder, address + size) or 0))
         state.accumulator = None
         return True
     slot = memory_slot(BITS[arch], op_str, address + size)

@@ -48,7 +48,7 @@ class FunctionInfo(object):
     __slots__ = ("module", "va", "rva", "name", "origin", "end", "fragment_of", "unwind_size",
                  "prologue_size", "dynamic", "problem", "analysed_body",
                  "body_problem", "ret_pop", "max_depth", "call_sites", "sp_lost", "body_end", "moves_sp", "padding",
-                 "prolog_end")
+                 "prolog_end", "thunk_of")
 
     def __init__(self, module, va, rva, origin, name=None, end=None):
         self.module = module
@@ -77,6 +77,7 @@ class FunctionInfo(object):
         # frame; compilers leave them out of the frame size, worst-case depths count them.
         self.padding = 0
         self.prolog_end = None      # x64, ARM64: VA after the prologue the unwind data describes
+        self.thunk_of = None        # the import its first instruction jumps to (`jmp [IAT slot]`)
 
     @property
     def source(self):
@@ -130,6 +131,7 @@ class ModuleFunctions(object):
         self._relocations = None
         self._helpers_by_code = {}
         self._jump_table_sites = set()  # RVAs of relocated pointers that are jump-table entries
+        self._jump_table_targets = set()  # VAs those entries point at (case labels)
         self._starts = None
         self._fragments = None
         self._seed(symbols or {})
@@ -271,6 +273,11 @@ class ModuleFunctions(object):
         image = self.image
         starts = self.starts()
         following = bisect.bisect_right(starts, function.va)
+        # Pointers into code are taken for functions together, before their bodies
+        # are followed: one not yet followed may be this table's own case label.
+        while following < len(starts) and self.functions[starts[following]].origin == "relocation" \
+                and not self.functions[starts[following]].analysed_body:
+            following += 1
         limit = starts[following] if following < len(starts) else image.image_base + image.size_of_image
         table = parse_int(op_str.rsplit("+ ", 1)[1].rstrip("]"))
         if table is None:
@@ -284,6 +291,7 @@ class ModuleFunctions(object):
                 break
             targets.append(value)
             self._jump_table_sites.add(rva)
+            self._jump_table_targets.add(value)
             rva += self.pointer_size
         return targets
 
@@ -314,6 +322,17 @@ class ModuleFunctions(object):
             if self.add(value, "relocation") is not None:
                 added += 1
         return added
+
+    def drop_label(self, function):
+        """A function found only by a relocated pointer that a followed body's jump
+        table reaches is a case label of that body, not a function: it is dropped.
+        Returns True when ``function`` was."""
+        if function.origin != "relocation" or function.analysed_body or \
+                function.va not in self._jump_table_targets:
+            return False
+        del self.functions[function.va]
+        self._starts = None
+        return True
 
     def skip_padding(self, va, limit):
         """The first address in [va, limit) that is neither alignment padding (int3,
