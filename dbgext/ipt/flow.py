@@ -49,7 +49,9 @@ suite.  Where they differ, upstream rules:
   is traced, also right before an OVF or at the end; so is MODE.Exec + FUP outside
   PSB+ (an interrupt flag change: ``interrupts_enabled``/``interrupts_disabled``);
   a FUP after TRIG with its IP bit or after a CFE of a branching instruction (IRET,
-  VMENTRY, UIRET, SYSCALL) is no transfer;
+  VMENTRY, UIRET, SYSCALL) is no transfer; EXSTOP or PTW without its IP bit is an
+  event at no IP where the walk reads it, whether tracing is on or off (ptxed lists
+  each);
 * a PSB+ read as status may not change the execution mode (a bad status update);
 * JMPABS, ERETU, ERETS and UIRET, which the disassembler does not know, are branches;
 * a compressed RET takes a TNT bit that must be taken and returns to the most recent
@@ -345,10 +347,14 @@ F_PSB, F_PSBEND, F_OVF, F_ERROR = P.K_PSB, P.K_PSBEND, P.K_OVF, P.K_ERROR
 # interrupts_disabled, exstop or ptwrite).
 F_TNT, F_MODE, F_AT_IP = 20, 21, 22  # value: bits; mode (16/32/64 or None); (IP, event)
 F_END = 23  # no more packets (offset: the last packet's); _Walk.item() hands out None instead
+# F_EVENT: an event without an IP (EXSTOP or PTW with the IP bit clear); value: its kind.
+# It binds to no instruction: the walk records it where it reads it (walk_item), on or off.
+F_EVENT = 24
 ITEM_NAMES = {F_TNT: "tnt", F_TIP: "tip", F_PGE: "tip.pge", F_PGD: "tip.pgd", F_FUP: "fup", F_MODE: "mode.exec",
-              F_PSB: "psb", F_PSBEND: "psbend", F_OVF: "ovf", F_ERROR: "error", F_AT_IP: "event"}
+              F_PSB: "psb", F_PSBEND: "psbend", F_OVF: "ovf", F_ERROR: "error", F_AT_IP: "event",
+              F_EVENT: "event"}
 # The items _Walk.item() does more with than hand them on (walk_item).
-_WALK_ITEMS = frozenset((F_PSB, F_ERROR, F_END))
+_WALK_ITEMS = frozenset((F_PSB, F_ERROR, F_END, F_EVENT))
 _TAKEN = bytes.maketrans(b"TN", b"\x01\x00")
 
 
@@ -454,6 +460,9 @@ del _byte
 _CFE_OF_A_BRANCH = frozenset((2, 7, 13, 15))
 _EVENT_AT_FUP = {opcode: {"ptw": "ptwrite", "exstop": "exstop"}[name] for opcode, (name, _) in P._EXTENDED.items()
                  if name in ("ptw", "exstop") and opcode & 0x80}
+# The same with the IP bit clear: an event at no IP (F_EVENT).
+_EVENT_WITHOUT_IP = {opcode: {"ptw": "ptwrite", "exstop": "exstop"}[name] for opcode, (name, _) in P._EXTENDED.items()
+                     if name in ("ptw", "exstop") and not opcode & 0x80}
 # skd010_resume: the overflow resolved with tracing off after all.
 _STAYS_OFF = -1
 # IPBytes of a compressed IP -> the bits its payload gives (the rest comes from the last IP).
@@ -716,6 +725,8 @@ def _flow_items(data, start, end):
                     elif opcode in _EVENT_AT_FUP:
                         bound = _EVENT_AT_FUP[opcode]
                         fup_bound = True
+                    elif opcode in _EVENT_WITHOUT_IP:
+                        yield F_EVENT, offset, _EVENT_WITHOUT_IP[opcode]
                     elif opcode == 0x13 and packet[2] & 0x80 and packet[2] & 0x1F in _CFE_OF_A_BRANCH:
                         skip_fup = fup_bound = True
                 elif what == _TRIG and packet[1] & 0x80:
@@ -830,6 +841,8 @@ class _Walk(object):
                 item, self.lookahead = self.lookahead, caller_lookahead
                 if item is not None:
                     return item
+            elif kind == F_EVENT:
+                self.event(item[2], item[1], None)
             elif kind == F_ERROR:
                 self.problems.add("ipt_packet_error", None, item[2], offset=item[1])
                 self.reset()

@@ -22,8 +22,8 @@ def event_text(event):
     if event["kind"] == "disabled":
         where = " at %s" % hexaddr(event["ip"]) if event["ip"] is not None else ""
         return "[%s%s, trace offset 0x%x]" % (words, where, event["offset"])
-    if event["ip"] is None:
-        return "[%s, trace offset 0x%x]" % (words, event["offset"])
+    if event["ip"] is None:  # "ptwrite", not "ptwrite at"
+        return "[%s, trace offset 0x%x]" % (words[:-3] if words.endswith(" at") else words, event["offset"])
     return "[%s %s, trace offset 0x%x]" % (words, hexaddr(event["ip"]), event["offset"])
 
 
