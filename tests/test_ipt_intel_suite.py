@@ -278,26 +278,25 @@ def test_resync_on_error_goes_on_at_the_next_ip_from_the_command_line():
 # -- events ---------------------------------------------------------------------------
 
 # The events both print, by the start of ptxed's line: compared as a sequence of kinds.
-PTXED_EVENTS = (("[enabled", "enabled"), ("[disabled", "disabled"), ("[overflow", "overflow"),
-                ("[interrupts enabled", "interrupts_enabled"), ("[interrupts disabled", "interrupts_disabled"),
+# ptxed prints an enabled event as "[resumed]" when tracing goes on at the IP where it
+# was disabled (libipt's resumed flag); the flow calls both "enabled".
+PTXED_EVENTS = (("[enabled", "enabled"), ("[resumed", "enabled"), ("[disabled", "disabled"),
+                ("[overflow", "overflow"), ("[interrupts enabled", "interrupts_enabled"), ("[interrupts disabled", "interrupts_disabled"),
                 ("[interrupt", "interrupt"), ("[exstop", "exstop"), ("[ptwrite", "ptwrite"),
                 ("[begin transaction", "tsx_begin"), ("[committed", "tsx_commit"), ("[aborted", "tsx_abort"))
-# Tests whose events still differ (events while tracing is off, PTW without IP, the
-# event trace's interrupts, TSX state with TIP.PGE...): measured when the comparison was
-# added; it only shrinks.
+# Tests whose events still differ (EXSTOP with its IP while tracing is off or before an
+# OVF, the event trace's interrupts, TSX state with TIP.PGE, resync after unmapped
+# code...): measured when the comparison was added; it only shrinks.
 EVENTS_DISAGREE = frozenset((
-    "fup-tip_pgd-tip_pge", "mtc-ovf_keep-cyc", "mtc-ovf_reset-cyc", "mwait-pwre-exstop_ip-fup-ovf",
-    "mwait-pwre-exstop_ip-ovf", "ptet", "ptet-evd_cr2-cfe_iret", "ptet-evd_cr2-evd_vmxq",
-    "ptet-evd_vmxq-cfe_intr", "ptet-evd_vmxr-cfe_rsm", "ptet-evd_vmxr-evd-cr2", "ptet-int-eretu",
-    "ptet-int-int-erets-eretu", "ptet-int-iret", "ptet-int-iret-cpl_0", "ptet-int-iret-cpl_3", "ptet-mode_exec-if",
-    "ptet-mode_exec-spurious", "ptet-smi-rsm", "ptet-vmexit-vmentry-nonroot", "ptw-fup",
-    "ptxed-resync-nomap-fup-tip", "ptxed-resync-nomap-mode_tsx-eos", "ptxed-resync-nomap-mode_tsx-tip_pgd",
-    "ptxed-resync-nomap-tip_pgd", "ptxed-resync-nomap-tip_pge", "ptxed-tick",
-    "syscall-sysret-cpl_3", "sysenter-sysexit-cpl_3",
-    "tip_pgd-mwait-pwre-exstop_ip-pwre-pwrx",
-    "tip_pgd-mwait-pwre-exstop_ip-pwrx", "tip_pgd-tsx", "tip_pge-fup-tip_pgd-tip_pge",
-    "tip_pge-tsx_abort-tip-fup-tip_pgd", "tip_pge-tsx_abort-tip_pgd"))
-EVENTS_DISAGREE_LIMIT = 35
+    "mtc-ovf_keep-cyc", "mtc-ovf_reset-cyc", "mwait-pwre-exstop_ip-fup-ovf", "mwait-pwre-exstop_ip-ovf", "ptet",
+    "ptet-evd_cr2-cfe_iret", "ptet-evd_cr2-evd_vmxq", "ptet-evd_vmxq-cfe_intr", "ptet-evd_vmxr-cfe_rsm",
+    "ptet-evd_vmxr-evd-cr2", "ptet-int-eretu", "ptet-int-int-erets-eretu", "ptet-int-iret", "ptet-int-iret-cpl_0",
+    "ptet-int-iret-cpl_3", "ptet-mode_exec-if", "ptet-mode_exec-spurious", "ptw-fup", "ptxed-resync-nomap-fup-tip",
+    "ptxed-resync-nomap-mode_tsx-eos", "ptxed-resync-nomap-mode_tsx-tip_pgd", "ptxed-resync-nomap-tip_pgd",
+    "ptxed-resync-nomap-tip_pge", "ptxed-tick", "tip_pgd-mwait-pwre-exstop_ip-pwre-pwrx",
+    "tip_pgd-mwait-pwre-exstop_ip-pwrx", "tip_pgd-tsx", "tip_pge-tsx_abort-tip-fup-tip_pgd",
+    "tip_pge-tsx_abort-tip_pgd"))
+EVENTS_DISAGREE_LIMIT = 29
 
 
 def expected_events(name):
