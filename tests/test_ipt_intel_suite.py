@@ -281,7 +281,8 @@ def test_resync_on_error_goes_on_at_the_next_ip_from_the_command_line():
 # ptxed prints an enabled event as "[resumed]" when tracing goes on at the IP where it
 # was disabled (libipt's resumed flag); the flow calls both "enabled".
 PTXED_EVENTS = (("[enabled", "enabled"), ("[resumed", "enabled"), ("[disabled", "disabled"),
-                ("[overflow", "overflow"), ("[interrupts enabled", "interrupts_enabled"), ("[interrupts disabled", "interrupts_disabled"),
+                ("[overflow", "overflow"), ("[interrupts enabled", "interrupts_enabled"),
+                ("[interrupts disabled", "interrupts_disabled"),
                 ("[interrupt", "interrupt"), ("[exstop", "exstop"), ("[ptwrite", "ptwrite"),
                 ("[begin transaction", "tsx_begin"), ("[committed", "tsx_commit"), ("[aborted", "tsx_abort"))
 # Tests whose events still differ (EXSTOP with its IP while tracing is off or before an
