@@ -286,7 +286,7 @@ PTXED_EVENTS = (("[enabled", "enabled"), ("[resumed", "enabled"), ("[disabled", 
                 ("[interrupt", "interrupt"), ("[exstop", "exstop"), ("[ptwrite", "ptwrite"),
                 ("[begin transaction", "tsx_begin"), ("[committed", "tsx_commit"), ("[aborted", "tsx_abort"))
 # Tests whose events still differ (EXSTOP with its IP while tracing is off or before an
-# OVF, the event trace's interrupts, TSX state with TIP.PGE, resync after unmapped
+# OVF, the event trace's interrupts, resync after unmapped
 # code...): measured when the comparison was added; it only shrinks.
 EVENTS_DISAGREE = frozenset((
     "mwait-pwre-exstop_ip-fup-ovf", "mwait-pwre-exstop_ip-ovf", "ptet", "ptet-evd_cr2-cfe_iret",
@@ -294,9 +294,8 @@ EVENTS_DISAGREE = frozenset((
     "ptet-int-eretu", "ptet-int-int-erets-eretu", "ptet-int-iret", "ptet-int-iret-cpl_0", "ptet-int-iret-cpl_3",
     "ptet-mode_exec-if", "ptet-mode_exec-spurious", "ptw-fup", "ptxed-resync-nomap-fup-tip",
     "ptxed-resync-nomap-mode_tsx-eos", "ptxed-resync-nomap-mode_tsx-tip_pgd", "ptxed-resync-nomap-tip_pgd",
-    "ptxed-resync-nomap-tip_pge", "tip_pgd-mwait-pwre-exstop_ip-pwre-pwrx", "tip_pgd-mwait-pwre-exstop_ip-pwrx",
-    "tip_pgd-tsx", "tip_pge-tsx_abort-tip-fup-tip_pgd", "tip_pge-tsx_abort-tip_pgd"))
-EVENTS_DISAGREE_LIMIT = 26
+    "ptxed-resync-nomap-tip_pge", "tip_pgd-mwait-pwre-exstop_ip-pwre-pwrx", "tip_pgd-mwait-pwre-exstop_ip-pwrx"))
+EVENTS_DISAGREE_LIMIT = 23
 
 
 # With --event:time ptxed starts an event line with the event's time stamp.

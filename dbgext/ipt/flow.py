@@ -43,7 +43,8 @@ suite.  Where they differ, upstream rules:
   for the branches after it, then its TIP (a second TNT packet is an error);
 * MODE.TSX + FUP is a transaction event at the FUP address; an abort's FUP is also
   an asynchronous transfer to the TIP that follows; in PSB+ MODE.TSX only restates;
-  MODE.TSX or MODE.Exec followed by another IP packet goes with that packet;
+  MODE.TSX or MODE.Exec followed by another IP packet goes with that packet (MODE.TSX
+  before a TIP.PGE: a transaction event without IP before tracing is enabled);
 * EXSTOP or PTW with its IP bit + FUP is an event at the FUP's IP (``exstop``: that
   instruction did not run; ``ptwrite``: the PTWRITE there ran): the code up to it
   is traced, also right before an OVF or at the end; so is MODE.Exec + FUP outside
@@ -347,7 +348,8 @@ F_PSB, F_PSBEND, F_OVF, F_ERROR = P.K_PSB, P.K_PSBEND, P.K_OVF, P.K_ERROR
 # interrupts_disabled, exstop or ptwrite).
 F_TNT, F_MODE, F_AT_IP = 20, 21, 22  # value: bits; mode (16/32/64 or None); (IP, event)
 F_END = 23  # no more packets (offset: the last packet's); _Walk.item() hands out None instead
-# F_EVENT: an event without an IP (EXSTOP or PTW with the IP bit clear); value: its kind.
+# F_EVENT: an event without an IP (EXSTOP or PTW with the IP bit clear, MODE.TSX before a
+# TIP.PGE); value: its kind.
 # It binds to no instruction: the walk records it where it reads it (walk_item), on or off.
 F_EVENT = 24
 ITEM_NAMES = {F_TNT: "tnt", F_TIP: "tip", F_PGE: "tip.pge", F_PGD: "tip.pgd", F_FUP: "fup", F_MODE: "mode.exec",
@@ -460,6 +462,7 @@ del _byte
 _CFE_OF_A_BRANCH = frozenset((2, 7, 13, 15))
 _EVENT_AT_FUP = {opcode: {"ptw": "ptwrite", "exstop": "exstop"}[name] for opcode, (name, _) in P._EXTENDED.items()
                  if name in ("ptw", "exstop") and opcode & 0x80}
+_TSX_STATES = frozenset(("tsx_begin", "tsx_commit", "tsx_abort"))
 # The same with the IP bit clear: an event at no IP (F_EVENT).
 _EVENT_WITHOUT_IP = {opcode: {"ptw": "ptwrite", "exstop": "exstop"}[name] for opcode, (name, _) in P._EXTENDED.items()
                      if name in ("ptw", "exstop") and not opcode & 0x80}
@@ -736,7 +739,10 @@ def _flow_items(data, start, end):
                 yield kind, offset, ip
             elif kind != f_fup:
                 # Another IP packet first: the MODE.Exec or MODE.TSX went with it (a far
-                # transfer, tracing enabled in a transaction), and no FUP is theirs.
+                # transfer, tracing enabled in a transaction), and no FUP is theirs.  The
+                # transaction state tracing is enabled in is an event without IP (ptxed's).
+                if kind == F_PGE and bound in _TSX_STATES:
+                    yield F_EVENT, offset, bound
                 skip_fup = fup_bound = False
                 bound = None
                 yield kind, offset, ip
