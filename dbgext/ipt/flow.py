@@ -52,7 +52,9 @@ suite.  Where they differ, upstream rules:
   a FUP after TRIG with its IP bit or after a CFE of a branching instruction (IRET,
   VMENTRY, UIRET, SYSCALL) is no transfer; EXSTOP or PTW without its IP bit is an
   event at no IP where the walk reads it, whether tracing is on or off (ptxed lists
-  each);
+  each; libipt binds a PTW to the next PTWRITE, whose IP it gives); with its IP bit
+  while tracing is off, an event at the FUP's IP; an OVF in place of its FUP leaves
+  it an event without IP (upstream ptxed; libipt 2.0.5 drops it);
 * a PSB+ read as status may not change the execution mode (a bad status update);
 * JMPABS, ERETU, ERETS and UIRET, which the disassembler does not know, are branches;
 * a compressed RET takes a TNT bit that must be taken and returns to the most recent
@@ -463,6 +465,7 @@ _CFE_OF_A_BRANCH = frozenset((2, 7, 13, 15))
 _EVENT_AT_FUP = {opcode: {"ptw": "ptwrite", "exstop": "exstop"}[name] for opcode, (name, _) in P._EXTENDED.items()
                  if name in ("ptw", "exstop") and opcode & 0x80}
 _TSX_STATES = frozenset(("tsx_begin", "tsx_commit", "tsx_abort"))
+_EVENTS_OF_PACKETS = frozenset(_EVENT_AT_FUP.values())  # exstop, ptwrite
 # The same with the IP bit clear: an event at no IP (F_EVENT).
 _EVENT_WITHOUT_IP = {opcode: {"ptw": "ptwrite", "exstop": "exstop"}[name] for opcode, (name, _) in P._EXTENDED.items()
                      if name in ("ptw", "exstop") and not opcode & 0x80}
@@ -724,6 +727,9 @@ def _flow_items(data, start, end):
                     elif opcode == 0xF3:  # OVF
                         last_ip = 0  # as libipt: the IP after an overflow does not build on older IPs
                         ip2_table, ip4_table = _ip_table(ip2_tables, 0), _ip_table(ip4_tables, 0)
+                        if bound in _EVENTS_OF_PACKETS:  # its FUP was lost: an event without IP
+                            yield F_EVENT, offset, bound
+                            bound, fup_bound = None, skip_fup
                         yield F_OVF, offset, None
                     elif opcode in _EVENT_AT_FUP:
                         bound = _EVENT_AT_FUP[opcode]
@@ -1086,6 +1092,8 @@ class _Walk(object):
             elif kind == F_MODE:
                 if value is not None:
                     self.mode = value
+            elif kind == F_AT_IP and value[1] in _EVENTS_OF_PACKETS:
+                self.event(value[1], offset, value[0])  # nothing ran: no instruction is listed
             elif kind == F_OVF:
                 self.reset()
                 self.off_ip = 0
