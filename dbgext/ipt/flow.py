@@ -69,7 +69,11 @@ suite.  Where they differ, upstream rules:
 
 Where libipt stops, dbgext goes on: code that cannot be read (a module not in the
 dump, not given as an image) is a reported gap, and decoding resumes at the next
-packet that names an IP (libipt resumes only at the next PSB).
+packet that names an IP (libipt resumes only at the next PSB; upstream ptxed's
+``--resync-on-error`` as dbgext).  The events in the trace skipped are reported as
+ptxed reports them there: FUP + TIP an interrupt, FUP + TIP.PGD or TIP.PGD tracing
+disabled, a TIP.PGE tracing disabled (somewhere in the gap) and enabled again, an
+event at an IP outside the code at that IP.
 """
 
 import os
@@ -1615,38 +1619,59 @@ class _Walk(object):
             if item[0] == F_PGD and item[2] is None:  # tracing stopped at a MOV CR3 on the way
                 return self.unbound_disable(item[1], block.end, "code")
         start = self.last_offset
+        self.event("gap", start, block.end)
         self.bits, self.bit_index = b"", 0
         self.walking = False
         resume = None
+        kind = None
         try:
             while resume is None:
                 item = self.next_item()
                 if item is None:
                     break
                 kind, offset, value = item
-                if kind == F_TIP or kind == F_PGE:
+                if kind == F_TIP:
                     resume = value
+                elif kind == F_PGE:  # tracing was disabled in the gap (ptxed's events)
+                    self.event("disabled", offset, None)
+                    self.event("enabled", offset, value)
+                    resume = value
+                elif kind == F_FUP and value is not None:
+                    following = self.peek_past_modes()
+                    if following is not None and following[0] == F_TIP and following[2] is not None:
+                        self.lookahead = None
+                        self.event("interrupt", following[1], value)
+                        resume = following[2]
+                    elif following is not None and following[0] == F_PGD:
+                        self.lookahead = None
+                        self.event("disabled", following[1], value)
+                        break
                 elif kind == F_PSB:
                     resume = self.read_psb_plus()
                 elif kind == F_MODE and value is not None:
                     self.mode = value
                 elif kind == F_AT_IP:  # an event at an IP (PTW, EXSTOP, MODE.TSX): execution is there
                     resume = value[0]
-                elif kind == F_PGD or kind == F_OVF:
+                elif kind == F_PGD:
+                    self.event("disabled", offset, value)
+                    break
+                elif kind == F_OVF:
                     self.lookahead = item
                     break
                 if resume is not None and not self.cache.code.read_upto(resume, 1):
                     resume = None  # still outside the code we have
+                    if kind == F_AT_IP:
+                        self.event(value[1], offset, value[0])
                 elif kind == F_AT_IP:
                     self.lookahead = item  # the walk binds it where it resumes
         finally:
             self.walking = True
         self.problems.add("ipt_gap", block.end, "%s: trace skipped to offset %d" % (block.problem, self.last_offset),
                           "warning", start)
-        self.event("gap", start, block.end)
         if resume is None:
             return None
-        self.event("resync", self.last_offset, resume)
+        if kind != F_PGE:  # a TIP.PGE's "enabled" says where
+            self.event("resync", self.last_offset, resume)
         if resume in self.retstack:
             del self.retstack[len(self.retstack) - 1 - self.retstack[::-1].index(resume):]
         self.committed = self.resumed_at = len(self.out)
