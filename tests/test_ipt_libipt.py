@@ -46,8 +46,7 @@ LIBIPT_2_0_DIFFERS_BY_FAMILY = {
     "libipt 2.0 does not know the TRIG, CFE and EVD packets, nor MODE.Exec's IF bit (an unknown opcode, "
     "or a trace out of step)":
         ("exstop-trig", "fup-tip-trig", "mode-trig-trig", "psb-fup-ptw-trig", "psb-fup-trig", "tip-trig",
-         "tip_pge-trig", "tnt-trig", "trig", "trig-fup", "ptet", "ptet-evd_cr2-cfe_iret", "ptet-evd_cr2-evd_vmxq",
-         "ptet-evd_vmxq-cfe_intr", "ptet-evd_vmxr-cfe_rsm", "ptet-evd_vmxr-evd-cr2", "ptet-init-sipi", "ptet-int-eretu",
+         "tip_pge-trig", "tnt-trig", "trig", "trig-fup", "ptet", "ptet-init-sipi", "ptet-int-eretu",
          "ptet-int-int-erets-eretu", "ptet-int-iret", "ptet-int-iret-cpl_0", "ptet-int-iret-cpl_3",
          "ptet-mode_exec-if", "ptet-mode_exec-spurious", "ptet-smi-rsm", "ptet-uint-uiret", "ptet-vmexit-vmentry",
          "ptet-vmexit-vmentry-nonroot", "ptet-vmexit-vmentry-root"),
