@@ -288,8 +288,8 @@ PTXED_EVENTS = (("[enabled", "enabled"), ("[resumed", "enabled"), ("[disabled", 
 # Tests whose events still differ (the event trace's interrupts): measured when the comparison was added; it only shrinks.
 EVENTS_DISAGREE = frozenset((
     "ptet", "ptet-int-eretu", "ptet-int-int-erets-eretu", "ptet-int-iret", "ptet-int-iret-cpl_0",
-    "ptet-int-iret-cpl_3", "ptet-mode_exec-if", "ptet-mode_exec-spurious"))
-EVENTS_DISAGREE_LIMIT = 8
+    "ptet-int-iret-cpl_3", "ptet-mode_exec-if"))
+EVENTS_DISAGREE_LIMIT = 7
 
 
 # With --event:time ptxed starts an event line with the event's time stamp.

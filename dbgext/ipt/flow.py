@@ -48,7 +48,8 @@ suite.  Where they differ, upstream rules:
 * EXSTOP or PTW with its IP bit + FUP is an event at the FUP's IP (``exstop``: that
   instruction did not run; ``ptwrite``: the PTWRITE there ran): the code up to it
   is traced, also right before an OVF or at the end; so is MODE.Exec + FUP outside
-  PSB+ (an interrupt flag change: ``interrupts_enabled``/``interrupts_disabled``);
+  PSB+ (an interrupt flag change: ``interrupts_enabled``/``interrupts_disabled``,
+  only where the IF bit differs from the last MODE.Exec's, as upstream);
   a FUP after TRIG with its IP bit or after a CFE of a branching instruction (IRET,
   VMENTRY, UIRET, SYSCALL) is no transfer;
 * EXSTOP or PTW without its IP bit is an event at no IP where the walk reads it,
@@ -479,6 +480,10 @@ _EVD_OF_CFE = {1: frozenset((0,)), 8: frozenset((1, 2)), 9: frozenset((1, 2))}
 _EVENT_AT_FUP = {opcode: {"ptw": "ptwrite", "exstop": "exstop"}[name] for opcode, (name, _) in P._EXTENDED.items()
                  if name in ("ptw", "exstop") and opcode & 0x80}
 _TSX_STATES = frozenset(("tsx_begin", "tsx_commit", "tsx_abort"))
+# MODE.Exec's IF bit -> the event when it changes; a MODE.Exec + FUP that leaves it as it
+# was binds the FUP to no event (_NO_EVENT, an F_AT_IP item's event None), as upstream.
+_IF_EVENTS = {4: "interrupts_enabled", 0: "interrupts_disabled"}
+_NO_EVENT = ""
 _EVENTS_OF_PACKETS = frozenset(_EVENT_AT_FUP.values())  # exstop, ptwrite
 # The same with the IP bit clear: an event at no IP (F_EVENT).
 _EVENT_WITHOUT_IP = {opcode: {"ptw": "ptwrite", "exstop": "exstop"}[name] for opcode, (name, _) in P._EXTENDED.items()
@@ -647,6 +652,7 @@ def _flow_items(data, start, end):
     in_psb = False
     evd_types = frozenset()  # the types of the EVDs since the last CFE (that it must take)
     exec_mode = None     # the last MODE.Exec's
+    interrupt_flag = None  # the last MODE.Exec's IF bit (4 or 0)
     last_psb = position - 1
     # {the IP bits a 2-byte (4-byte) IP packet keeps: {packet: (kind, IP[, the 2-byte table of that IP])}}
     ip2_tables, ip4_tables = {}, {}
@@ -720,8 +726,9 @@ def _flow_items(data, start, end):
                             yield kind, offset, value
                         exec_mode = value
                         if not in_psb:  # a FUP right after it: where the interrupt flag changed
-                            bound = "interrupts_enabled" if packet[1] & 4 else "interrupts_disabled"
+                            bound = _IF_EVENTS[packet[1] & 4] if packet[1] & 4 != interrupt_flag else _NO_EVENT
                             fup_bound = True
+                        interrupt_flag = packet[1] & 4
                     elif not in_psb:
                         bound = value
                         fup_bound = True
@@ -782,7 +789,7 @@ def _flow_items(data, start, end):
             else:
                 state, bound = bound, None
                 fup_bound = False
-                yield F_AT_IP, offset, (ip, state)
+                yield F_AT_IP, offset, (ip, state or None)
                 if state == "tsx_abort":
                     yield kind, offset, ip
         if next_offset == stop:
@@ -1681,7 +1688,7 @@ class _Walk(object):
                     break
                 if resume is not None and not self.cache.code.read_upto(resume, 1):
                     resume = None  # still outside the code we have
-                    if kind == F_AT_IP:
+                    if kind == F_AT_IP and value[1] is not None:
                         self.event(value[1], offset, value[0])
                 elif kind == F_AT_IP:
                     self.lookahead = item  # the walk binds it where it resumes
@@ -1855,7 +1862,8 @@ class _Walk(object):
                     self.committed = self.resumed_at = len(self.out)
                     self.event("ptwrite", item[1], address)
                     return address + size
-            self.event(item[2][1], item[1], address)
+            if item[2][1] is not None:
+                self.event(item[2][1], item[1], address)
             return address
         self.lookahead = None
         item = self.peek_past_modes()
