@@ -58,7 +58,9 @@ suite.  Where they differ, upstream rules:
   FUP's IP; an OVF in place of its FUP leaves it an event without IP (upstream
   ptxed; libipt 2.0.5 drops it);
 * an EVD before a CFE that does not take its type is an error (upstream's
-  "unexpected packet context");
+  "unexpected packet context"); a CFE of an interrupt (INTR) is an ``event_interrupt``
+  without IP where it is read (ptxed's "[interrupt <vector>]"; the ``interrupt``
+  event is the asynchronous transfer its FUP + TIP make);
 * a PSB+ read as status may not change the execution mode (a bad status update);
 * JMPABS, ERETU, ERETS and UIRET, which the disassembler does not know, are branches;
 * a compressed RET takes a TNT bit that must be taken and returns to the most recent
@@ -359,7 +361,7 @@ F_PSB, F_PSBEND, F_OVF, F_ERROR = P.K_PSB, P.K_PSBEND, P.K_OVF, P.K_ERROR
 F_TNT, F_MODE, F_AT_IP = 20, 21, 22  # value: bits; mode (16/32/64 or None); (IP, event)
 F_END = 23  # no more packets (offset: the last packet's); _Walk.item() hands out None instead
 # F_EVENT: an event without an IP (EXSTOP or PTW with the IP bit clear, MODE.TSX before a
-# TIP.PGE); value: its kind.
+# TIP.PGE, a CFE of an interrupt); value: its kind.
 # It binds to no instruction: the walk records it where it reads it (walk_item), on or off.
 F_EVENT = 24
 F_BAD_CONTEXT = 25  # a packet where it cannot be (an EVD before a CFE that does not take it); value: why
@@ -476,6 +478,7 @@ _CFE_OF_A_BRANCH = frozenset((2, 7, 13, 15))
 # CFE is out of context (upstream libipt fails there; the suite's ptet-evd-* tests show
 # which pairs).  Other EVD types are not known and taken by any CFE.
 _EVD_TYPES = frozenset((0, 1, 2))
+_CFE_INTR = 1  # an interrupt delivered: an event without IP where it is read ("event_interrupt")
 _EVD_OF_CFE = {1: frozenset((0,)), 8: frozenset((1, 2)), 9: frozenset((1, 2))}
 _EVENT_AT_FUP = {opcode: {"ptw": "ptwrite", "exstop": "exstop"}[name] for opcode, (name, _) in P._EXTENDED.items()
                  if name in ("ptw", "exstop") and opcode & 0x80}
@@ -764,6 +767,8 @@ def _flow_items(data, start, end):
                         if evd_types and not evd_types <= _EVD_OF_CFE.get(cfe_type, frozenset()):
                             yield F_BAD_CONTEXT, offset, "unexpected packet context: EVD of type %s before a CFE " \
                                 "of type %d" % (", ".join(map(str, sorted(evd_types))), cfe_type)
+                        elif cfe_type == _CFE_INTR:
+                            yield F_EVENT, offset, "event_interrupt"
                         evd_types = frozenset()
                         if packet[2] & 0x80 and cfe_type in _CFE_OF_A_BRANCH:
                             skip_fup = fup_bound = True

@@ -10,7 +10,8 @@ from .analysis import problems_by_kind
 
 EVENT_WORDS = {"enabled": "tracing enabled at", "disabled": "tracing disabled", "sync": "synchronized at",
                "overflow": "overflow: packets lost", "resumed": "resumed after the overflow at",
-               "interrupt": "asynchronous transfer (interrupt) from", "gap": "gap: no code at",
+               "interrupt": "asynchronous transfer (interrupt) from",
+               "event_interrupt": "interrupt delivered (event trace)", "gap": "gap: no code at",
                "resync": "resynchronized at", "tsx_begin": "transaction begins at",
                "tsx_commit": "transaction commits at", "tsx_abort": "transaction aborts at",
                "exstop": "execution stopped (power event) at", "ptwrite": "ptwrite at",
