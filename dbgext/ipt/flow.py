@@ -49,7 +49,8 @@ suite.  Where they differ, upstream rules:
   instruction did not run; ``ptwrite``: the PTWRITE there ran): the code up to it
   is traced, also right before an OVF or at the end; so is MODE.Exec + FUP outside
   PSB+ (an interrupt flag change: ``interrupts_enabled``/``interrupts_disabled``,
-  only where the IF bit differs from the last MODE.Exec's, as upstream);
+  only where the IF bit differs from the last MODE.Exec's, as upstream; while tracing
+  is off too, an event at the FUP's IP);
   a FUP after TRIG with its IP bit or after a CFE of a branching instruction (IRET,
   VMENTRY, UIRET, SYSCALL) is no transfer;
 * EXSTOP or PTW without its IP bit is an event at no IP where the walk reads it,
@@ -487,6 +488,7 @@ _TSX_STATES = frozenset(("tsx_begin", "tsx_commit", "tsx_abort"))
 # was binds the FUP to no event (_NO_EVENT, an F_AT_IP item's event None), as upstream.
 _IF_EVENTS = {4: "interrupts_enabled", 0: "interrupts_disabled"}
 _NO_EVENT = ""
+_IF_EVENT_KINDS = frozenset(_IF_EVENTS.values())
 _EVENTS_OF_PACKETS = frozenset(_EVENT_AT_FUP.values())  # exstop, ptwrite
 # The same with the IP bit clear: an event at no IP (F_EVENT).
 _EVENT_WITHOUT_IP = {opcode: {"ptw": "ptwrite", "exstop": "exstop"}[name] for opcode, (name, _) in P._EXTENDED.items()
@@ -1129,7 +1131,7 @@ class _Walk(object):
             elif kind == F_MODE:
                 if value is not None:
                     self.mode = value
-            elif kind == F_AT_IP and value[1] in _EVENTS_OF_PACKETS:
+            elif kind == F_AT_IP and (value[1] in _EVENTS_OF_PACKETS or value[1] in _IF_EVENT_KINDS):
                 self.event(value[1], offset, value[0])  # nothing ran: no instruction is listed
             elif kind == F_OVF:
                 self.reset()
