@@ -43,13 +43,25 @@ suite.  Where they differ, upstream rules:
   for the branches after it, then its TIP (a second TNT packet is an error);
 * MODE.TSX + FUP is a transaction event at the FUP address; an abort's FUP is also
   an asynchronous transfer to the TIP that follows; in PSB+ MODE.TSX only restates;
-  MODE.TSX or MODE.Exec followed by another IP packet goes with that packet;
+  MODE.TSX or MODE.Exec followed by another IP packet goes with that packet (MODE.TSX
+  before a TIP.PGE: a transaction event without IP before tracing is enabled);
 * EXSTOP or PTW with its IP bit + FUP is an event at the FUP's IP (``exstop``: that
   instruction did not run; ``ptwrite``: the PTWRITE there ran): the code up to it
   is traced, also right before an OVF or at the end; so is MODE.Exec + FUP outside
-  PSB+ (an interrupt flag change: ``interrupts_enabled``/``interrupts_disabled``);
+  PSB+ (an interrupt flag change: ``interrupts_enabled``/``interrupts_disabled``,
+  only where the IF bit differs from the last MODE.Exec's, as upstream; while tracing
+  is off too, an event at the FUP's IP);
   a FUP after TRIG with its IP bit or after a CFE of a branching instruction (IRET,
   VMENTRY, UIRET, SYSCALL) is no transfer;
+* EXSTOP or PTW without its IP bit is an event at no IP where the walk reads it,
+  whether tracing is on or off (ptxed lists each; libipt binds a PTW to the next
+  PTWRITE, whose IP it gives); with its IP bit while tracing is off, an event at the
+  FUP's IP; an OVF in place of its FUP leaves it an event without IP (upstream
+  ptxed; libipt 2.0.5 drops it);
+* an EVD before a CFE that does not take its type is an error (upstream's
+  "unexpected packet context"); a CFE of an interrupt (INTR) is an ``event_interrupt``
+  without IP where it is read (ptxed's "[interrupt <vector>]"; the ``interrupt``
+  event is the asynchronous transfer its FUP + TIP make);
 * a PSB+ read as status may not change the execution mode (a bad status update);
 * JMPABS, ERETU, ERETS and UIRET, which the disassembler does not know, are branches;
 * a compressed RET takes a TNT bit that must be taken and returns to the most recent
@@ -64,7 +76,11 @@ suite.  Where they differ, upstream rules:
 
 Where libipt stops, dbgext goes on: code that cannot be read (a module not in the
 dump, not given as an image) is a reported gap, and decoding resumes at the next
-packet that names an IP (libipt resumes only at the next PSB).
+packet that names an IP (libipt resumes only at the next PSB; upstream ptxed's
+``--resync-on-error`` as dbgext).  The events in the trace skipped are reported as
+ptxed reports them there: FUP + TIP an interrupt, FUP + TIP.PGD or TIP.PGD tracing
+disabled, a TIP.PGE tracing disabled (somewhere in the gap) and enabled again, an
+event at an IP outside the code at that IP.
 """
 
 import os
@@ -345,10 +361,16 @@ F_PSB, F_PSBEND, F_OVF, F_ERROR = P.K_PSB, P.K_PSBEND, P.K_OVF, P.K_ERROR
 # interrupts_disabled, exstop or ptwrite).
 F_TNT, F_MODE, F_AT_IP = 20, 21, 22  # value: bits; mode (16/32/64 or None); (IP, event)
 F_END = 23  # no more packets (offset: the last packet's); _Walk.item() hands out None instead
+# F_EVENT: an event without an IP (EXSTOP or PTW with the IP bit clear, MODE.TSX before a
+# TIP.PGE, a CFE of an interrupt); value: its kind.
+# It binds to no instruction: the walk records it where it reads it (walk_item), on or off.
+F_EVENT = 24
+F_BAD_CONTEXT = 25  # a packet where it cannot be (an EVD before a CFE that does not take it); value: why
 ITEM_NAMES = {F_TNT: "tnt", F_TIP: "tip", F_PGE: "tip.pge", F_PGD: "tip.pgd", F_FUP: "fup", F_MODE: "mode.exec",
-              F_PSB: "psb", F_PSBEND: "psbend", F_OVF: "ovf", F_ERROR: "error", F_AT_IP: "event"}
+              F_PSB: "psb", F_PSBEND: "psbend", F_OVF: "ovf", F_ERROR: "error", F_AT_IP: "event",
+              F_EVENT: "event", F_BAD_CONTEXT: "error"}
 # The items _Walk.item() does more with than hand them on (walk_item).
-_WALK_ITEMS = frozenset((F_PSB, F_ERROR, F_END))
+_WALK_ITEMS = frozenset((F_PSB, F_ERROR, F_END, F_EVENT, F_BAD_CONTEXT))
 _TAKEN = bytes.maketrans(b"TN", b"\x01\x00")
 
 
@@ -452,8 +474,25 @@ del _byte
 # its IP bit, the FUP after the CFE names that instruction, which runs and takes the TIP
 # (or TIP.PGD) that follows as any far transfer does.
 _CFE_OF_A_BRANCH = frozenset((2, 7, 13, 15))
+# The EVD types (0: PFA, the page fault's CR2; 1: VMXQ, the exit qualification; 2: VMXR,
+# the exit reason) each CFE type takes: INTR, VMEXIT, VMEXIT_INTR.  An EVD before another
+# CFE is out of context (upstream libipt fails there; the suite's ptet-evd-* tests show
+# which pairs).  Other EVD types are not known and taken by any CFE.
+_EVD_TYPES = frozenset((0, 1, 2))
+_CFE_INTR = 1  # an interrupt delivered: an event without IP where it is read ("event_interrupt")
+_EVD_OF_CFE = {1: frozenset((0,)), 8: frozenset((1, 2)), 9: frozenset((1, 2))}
 _EVENT_AT_FUP = {opcode: {"ptw": "ptwrite", "exstop": "exstop"}[name] for opcode, (name, _) in P._EXTENDED.items()
                  if name in ("ptw", "exstop") and opcode & 0x80}
+_TSX_STATES = frozenset(("tsx_begin", "tsx_commit", "tsx_abort"))
+# MODE.Exec's IF bit -> the event when it changes; a MODE.Exec + FUP that leaves it as it
+# was binds the FUP to no event (_NO_EVENT, an F_AT_IP item's event None), as upstream.
+_IF_EVENTS = {4: "interrupts_enabled", 0: "interrupts_disabled"}
+_NO_EVENT = ""
+_IF_EVENT_KINDS = frozenset(_IF_EVENTS.values())
+_EVENTS_OF_PACKETS = frozenset(_EVENT_AT_FUP.values())  # exstop, ptwrite
+# The same with the IP bit clear: an event at no IP (F_EVENT).
+_EVENT_WITHOUT_IP = {opcode: {"ptw": "ptwrite", "exstop": "exstop"}[name] for opcode, (name, _) in P._EXTENDED.items()
+                     if name in ("ptw", "exstop") and not opcode & 0x80}
 # skd010_resume: the overflow resolved with tracing off after all.
 _STAYS_OFF = -1
 # IPBytes of a compressed IP -> the bits its payload gives (the rest comes from the last IP).
@@ -616,7 +655,9 @@ def _flow_items(data, start, end):
     bound = None         # the event the next FUP binds (MODE.TSX or MODE.Exec outside PSB+, EXSTOP, PTW)
     fup_bound = False    # skip_fup or bound: the next FUP is not a plain one
     in_psb = False
+    evd_types = frozenset()  # the types of the EVDs since the last CFE (that it must take)
     exec_mode = None     # the last MODE.Exec's
+    interrupt_flag = None  # the last MODE.Exec's IF bit (4 or 0)
     last_psb = position - 1
     # {the IP bits a 2-byte (4-byte) IP packet keeps: {packet: (kind, IP[, the 2-byte table of that IP])}}
     ip2_tables, ip4_tables = {}, {}
@@ -690,8 +731,9 @@ def _flow_items(data, start, end):
                             yield kind, offset, value
                         exec_mode = value
                         if not in_psb:  # a FUP right after it: where the interrupt flag changed
-                            bound = "interrupts_enabled" if packet[1] & 4 else "interrupts_disabled"
+                            bound = _IF_EVENTS[packet[1] & 4] if packet[1] & 4 != interrupt_flag else _NO_EVENT
                             fup_bound = True
+                        interrupt_flag = packet[1] & 4
                     elif not in_psb:
                         bound = value
                         fup_bound = True
@@ -702,6 +744,7 @@ def _flow_items(data, start, end):
                         last_psb = offset
                         ip2_table, ip4_table = _ip_table(ip2_tables, 0), _ip_table(ip4_tables, 0)
                         in_psb = True
+                        evd_types = frozenset()
                         yield F_PSB, offset, None
                     elif opcode == 0x23:  # PSBEND
                         in_psb = False
@@ -712,12 +755,27 @@ def _flow_items(data, start, end):
                     elif opcode == 0xF3:  # OVF
                         last_ip = 0  # as libipt: the IP after an overflow does not build on older IPs
                         ip2_table, ip4_table = _ip_table(ip2_tables, 0), _ip_table(ip4_tables, 0)
+                        if bound in _EVENTS_OF_PACKETS:  # its FUP was lost: an event without IP
+                            yield F_EVENT, offset, bound
+                            bound, fup_bound = None, skip_fup
                         yield F_OVF, offset, None
                     elif opcode in _EVENT_AT_FUP:
                         bound = _EVENT_AT_FUP[opcode]
                         fup_bound = True
-                    elif opcode == 0x13 and packet[2] & 0x80 and packet[2] & 0x1F in _CFE_OF_A_BRANCH:
-                        skip_fup = fup_bound = True
+                    elif opcode in _EVENT_WITHOUT_IP:
+                        yield F_EVENT, offset, _EVENT_WITHOUT_IP[opcode]
+                    elif opcode == 0x13:  # CFE: the EVDs before it are its data
+                        cfe_type = packet[2] & 0x1F
+                        if evd_types and not evd_types <= _EVD_OF_CFE.get(cfe_type, frozenset()):
+                            yield F_BAD_CONTEXT, offset, "unexpected packet context: EVD of type %s before a CFE " \
+                                "of type %d" % (", ".join(map(str, sorted(evd_types))), cfe_type)
+                        elif cfe_type == _CFE_INTR:
+                            yield F_EVENT, offset, "event_interrupt"
+                        evd_types = frozenset()
+                        if packet[2] & 0x80 and cfe_type in _CFE_OF_A_BRANCH:
+                            skip_fup = fup_bound = True
+                    elif opcode == 0x53 and packet[2] & 0x3F in _EVD_TYPES:  # EVD: data of the CFE to come
+                        evd_types |= {packet[2] & 0x3F}
                 elif what == _TRIG and packet[1] & 0x80:
                     skip_fup = fup_bound = True
                 continue
@@ -725,7 +783,10 @@ def _flow_items(data, start, end):
                 yield kind, offset, ip
             elif kind != f_fup:
                 # Another IP packet first: the MODE.Exec or MODE.TSX went with it (a far
-                # transfer, tracing enabled in a transaction), and no FUP is theirs.
+                # transfer, tracing enabled in a transaction), and no FUP is theirs.  The
+                # transaction state tracing is enabled in is an event without IP (ptxed's).
+                if kind == F_PGE and bound in _TSX_STATES:
+                    yield F_EVENT, offset, bound
                 skip_fup = fup_bound = False
                 bound = None
                 yield kind, offset, ip
@@ -735,7 +796,7 @@ def _flow_items(data, start, end):
             else:
                 state, bound = bound, None
                 fup_bound = False
-                yield F_AT_IP, offset, (ip, state)
+                yield F_AT_IP, offset, (ip, state or None)
                 if state == "tsx_abort":
                     yield kind, offset, ip
         if next_offset == stop:
@@ -830,8 +891,11 @@ class _Walk(object):
                 item, self.lookahead = self.lookahead, caller_lookahead
                 if item is not None:
                     return item
-            elif kind == F_ERROR:
-                self.problems.add("ipt_packet_error", None, item[2], offset=item[1])
+            elif kind == F_EVENT:
+                self.event(item[2], item[1], None)
+            elif kind == F_ERROR or kind == F_BAD_CONTEXT:
+                self.problems.add("ipt_packet_error" if kind == F_ERROR else "ipt_flow_error", None, item[2],
+                                  offset=item[1])
                 self.reset()
                 if self.walking:
                     raise _Resync()
@@ -1067,6 +1131,8 @@ class _Walk(object):
             elif kind == F_MODE:
                 if value is not None:
                     self.mode = value
+            elif kind == F_AT_IP and (value[1] in _EVENTS_OF_PACKETS or value[1] in _IF_EVENT_KINDS):
+                self.event(value[1], offset, value[0])  # nothing ran: no instruction is listed
             elif kind == F_OVF:
                 self.reset()
                 self.off_ip = 0
@@ -1588,38 +1654,59 @@ class _Walk(object):
             if item[0] == F_PGD and item[2] is None:  # tracing stopped at a MOV CR3 on the way
                 return self.unbound_disable(item[1], block.end, "code")
         start = self.last_offset
+        self.event("gap", start, block.end)
         self.bits, self.bit_index = b"", 0
         self.walking = False
         resume = None
+        kind = None
         try:
             while resume is None:
                 item = self.next_item()
                 if item is None:
                     break
                 kind, offset, value = item
-                if kind == F_TIP or kind == F_PGE:
+                if kind == F_TIP:
                     resume = value
+                elif kind == F_PGE:  # tracing was disabled in the gap (ptxed's events)
+                    self.event("disabled", offset, None)
+                    self.event("enabled", offset, value)
+                    resume = value
+                elif kind == F_FUP and value is not None:
+                    following = self.peek_past_modes()
+                    if following is not None and following[0] == F_TIP and following[2] is not None:
+                        self.lookahead = None
+                        self.event("interrupt", following[1], value)
+                        resume = following[2]
+                    elif following is not None and following[0] == F_PGD:
+                        self.lookahead = None
+                        self.event("disabled", following[1], value)
+                        break
                 elif kind == F_PSB:
                     resume = self.read_psb_plus()
                 elif kind == F_MODE and value is not None:
                     self.mode = value
                 elif kind == F_AT_IP:  # an event at an IP (PTW, EXSTOP, MODE.TSX): execution is there
                     resume = value[0]
-                elif kind == F_PGD or kind == F_OVF:
+                elif kind == F_PGD:
+                    self.event("disabled", offset, value)
+                    break
+                elif kind == F_OVF:
                     self.lookahead = item
                     break
                 if resume is not None and not self.cache.code.read_upto(resume, 1):
                     resume = None  # still outside the code we have
+                    if kind == F_AT_IP and value[1] is not None:
+                        self.event(value[1], offset, value[0])
                 elif kind == F_AT_IP:
                     self.lookahead = item  # the walk binds it where it resumes
         finally:
             self.walking = True
         self.problems.add("ipt_gap", block.end, "%s: trace skipped to offset %d" % (block.problem, self.last_offset),
                           "warning", start)
-        self.event("gap", start, block.end)
         if resume is None:
             return None
-        self.event("resync", self.last_offset, resume)
+        if kind != F_PGE:  # a TIP.PGE's "enabled" says where
+            self.event("resync", self.last_offset, resume)
         if resume in self.retstack:
             del self.retstack[len(self.retstack) - 1 - self.retstack[::-1].index(resume):]
         self.committed = self.resumed_at = len(self.out)
@@ -1782,7 +1869,8 @@ class _Walk(object):
                     self.committed = self.resumed_at = len(self.out)
                     self.event("ptwrite", item[1], address)
                     return address + size
-            self.event(item[2][1], item[1], address)
+            if item[2][1] is not None:
+                self.event(item[2][1], item[1], address)
             return address
         self.lookahead = None
         item = self.peek_past_modes()

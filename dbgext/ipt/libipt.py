@@ -90,8 +90,7 @@ EVENT_STATUS_UPDATE = 1 << 1
 # enum pt_event_type -> (the flow's event kind, which variant word is its IP); the
 # events the Python decoder reports, by the same names.  Others (paging, exec_mode,
 # timing, power...) are not flow events there, so they are not here either; nor are
-# status updates (a PSB+ restating the state), nor a TSX, EXSTOP or PTWRITE event
-# without IP.  A "disabled" event's IP is libipt's: none where libipt gives none (the
+# status updates (a PSB+ restating the state).  A "disabled" event's IP is libipt's: none where libipt gives none (the
 # Python decoder gives the TIP.PGD's).
 EVENTS = {
     0: ("enabled", 0),            # ptev_enabled {ip, resumed}
@@ -104,7 +103,6 @@ EVENTS = {
     16: ("ptwrite", 0),           # ptev_ptwrite {ip, size, payload}
 }
 EVENT_OVERFLOW, EVENT_TSX = 6, 8
-EVENTS_NEED_IP = (8, 12, 16)
 # Events after which tracing is on without a "sync" (the Python decoder's name for
 # tracing found on at a PSB+).
 EVENTS_STARTING = (0, 6)
@@ -352,8 +350,6 @@ class _Run(object):
             return
         kind, word = known
         ip = None if event.flags & EVENT_IP_SUPPRESSED else event.variant[word]
-        if ip is None and event.type in EVENTS_NEED_IP:
-            return
         if event.type in EVENTS_STARTING:
             self.sync_offset = None
         elif self.sync_offset is not None:

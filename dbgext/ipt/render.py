@@ -10,7 +10,8 @@ from .analysis import problems_by_kind
 
 EVENT_WORDS = {"enabled": "tracing enabled at", "disabled": "tracing disabled", "sync": "synchronized at",
                "overflow": "overflow: packets lost", "resumed": "resumed after the overflow at",
-               "interrupt": "asynchronous transfer (interrupt) from", "gap": "gap: no code at",
+               "interrupt": "asynchronous transfer (interrupt) from",
+               "event_interrupt": "interrupt delivered (event trace)", "gap": "gap: no code at",
                "resync": "resynchronized at", "tsx_begin": "transaction begins at",
                "tsx_commit": "transaction commits at", "tsx_abort": "transaction aborts at",
                "exstop": "execution stopped (power event) at", "ptwrite": "ptwrite at",
@@ -22,8 +23,8 @@ def event_text(event):
     if event["kind"] == "disabled":
         where = " at %s" % hexaddr(event["ip"]) if event["ip"] is not None else ""
         return "[%s%s, trace offset 0x%x]" % (words, where, event["offset"])
-    if event["ip"] is None:
-        return "[%s, trace offset 0x%x]" % (words, event["offset"])
+    if event["ip"] is None:  # "ptwrite", not "ptwrite at"
+        return "[%s, trace offset 0x%x]" % (words[:-3] if words.endswith(" at") else words, event["offset"])
     return "[%s %s, trace offset 0x%x]" % (words, hexaddr(event["ip"]), event["offset"])
 
 
