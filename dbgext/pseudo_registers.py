@@ -6,9 +6,9 @@ on a kernel target, its TEB in user mode) and ``$proc`` (the EPROCESS it runs in
 from .address import TargetResolver
 from .errors import BadInput, LayoutNotFound
 from .layouts import lookup_layout
+from .target.base import POINTER_REGISTERS
 
 NAMES = ("ip", "csp", "thread", "proc")
-POINTER_REGISTERS = {"x64": ("rip", "rsp"), "x86": ("eip", "esp"), "arm64": ("pc", "sp")}
 KTHREAD_PROCESS = ("nt!_KTHREAD", "ApcState.Process")
 TEB_PEB = ("_TEB", "ProcessEnvironmentBlock")
 

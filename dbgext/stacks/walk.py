@@ -14,6 +14,7 @@ modules whose missing images made frames less certain, with what would help.
 
 from ..errors import UnreadableMemory
 from ..problems import ProblemLog
+from ..target.base import POINTER_REGISTERS
 from . import arm64_unwind
 from .images import Images
 from ..symbols.framedata import read_frame_table
@@ -29,7 +30,6 @@ ARGUMENT_SLOTS = 4    # kv's "Args to Child"
 ARGUMENTS_READ_LIMIT = 0x10000  # frames spanning more (a machine frame onto another stack) are read one by one
 STACK_SPAN_GUESS = 1 << 20  # how far above the context's SP a scan may look when the bounds are unknown
 
-NAMES = {"x64": ("rip", "rsp"), "x86": ("eip", "esp"), "arm64": ("pc", "sp")}
 SWITCH_FRAME_SOURCE = "KTHREAD switch frame"  # thread_source of a waiting kernel thread's walk
 
 
@@ -49,7 +49,7 @@ class Unwinder(object):
     def __init__(self, target, image_loader=None):
         self.target = target
         self.pointer_size = target.pointer_size
-        self.ip_name, self.sp_name = NAMES[target.arch]
+        self.ip_name, self.sp_name = POINTER_REGISTERS[target.arch]
         self.kernel = (target.info() or {}).get("mode") == "kernel"
         self.image_loader = image_loader
         self._images = None

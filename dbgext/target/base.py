@@ -96,6 +96,8 @@ _TOO_LARGE = "a single read of 0x%x bytes is larger than dbgext reads at once (1
 # register ``efl``; the CONTEXT structure calls it EFlags.  ARM64: x29/x30 are fp/lr.
 # (The pseudo-registers ``@$ip``/``@$csp`` are dbgext.pseudo_registers'.)
 _REGISTER_ALIASES = {"eflags": "efl", "rflags": "efl"}
+# Each architecture's instruction and stack pointer, as its context names them.
+POINTER_REGISTERS = {"x64": ("rip", "rsp"), "x86": ("eip", "esp"), "arm64": ("pc", "sp")}
 _ARCH_REGISTER_ALIASES = {"arm64": ARM64_REGISTER_ALIASES}
 
 
