@@ -37,6 +37,7 @@ import urllib.parse
 import urllib.request
 
 from ..errors import BadInput
+from ..outputs import is_link
 from .cab import CAB_SIGNATURE, expand_cabinet
 from .pdb import MSF_MAGIC
 
@@ -318,7 +319,7 @@ def _install(partial, final, verify):
     try:
         os.link(partial, final)
     except FileExistsError:
-        if os.path.islink(final):
+        if is_link(final):
             raise DownloadError("refused to use %s: it is a link" % final)
         verify(final)  # another process stored it first
     except OSError:
