@@ -29,7 +29,7 @@ from ..errors import BadInput
 from ..problems import Problem, ProblemLog
 from . import format as fmt
 from . import lznt1
-from .xpress import XpressError, decoding_table, decompress, decompress_plain
+from .xpress import decompress, decompress_plain, is_complete_code
 
 # LogFileMode in the logfile header event that opens the first buffer.
 _LOGFILE_MODE_OFFSET = fmt.BUFFER_HEADER_SIZE + fmt.SYSTEM_HEADER_SIZES[fmt.SYSTEM64] + fmt.LOGFILE_HEADER_MODE
@@ -115,12 +115,8 @@ def buffer_algorithm(payload):
     """The COMPRESSION_FORMAT_* of a compressed payload whose file announces none
     (``format``, rule 2): XPRESS Huffman when it opens with a complete Huffman
     code-length table, else plain XPRESS."""
-    if len(payload) > 256:
-        try:
-            decoding_table(payload[:256])
-            return fmt.COMPRESSION_FORMAT_XPRESS_HUFF
-        except XpressError:
-            pass
+    if len(payload) > 256 and is_complete_code(payload[:256]):
+        return fmt.COMPRESSION_FORMAT_XPRESS_HUFF
     return fmt.COMPRESSION_FORMAT_XPRESS
 
 

@@ -83,20 +83,32 @@ def _extended_length(data, position, end):
         position += 4
     return length, position
 
+def _symbols_by_length(lengths_table):
+    """The symbols of each code length 0..15 (4 bits a symbol, low nibble first)."""
+    by_length = [[] for _ in range(16)]
+    for index, byte in enumerate(lengths_table):
+        by_length[byte & 15].append(2 * index)
+        by_length[byte >> 4].append(2 * index + 1)
+    return by_length
+
+
+def _coverage(by_length):
+    """How much of the 15-bit code space the codes take: 2^15 for a complete code."""
+    return sum(len(by_length[length]) << (TABLE_BITS - length) for length in range(1, 16))
+
+
+def is_complete_code(lengths_table):
+    """Whether a 256-byte code-length table forms a complete prefix code."""
+    return _coverage(_symbols_by_length(lengths_table)) == 1 << TABLE_BITS
+
+
 def decoding_table(lengths_table, where="compressed data"):
     """The 2^15-entry lookup list of one block: entry = symbol << 4 | code length,
     indexed by the next 15 bits.  Codes are canonical: shorter codes first, and
     within one length in symbol order ([MS-XCA] 2.2.4)."""
-    lengths = []
-    for byte in lengths_table:
-        lengths.append(byte & 15)
-        lengths.append(byte >> 4)
-    by_length = [[] for _ in range(16)]
-    for symbol, length in enumerate(lengths):
-        if length:
-            by_length[length].append(symbol)
+    by_length = _symbols_by_length(lengths_table)
     # Checked before the table is built: an over-subscribed code would make it huge.
-    covered = sum(len(by_length[length]) << (TABLE_BITS - length) for length in range(1, 16))
+    covered = _coverage(by_length)
     if covered != 1 << TABLE_BITS:
         raise XpressError("%s: the Huffman code lengths do not form a complete prefix code (%s)"
                           % (where, "over-subscribed" if covered > 1 << TABLE_BITS else "incomplete"))
