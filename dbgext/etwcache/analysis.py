@@ -122,12 +122,21 @@ class CacheReport(object):
 def name_frames(target, report, entries, first_only=False):
     """Name the frames of ``entries`` (cached stacks a caller is about to show; with
     ``first_only`` just each one's top frame) in ``report.frame_names``."""
-    names = report.frame_names
     for entry in entries:
-        for frame in entry.frames[:1] if first_only else entry.frames:
-            if frame not in names:
-                names[frame] = target.symbolize(frame)
+        target.name_addresses(report.frame_names, entry.frames[:1] if first_only else entry.frames)
     return report
+
+
+def shown_buckets(state, limit):
+    """The first ``limit`` non-empty buckets of a cache ``state`` as (index,
+    entries), and whether more non-empty ones follow."""
+    shown = []
+    for index, bucket in enumerate(state.buckets):
+        if bucket:
+            if len(shown) >= limit:
+                return shown, True
+            shown.append((index, bucket))
+    return shown, False
 
 
 class KeyLookup(object):

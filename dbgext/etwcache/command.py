@@ -3,7 +3,7 @@
 from ..command import Command
 from ..errors import EXIT_ERROR, EXIT_PROBLEMS, BadInput
 from . import layouts, render
-from .analysis import DEFAULT_BUCKET_COUNTS, DEFAULT_CACHE_SIZES, analyze, name_frames, simulate
+from .analysis import DEFAULT_BUCKET_COUNTS, DEFAULT_CACHE_SIZES, analyze, name_frames, shown_buckets, simulate
 from .streams import load_etl_stream, load_rtltrace_stream, load_stack_file
 
 DEFAULT_BUCKET_LIMIT = 64
@@ -69,7 +69,8 @@ def run(ctx, args):
     for report in result.caches:
         render.summary(ctx.out, report, args.validate)
         if args.buckets and report.state.readable:
-            name_frames(ctx.target, report, report.state.entries, first_only=True)
+            shown, _ = shown_buckets(report.state, limit)
+            name_frames(ctx.target, report, [entry for _, bucket in shown for entry in bucket], first_only=True)
             render.buckets(ctx.out, report, limit)
             ctx.out.line()
         if args.entries:

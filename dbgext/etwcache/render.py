@@ -4,6 +4,7 @@ Target).  Addresses are WinDbg style."""
 
 from ..render.text import hexaddr
 from . import layouts
+from .analysis import shown_buckets
 
 PROBLEMS_SHOWN_WITHOUT_VALIDATE = 10
 
@@ -65,15 +66,8 @@ def frames_command(entry):
 def buckets(out, report, limit):
     """Each non-empty bucket's entries in MRU order (at most ``limit`` buckets)."""
     rows, links = [], {}
-    shown = 0
-    more = False
-    for index, bucket in enumerate(report.state.buckets):
-        if not bucket:
-            continue
-        if shown >= limit:
-            more = True
-            break
-        shown += 1
+    shown, more = shown_buckets(report.state, limit)
+    for index, bucket in shown:
         for entry in bucket:
             links[(len(rows), 2)] = frames_command(entry)
             rows.append([str(index), str(entry.position), hexaddr(entry.key), str(entry.refcount),

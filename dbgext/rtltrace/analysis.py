@@ -33,11 +33,8 @@ def walk(target, address, layout=None, force=False, trace=None, bucket=None, mod
 def name_frames(target, db, blocks):
     """Name the frames of ``blocks`` (the traces a caller is about to show) in
     ``db.frame_names``, so the result carries every name its views show."""
-    names = db.frame_names
     for block in blocks:
-        for frame in block.frames or ():
-            if frame not in names:
-                names[frame] = target.symbolize(frame)
+        target.name_addresses(db.frame_names, block.frames or ())
     return db
 
 

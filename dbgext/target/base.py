@@ -743,6 +743,14 @@ class Target(object):
     def __exit__(self, *exc_info):
         self.close()
 
+    def name_addresses(self, names, addresses):
+        """Add ``symbolize(address)`` to the dict ``names`` for each of ``addresses``
+        not named yet: what a result carries for the frames its views show."""
+        for address in addresses:
+            if address not in names:
+                names[address] = self.symbolize(address)
+        return names
+
     def format_address(self, address):
         """WinDbg style: 64-bit as ``fffff800`00001000``, 32-bit as ``80001000``."""
         return hexaddr(address, self.pointer_size)
