@@ -63,15 +63,17 @@ def run(ctx, args):
     db = walk(target, ctx.address(args.address), layout=args.layout, force=args.force,
               trace=ctx.address(args.trace) if args.trace else None,
               bucket=ctx.count(args.bucket) if args.bucket is not None else None, module=args.module)
-    shown = shown_traces(db, args.sort, limit)
-    top = top_traces(db, TOP_TRACES if limit is None else limit)
-    if args.json:
+    view = "json" if args.json else "validate" if args.validate else "traces" if args.traces else "summary"
+    # Sorted only where shown: a whole database's summary lists just its top traces.
+    lists_traces = view in ("json", "traces") or db.selection.kind != "all"
+    shown = shown_traces(db, args.sort, limit) if lists_traces else []
+    top = top_traces(db, TOP_TRACES if limit is None else limit) if view == "summary" and not lists_traces else []
+    if view == "json":
         name_frames(target, db, shown)
         ctx.out.json(db.as_dict(traces=shown))
     else:
-        view = "validate" if args.validate else "traces" if args.traces else "summary"
         if view != "validate":
-            name_frames(target, db, shown if db.selection.kind != "all" or view == "traces" else top)
+            name_frames(target, db, shown if lists_traces else top)
         render(ctx.out, target.format_address, db, Links(_script(ctx)), view, shown, top, args.sort)
         render_notes(ctx.err, db)
     return EXIT_PROBLEMS if args.validate and db.problems.errors else 0
