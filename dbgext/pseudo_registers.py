@@ -6,6 +6,7 @@ on a kernel target, its TEB in user mode) and ``$proc`` (the EPROCESS it runs in
 from .address import TargetResolver
 from .errors import BadInput, LayoutNotFound
 from .layouts import lookup_layout
+from .problems import ProblemLog
 from .target.base import POINTER_REGISTERS
 
 NAMES = ("ip", "csp", "thread", "proc")
@@ -25,7 +26,8 @@ def pseudo_register(target, name):
     # Imported here: every command resolves addresses, few name @$thread or @$proc,
     # and WinDbg's !py starts each command in a fresh interpreter.
     from .stacks.threads import selected_thread
-    thread = selected_thread(target, _Ignored())
+    # The problems are dropped: a pseudo-register either has a value or is an error.
+    thread = selected_thread(target, ProblemLog())
     if thread is None:
         raise BadInput("@$%s: this target has no thread" % name)
     kernel = thread.kernel_thread is not None or (target.info() or {}).get("mode") == "kernel"
@@ -50,10 +52,3 @@ class PseudoRegisterResolver(TargetResolver):
 
     def pseudo_register(self, name):
         return pseudo_register(self._target, name)
-
-
-class _Ignored(object):
-    """A problem sink: a pseudo-register either has a value or is an error."""
-
-    def add(self, *args, **kwargs):
-        pass

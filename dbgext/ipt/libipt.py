@@ -29,6 +29,7 @@ import sys
 import tempfile
 
 from ..errors import BadInput
+from ..target.base import PAGE_SIZE
 from .flow import (B_CALL, B_COND, B_FAR_CALL, B_FAR_RET, B_INDIRECT, B_JUMP, B_RET, FLUSH_SIZE, MODE_16, MODE_32,
                    BlockCache, FlowResult)
 
@@ -177,8 +178,6 @@ def library_version(library):
 
 
 # -- code --------------------------------------------------------------------------------
-
-PAGE_SIZE = 0x1000
 
 
 class _ImageFiles(object):

@@ -27,8 +27,9 @@ call site whose arguments are pushed: ``push``es are not in the record), the
 first slot up to 64 whose value a ``call`` precedes or, where the code cannot be
 read, that lies inside a function the PDB describes.
 
-PDBs relinked with OMAP keep frame data in the pre-relink RVAs; those are not
-translated (such modules are walked by their frame chain).
+PDBs relinked with OMAP keep frame data in the pre-relink RVAs: a record is
+looked up at the image's RVA mapped back through the PDB's OMAP
+(:meth:`FrameTable.find`).
 """
 
 import bisect
