@@ -21,6 +21,7 @@ import struct
 from ..errors import BadInput, UnreadableMemory
 from ..pe import DIRECTORY_EXCEPTION, PEImage
 from ..problems import ProblemLog
+from ..winpath import file_name
 from .arm64_unwind import PDATA_ENTRY_SIZE as ARM64_PDATA_ENTRY_SIZE
 from .arm64_unwind import runtime_functions as arm64_runtime_functions
 from .x64 import EPILOGUE_WINDOW
@@ -219,7 +220,7 @@ def images_from_directories(directories):
     ``mydrv.sys``) in ``directories`` — WinDbg's executable image path."""
     def load(module):
         for directory in directories:
-            path = os.path.join(directory, os.path.basename(module.image.replace("\\", "/")))
+            path = os.path.join(directory, file_name(module.image))
             if os.path.isfile(path):
                 return PEImage.from_file(path, module.name)
         return None

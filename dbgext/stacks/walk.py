@@ -19,6 +19,7 @@ from . import arm64_unwind
 from .images import Images
 from ..symbols.framedata import read_frame_table
 from ..symbols.pdb import PdbError
+from ..winpath import file_name
 from .result import Frame, StackResult, Step
 from .scan import ReturnAddresses, scan_for_return
 from .threads import selected_thread, stack_bounds, trap_frame_of, waiting_kernel_thread
@@ -325,7 +326,7 @@ class Unwinder(object):
         for frame in frames:
             module = self.images.module_at(frame.ip)
             if module is not None and (self.images.lacks_unwind_data(module) if x64 else frame.unconfirmed):
-                name = module.image.replace("\\", "/").rsplit("/", 1)[-1]
+                name = file_name(module.image)
                 if name not in names:
                     names.append(name)
         if not names:

@@ -38,6 +38,7 @@ import urllib.request
 
 from ..errors import BadInput
 from ..outputs import is_link
+from ..winpath import file_name
 from .cab import CAB_SIGNATURE, expand_cabinet
 from .pdb import MSF_MAGIC
 
@@ -82,7 +83,7 @@ def cache_name(name):
     """The file name a symbol store uses for the name an image gives (a path
     written on Windows or here: its base name), or None when that is no safe
     file name."""
-    base = name.replace("\\", "/").rsplit("/", 1)[-1].strip()
+    base = file_name(name).strip()
     if base in ("", ".", "..") or ":" in base or "\0" in base or "/" in base or os.sep in base:
         return None
     return base

@@ -25,6 +25,7 @@ from collections import OrderedDict
 
 from ..errors import BadInput
 from ..pe import PEImage
+from ..winpath import file_name
 from .download import Limits, cache_name, fetch, store_url
 from .isf import is_isf_name
 from .pdb import PdbFile
@@ -166,7 +167,7 @@ class SymbolLocator(object):
             report("symbol_name_refused", "refused the image name %r: not a file name" % image_name)
             return None
         key = "%08X%x" % (timestamp, size_of_image)
-        for path in self._candidates(name, key, lambda element: _base_name(element.path).lower() == name.lower()):
+        for path in self._candidates(name, key, lambda element: file_name(element.path).lower() == name.lower()):
             if _image_matches(path, timestamp, size_of_image):
                 return path
 
@@ -218,11 +219,6 @@ def _find(root, parts):
             return None
         path = os.path.join(path, matches[0])
     return path
-
-
-def _base_name(path):
-    """The file name of a path written on Windows or here."""
-    return path.replace("\\", "/").rsplit("/", 1)[-1]
 
 
 def _verify_pdb(path, codeview):

@@ -57,6 +57,7 @@ from ..layouts.dump_formats import (
     ARCH_OF_MACHINE64, MINIDUMP_FIELDS, PAGING, PTE_LARGE, PTE_PFN_MASK, PTE_PRESENT, PTE_PROTOTYPE, PTE_TRANSITION, RDMP_HEADER64,
     RDMP_MARKER, SUMMARY_DUMP64, UNSET_U32, UNSET_U64, X86_DUMP_TYPES, old_summary_layout)
 from ..problems import ProblemLog
+from ..winpath import file_name, file_stem
 from . import arm64_paging
 from .arm64_paging import TTBR_BASE_MASK
 from .base import PAGE_SIZE, Backend, Module, Target, Thread, merge_ranges
@@ -93,18 +94,11 @@ _NONZERO_BYTES = re.compile(b"[^\\x00]+")
 KERNEL_IMAGE_NAMES = ("ntoskrnl", "ntkrnlmp", "ntkrnlpa", "ntkrpamp")
 
 
-def image_file_name(path):
-    """The file name of a module path as the loader or a small dump's string pool
-    stores it (``\\SystemRoot\\System32\\drivers\\amdppm.sys`` -> ``amdppm.sys``)."""
-    return path.replace("/", "\\").rpartition("\\")[2]
-
-
 def debugger_module_name(path):
     """WinDbg's name for a kernel module: ``nt`` for the kernel image, else the
     file name without its extension (``\\SystemRoot\\System32\\drivers\\ACPI.sys``
     -> ``ACPI``)."""
-    stem, dot, _ = image_file_name(path).rpartition(".")
-    stem = stem if dot else image_file_name(path)
+    stem = file_stem(path)
     return "nt" if stem.lower() in KERNEL_IMAGE_NAMES else stem
 
 
@@ -811,11 +805,11 @@ class KernelDumpBackend(KernelDumpBase):
             try:
                 base = memory.pointer(entry + layout["DllBase"])
                 size = memory.u32(entry + layout["SizeOfImage"])
-                file_name = memory.unicode_string(entry + layout["BaseDllName"], max_chars=260)
+                base_dll_name = memory.unicode_string(entry + layout["BaseDllName"], max_chars=260)
             except DbgextError as error:
                 self.problems.add("module_entry_unreadable", entry, "loaded module entry: %s" % error)
                 continue
-            found.append(Module(debugger_module_name(file_name), base, size, image_file_name(file_name)))
+            found.append(Module(debugger_module_name(base_dll_name), base, size, file_name(base_dll_name)))
         return found
 
     def _debugger_data_bytes(self):

@@ -38,6 +38,7 @@ from ..layouts.dump_formats import (
     MINIDUMP_SYSTEM_INFO_SIZE, MINIDUMP_THREAD_INFO, MINIDUMP_THREAD_INFO_LIST_HEADER, MINIDUMP_THREAD_NAME,
     MINIDUMP_UNLOADED_MODULE, MINIDUMP_UNLOADED_MODULE_LIST_HEADER, PAGE_MODIFIERS, PAGE_PROTECTIONS,
     PRODUCT_TYPES, TEB_STACK, THREAD_INFO_FLAGS, WINDOWS_PLATFORM)
+from ..winpath import file_name, file_stem
 from .base import Backend, Module, Thread
 from .dumpfile import DumpFile
 from .filemap import FileMappedRanges, ReadsFileMappedRanges
@@ -227,9 +228,7 @@ class MinidumpBackend(ReadsFileMappedRanges, Backend):
         for base, size, checksum, timestamp, name_rva in self._entries("ModuleList",
                                                                        "<QIIII%dx" % (MINIDUMP_MODULE_SIZE - 24)):
             path = self._string(name_rva)
-            file_name = path.replace("/", "\\").rpartition("\\")[2]
-            stem, dot, _ = file_name.rpartition(".")
-            modules.append(Module(stem if dot else file_name, base, size, file_name, timestamp))
+            modules.append(Module(file_stem(path), base, size, file_name(path), timestamp))
             self._module_paths.append((path, checksum))
         return modules
 

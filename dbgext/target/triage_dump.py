@@ -48,9 +48,10 @@ from ..layouts.dump_formats import (
     DUMP_UNLOADED_DRIVERS64, EXCEPTION_RECORD64, KDDEBUGGER_DATA64_MAX_SIZE, MINIDUMP_FIELDS, TRIAGE_BASIC_FIELDS,
     TRIAGE_DATA_BLOCK, TRIAGE_DATA_BLOCK_SIZE, TRIAGE_DUMP64, TRIAGE_FORMAT, TRIAGE_OPTION_OVERFLOWED,
     TRIAGE_OPTIONS_ALL, TRIAGE_VALID)
+from ..winpath import file_name
 from .base import Module
 from .filemap import FileMappedRanges, ReadsFileMappedRanges
-from .kdump import KernelDumpBase, debugger_module_name, image_file_name, unpack_context, unpack_exception
+from .kdump import KernelDumpBase, debugger_module_name, unpack_context, unpack_exception
 
 TRIAGE_FIELDS = sorted((name for name in TRIAGE_DUMP64 if name not in ("offset", "size")),
                        key=lambda name: TRIAGE_DUMP64[name])
@@ -308,7 +309,7 @@ class TriageDumpBackend(ReadsFileMappedRanges, KernelDumpBase):
     def modules(self):
         if self._modules is None:
             self._modules = [Module(driver["module"], driver["base"], driver["size"],
-                                    image_file_name(driver["name"]), driver.get("timestamp"))
+                                    file_name(driver["name"]), driver.get("timestamp"))
                              for driver in self.drivers()]
         return list(self._modules)
 
@@ -432,7 +433,7 @@ class TriageDumpBackend(ReadsFileMappedRanges, KernelDumpBase):
         offset = self.triage["BrokenDriverOffset"]
         for driver in self.drivers():
             if offset and driver["entry_offset"] == offset:
-                return image_file_name(driver["name"])
+                return file_name(driver["name"])
         return None
 
     def _contents(self):
