@@ -218,6 +218,10 @@ class GarbledPdb(object):
     def publics(self):
         return []
 
+    # The real parsers of the info stream's named stream map, over the garbled bytes.
+    string_table = PdbFile.string_table
+    fail = PdbFile.fail
+
 
 def test_garbled_frame_data_streams_raise_pdb_error_or_read_never_anything_else():
     import random

@@ -35,14 +35,12 @@ looked up at the image's RVA mapped back through the PDB's OMAP
 import bisect
 import struct
 
-from .pdb import OPTIONAL_DEBUG_FPO, OPTIONAL_DEBUG_FRAME_DATA, PdbError, STREAM_INFO
+from .pdb import OPTIONAL_DEBUG_FPO, OPTIONAL_DEBUG_FRAME_DATA, PdbError
 
 FPO_DATA = struct.Struct("<IIIHH")            # ulOffStart cbProcSize cdwLocals cdwParams bits
 FRAME_DATA = struct.Struct("<IIIIIIHHI")      # rva block locals params stkmax program prolog savedregs flags
 FRAME_FPO, FRAME_TRAP, FRAME_TSS, FRAME_NONFPO = 0, 1, 2, 3
 FRAME_DATA_FUNCTION_START = 4                 # flags bit: the record starts a function
-NAMES_SIGNATURE = 0xEFFEEFFE
-NAMES_STREAM = "/names"
 MAX_NESTED_RECORDS = 64    # records a lookup looks back through for the one covering an address
 RA_SEARCH_SLOTS = 4        # .raSearch: the computed slot and three above (a realigned stack) ...
 RA_SEARCH_CONFIRMED_SLOTS = 64  # ... then, past outgoing arguments pushed at a call, only a confirmed one
@@ -161,7 +159,7 @@ def read_frame_table(pdb):
     frame_data = []
     data = pdb.debug_stream(OPTIONAL_DEBUG_FRAME_DATA, "FrameData stream")
     if data:
-        names = _string_table(pdb)
+        names = pdb.string_table()
         # A stream whose size is not a multiple of the record starts with a relocation pointer.
         start = len(data) % FRAME_DATA.size
         for rva, size, locals_, params, _, program, prolog, saved, flags in FRAME_DATA.iter_unpack(data[start:]):
@@ -183,37 +181,6 @@ def read_frame_table(pdb):
     starts = set(rva for rva, _ in procedures)
     starts.update(public.rva for public in pdb.publics() if public.is_function)
     return FrameTable(frame_data, fpo, starts, procedures, pdb.source_rva)
-
-
-def _string_table(pdb):
-    """The ``/names`` stream's string buffer (named in the PDB info stream), or b""."""
-    info = pdb.msf.stream(STREAM_INFO, "PDB info stream")
-    try:
-        buffer_size = struct.unpack_from("<I", info, 28)[0]
-        buffer = info[32:32 + buffer_size]
-        at = 32 + buffer_size
-        count, _, present_words = struct.unpack_from("<III", info, at)
-        at += 12
-        present = struct.unpack_from("<%dI" % present_words, info, at)
-        at += 4 * present_words
-        deleted_words = struct.unpack_from("<I", info, at)[0]
-        at += 4 + 4 * deleted_words
-        stream = None
-        for _ in range(sum(bin(word).count("1") for word in present)):
-            key, value = struct.unpack_from("<II", info, at)
-            at += 8
-            end = buffer.find(b"\0", key)
-            if buffer[key:end] == NAMES_STREAM.encode():
-                stream = value
-    except struct.error:
-        raise PdbError(pdb.path, "named stream map", "cut short")
-    if stream is None:
-        return b""
-    names = pdb.msf.stream(stream, "/names stream")
-    if len(names) < 12 or struct.unpack_from("<I", names)[0] != NAMES_SIGNATURE:
-        raise PdbError(pdb.path, "/names stream", "no string table signature")
-    size = struct.unpack_from("<I", names, 8)[0]
-    return names[12:12 + size]
 
 
 def _string_at(pdb, names, offset):

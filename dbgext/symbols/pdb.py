@@ -56,6 +56,8 @@ NIL_STREAM = 0xFFFFFFFF
 
 STREAM_INFO, STREAM_TPI, STREAM_DBI = 1, 2, 3
 INFO_IDENTITY_BYTES = 28  # version, signature, age, GUID
+NAMES_STREAM = "/names"     # the string table, found through the info stream's named stream map
+NAMES_SIGNATURE = 0xEFFEEFFE
 MACHINE_X86 = 0x14C  # the DBI stream's machine (IMAGE_FILE_MACHINE_I386)
 DBI_HEADER = struct.Struct("<iIIHHHHHHiiiiiIiiHHI")
 TPI_HEADER = struct.Struct("<IIIIIHHIIiIiIiI")
@@ -422,6 +424,38 @@ class PdbFile(object):
     @property
     def modules(self):
         return self.dbi["modules"]
+
+    def string_table(self):
+        """The ``/names`` stream's string buffer (named in the PDB info stream's
+        named stream map), or b"" when the PDB has none.  FrameData program strings
+        are offsets into it."""
+        info = self.msf.stream(STREAM_INFO, "PDB info stream")
+        try:
+            buffer_size = struct.unpack_from("<I", info, 28)[0]
+            buffer = info[32:32 + buffer_size]
+            at = 32 + buffer_size
+            _, _, present_words = struct.unpack_from("<III", info, at)  # size, capacity, words
+            at += 12
+            present = struct.unpack_from("<%dI" % present_words, info, at)
+            at += 4 * present_words
+            deleted_words = struct.unpack_from("<I", info, at)[0]
+            at += 4 + 4 * deleted_words
+            stream = None
+            for _ in range(sum(bin(word).count("1") for word in present)):
+                key, value = struct.unpack_from("<II", info, at)
+                at += 8
+                end = buffer.find(b"\0", key)
+                if buffer[key:end] == NAMES_STREAM.encode():
+                    stream = value
+        except struct.error:
+            self.fail("named stream map", "cut short")
+        if stream is None:
+            return b""
+        names = self.msf.stream(stream, "/names stream")
+        if len(names) < 12 or struct.unpack_from("<I", names)[0] != NAMES_SIGNATURE:
+            self.fail("/names stream", "no string table signature")
+        size = struct.unpack_from("<I", names, 8)[0]
+        return names[12:12 + size]
 
     # -- segment:offset -> RVA ---------------------------------------------------------------
 
