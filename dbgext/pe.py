@@ -268,7 +268,8 @@ class PEImage(object):
         return data if len(data) == size else None
 
     def read_partial(self, rva, size):
-        """The bytes at ``rva`` up to ``size``, stopping at the first unreadable one."""
+        """The bytes at ``rva`` up to ``size``, stopping at the first unreadable one
+        (a section's zero-filled tail reads as zeros)."""
         if rva < 0 or size <= 0:
             return b""
         segment = self._segment(rva)
@@ -276,27 +277,7 @@ class PEImage(object):
             # The common case, one backed piece: no copy of a file's bytes.
             start = segment.offset + rva - segment.rva
             return bytes(segment.buffer[start:start + size])
-        hole = self._first_hole(rva, size)
-        if hole is not None:
-            size = hole - rva
-        pieces = []
-        while size > 0:
-            segment = self._segment(rva)
-            if segment is None:
-                break
-            take = min(size, segment.end - rva)
-            inside = rva - segment.rva
-            backed = max(0, min(take, segment.filled - inside))
-            if backed:
-                start = segment.offset + inside
-                pieces.append(segment.buffer[start:start + backed])
-            if take > backed:
-                pieces.append(bytes(take - backed))
-            rva += take
-            size -= take
-        if len(pieces) == 1:
-            return bytes(pieces[0])
-        return b"".join(pieces)
+        return self._read_pieces(rva, size, zero_fill=True)
 
     def read_backed(self, rva, size):
         """The bytes at ``rva`` up to ``size`` that the file (or target memory)
@@ -305,25 +286,30 @@ class PEImage(object):
         costs is bounded by the bytes behind it, not by the size it claims."""
         if rva < 0 or size <= 0:
             return b""
-        end = rva + size
+        return self._read_pieces(rva, size, zero_fill=False)
+
+    def _read_pieces(self, rva, size, zero_fill):
+        """read_partial and read_backed across segments: up to the first hole, and
+        through (``zero_fill``) or up to a segment's zero-filled tail."""
         hole = self._first_hole(rva, size)
-        if hole is not None:
-            end = hole
+        end = hole if hole is not None else rva + size
         pieces = []
         at = rva
         while at < end:
             segment = self._segment(at)
             if segment is None:
                 break
+            take = min(end, segment.end) - at
             inside = at - segment.rva
-            backed = min(end - at, segment.filled - inside)
-            if backed <= 0:
-                break
-            start = segment.offset + inside
-            pieces.append(segment.buffer[start:start + backed])
-            at += backed
-            if at < min(end, segment.end):
-                break  # the segment's zero-filled tail
+            backed = max(0, min(take, segment.filled - inside))
+            if backed:
+                start = segment.offset + inside
+                pieces.append(segment.buffer[start:start + backed])
+            if backed < take:
+                if not zero_fill:
+                    break
+                pieces.append(bytes(take - backed))
+            at += take
         return bytes(pieces[0]) if len(pieces) == 1 else b"".join(pieces)
 
     def unpack(self, fmt, rva):
