@@ -6,8 +6,9 @@ import random
 
 import pytest
 
-from dbgext.target.arm64_paging import (DESCRIPTOR_ACCESS_FLAG, DESCRIPTOR_PXN, DESCRIPTOR_UXN, LEVEL_SHIFTS,
-                                        Translation, TranslationFault, table_base, translate)
+from dbgext.target.arm64_paging import DESCRIPTOR_ACCESS_FLAG, DESCRIPTOR_PXN, DESCRIPTOR_UXN, LEVEL_SHIFTS
+
+from arm64_translation import Translation, TranslationFault, table_base, translate
 
 VALID, TABLE = 1, 2
 KERNEL = 0xFFFF_0000_0000_0000

@@ -5,7 +5,7 @@ descriptors (4 KiB pages, 2 MiB blocks, the access flag) and CONTEXT_ARM64 at
 
 The truth is the scenario's own virtual pages: every page the scenario holds
 reads back byte for byte, every other address is unreadable.  The walk is also
-checked against :func:`dbgext.target.arm64_paging.translate` over the file's
+checked against :func:`arm64_translation.translate` (tests/arm64_translation.py) over the file's
 physical pages, and hand-made descriptors (a block at level 0, a level-3
 descriptor with bit 1 clear, a frame beyond the dump) are refused as the MMU
 refuses them.  kdmp-parser 0.7.4 has no ARM64 support (AMD64 CONTEXT, x64 page
@@ -43,6 +43,7 @@ from dumps_support import (
     probe_addresses, scenario_bytes)
 
 from arm64_support import ARM64_TRIAGE_DUMP
+from arm64_translation import translate
 from requirements import need_module
 
 KDBG_ADDRESS = NT_BASE + 0x3000
@@ -267,7 +268,7 @@ def test_on_the_real_arm64_dump_x18_plus_the_contained_prcb_offset_is_the_proces
         assert problems.as_list() == []
 
 
-def test_the_walk_agrees_with_arm64_paging_translate_and_maps_nt_by_a_2_mib_block(scenario):
+def test_the_walk_agrees_with_a_whole_table_walk_and_maps_nt_by_a_2_mib_block(scenario):
     virtual_pages = dict((va, bytes(data)) for va, data in scenario.pages.items())
     physical, dtb = build_physical_memory(virtual_pages, arch="arm64")
 
@@ -275,12 +276,12 @@ def test_the_walk_agrees_with_arm64_paging_translate_and_maps_nt_by_a_2_mib_bloc
         page = physical.get(address & ~0xFFF)
         return None if page is None else struct.unpack_from("<Q", page, address & 0xFFF)[0]
 
-    block = arm64_paging.translate(NT_BASE + 0x1234, dtb, dtb, read_entry)
+    block = translate(NT_BASE + 0x1234, dtb, dtb, read_entry)
     assert (block.level, block.size, block.access_flag) == (2, 1 << 21, True)
-    user = arm64_paging.translate(USER_BLOB, dtb, dtb, read_entry)
+    user = translate(USER_BLOB, dtb, dtb, read_entry)
     assert user.user and user.size == PAGE_SIZE
     for va in sorted(virtual_pages):
-        found = arm64_paging.translate(va + 0x10, dtb, dtb, read_entry)
+        found = translate(va + 0x10, dtb, dtb, read_entry)
         assert found and physical[found.physical & ~0xFFF] == virtual_pages[va], hex(va)
 
 
