@@ -17,7 +17,6 @@ on first use and cached:
 ===========================  ===================================================
 ``exports``                  {rva: name} of exported code (forwarders skipped)
 ``imports``                  {IAT slot rva: "dll!name"}
-``runtime_functions``        .pdata RUNTIME_FUNCTIONs (x64): [(begin, end, unwind)]
 ``coff_functions``           {rva: name} of function symbols in the COFF symbol
                              table (MinGW keeps one; files only)
 ``relocations``              sorted RVAs holding an absolute pointer (base relocs)
@@ -492,44 +491,6 @@ class PEImage(object):
                     name = self.cstring((value & 0x7FFFFFFF) + 2) or "?"
                 imports[iat_rva + slot * pointer] = "%s!%s" % (dll_stem, name)
         return imports
-
-    @property
-    def runtime_functions(self):
-        return self._cached("pdata", self._parse_runtime_functions)
-
-    def _parse_runtime_functions(self):
-        if self.arch == "arm64":
-            return self._parse_arm64_runtime_functions()
-        if self.arch != "x64":
-            return []
-        found = self._directory_ok("exception", DIRECTORY_EXCEPTION, 12)
-        if found is None:
-            return []
-        rva, size = found
-        data = self.read_backed(rva, size - size % 12)
-        data = data[:len(data) - len(data) % 12]
-        if len(data) < size - size % 12:
-            self.problems.add("pe_directory_unreadable", self.va(rva + len(data)),
-                              "%s: the exception directory claims 0x%x bytes; the %s holds %d entries of it"
-                              % (self.name, size, self.origin, len(data) // 12))
-        return list(struct.iter_unpack("<III", data))
-
-    def _parse_arm64_runtime_functions(self):
-        """ARM64 ``.pdata`` (8-byte entries) as (begin, end, unwind word) like
-        x64's: the end from the packed length or the ``.xdata`` header; entries
-        whose extent cannot be read are reported and left out."""
-        from .stacks.arm64_unwind import PDATA_ENTRY_SIZE, runtime_functions
-        found = self._directory_ok("exception", DIRECTORY_EXCEPTION, PDATA_ENTRY_SIZE)
-        if found is None:
-            return []
-        rva, size = found
-        data = self.read_backed(rva, size - size % PDATA_ENTRY_SIZE)
-        data = data[:len(data) - len(data) % PDATA_ENTRY_SIZE]
-        if len(data) < size - size % PDATA_ENTRY_SIZE:
-            self.problems.add("pe_directory_unreadable", self.va(rva + len(data)),
-                              "%s: the exception directory claims 0x%x bytes; the %s holds %d entries of it"
-                              % (self.name, size, self.origin, len(data) // PDATA_ENTRY_SIZE))
-        return runtime_functions(self, data)
 
     @property
     def coff_functions(self):

@@ -18,6 +18,7 @@ import tempfile
 
 from dbgext.pe import PEImage
 from dbgext.sample.scenario import Scenario, Thread
+from dbgext.stacks.images import runtime_functions
 from build_cache import build_into
 from requirements import need_module, need_tool
 
@@ -199,7 +200,7 @@ def epilogue_offset(path, function):
 
     image, data = _load(path)
     start = image.exports_by_name[function]
-    end = next(e for b, e, _ in image.runtime_functions if b == start)
+    end = next(e for b, e, _ in runtime_functions(image) if b == start)
     after = None
     for address, size, mnemonic, operands in Disassembler(64).decode(data[start:end], start):
         if mnemonic == "add" and operands.startswith("rsp,"):
@@ -216,7 +217,7 @@ def tail_call_epilogue_offsets(path, function):
 
     image, data = _load(path)
     start = image.exports_by_name[function]
-    end = next(e for b, e, _ in image.runtime_functions if b == start)
+    end = next(e for b, e, _ in runtime_functions(image) if b == start)
     offsets = None
     for address, size, mnemonic, operands in Disassembler(64).decode(data[start:end], start):
         if mnemonic == "add" and operands.startswith("rsp,"):

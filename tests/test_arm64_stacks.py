@@ -25,6 +25,7 @@ from dbgext.layouts.arm64 import KTRAP_FRAME_ARM64
 from dbgext.pe import DIRECTORY_EXCEPTION, PEImage
 from dbgext.stacks import analyze
 from dbgext.stacks.arm64_unwind import find_entry
+from dbgext.stacks.images import runtime_functions
 
 CONFIGS = ("O0", "O1", "O2", "Os", "O1-fp")
 STOPS_PER_CONFIG = 240
@@ -69,7 +70,7 @@ def test_k_at_seeded_stops_gives_exactly_the_live_calls_all_from_unwind_data(con
 
 def test_a_leaf_without_pdata_returns_through_lr_and_keeps_sp():
     path = build("O2")
-    table = PEImage.from_file(path).runtime_functions
+    table = runtime_functions(PEImage.from_file(path))
     begins = [begin for begin, _, _ in table]
     for stopped in _seeded_stops("O2", path):
         if find_entry(table, begins, stopped.registers["pc"] - IMAGE_BASE) is None and stopped.calls:
@@ -195,7 +196,7 @@ def _trapped_stops(config):
     path = build(config, exports=TRAP_EXPORTS, assembly=("trap.s",))
     image = PEImage.from_file(path)
     exports = dict((name, IMAGE_BASE + rva) for rva, name in image.exports.items())
-    stub_end = next(IMAGE_BASE + end for begin, end, _ in image.runtime_functions
+    stub_end = next(IMAGE_BASE + end for begin, end, _ in runtime_functions(image)
                     if IMAGE_BASE + begin == exports["trap_stub"])
     epilogue = next(address for address, _, mnemonic, _ in Disassembler("arm64").decode(
         image.read(exports["trap_stub"] - IMAGE_BASE, stub_end - exports["trap_stub"]), exports["trap_stub"])
@@ -267,7 +268,7 @@ def test_kv_on_a_kernel_target_names_the_trap_frame_the_walk_crossed():
 def test_a_pdata_entry_whose_xdata_lies_outside_the_image_is_reported_and_its_function_is_not_taken_for_a_leaf():
     path = build("O1")
     image = PEImage.from_file(path)
-    table = image.runtime_functions
+    table = runtime_functions(image)
     begins = [begin for begin, _, _ in table]
 
     def entries(stop):

@@ -12,6 +12,7 @@ import pytest
 from dbgext.errors import BadInput
 from dbgext.etwcache.streams import MAX_EXPANDED_EVENTS, load_stack_file
 from dbgext.pe import PEImage
+from dbgext.stacks.images import runtime_functions
 
 from hostile import BSS_RVA, FUNCTION_CODE, RDATA_RVA, TEXT_RVA, _imports_sharing_one_thunk_table, hostile_pe
 
@@ -26,7 +27,7 @@ def messages(pe):
 
 def test_an_exception_directory_in_zero_fill_gives_no_entries_and_says_what_it_claimed():
     pe = image({3: (BSS_RVA, 0xFFFFFF00)})
-    assert pe.runtime_functions == []
+    assert runtime_functions(pe) == []
     assert messages(pe) == ["hostile.sys: the exception directory claims 0xffffff00 bytes; the file holds 0 entries "
                             "of it"]
 
@@ -34,7 +35,7 @@ def test_an_exception_directory_in_zero_fill_gives_no_entries_and_says_what_it_c
 def test_an_exception_directory_running_off_its_section_keeps_the_entries_the_file_holds():
     entry = struct.pack("<III", TEXT_RVA, TEXT_RVA + len(FUNCTION_CODE), RDATA_RVA + 0x80)
     pe = image({3: (RDATA_RVA + 0x100, 0xFFFFFFF0)}, [(0x100 + 12 * i, entry) for i in range(21)])
-    assert len(pe.runtime_functions) == 0x100 // 12 and pe.runtime_functions[0] == (
+    assert len(runtime_functions(pe)) == 0x100 // 12 and runtime_functions(pe)[0] == (
         TEXT_RVA, TEXT_RVA + len(FUNCTION_CODE), RDATA_RVA + 0x80)
     assert "the file holds 21 entries of it" in messages(pe)[0]
 

@@ -16,6 +16,7 @@ from dbgext.cli import main
 from dbgext.stacks import analyze
 from dbgext.stacks.scan import follows_call
 from dbgext.stackuse.callgraph import Program, depths_in
+from dbgext.stacks.images import runtime_functions
 
 from stacks_support import CONFIGS, IMAGE_BASE, build, epilogue_offset, run, tail_call_epilogue_offsets
 
@@ -73,7 +74,7 @@ def test_an_interrupt_machine_frame_is_crossed_into_the_interrupted_code(config)
 def test_a_leaf_function_without_unwind_data_returns_through_the_slot_at_rsp():
     stopped = run("clang-O2", "entry", 5, stop_at="leaf")
     leaf = stopped.image.exports_by_name["leaf"]
-    assert not any(begin <= leaf < end for begin, end, _ in stopped.image.runtime_functions)
+    assert not any(begin <= leaf < end for begin, end, _ in runtime_functions(stopped.image))
     result = walked(stopped)
     assert result.frames[0].return_slot == stopped.registers["rsp"]
     assert result.frames[1].found_by == "unwind"

@@ -7,6 +7,7 @@ from dbgext.stackuse.fixtures import Function, alloc_slots, build_pe, push_slot,
 from dbgext.stackuse.functions import ModuleFunctions
 from dbgext.pe import PEImage
 from dbgext.stacks.unwind_data import frame_from_unwind, parse_unwind_info
+from dbgext.stacks.images import runtime_functions
 
 RET = b"\xc3"
 
@@ -32,7 +33,7 @@ def test_every_operation_moves_rsp_by_its_documented_amount():
              + [unwind_slot(0, 9, 7), 0x0, 0x1]               # SAVE_XMM128_FAR (+2 slots): 0
              + [unwind_slot(0, 10, 1)])                       # PUSH_MACHFRAME with error code: 48
     built, module = module_of([Function("f", [RET], {"slots": slots, "frame": (5, 0x20)})])
-    info = parse_unwind_info(module.image, module.image.runtime_functions[0][2])
+    info = parse_unwind_info(module.image, runtime_functions(module.image)[0][2])
     assert info.problem is None
     assert [code.stack_bytes for code in info.codes] == [8, 0x28, 0x1000, 0x100004, 0, 0, 0, 0, 0, 48]
     assert info.frame_register == 5 and info.frame_offset == 0x20
@@ -80,7 +81,7 @@ def test_unwind_chain_that_loops_is_reported_and_the_rest_still_analysed():
 def test_unwind_info_outside_the_image_is_a_problem_naming_the_entry():
     built = build_pe("x64", [Function("f", [RET], {"slots": alloc_slots(0, 0x28)})])
     image = PEImage.from_bytes(built.data, "test.sys")
-    begin, end, _ = image.runtime_functions[0]
+    begin, end, _ = runtime_functions(image)[0]
     frame = frame_from_unwind(image, (begin, end, 0x7FFFFFF0))
     assert frame.frame_size is None
     assert "outside the image" in frame.problem

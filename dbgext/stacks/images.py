@@ -22,22 +22,49 @@ from ..errors import BadInput, UnreadableMemory
 from ..pe import DIRECTORY_EXCEPTION, PEImage
 from ..problems import ProblemLog
 from ..winpath import file_name
-from .arm64_unwind import PDATA_ENTRY_SIZE as ARM64_PDATA_ENTRY_SIZE
-from .arm64_unwind import runtime_functions as arm64_runtime_functions
+from . import arm64_unwind
 from .x64 import EPILOGUE_WINDOW
 
 RUNTIME_FUNCTION = struct.Struct("<III")
-PDATA_ENTRY_SIZE = {"x64": RUNTIME_FUNCTION.size, "arm64": ARM64_PDATA_ENTRY_SIZE}
+PDATA_ENTRY_SIZE = {"x64": RUNTIME_FUNCTION.size, "arm64": arm64_unwind.PDATA_ENTRY_SIZE}
+
+
+def runtime_functions(image):
+    """The exception directory (``.pdata``) of ``image`` — a PE file
+    (:class:`~dbgext.pe.PEImage`) or a module in target memory
+    (:class:`TargetImage`) — as (begin RVA, end RVA, unwind word) per function,
+    in the file's order: x64 RUNTIME_FUNCTIONs as they are; ARM64 entries with
+    their end read from the packed length or the ``.xdata`` header
+    (:func:`~dbgext.stacks.arm64_unwind.runtime_functions`).  What cannot be
+    read is reported in ``image.problems``; other architectures have none."""
+    entry_size = PDATA_ENTRY_SIZE.get(image.arch)
+    if entry_size is None:
+        return []
+    rva, size = image.directory(DIRECTORY_EXCEPTION)
+    size -= size % entry_size
+    if not rva or size <= 0:
+        return []
+    data = image.read_backed(rva, size)
+    data = data[:len(data) - len(data) % entry_size]
+    if len(data) < size:
+        image.problems.add("pe_directory_unreadable", image.image_base + rva + len(data),
+                           "%s: the exception directory claims 0x%x bytes; the %s holds %d entries of it"
+                           % (image.name, size, image.origin, len(data) // entry_size))
+    if image.arch == "arm64":
+        return arm64_unwind.runtime_functions(image, data)
+    return list(RUNTIME_FUNCTION.iter_unpack(data))
 
 
 class TargetImage(object):
     """What the unwinder reads of a module in target memory — the exception
     directory, UNWIND_INFO, code — fetched on demand through the target's page
     cache.  It answers the few :class:`~dbgext.pe.PEImage` calls the unwind-data
-    parser makes (``unpack``, ``read_partial``, ``describe``, ``size_of_image``);
-    ``headers`` is a PEImage of the module's header page."""
+    parser and :func:`runtime_functions` make (``unpack``, ``read_partial``,
+    ``read_backed``, ``directory``, ``describe``, ``size_of_image``); ``headers`` is
+    a PEImage of the module's header page."""
 
     describe = PEImage.describe
+    origin = "memory"
 
     def __init__(self, target, module, headers):
         self.target = target
@@ -59,24 +86,12 @@ class TargetImage(object):
         read = self.target.try_read(self.image_base + rva, size)
         return read.data[:read.holes[0][0] - read.address] if read.holes else read.data
 
-    @property
-    def runtime_functions(self):
-        entry_size = PDATA_ENTRY_SIZE.get(self.arch)
-        if entry_size is None:
-            return []
-        rva, size = self.headers.directory(DIRECTORY_EXCEPTION)
-        size -= size % entry_size
-        if not rva or size <= 0:
-            return []
-        data = self.read_partial(rva, size)
-        if len(data) < size:
-            self.problems.add("pe_directory_unreadable", self.image_base + rva + len(data),
-                              "%s: the exception directory is cut short after %d entries"
-                              % (self.name, len(data) // entry_size))
-        data = data[:len(data) - len(data) % entry_size]
-        if self.arch == "arm64":
-            return arm64_runtime_functions(self, data)
-        return list(RUNTIME_FUNCTION.iter_unpack(data))
+    def directory(self, index):
+        return self.headers.directory(index)
+
+    # Target memory has no zero-filled section tails to stop at: what is
+    # readable is what the module holds.
+    read_backed = read_partial
 
 
 class ModuleCode(object):
@@ -174,7 +189,7 @@ class Images(object):
     def _entries(self, image):
         """(the image's .pdata sorted without impossible entries, whether any were
         dropped); dropped entries are reported once."""
-        functions = sorted(image.runtime_functions)     # first: reading them may add problems to the image's
+        functions = sorted(runtime_functions(image))     # first: reading them may add problems to the image's
         self.problems.extend(problem for problem in image.problems if problem.kind != "pe_truncated")
         # ARM64 entries whose extent could not be read were left out by the reader.
         unreadable = sum(1 for problem in image.problems if problem.kind == "pdata_entry_unreadable")

@@ -11,6 +11,7 @@ import bisect
 
 from ..disasm import direct_target, parse_int
 from ..stacks.arm64_unwind import INSTRUCTION_SIZE, PDATA_CHAINED, function_unwind
+from ..stacks.images import runtime_functions
 from ..stacks.unwind_data import UNW_FLAG_CHAININFO, frame_from_unwind
 from ..stacks.x64 import UnwindError
 from . import arm64_prologue
@@ -172,7 +173,7 @@ class ModuleFunctions(object):
         # parsed cleanly: most functions share their prologue's few shapes, and
         # the same bytes always parse the same.
         plain_frames = {}
-        for index, entry in enumerate(image.runtime_functions):
+        for index, entry in enumerate(runtime_functions(image)):
             begin, end, unwind_rva = entry
             if begin == 0 and end == 0:
                 continue
@@ -220,7 +221,7 @@ class ModuleFunctions(object):
         fragment of the function whose entry it points at."""
         image = self.image
         base = image.image_base
-        for index, entry in enumerate(image.runtime_functions):
+        for index, entry in enumerate(runtime_functions(image)):
             begin, end, word = entry
             function = self._pdata_function(index, begin, end, ".pdata entry")
             if function is None:
