@@ -264,8 +264,8 @@ def test_the_command_gives_the_same_json_and_text_with_either_decoder(name, view
 
 
 def test_32_bit_code_is_listed_in_its_mode_with_either_decoder(tmp_path):
-    """inc eax, inc ecx, then jmp eax where a TIP.PGD without IP stops tracing: in
-    64-bit mode 40 and 41 would be REX prefixes."""
+    """inc eax, inc ecx, then jmp eax, which a TIP.PGD without IP cannot stop (libipt
+    decodes it, then fails it): in 64-bit mode 40 and 41 would be REX prefixes."""
     loaded_library()
     import ipt_support
     base = 0x1000
@@ -278,7 +278,8 @@ def test_32_bit_code_is_listed_in_its_mode_with_either_decoder(tmp_path):
     for decoder in ("python", "libipt"):
         result = reconstruct_flow(data=trace, images=[(str(image), base)], decoder=decoder)
         listings[decoder] = [(row["ip"], row["text"]) for row in result.buffers[0].rows]
-    assert listings["libipt"] == listings["python"] == [(0x1000, "inc eax"), (0x1001, "inc ecx")]
+    assert listings["libipt"] == listings["python"] == [(0x1000, "inc eax"), (0x1001, "inc ecx"),
+                                                         (0x1002, "jmp eax")]
 
 
 def test_resync_on_error_is_refused_with_libipt_in_one_line():

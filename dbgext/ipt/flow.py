@@ -14,9 +14,10 @@ suite.  Where they differ, upstream rules:
   reports the end of the trace with its events drained, where 2.0.5's decoder would
   list one instruction more after an event that moved the IP;
 * the CPU errata table is upstream's (errata.py), which knows more CPUs;
-* the instruction an error stops at: ptxed lists it when libipt had decoded it; the
-  flow leaves it out, as the harness (counting what pt_insn_next returned) does:
-  the suite's tests that show it are listed in tests/test_ipt_intel_suite.py.
+* the instruction an error stops at: listed, as ptxed lists it, when libipt had
+  decoded it (pt_insn_next failed after decoding: the query for its branch, its
+  return stack, an event after it; the harness counts it the same way, by its
+  instruction class), left out where libipt fails before (reading ahead);
 
 * events are bound only once the TNT bits are used up, as libipt's query decoder
   signals them only then;
@@ -994,21 +995,21 @@ class _Walk(object):
         self.waiting_fups = []
         self.held = self.held_after = None
 
-    def drop_uncommitted(self, failed_at=None, at_end=False):
+    def drop_uncommitted(self, at_end=False):
         """Drop what was walked past the last trace data.  At the end of the trace,
         while libipt holds an event (hold_async_branch) it does not see the end
-        coming: everything up to the branch that found no data (``failed_at``) stays."""
-        keep = self.committed
-        out = self.out
-        if at_end and self.held is not None:
-            keep = len(out) - (1 if out and out[-1] == failed_at else 0)
-        del out[keep:]
+        coming: everything up to the branch that found no data stays, that branch too
+        (libipt had decoded it when its query met the end, and ptxed lists it)."""
+        if not (at_end and self.held is not None):
+            del self.out[self.committed:]
 
-    def error(self, offset, message, failed_at=None):
-        """Report and abandon this PSB segment.  Like libipt, the instructions walked so far
-        stay and the instruction that could not proceed (``failed_at``) is left out."""
+    def error(self, offset, message, failed_at=None, decoded=True):
+        """Report and abandon this PSB segment.  Like ptxed, the instructions walked so far
+        stay, and so does the instruction that could not proceed (``failed_at``) when
+        libipt had decoded it (``decoded``: the query for its branch failed); where libipt
+        fails before it decodes that instruction (reading ahead), it is left out."""
         self.problems.add("ipt_flow_error", failed_at, message, offset=offset)
-        if failed_at is not None and self.out and self.out[-1] == failed_at:
+        if not decoded and failed_at is not None and self.out and self.out[-1] == failed_at:
             self.out.pop()
         raise _Resync()
 
@@ -1344,7 +1345,7 @@ class _Walk(object):
             if after_mode:
                 # libipt binds a MODE.Exec to the TIP right after it: TNT there fails the branch.
                 self.error(item[1], "MODE.Exec followed by TNT where the %s at 0x%x needs a TIP" % (wanted, address),
-                           address)
+                           address, decoded=False)
             # A deferred TIP: the TNT bits of the branches after this one come first,
             # one TNT packet of them (libipt fails on a second).
             first = self.data[item[1]]
@@ -1801,8 +1802,8 @@ class _Walk(object):
     def unbound_disable(self, offset, address, what):
         """A TIP.PGD without an IP found by a branch that needs trace (``address``).  libipt
         binds it only to a far transfer or a MOV CR3: the first MOV CR3 walked since the
-        last trace data is where tracing stopped; else libipt fails the branch, silently
-        when the TIP.PGD ends the trace."""
+        last trace data is where tracing stopped; else libipt fails the branch (which it
+        had decoded: it stays listed), silently when the TIP.PGD ends the trace."""
         out = self.out
         for index in range(self.committed, len(out)):
             if out[index] != address and self.cache.disassemble(out[index]).startswith("mov cr3"):
@@ -1815,8 +1816,6 @@ class _Walk(object):
         if self.items_ahead(lambda item: True):
             self.error(offset, "tip.pgd without an IP where the %s at 0x%x needs trace (it binds only to a far "
                        "transfer)" % (what, address), address)
-        if out and out[-1] == address:
-            out.pop()
         self.lookahead = None
         self.committed = len(out)
         return None
@@ -1902,7 +1901,7 @@ class _Walk(object):
         is dropped), TIP.PGD (tracing stops after the branch), or an error."""
         item = self.peek()
         if item is None:
-            self.drop_uncommitted(block.end, at_end=True)
+            self.drop_uncommitted(at_end=True)
             return
         if item[0] == F_OVF:
             self.drop_uncommitted()
@@ -1925,7 +1924,7 @@ class _Walk(object):
         # After a TIP.PGD libipt stands after a call (it expects the return there), else nowhere.
         self.off_ip = block.fallthrough if block.kind in (B_INDIRECT_CALL, B_FAR_CALL) else 0
         if self.lookahead is None:
-            self.drop_uncommitted(block.end, at_end=True)
+            self.drop_uncommitted(at_end=True)
         elif self.lookahead[0] == F_OVF:
             self.drop_uncommitted()
 

@@ -18,8 +18,9 @@ The layouts below are libipt 2.x's (intel-pt.h); another major version is refuse
 What it follows is libipt's own: its errata table (``pt_cpu_errata``, which knows
 fewer CPUs than upstream's in errata.py), the packets it knows (2.0 has no CFE, EVD
 or TRIG), resynchronisation at the next PSB after an error (``resync_on_error``
-needs the Python decoder), and at the end of the trace ptxed's rule: no instruction
-once libipt reports the end of the trace with its events drained.  The Python
+needs the Python decoder), and ptxed's rules: no instruction once libipt reports the
+end of the trace with its events drained; the instruction an error stopped at is
+listed when libipt had decoded it (pt_insn_next gave its class).  The Python
 decoder remains the reference (tests/test_ipt_libipt.py compares them).
 """
 
@@ -42,6 +43,7 @@ DEFAULT_NAMES = {"linux": ("libipt.so.2",), "win32": ("libipt.dll", "ipt.dll"), 
 # -- libipt 2.x's structures (intel-pt.h), as data -------------------------------------
 
 PTS_EVENT_PENDING = 1 << 0   # enum pt_status_flag
+PTS_IP_SUPPRESSED = 1 << 1
 PTS_EOS = 1 << 2
 PTE_EOS = 7                  # -pte_eos: the end of the trace
 PTE_NOMAP = 13               # -pte_nomap: no code at that address
@@ -396,9 +398,10 @@ class _Run(object):
                 continue
             if status & PTS_EOS:
                 break   # as ptxed: the end of the trace, its events drained
+            tracing = not status & PTS_IP_SUPPRESSED  # else pt_insn_next returns and leaves insn as it was
             status = insn_next(decoder, insn_ref, insn_size)
-            if status < 0:
-                continue
+            if status < 0 and not (tracing and insn.iclass):
+                continue   # as ptxed, an error's instruction is listed when libipt had decoded it (its class)
             ip = last_ip = insn.ip
             if self.sync_offset is not None:
                 self.sync(ip)
