@@ -41,12 +41,6 @@ FLOW_NOT_APPLICABLE = {
     "--raw": "loads the code from an offset of another file",
 }
 NOT_APPLICABLE_LIMIT = 4
-# Listings that differ by design: ptdump applies the test CPU's packet-layer errata;
-# ``ipt packets`` lists the packets as encoded (the flow applies those errata).
-PACKETS_DIFFER = {
-    "skd007": "SKD007: ptdump shows a CYC cut by an OVF as one OVF",
-    "skz84": "SKZ84: ptdump shows a TMA with reserved bits and the byte after it as one invalid packet",
-}
 
 # Flows that still disagree, by family (the issue's families; each is a libipt
 # convention dbgext does not follow yet).
@@ -59,10 +53,10 @@ FLOW_DISAGREES = {name: family for family, names in FLOW_DISAGREES_BY_FAMILY.ite
 FLOW_DISAGREES_LIMIT = 1  # it only shrinks: fixing a family means removing its tests
 
 # ptdump's name of each packet type.
-PTDUMP_NAMES = {"tnt8": "tnt.8", "tnt64": "tnt.64"}
+PTDUMP_NAMES = {"tnt8": "tnt.8", "tnt64": "tnt.64", "invalid": "<invalid>"}
 PTDUMP_TYPES = {"pad", "psb", "psbend", "ovf", "stop", "tnt.8", "tnt.64", "tip", "tip.pge", "tip.pgd", "fup",
                 "mode.exec", "mode.tsx", "pip", "tsc", "cbr", "tma", "mtc", "cyc", "vmcs", "mnt", "exstop",
-                "mwait", "pwre", "pwrx", "ptw", "cfe", "evd", "trig"}
+                "mwait", "pwre", "pwrx", "ptw", "cfe", "evd", "trig", "<invalid>"}
 # IPBytes -> (payload hex digits shown, '?' digits before them)
 IP_SHOWN = {0: (0, 16), 1: (4, 12), 2: (8, 8), 3: (16, 0), 4: (12, 4), 6: (16, 0)}
 CFE_WITH_VECTOR = {1, 5, 9, 12, 14}  # INTR, SIPI, VMEXIT_INTR, UINTR, SWINTR
@@ -154,16 +148,14 @@ def expected_packets(name, with_offsets):
     return rows[first:]
 
 
-def our_packets(name, with_offsets):
+def our_packets(name, with_offsets, cpu=None):
+    """decode_packets' listing as ptdump's lines, with the errata of ``cpu`` (the packet
+    layer's: SKD007, SKZ84) as ptdump run with that CPU."""
     data = (SUITE / (name + ".pt")).read_bytes()
     hidden = {"cyc"} if "--no-cyc" in directives(name)["ptdump"] else set()
     return [(packet.offset if with_offsets else None, PTDUMP_NAMES.get(packet.type, packet.type),
-             ptdump_payload(packet)) for packet in decode_packets(data).packets if packet.type not in hidden]
-
-
-def packets_agree(name):
-    with_offsets = "--no-offset" not in directives(name)["ptdump"]
-    return our_packets(name, with_offsets) == expected_packets(name, with_offsets)
+             ptdump_payload(packet)) for packet in decode_packets(data, errata=errata_of(cpu)).packets
+            if packet.type not in hidden]
 
 
 _ADDRESS = re.compile(r"^(?:\? )?([0-9a-f]{16})\b")
@@ -192,20 +184,25 @@ def not_applicable(name):
     return None
 
 
-def cpus(name):
-    """The CPUs the test runs with (each ``; cpu`` line, or ptxed's ``--cpu``), None for none."""
+def cpus(name, tool="ptxed"):
+    """The CPUs ``tool`` (ptxed, ptdump) runs the test with: its ``--cpu`` option, else each
+    ``; cpu`` line (the suite runs the tool once per line, against the same listing), [None] for none."""
     found = directives(name)
-    options = found["ptxed"]
+    options = found[tool]
     if "--cpu" in options:
         return [options[options.index("--cpu") + 1]]
     return found["cpus"] or [None]
 
 
+def errata_of(cpu):
+    """The errata workarounds a tool applies for ``cpu`` ("F/M"; "0/0" and None: no CPU)."""
+    return cpu_errata(parse_cpu(cpu)) if cpu and cpu != "0/0" else frozenset()
+
+
 def our_flow(name, cpu):
     found = directives(name)
-    errata = cpu_errata(parse_cpu(cpu)) if cpu and cpu != "0/0" else frozenset()
     code = CodeImage(images=[(found["org"], (SUITE / (name + ".bin")).read_bytes())])
-    return decode_flow((SUITE / (name + ".pt")).read_bytes(), code, errata=errata,
+    return decode_flow((SUITE / (name + ".pt")).read_bytes(), code, errata=errata_of(cpu),
                        resync_on_error="--resync-on-error" in found["ptxed"]).instructions
 
 
@@ -219,16 +216,18 @@ def test_the_suite_is_there_whole():
         assert (SUITE / (name + ".pt")).read_bytes().find(PSB) >= 0 or name.startswith("ptdump-"), name
 
 
-@pytest.mark.parametrize("name", [name for name in TESTS if name not in PACKETS_DIFFER])
-def test_packets_equal_ptdumps_listing(name):
+@pytest.mark.parametrize("name", TESTS)
+def test_packets_equal_ptdumps_listing_with_each_of_the_tests_cpus(name):
     with_offsets = "--no-offset" not in directives(name)["ptdump"]
-    assert our_packets(name, with_offsets) == expected_packets(name, with_offsets)
+    for cpu in cpus(name, "ptdump"):
+        assert (cpu, our_packets(name, with_offsets, cpu)) == (cpu, expected_packets(name, with_offsets))
 
 
-@pytest.mark.parametrize("name", sorted(PACKETS_DIFFER))
-def test_a_listing_that_differs_by_design_differs_only_where_its_erratum_is(name):
-    ours, theirs = our_packets(name, True), expected_packets(name, True)
-    assert ours != theirs and ours[:3] == theirs[:3]
+def test_the_packet_layer_errata_change_the_listing_only_with_their_cpu():
+    """skd007 and skz84 list the packets as encoded without a CPU, and as ptdump with theirs."""
+    for name, cpu, listed in [("skd007", "6/78", (0x19, "ovf", "")), ("skz84", "6/85", (0x1b, "<invalid>", ""))]:
+        assert listed in our_packets(name, True, cpu) and listed not in our_packets(name, True)
+        assert our_packets(name, True) != expected_packets(name, True)
 
 
 @pytest.mark.parametrize("name", [name for name in FLOW_TESTS
@@ -270,6 +269,28 @@ def test_resync_on_error_goes_on_at_the_next_ip_from_the_command_line():
         listed[bool(option)] = [row["ip"] for row in document["buffers"][0]["instructions"]]
         assert [problem["kind"] for problem in document["problems"]] == ["ipt_flow_error"]
     assert listed == {False: [0x100000], True: [0x100000, 0x100005]}
+
+
+def test_packets_with_the_tests_cpu_from_the_command_line():
+    """skz84 with ``ipt packets --cpu 6/85``: the corrupted TMA and the byte after it are one
+    invalid packet, as ptdump lists them; without the CPU the TMA does not decode."""
+    import io
+    import json
+
+    from dbgext.cli import main
+    argv = ["ipt", "packets", "--trace", str(SUITE / "skz84.pt")]
+    listed = {}
+    for cpu in ([], ["--cpu", "6/85"]):
+        stream = io.StringIO()
+        main(argv + cpu + ["--json"], stream=stream)
+        document = json.loads(stream.getvalue())
+        listed[bool(cpu)] = ([(row["offset"], row["type"]) for row in document["buffers"][0]["packets"]][3:5],
+                             document["cpu"], document["errata"])
+    assert listed[False] == ([(0x19, "psbend")], None, [])
+    assert listed[True] == ([(0x19, "psbend"), (0x1b, "invalid")], [6, 85], ["bdm70", "skd022", "skl014", "skz84"])
+    stream = io.StringIO()
+    main(argv + ["--cpu", "6/85"], stream=stream)
+    assert re.search(r"0x1b +invalid +erratum", stream.getvalue())
 
 
 # -- events ---------------------------------------------------------------------------
@@ -315,10 +336,8 @@ def expected_events(name):
 
 def our_events(name):
     found = directives(name)
-    cpu = cpus(name)[0]
-    errata = cpu_errata(parse_cpu(cpu)) if cpu and cpu != "0/0" else frozenset()
     code = CodeImage(images=[(found["org"], (SUITE / (name + ".bin")).read_bytes())])
-    result = decode_flow((SUITE / (name + ".pt")).read_bytes(), code, errata=errata,
+    result = decode_flow((SUITE / (name + ".pt")).read_bytes(), code, errata=errata_of(cpus(name)[0]),
                          resync_on_error="--resync-on-error" in found["ptxed"])
     wanted = {kind for _, kind in PTXED_EVENTS} | {"event_interrupt"}
     return [event[1] for event in result.events if event[1] in wanted]

@@ -161,34 +161,40 @@ class PacketBuffer(object):
 
 
 class PacketsResult(object):
-    """``buffers`` (PacketBuffer), ``stats`` (totals only), ``problems``."""
+    """``buffers`` (PacketBuffer), ``stats`` (totals only), ``cpu`` and its ``errata``, ``problems``."""
 
-    def __init__(self, buffers, stats=False):
+    def __init__(self, buffers, stats=False, cpu=None, errata=frozenset()):
         self.buffers = buffers
         self.stats = stats
+        self.cpu = cpu
+        self.errata = errata
         self.problems = _collect([(buffer.source, buffer.problems) for buffer in buffers])
 
     def as_dict(self):
-        return _document("packets", {"buffers": [buffer.as_dict() for buffer in self.buffers]}, self.problems,
-                         self.stats)
+        body = {"cpu": list(self.cpu) if self.cpu else None, "errata": sorted(self.errata),
+                "buffers": [buffer.as_dict() for buffer in self.buffers]}
+        return _document("packets", body, self.problems, self.stats)
 
 
 def list_packets(target=None, *, trace=None, data=None, address=None, size=None, format="raw", position=None,
-                 stats=False, max_packets=DEFAULT_MAX_PACKETS):
+                 stats=False, max_packets=DEFAULT_MAX_PACKETS, cpu=None):
     """The packets of a trace (``ipt packets``): every packet counted; listed up to
-    ``max_packets`` unless ``stats`` (totals only).  The trace comes as
-    :func:`load_buffers` says.  Returns a PacketsResult."""
+    ``max_packets`` unless ``stats`` (totals only).  ``cpu`` (family, model[, stepping]):
+    the listing shows the packets its packet-layer errata hit as libipt reads them (the
+    totals count the packets as encoded).  The trace comes as :func:`load_buffers` says.
+    Returns a PacketsResult."""
     _check_arch(target)
+    errata = cpu_errata(cpu)
     results = []
     for buffer in load_buffers(target, trace=trace, data=data, address=address, size=size, format=format,
                                position=position):
         totals = packet_stats(buffer.data)
         listing, truncated = None, False
         if not stats:
-            decode = decode_packets(buffer.data, max_packets=max_packets)
+            decode = decode_packets(buffer.data, max_packets=max_packets, errata=errata)
             listing, truncated = decode.packets, decode.truncated
         results.append(PacketBuffer(buffer, totals, listing, truncated))
-    return PacketsResult(results, stats)
+    return PacketsResult(results, stats, cpu, errata)
 
 
 # -- flow ------------------------------------------------------------------------------

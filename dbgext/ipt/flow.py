@@ -117,10 +117,6 @@ _COND_EXTRA = {"loop", "loope", "loopne", "jrcxz", "jecxz", "jcxz"}
 
 # Erratum BDM64: how far libipt looks for a transaction abort's IP along straight-line code.
 BDM64_MAX_STEPS = 0x100
-# Erratum SKZ84: a TMA whose reserved bits are set (its reserved byte, or FC above bit 8).
-_SKZ84_CANDIDATE = re.compile(b"\\x02\\x73(?:..[^\\x00]|....[^\\x00\\x01])", re.DOTALL)
-# Erratum SKD007: a CYC's first byte with more bytes to come, then an OVF (02 F3).
-_SKD007_CANDIDATE = re.compile(b"[" + b"".join(re.escape(bytes([byte])) for byte in range(7, 256, 8)) + b"]\x02\xf3")
 
 MAX_BLOCK_BYTES = 0x1000
 # Committed instructions are handed on in chunks of at least this many.
@@ -572,56 +568,10 @@ class FlowDecoder(object):
             if sink is not None:
                 sink(chunk)
 
-        if "skd007" in self.errata:
-            data = _cyc_cut_by_overflow_to_pad(data, start, end)
-        if "skz84" in self.errata:
-            data = _corrupted_tma_to_pad(data, start, end)
+        data = P.packet_errata(data, start, end, self.errata)[0]
         _Walk(self, result, _flow_items(data, start, end), keep, progress, data).run()
         result.blocks_built = self.cache.blocks_built
         return result
-
-
-def _cyc_cut_by_overflow_to_pad(data, start, end):
-    """Erratum SKD007: an OVF may come after the first byte of a multi-byte CYC, in place of
-    its other bytes.  As libipt's query decoder, a 2-byte CYC whose second byte and the
-    byte after it read 02 F3 is taken for that first byte: it becomes a PAD here, so the OVF
-    decodes (offsets stay as they are)."""
-    end = len(data) if end is None else min(end, len(data))
-    if not _SKD007_CANDIDATE.search(data, start, end):
-        return data
-    patched = None
-    for kind, offset, value in P.tokens(data, start, end):
-        if kind == P.K_OTHER and value[0] == "cyc" and data[offset] & 4 and offset + 2 < end \
-                and data[offset + 1] == 0x02 and data[offset + 2] == 0xF3:
-            if patched is None:
-                patched = bytearray(data)
-            patched[offset] = 0
-    return data if patched is None else bytes(patched)
-
-
-def _corrupted_tma_to_pad(data, start, end):
-    """Erratum SKZ84: with VMX TSC offsetting or scaling a TMA is corrupted and a bogus
-    byte follows it.  As libipt, a TMA with reserved bits set is skipped with the byte
-    after it (here: the 8 bytes become PADs, so offsets stay as they are)."""
-    end = len(data) if end is None else min(end, len(data))
-    if not _SKZ84_CANDIDATE.search(data, start, end):
-        return data
-    patched = bytearray(data)
-    position = start
-    changed = False
-    while position is not None:
-        segment, position = position, None
-        for kind, offset, value in P.tokens(patched, segment, end):
-            if kind == P.K_PSB:
-                segment = offset
-            corrupted = (kind == P.K_OTHER and value[0] == "tma" and patched[offset + 4]) or \
-                (kind == P.K_ERROR and value.startswith("tma packet with reserved bits"))
-            if corrupted and offset + 8 <= end:
-                patched[offset:offset + 8] = bytes(8)
-                changed = True
-                position = segment  # decode that stretch again past the PADs
-                break
-    return bytes(patched) if changed else data
 
 
 def _ip_table(tables, kept_bits):
