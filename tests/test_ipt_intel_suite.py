@@ -199,11 +199,17 @@ def errata_of(cpu):
     return cpu_errata(parse_cpu(cpu)) if cpu and cpu != "0/0" else frozenset()
 
 
-def our_flow(name, cpu):
+def decoded(name, cpu):
+    """decode_flow of the test with ``cpu``'s errata and the equivalent of each ptxed option."""
     found = directives(name)
     code = CodeImage(images=[(found["org"], (SUITE / (name + ".bin")).read_bytes())])
     return decode_flow((SUITE / (name + ".pt")).read_bytes(), code, errata=errata_of(cpu),
-                       resync_on_error="--resync-on-error" in found["ptxed"]).instructions
+                       resync_on_error="--resync-on-error" in found["ptxed"],
+                       report_iflags="--event:iflags" in found["ptxed"])
+
+
+def our_flow(name, cpu):
+    return decoded(name, cpu).instructions
 
 
 def flow_agrees(name):
@@ -293,6 +299,24 @@ def test_packets_with_the_tests_cpu_from_the_command_line():
     assert re.search(r"0x1b +invalid +erratum", stream.getvalue())
 
 
+
+def test_event_iflags_from_the_command_line_and_refused_with_libipt_in_one_line():
+    import io
+    import json
+
+    from dbgext.cli import main
+    name = "ptet-mode_exec-if"
+    argv = ["ipt", "flow", "--trace", str(SUITE / (name + ".pt")), "--image",
+            "%s@%x" % (SUITE / (name + ".bin"), directives(name)["org"]), "--event-iflags"]
+    stream = io.StringIO()
+    assert main(argv + ["--json"], stream=stream) == 0
+    kinds = [event["kind"] for event in json.loads(stream.getvalue())["buffers"][0]["events"]]
+    assert kinds == ["enabled", "interrupts_disabled", "interrupts_enabled", "interrupts_disabled", "disabled"]
+    error = io.StringIO()
+    assert main(argv + ["--decoder", "libipt"], stream=io.StringIO(), error_stream=error) == 1
+    assert error.getvalue().count("\n") == 1 and "report_iflags needs the python decoder" in error.getvalue()
+
+
 # -- events ---------------------------------------------------------------------------
 
 # The events both print, by the start of ptxed's line: compared as a sequence of kinds.
@@ -303,13 +327,6 @@ PTXED_EVENTS = (("[enabled", "enabled"), ("[resumed", "enabled"), ("[disabled", 
                 ("[interrupts disabled", "interrupts_disabled"),
                 ("[interrupt", "interrupt"), ("[exstop", "exstop"), ("[ptwrite", "ptwrite"),
                 ("[begin transaction", "tsx_begin"), ("[committed", "tsx_commit"), ("[aborted", "tsx_abort"))
-# Tests whose events still differ: measured when the comparison was added; it only
-# shrinks.  ptet-mode_exec-if: upstream reports the interrupt flag a TIP.PGE enables
-# tracing with when no MODE.Exec said it before (with ptxed's --event:iflags); the flow
-# does not, as on a trace without event tracing (the IF bit always clear) that would be
-# an "interrupts disabled" at the first TIP.PGE after every PSB+ taken with tracing off.
-EVENTS_DISAGREE = frozenset(("ptet-mode_exec-if",))
-EVENTS_DISAGREE_LIMIT = 1
 
 
 # With --event:time ptxed starts an event line with the event's time stamp.
@@ -335,20 +352,22 @@ def expected_events(name):
 
 
 def our_events(name):
-    found = directives(name)
-    code = CodeImage(images=[(found["org"], (SUITE / (name + ".bin")).read_bytes())])
-    result = decode_flow((SUITE / (name + ".pt")).read_bytes(), code, errata=errata_of(cpus(name)[0]),
-                         resync_on_error="--resync-on-error" in found["ptxed"])
+    result = decoded(name, cpus(name)[0])
     wanted = {kind for _, kind in PTXED_EVENTS} | {"event_interrupt"}
     return [event[1] for event in result.events if event[1] in wanted]
 
 
-@pytest.mark.parametrize("name", [name for name in FLOW_TESTS
-                                  if not_applicable(name) is None and name not in EVENTS_DISAGREE])
+@pytest.mark.parametrize("name", [name for name in FLOW_TESTS if not_applicable(name) is None])
 def test_flow_events_equal_ptxeds_events(name):
     assert our_events(name) == expected_events(name)
 
 
-def test_the_list_of_disagreeing_events_does_not_grow():
-    assert len(EVENTS_DISAGREE) <= EVENTS_DISAGREE_LIMIT and EVENTS_DISAGREE <= set(FLOW_TESTS)
-    assert all(our_events(name) != expected_events(name) for name in EVENTS_DISAGREE)
+def test_the_interrupt_flag_tracing_is_enabled_with_is_an_event_with_ptxeds_option_only():
+    """ptet-mode_exec-if (ptxed's --event:iflags): no MODE.Exec came before the one the
+    TIP.PGE enables tracing with, whose IF bit is clear."""
+    enabled_with = ["enabled", "interrupts_disabled", "interrupts_enabled", "interrupts_disabled", "disabled"]
+    assert our_events("ptet-mode_exec-if") == expected_events("ptet-mode_exec-if") == enabled_with
+    found = directives("ptet-mode_exec-if")
+    code = CodeImage(images=[(found["org"], (SUITE / "ptet-mode_exec-if.bin").read_bytes())])
+    default = decode_flow((SUITE / "ptet-mode_exec-if.pt").read_bytes(), code)
+    assert [event[1] for event in default.events] == enabled_with[:1] + enabled_with[2:]

@@ -56,6 +56,10 @@ def add_arguments(parser):
     flow.add_argument("--resync-on-error", action="store_true",
                       help="after an error go on at the next packet that names an IP (as ptxed's option), not at "
                       "the next PSB")
+    flow.add_argument("--event-iflags", action="store_true",
+                      help="report the interrupt flag tracing is enabled with, where no MODE.Exec said it before "
+                      "(as ptxed's --event:iflags): for traces with event tracing; without it the IF bit always reads "
+                      "clear")
     flow.add_argument("--decoder", choices=DECODERS, default="python",
                       help="python: dbgext's own decoder (default, the reference); libipt: Intel's libipt through "
                       "ctypes (libipt.so.2, or the library DBGEXT_LIBIPT names): a cross-check, slower than python "
@@ -119,7 +123,7 @@ def _packets(ctx, args, progress):
 def _flow(ctx, args, progress):
     return reconstruct_flow(_target(ctx), images=[parse_image(ctx, spec) for spec in args.image], view=args.view,
                             stats=args.stats, max_insns=_number(args.max_insns) or DEFAULT_MAX_INSNS,
-                            cpu=_cpu(args), resync_on_error=args.resync_on_error,
+                            cpu=_cpu(args), resync_on_error=args.resync_on_error, report_iflags=args.event_iflags,
                             progress=progress, decoder=args.decoder, **_source_options(ctx, args))
 
 

@@ -51,7 +51,9 @@ suite.  Where they differ, upstream rules:
   is traced, also right before an OVF or at the end; so is MODE.Exec + FUP outside
   PSB+ (an interrupt flag change: ``interrupts_enabled``/``interrupts_disabled``,
   only where the IF bit differs from the last MODE.Exec's, as upstream; while tracing
-  is off too, an event at the FUP's IP);
+  is off too, an event at the FUP's IP); with ``report_iflags`` (ptxed's
+  ``--event:iflags``) also the MODE.Exec before a TIP.PGE, an event without IP
+  after the enable;
   a FUP after TRIG with its IP bit or after a CFE of a branching instruction (IRET,
   VMENTRY, UIRET, SYSCALL) is no transfer;
 * EXSTOP or PTW without its IP bit is an event at no IP where the walk reads it,
@@ -541,13 +543,20 @@ class FlowDecoder(object):
     ``suspicious``: {address: name} of functions a real trace should not enter
     (nt!KeBugCheckEx...); entering one adds a warning.  ``resync_on_error`` (ptxed's
     ``--resync-on-error``): after an error decoding resumes at the next packet that
-    names an IP (TIP, TIP.PGE, FUP + TIP, an OVF's resume point), not at the next PSB."""
+    names an IP (TIP, TIP.PGE, FUP + TIP, an OVF's resume point), not at the next PSB.
+    ``report_iflags`` (ptxed's ``--event:iflags``): the interrupt flag tracing is enabled
+    with (the MODE.Exec before a TIP.PGE) is an event when no MODE.Exec said it before;
+    off by default: on a trace without event tracing the IF bit is always clear, and
+    that would be an ``interrupts_disabled`` at the first TIP.PGE after every PSB+ taken
+    while tracing was off."""
 
-    def __init__(self, code, suspicious=None, cache=None, errata=frozenset(), resync_on_error=False):
+    def __init__(self, code, suspicious=None, cache=None, errata=frozenset(), resync_on_error=False,
+                 report_iflags=False):
         self.cache = cache or BlockCache(code)
         self.suspicious = dict(suspicious or {})
         self.errata = frozenset(errata)
         self.resync_on_error = resync_on_error
+        self.report_iflags = report_iflags
 
     def decode(self, data, start=0, end=None, max_insns=None, sink=None, progress=None, result=None):
         """Decode ``data[start:end]`` to the end.  Committed instructions go, in chunks,
@@ -569,7 +578,7 @@ class FlowDecoder(object):
                 sink(chunk)
 
         data = P.packet_errata(data, start, end, self.errata)[0]
-        _Walk(self, result, _flow_items(data, start, end), keep, progress, data).run()
+        _Walk(self, result, _flow_items(data, start, end, self.report_iflags), keep, progress, data).run()
         result.blocks_built = self.cache.blocks_built
         return result
 
@@ -585,7 +594,7 @@ def _ip_table(tables, kept_bits):
     return table
 
 
-def _flow_items(data, start, end):
+def _flow_items(data, start, end, report_iflags=False):
     """The items of ``data[start:end]`` from its first PSB on, then F_END forever.
 
     The packets (see _token_regex), reduced to what control flow keeps of them: TNT-8
@@ -595,7 +604,9 @@ def _flow_items(data, start, end):
     FUP that binds it become one F_AT_IP item (value: the IP and the event) and, as in
     libipt, the FUP of an abort also stays, as an asynchronous transfer to the TIP that
     follows; in PSB+ MODE.TSX is status, and the FUP is PSB+'s.  A packet that does
-    not decode is an F_ERROR item, and the items go on from the next PSB."""
+    not decode is an F_ERROR item, and the items go on from the next PSB.
+    ``report_iflags``: a MODE.Exec before a TIP.PGE whose IF bit differs from the last
+    MODE.Exec's (or no MODE.Exec came before) is an F_EVENT after the TIP.PGE."""
     end = len(data) if end is None else min(end, len(data))
     position = data.find(P.PSB, start, end)
     offset = start
@@ -738,9 +749,12 @@ def _flow_items(data, start, end):
                 # transaction state tracing is enabled in is an event without IP (ptxed's).
                 if kind == F_PGE and bound in _TSX_STATES:
                     yield F_EVENT, offset, bound
+                enabled_with = bound if report_iflags and kind == F_PGE and bound in _IF_EVENT_KINDS else None
                 skip_fup = fup_bound = False
                 bound = None
                 yield kind, offset, ip
+                if enabled_with is not None:  # the interrupt flag tracing is enabled with (ptxed's --event:iflags)
+                    yield F_EVENT, offset, enabled_with
             elif skip_fup:
                 skip_fup = False
                 fup_bound = bound is not None
@@ -1880,7 +1894,7 @@ class _Walk(object):
 
 
 def decode_flow(data, code, start=0, end=None, max_insns=None, suspicious=None, errata=frozenset(),
-                resync_on_error=False):
+                resync_on_error=False, report_iflags=False):
     """Convenience: decode ``data`` over ``code`` (a CodeImage)."""
-    return FlowDecoder(code, suspicious, errata=errata, resync_on_error=resync_on_error).decode(
-        data, start, end, max_insns)
+    return FlowDecoder(code, suspicious, errata=errata, resync_on_error=resync_on_error,
+                       report_iflags=report_iflags).decode(data, start, end, max_insns)
