@@ -488,6 +488,32 @@ def test_a_tip_pgd_without_ip_binds_to_mov_cr3(cpu):
         (2, "disabled"), (2, "enabled")]
 
 
+PIP = b"\x02\x43" + ((0xA000 >> 5) << 1).to_bytes(6, "little")  # CR3 0xa000
+
+
+@pytest.mark.parametrize("case", ["mov cr3", "far call", "two pips, one mov cr3, then the end"])
+def test_a_pip_binds_to_the_next_mov_cr3_or_far_branch_and_holds_the_end_back_until_it_does(case):
+    """nop, mov cr3, rax or call ptr [rax] (far), nop, nop, jmp rax: a PIP's paging event
+    follows the first MOV CR3 or far branch; a PIP still unbound at the end of the trace
+    keeps libipt decoding (to the jmp, which it decodes, then meets the end)."""
+    far = case == "far call"
+    code = (b"\x90\xff\x18\x90\x90" if far else b"\x90\x0f\x22\xd8\x90") + b"\x90\xff\xe0" + NOPS
+    writer = writer_at(BASE)
+    writer.raw(PIP * (2 if case.startswith("two") else 1))
+    if case.startswith("two"):
+        trace = writer.bytes()
+    else:
+        writer.tip(BASE + 8)
+        trace = async_disable(writer, BASE + 10)
+    ips, failed, events = decode_alike(trace, code, None)
+    paging = [(index, "paging") for index, kind, _ in events if kind in ("paging", "async_paging")]
+    program = type("Program", (), {"base": BASE, "code": code})
+    assert paging == [(index, kind) for index, kind, _, _ in ours(program, trace).events if kind == "paging"]
+    assert paging == [(2, "paging")]
+    if case.startswith("two"):
+        assert (ips, failed) == ([BASE, BASE + 1, BASE + 4, BASE + 5, BASE + 6], False)
+
+
 @pytest.mark.parametrize("followed", [False, True])
 @pytest.mark.parametrize("branch", [b"\xff\xe0", b"\xc3", b"\xff\x20", b"\xff\x28", b"\x48\xff\x28", b"\xff\x18"])
 def test_a_tip_pgd_without_ip_binds_to_far_branches_only(branch, followed):

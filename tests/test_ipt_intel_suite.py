@@ -1,22 +1,22 @@
 """Intel's own libipt test suite is the specification of the packet decoder and the
 flow: every ``.ptt`` in ``../shared/realworld/ipt/libipt-ptt/`` (230 tests, current
-upstream), decoded the way its expected listings were made.
+upstream), decoded the way its expected listings were made.  Every test agrees.
 
-* packets: ``decode_packets`` of ``NAME.pt``, from the first PSB, equals
+* packets: ``decode_packets`` of ``NAME.pt``, from the first PSB, with the errata of
+  each CPU ptdump runs the test with (its ``--cpu``, else each ``; cpu`` line), equals
   ``NAME-ptdump.exp`` line for line: offset, packet name, and the payload column
   ptdump prints (IP bytes and IP, TNT bits, payload fields);
 * flows: ``decode_flow`` of ``NAME.pt`` over ``NAME.bin`` at the ``.ptt``'s ``org``,
-  with each of the test's ``; cpu`` (its errata workarounds on), equals the instruction
+  with each of the test's CPUs (its errata workarounds on), equals the instruction
   addresses of ``NAME-ptxed.exp`` up to its end (``[end of trace]``, or the first
   error when the test does not resynchronise), and its events (PTXED_EVENTS: the
   kinds both print) come in ptxed's order.
 
 A ptxed option changes nothing to compare (event and timing display) or has an
-equivalent (``--resync-on-error``: FlowDecoder's ``resync_on_error``; ``--cpu``), or
-its test is not applicable, for a reason listed in
-FLOW_NOT_APPLICABLE.  Tests whose flow still disagrees are listed, by the family
-of libipt's conventions they follow, in FLOW_DISAGREES: a ratchet: a test asserts
-each still disagrees (fixing one means removing it) and that the list does not grow.
+equivalent (``--resync-on-error``: FlowDecoder's ``resync_on_error``;
+``--event:iflags``: its ``report_iflags``; ``--cpu``), or its test is not
+applicable, for a reason listed in FLOW_NOT_APPLICABLE (a short list: a test
+asserts it stays so).
 """
 
 import re
@@ -41,16 +41,6 @@ FLOW_NOT_APPLICABLE = {
     "--raw": "loads the code from an offset of another file",
 }
 NOT_APPLICABLE_LIMIT = 4
-
-# Flows that still disagree, by family (the issue's families; each is a libipt
-# convention dbgext does not follow yet).
-FLOW_DISAGREES_BY_FAMILY = {
-    "paging: libipt binds each PIP to a MOV CR3 that follows and decodes on past the end of the trace "
-    "while one is pending; the flow does not track PIPs":
-        ("pip-pip_mov_cr3-fail",),
-}
-FLOW_DISAGREES = {name: family for family, names in FLOW_DISAGREES_BY_FAMILY.items() for name in names}
-FLOW_DISAGREES_LIMIT = 1  # it only shrinks: fixing a family means removing its tests
 
 # ptdump's name of each packet type.
 PTDUMP_NAMES = {"tnt8": "tnt.8", "tnt64": "tnt.64", "invalid": "<invalid>"}
@@ -212,10 +202,6 @@ def our_flow(name, cpu):
     return decoded(name, cpu).instructions
 
 
-def flow_agrees(name):
-    return all(our_flow(name, cpu) == expected_flow(name) for cpu in cpus(name))
-
-
 def test_the_suite_is_there_whole():
     assert len(TESTS) == 230 and len(FLOW_TESTS) == 191
     for name in TESTS:
@@ -236,20 +222,10 @@ def test_the_packet_layer_errata_change_the_listing_only_with_their_cpu():
         assert our_packets(name, True) != expected_packets(name, True)
 
 
-@pytest.mark.parametrize("name", [name for name in FLOW_TESTS
-                                  if not_applicable(name) is None and name not in FLOW_DISAGREES])
-def test_flow_equals_ptxeds_instructions(name):
+@pytest.mark.parametrize("name", [name for name in FLOW_TESTS if not_applicable(name) is None])
+def test_flow_equals_ptxeds_instructions_with_each_of_the_tests_cpus(name):
     for cpu in cpus(name):
         assert (cpu, our_flow(name, cpu)) == (cpu, expected_flow(name))
-
-
-@pytest.mark.parametrize("name", sorted(FLOW_DISAGREES))
-def test_a_flow_listed_as_disagreeing_still_disagrees(name):
-    assert not flow_agrees(name), "%s agrees now: remove it from FLOW_DISAGREES" % name
-
-
-def test_the_list_of_disagreeing_flows_does_not_grow():
-    assert len(FLOW_DISAGREES) <= FLOW_DISAGREES_LIMIT and set(FLOW_DISAGREES) <= set(FLOW_TESTS)
 
 
 def test_the_list_of_options_without_an_equivalent_stays_short():
@@ -326,7 +302,8 @@ PTXED_EVENTS = (("[enabled", "enabled"), ("[resumed", "enabled"), ("[disabled", 
                 ("[overflow", "overflow"), ("[interrupts enabled", "interrupts_enabled"),
                 ("[interrupts disabled", "interrupts_disabled"),
                 ("[interrupt", "interrupt"), ("[exstop", "exstop"), ("[ptwrite", "ptwrite"),
-                ("[begin transaction", "tsx_begin"), ("[committed", "tsx_commit"), ("[aborted", "tsx_abort"))
+                ("[begin transaction", "tsx_begin"), ("[committed", "tsx_commit"), ("[aborted", "tsx_abort"),
+                ("[paging", "paging"))
 
 
 # With --event:time ptxed starts an event line with the event's time stamp.

@@ -61,6 +61,14 @@ suite.  Where they differ, upstream rules:
   PTWRITE, whose IP it gives); with its IP bit while tracing is off, an event at the
   FUP's IP; an OVF in place of its FUP leaves it an event without IP (upstream
   ptxed; libipt 2.0.5 drops it);
+* a PIP outside PSB+ is a ``paging`` event: while tracing is off where it is read;
+  after a FUP whose transfer is due, right after that transfer's event; else after
+  the first MOV CR3, far branch or VM entry from the last trace data on (one PIP an
+  instruction).  While one is unbound libipt does not see the end of the trace: it
+  decodes on until a branch needs trace (listed: it decoded it) or the code stops (a
+  gap); where another event comes first, libipt holds that event back until the PIP
+  binds, the flow binds it where it comes (no suite test has it; libipt 2.0.5 then
+  decodes past the event);
 * an EVD before a CFE that does not take its type is an error (upstream's
   "unexpected packet context"); a CFE of an interrupt (INTR) is an ``event_interrupt``
   without IP where it is read (ptxed's "[interrupt <vector>]"; the ``interrupt``
@@ -365,11 +373,12 @@ F_END = 23  # no more packets (offset: the last packet's); _Walk.item() hands ou
 # It binds to no instruction: the walk records it where it reads it (walk_item), on or off.
 F_EVENT = 24
 F_BAD_CONTEXT = 25  # a packet where it cannot be (an EVD before a CFE that does not take it); value: why
+F_PIP = 26  # a PIP outside PSB+ (CR3 changed: libipt's paging event; _Walk.read_pip); value: None
 ITEM_NAMES = {F_TNT: "tnt", F_TIP: "tip", F_PGE: "tip.pge", F_PGD: "tip.pgd", F_FUP: "fup", F_MODE: "mode.exec",
               F_PSB: "psb", F_PSBEND: "psbend", F_OVF: "ovf", F_ERROR: "error", F_AT_IP: "event",
-              F_EVENT: "event", F_BAD_CONTEXT: "error"}
+              F_EVENT: "event", F_BAD_CONTEXT: "error", F_PIP: "pip"}
 # The items _Walk.item() does more with than hand them on (walk_item).
-_WALK_ITEMS = frozenset((F_PSB, F_ERROR, F_END, F_EVENT, F_BAD_CONTEXT))
+_WALK_ITEMS = frozenset((F_PSB, F_ERROR, F_END, F_EVENT, F_BAD_CONTEXT, F_PIP))
 _TAKEN = bytes.maketrans(b"TN", b"\x01\x00")
 
 
@@ -724,6 +733,8 @@ def _flow_items(data, start, end, report_iflags=False):
                     elif opcode in _EVENT_AT_FUP:
                         bound = _EVENT_AT_FUP[opcode]
                         fup_bound = True
+                    elif opcode == 0x43 and not in_psb:  # PIP (in PSB+ it only restates CR3)
+                        yield F_PIP, offset, None
                     elif opcode in _EVENT_WITHOUT_IP:
                         yield F_EVENT, offset, _EVENT_WITHOUT_IP[opcode]
                     elif opcode == 0x13:  # CFE: the EVDs before it are its data
@@ -786,7 +797,7 @@ class _Walk(object):
                  "sink", "progress", "next_trace_item", "data", "pushed", "in_status", "mode", "retstack", "bits",
                  "bit_index", "lookahead", "ended", "committed", "resumed_at", "last_offset", "warned", "walking", "synced",
                  "off_ip", "psb_mode", "bdm64_checked", "waiting_fups", "held", "held_after",
-                 "resync_past_psb")
+                 "resync_past_psb", "pips", "paging_kept", "async_pips", "fup_in_flight")
 
     def __init__(self, decoder, result, items, sink, progress=None, data=b""):
         self.cache = decoder.cache
@@ -822,6 +833,10 @@ class _Walk(object):
         self.held = None         # a FUP libipt holds with the items up to its TIP (held_after) until its IP
         self.held_after = None
         self.resync_past_psb = False  # after this error, libipt resyncs past the next PSB (psb_follows)
+        self.pips = []           # PIPs read while walking and not bound yet: (offset, where binding starts)
+        self.paging_kept = 0     # the instructions up to the last one a PIP bound to stay (absolute count)
+        self.async_pips = []     # PIPs that go with the transfer of the FUP before them (their offsets)
+        self.fup_in_flight = False  # take_async reads what follows a FUP
 
     # -- items --------------------------------------------------------------------
 
@@ -858,6 +873,8 @@ class _Walk(object):
                     return item
             elif kind == F_EVENT:
                 self.event(item[2], item[1], None)
+            elif kind == F_PIP:
+                self.read_pip(item[1])
             elif kind == F_ERROR or kind == F_BAD_CONTEXT:
                 self.problems.add("ipt_packet_error" if kind == F_ERROR else "ipt_flow_error", None, item[2],
                                   offset=item[1])
@@ -933,12 +950,58 @@ class _Walk(object):
             self.in_status = False
 
     def event(self, kind, offset, ip):
-        """Record an event before the next instruction: (instruction index, kind, trace offset, IP)."""
+        """Record an event before the next instruction: (instruction index, kind, trace offset, IP).
+        The PIPs bound before it come first; those that go with a transfer follow it."""
+        if self.pips:
+            self.bind_pips()
         self.result.add_event((self.flushed + len(self.out), kind, offset, ip))
+        if self.async_pips and (kind == "interrupt" or kind == "disabled"):
+            for pip_offset in self.async_pips:
+                self.result.add_event((self.flushed + len(self.out), "paging", pip_offset, None))
+            self.async_pips = []
+
+    # -- paging (PIP) ---------------------------------------------------------------
+
+    def read_pip(self, offset):
+        """A PIP outside PSB+, libipt's paging event.  While tracing is off it is an event
+        where it is read; after a FUP whose transfer is due it goes with that transfer
+        (after its ``interrupt`` or ``disabled``); else it binds to the next MOV CR3, far
+        branch or VM entry from the last trace data on (bind_pips)."""
+        if not self.walking:
+            self.event("paging", offset, None)
+        elif self.fup_in_flight or self.held is not None or (self.lookahead is not None
+                                                             and self.lookahead[0] == F_FUP):
+            self.async_pips.append(offset)
+        else:
+            self.pips.append((offset, self.flushed + self.committed))
+            self.bind_pips()
+
+    def bind_pips(self):
+        """Bind each pending PIP, in order, to the first MOV CR3, far branch or VM entry
+        walked from where it binds on (one PIP an instruction): a ``paging`` event after
+        that instruction, which stays listed (libipt had decoded it and reports the event
+        before it sees the end of the trace)."""
+        out, flushed = self.out, self.flushed
+        while self.pips:
+            offset, start = self.pips[0]
+            for index in range(max(start - flushed, 0), len(out)):
+                address = out[index]
+                if self.is_far_transfer(address) or self.cache.disassemble(address).startswith("mov cr3"):
+                    break
+            else:
+                self.pips[0] = (offset, flushed + len(out))  # what was walked does not bind it
+                return
+            del self.pips[0]
+            self.paging_kept = flushed + index + 1
+            self.result.add_event((self.paging_kept, "paging", offset, None))
+            if self.pips:
+                self.pips[0] = (self.pips[0][0], max(self.pips[0][1], self.paging_kept))
 
     def flush(self):
         """Hand the committed instructions to the sink (in chunks of FLUSH_SIZE or more,
         and at the end), so a decode of any size holds one chunk at a time."""
+        if self.pips:
+            self.bind_pips()
         count = self.committed
         if count == 0:
             return
@@ -958,14 +1021,18 @@ class _Walk(object):
         self.retstack = []
         self.waiting_fups = []
         self.held = self.held_after = None
+        self.pips, self.async_pips = [], []
 
     def drop_uncommitted(self, at_end=False):
-        """Drop what was walked past the last trace data.  At the end of the trace,
-        while libipt holds an event (hold_async_branch) it does not see the end
+        """Drop what was walked past the last trace data, but for the instructions up to
+        the last one a PIP bound to.  At the end of the trace, while libipt holds an
+        event (hold_async_branch) or a PIP it has not bound, it does not see the end
         coming: everything up to the branch that found no data stays, that branch too
         (libipt had decoded it when its query met the end, and ptxed lists it)."""
-        if not (at_end and self.held is not None):
-            del self.out[self.committed:]
+        if self.pips:
+            self.bind_pips()
+        if not (at_end and (self.held is not None or self.pips)):
+            del self.out[max(self.committed, self.paging_kept - self.flushed):]
 
     def error(self, offset, message, failed_at=None, decoded=True):
         """Report and abandon this PSB segment.  Like ptxed, the instructions walked so far
@@ -1446,7 +1513,7 @@ class _Walk(object):
                         self.lookahead = None
                         tip = pushed.pop()
                         committed = self.committed = self.resumed_at = len(out)
-                        self.result.add_event((self.flushed + committed, "interrupt", tip[1], async_ip))
+                        self.event("interrupt", tip[1], async_ip)
                         ip = tip[2]
                         bits_used_up = True
                         idle_blocks = 0
@@ -1607,16 +1674,18 @@ class _Walk(object):
         the gap usually returns into the code that called it).
 
         Past the end of the trace or before an OVF there is no gap: what was walked
-        without trace data is dropped, as at any end of the trace or overflow."""
+        without trace data is dropped, as at any end of the trace or overflow; but for
+        a PIP libipt has not bound, with which it decodes on to the gap."""
         if self.bit_index >= len(self.bits):
             item = self.peek()
             if item is None:
                 self.drop_uncommitted(at_end=True)
-                return None
-            if item[0] == F_OVF:  # no gap either: what was walked after the last trace data is lost
+                if not self.pips:
+                    return None
+            elif item[0] == F_OVF:  # no gap either: what was walked after the last trace data is lost
                 self.drop_uncommitted()
                 return None
-            if item[0] == F_PGD and item[2] is None:  # tracing stopped at a MOV CR3 on the way
+            elif item[0] == F_PGD and item[2] is None:  # tracing stopped at a MOV CR3 on the way
                 return self.unbound_disable(item[1], block.end, "code")
         start = self.last_offset
         self.event("gap", start, block.end)
@@ -1836,7 +1905,11 @@ class _Walk(object):
                 self.event(item[2][1], item[1], address)
             return address
         self.lookahead = None
-        item = self.peek_past_modes()
+        self.fup_in_flight = True  # a PIP before its TIP goes with the transfer (read_pip)
+        try:
+            item = self.peek_past_modes()
+        finally:
+            self.fup_in_flight = False
         if item is None:
             return None
         kind, offset, value = item

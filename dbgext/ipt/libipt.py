@@ -100,6 +100,8 @@ EVENTS = {
     1: ("disabled", 0),           # ptev_disabled {ip}
     2: ("disabled", 0),           # ptev_async_disabled {at, ip}: where it happened
     3: ("interrupt", 0),          # ptev_async_branch {from, to}
+    4: ("paging", None),          # ptev_paging {cr3, non_root}: no IP
+    5: ("paging", None),          # ptev_async_paging {cr3, non_root, ip}: with the transfer, IP left out
     6: ("overflow", 0),           # ptev_overflow {ip}: see _event
     8: ("tsx", 0),                # ptev_tsx {ip, speculative:1 aborted:1}
     12: ("exstop", 0),            # ptev_exstop {ip}
@@ -350,10 +352,10 @@ class _Run(object):
         if known is None or event.flags & EVENT_STATUS_UPDATE:
             return
         kind, word = known
-        ip = None if event.flags & EVENT_IP_SUPPRESSED else event.variant[word]
+        ip = None if event.flags & EVENT_IP_SUPPRESSED or word is None else event.variant[word]
         if event.type in EVENTS_STARTING:
             self.sync_offset = None
-        elif self.sync_offset is not None:
+        elif self.sync_offset is not None and word is not None:   # an event without IP does not say where
             self.sync(ip)
         index = self.flushed + len(self.out)
         offset = self.trace_offset()
