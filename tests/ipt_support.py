@@ -17,6 +17,7 @@ PPT = ["invalid", "unknown", "pad", "psb", "psbend", "fup", "tip", "tip.pge", "t
 PPT_CODE = {name: code for code, name in enumerate(PPT)}
 
 PTS_EVENT_PENDING = 1 << 0
+PTS_IP_SUPPRESSED = 1 << 1
 PTS_EOS = 1 << 2
 PTE_NOMAP = 13
 PTE_EOS = 7  # -pte_eos
@@ -311,10 +312,14 @@ def instruction_segments(trace, regions, cpu=None, max_insns=10 ** 7, events=Non
                 # instruction (libipt would go on with straight-line code until it
                 # needs trace again).
                 break
-            if status >= 0:
-                status = LIB.pt_insn_next(decoder, ctypes.byref(insn), ctypes.sizeof(Insn))
             if status < 0:
                 continue
+            tracing = not status & PTS_IP_SUPPRESSED  # else pt_insn_next returns and leaves insn as it was
+            status = LIB.pt_insn_next(decoder, ctypes.byref(insn), ctypes.sizeof(Insn))
+            if status < 0 and not (tracing and insn.iclass):
+                continue
+            # As ptxed, an instruction counts when pt_insn_next decoded it (its class is set),
+            # also when proceeding past it then failed (a query for its branch, an event after it).
             ips.append(insn.ip)
             total += 1
         segments.append((ips, None))

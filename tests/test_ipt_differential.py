@@ -488,12 +488,39 @@ def test_a_tip_pgd_without_ip_binds_to_mov_cr3(cpu):
         (2, "disabled"), (2, "enabled")]
 
 
+PIP = b"\x02\x43" + ((0xA000 >> 5) << 1).to_bytes(6, "little")  # CR3 0xa000
+
+
+@pytest.mark.parametrize("case", ["mov cr3", "far call", "two pips, one mov cr3, then the end"])
+def test_a_pip_binds_to_the_next_mov_cr3_or_far_branch_and_holds_the_end_back_until_it_does(case):
+    """nop, mov cr3, rax or call ptr [rax] (far), nop, nop, jmp rax: a PIP's paging event
+    follows the first MOV CR3 or far branch; a PIP still unbound at the end of the trace
+    keeps libipt decoding (to the jmp, which it decodes, then meets the end)."""
+    far = case == "far call"
+    code = (b"\x90\xff\x18\x90\x90" if far else b"\x90\x0f\x22\xd8\x90") + b"\x90\xff\xe0" + NOPS
+    writer = writer_at(BASE)
+    writer.raw(PIP * (2 if case.startswith("two") else 1))
+    if case.startswith("two"):
+        trace = writer.bytes()
+    else:
+        writer.tip(BASE + 8)
+        trace = async_disable(writer, BASE + 10)
+    ips, failed, events = decode_alike(trace, code, None)
+    paging = [(index, "paging") for index, kind, _ in events if kind in ("paging", "async_paging")]
+    program = type("Program", (), {"base": BASE, "code": code})
+    assert paging == [(index, kind) for index, kind, _, _ in ours(program, trace).events if kind == "paging"]
+    assert paging == [(2, "paging")]
+    if case.startswith("two"):
+        assert (ips, failed) == ([BASE, BASE + 1, BASE + 4, BASE + 5, BASE + 6], False)
+
+
 @pytest.mark.parametrize("followed", [False, True])
 @pytest.mark.parametrize("branch", [b"\xff\xe0", b"\xc3", b"\xff\x20", b"\xff\x28", b"\x48\xff\x28", b"\xff\x18"])
 def test_a_tip_pgd_without_ip_binds_to_far_branches_only(branch, followed):
     """At a near indirect jmp (jmp rax, jmp qword ptr [rax]) or ret libipt fails the
-    branch (silently when the TIP.PGD ends the trace); at a far jmp or call through
-    memory (jmp ptr [rax], ljmp [rax], call ptr [rax]) tracing stops."""
+    branch, which it had decoded (silently when the TIP.PGD ends the trace); at a far
+    jmp or call through memory (jmp ptr [rax], ljmp [rax], call ptr [rax]) tracing stops
+    after it.  Both list the branch."""
     writer = writer_at(BASE)
     writer.pgd(None)
     if followed:
@@ -502,7 +529,7 @@ def test_a_tip_pgd_without_ip_binds_to_far_branches_only(branch, followed):
         writer.pgd(None)
     ips, failed, _ = decode_alike(writer.bytes(), b"\x90" + branch + NOPS, None)
     far = branch in (b"\xff\x28", b"\x48\xff\x28", b"\xff\x18")
-    assert ips[:2] == ([BASE, BASE + 1] if far else [BASE])
+    assert ips[:2] == [BASE, BASE + 1]
     assert failed == (followed and not far)
 
 
@@ -519,15 +546,16 @@ def test_only_a_near_call_feeds_ret_compression(call):
     if call == b"\xff\x10":
         assert (ips, failed) == ([BASE, handler, BASE + len(call)], False)
     else:
-        assert (ips, failed) == ([BASE], True)  # the RET finds no call to return to
+        assert (ips, failed) == ([BASE, handler], True)  # the RET (decoded) finds no call to return to
 
 
 @pytest.mark.parametrize("branch", [b"\xc3", b"\xff\xe0"])
 @pytest.mark.parametrize("mode_first", [False, True])
 def test_a_mode_exec_binds_to_the_tip_right_after_it(branch, mode_first):
     """ret or jmp rax, then jz: TNT, TIP is a deferred TIP after the jz's bit (for the
-    ret, a compressed return with nothing to return to); MODE.Exec, TNT, TIP fails the
-    branch in libipt, which binds a MODE.Exec to the TIP that follows it."""
+    ret, a compressed return with nothing to return to: libipt decoded the ret, then
+    failed); MODE.Exec, TNT, TIP fails in libipt, which binds a MODE.Exec to the TIP that
+    follows it, as it reads ahead, before it decodes the branch."""
     target = BASE + 0x10
     code = branch + b"\x90" * (0x10 - len(branch)) + b"\x74\x02" + NOPS
     writer = writer_at(BASE)
@@ -536,8 +564,10 @@ def test_a_mode_exec_binds_to_the_tip_right_after_it(branch, mode_first):
     writer.tnt(True)
     writer.tip(target)
     ips, failed, _ = decode_alike(async_disable(writer, BASE + 0x18), code, None)
-    if mode_first or branch == b"\xc3":
+    if mode_first:
         assert (ips, failed) == ([], True)
+    elif branch == b"\xc3":
+        assert (ips, failed) == ([BASE], True)
     else:
         assert (ips, failed) == ([BASE, target] + list(range(BASE + 0x14, BASE + 0x18)), False)
 

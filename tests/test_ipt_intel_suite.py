@@ -1,22 +1,22 @@
 """Intel's own libipt test suite is the specification of the packet decoder and the
 flow: every ``.ptt`` in ``../shared/realworld/ipt/libipt-ptt/`` (230 tests, current
-upstream), decoded the way its expected listings were made.
+upstream), decoded the way its expected listings were made.  Every test agrees.
 
-* packets: ``decode_packets`` of ``NAME.pt``, from the first PSB, equals
+* packets: ``decode_packets`` of ``NAME.pt``, from the first PSB, with the errata of
+  each CPU ptdump runs the test with (its ``--cpu``, else each ``; cpu`` line), equals
   ``NAME-ptdump.exp`` line for line: offset, packet name, and the payload column
   ptdump prints (IP bytes and IP, TNT bits, payload fields);
 * flows: ``decode_flow`` of ``NAME.pt`` over ``NAME.bin`` at the ``.ptt``'s ``org``,
-  with each of the test's ``; cpu`` (its errata workarounds on), equals the instruction
+  with each of the test's CPUs (its errata workarounds on), equals the instruction
   addresses of ``NAME-ptxed.exp`` up to its end (``[end of trace]``, or the first
   error when the test does not resynchronise), and its events (PTXED_EVENTS: the
   kinds both print) come in ptxed's order.
 
 A ptxed option changes nothing to compare (event and timing display) or has an
-equivalent (``--resync-on-error``: FlowDecoder's ``resync_on_error``; ``--cpu``), or
-its test is not applicable, for a reason listed in
-FLOW_NOT_APPLICABLE.  Tests whose flow still disagrees are listed, by the family
-of libipt's conventions they follow, in FLOW_DISAGREES: a ratchet: a test asserts
-each still disagrees (fixing one means removing it) and that the list does not grow.
+equivalent (``--resync-on-error``: FlowDecoder's ``resync_on_error``;
+``--event:iflags``: its ``report_iflags``; ``--cpu``), or its test is not
+applicable, for a reason listed in FLOW_NOT_APPLICABLE (a short list: a test
+asserts it stays so).
 """
 
 import re
@@ -41,31 +41,12 @@ FLOW_NOT_APPLICABLE = {
     "--raw": "loads the code from an offset of another file",
 }
 NOT_APPLICABLE_LIMIT = 4
-# Listings that differ by design: ptdump applies the test CPU's packet-layer errata;
-# ``ipt packets`` lists the packets as encoded (the flow applies those errata).
-PACKETS_DIFFER = {
-    "skd007": "SKD007: ptdump shows a CYC cut by an OVF as one OVF",
-    "skz84": "SKZ84: ptdump shows a TMA with reserved bits and the byte after it as one invalid packet",
-}
-
-# Flows that still disagree, by family (the issue's families; each is a libipt
-# convention dbgext does not follow yet).
-FLOW_DISAGREES_BY_FAMILY = {
-    "paging: libipt binds each PIP to a MOV CR3 that follows and decodes on past the end of the trace "
-    "while one is pending; the flow does not track PIPs":
-        ("pip-pip_mov_cr3-fail",),
-    "an error's instruction: ptxed lists the instruction an error stopped at when libipt had decoded it; "
-    "the flow leaves it out, as the harness's libipt 2.0.5 calls count it (a failed pt_insn_next)":
-        ("ptxed-resync-bad_query-fup-tip", "ptxed-resync-bad_query-ovf", "ptxed-resync-bad_query-tip"),
-}
-FLOW_DISAGREES = {name: family for family, names in FLOW_DISAGREES_BY_FAMILY.items() for name in names}
-FLOW_DISAGREES_LIMIT = 4  # it only shrinks: fixing a family means removing its tests
 
 # ptdump's name of each packet type.
-PTDUMP_NAMES = {"tnt8": "tnt.8", "tnt64": "tnt.64"}
+PTDUMP_NAMES = {"tnt8": "tnt.8", "tnt64": "tnt.64", "invalid": "<invalid>"}
 PTDUMP_TYPES = {"pad", "psb", "psbend", "ovf", "stop", "tnt.8", "tnt.64", "tip", "tip.pge", "tip.pgd", "fup",
                 "mode.exec", "mode.tsx", "pip", "tsc", "cbr", "tma", "mtc", "cyc", "vmcs", "mnt", "exstop",
-                "mwait", "pwre", "pwrx", "ptw", "cfe", "evd", "trig"}
+                "mwait", "pwre", "pwrx", "ptw", "cfe", "evd", "trig", "<invalid>"}
 # IPBytes -> (payload hex digits shown, '?' digits before them)
 IP_SHOWN = {0: (0, 16), 1: (4, 12), 2: (8, 8), 3: (16, 0), 4: (12, 4), 6: (16, 0)}
 CFE_WITH_VECTOR = {1, 5, 9, 12, 14}  # INTR, SIPI, VMEXIT_INTR, UINTR, SWINTR
@@ -157,16 +138,14 @@ def expected_packets(name, with_offsets):
     return rows[first:]
 
 
-def our_packets(name, with_offsets):
+def our_packets(name, with_offsets, cpu=None):
+    """decode_packets' listing as ptdump's lines, with the errata of ``cpu`` (the packet
+    layer's: SKD007, SKZ84) as ptdump run with that CPU."""
     data = (SUITE / (name + ".pt")).read_bytes()
     hidden = {"cyc"} if "--no-cyc" in directives(name)["ptdump"] else set()
     return [(packet.offset if with_offsets else None, PTDUMP_NAMES.get(packet.type, packet.type),
-             ptdump_payload(packet)) for packet in decode_packets(data).packets if packet.type not in hidden]
-
-
-def packets_agree(name):
-    with_offsets = "--no-offset" not in directives(name)["ptdump"]
-    return our_packets(name, with_offsets) == expected_packets(name, with_offsets)
+             ptdump_payload(packet)) for packet in decode_packets(data, errata=errata_of(cpu)).packets
+            if packet.type not in hidden]
 
 
 _ADDRESS = re.compile(r"^(?:\? )?([0-9a-f]{16})\b")
@@ -195,25 +174,32 @@ def not_applicable(name):
     return None
 
 
-def cpus(name):
-    """The CPUs the test runs with (each ``; cpu`` line, or ptxed's ``--cpu``), None for none."""
+def cpus(name, tool="ptxed"):
+    """The CPUs ``tool`` (ptxed, ptdump) runs the test with: its ``--cpu`` option, else each
+    ``; cpu`` line (the suite runs the tool once per line, against the same listing), [None] for none."""
     found = directives(name)
-    options = found["ptxed"]
+    options = found[tool]
     if "--cpu" in options:
         return [options[options.index("--cpu") + 1]]
     return found["cpus"] or [None]
 
 
-def our_flow(name, cpu):
+def errata_of(cpu):
+    """The errata workarounds a tool applies for ``cpu`` ("F/M"; "0/0" and None: no CPU)."""
+    return cpu_errata(parse_cpu(cpu)) if cpu and cpu != "0/0" else frozenset()
+
+
+def decoded(name, cpu):
+    """decode_flow of the test with ``cpu``'s errata and the equivalent of each ptxed option."""
     found = directives(name)
-    errata = cpu_errata(parse_cpu(cpu)) if cpu and cpu != "0/0" else frozenset()
     code = CodeImage(images=[(found["org"], (SUITE / (name + ".bin")).read_bytes())])
-    return decode_flow((SUITE / (name + ".pt")).read_bytes(), code, errata=errata,
-                       resync_on_error="--resync-on-error" in found["ptxed"]).instructions
+    return decode_flow((SUITE / (name + ".pt")).read_bytes(), code, errata=errata_of(cpu),
+                       resync_on_error="--resync-on-error" in found["ptxed"],
+                       report_iflags="--event:iflags" in found["ptxed"])
 
 
-def flow_agrees(name):
-    return all(our_flow(name, cpu) == expected_flow(name) for cpu in cpus(name))
+def our_flow(name, cpu):
+    return decoded(name, cpu).instructions
 
 
 def test_the_suite_is_there_whole():
@@ -222,32 +208,24 @@ def test_the_suite_is_there_whole():
         assert (SUITE / (name + ".pt")).read_bytes().find(PSB) >= 0 or name.startswith("ptdump-"), name
 
 
-@pytest.mark.parametrize("name", [name for name in TESTS if name not in PACKETS_DIFFER])
-def test_packets_equal_ptdumps_listing(name):
+@pytest.mark.parametrize("name", TESTS)
+def test_packets_equal_ptdumps_listing_with_each_of_the_tests_cpus(name):
     with_offsets = "--no-offset" not in directives(name)["ptdump"]
-    assert our_packets(name, with_offsets) == expected_packets(name, with_offsets)
+    for cpu in cpus(name, "ptdump"):
+        assert (cpu, our_packets(name, with_offsets, cpu)) == (cpu, expected_packets(name, with_offsets))
 
 
-@pytest.mark.parametrize("name", sorted(PACKETS_DIFFER))
-def test_a_listing_that_differs_by_design_differs_only_where_its_erratum_is(name):
-    ours, theirs = our_packets(name, True), expected_packets(name, True)
-    assert ours != theirs and ours[:3] == theirs[:3]
+def test_the_packet_layer_errata_change_the_listing_only_with_their_cpu():
+    """skd007 and skz84 list the packets as encoded without a CPU, and as ptdump with theirs."""
+    for name, cpu, listed in [("skd007", "6/78", (0x19, "ovf", "")), ("skz84", "6/85", (0x1b, "<invalid>", ""))]:
+        assert listed in our_packets(name, True, cpu) and listed not in our_packets(name, True)
+        assert our_packets(name, True) != expected_packets(name, True)
 
 
-@pytest.mark.parametrize("name", [name for name in FLOW_TESTS
-                                  if not_applicable(name) is None and name not in FLOW_DISAGREES])
-def test_flow_equals_ptxeds_instructions(name):
+@pytest.mark.parametrize("name", [name for name in FLOW_TESTS if not_applicable(name) is None])
+def test_flow_equals_ptxeds_instructions_with_each_of_the_tests_cpus(name):
     for cpu in cpus(name):
         assert (cpu, our_flow(name, cpu)) == (cpu, expected_flow(name))
-
-
-@pytest.mark.parametrize("name", sorted(FLOW_DISAGREES))
-def test_a_flow_listed_as_disagreeing_still_disagrees(name):
-    assert not flow_agrees(name), "%s agrees now: remove it from FLOW_DISAGREES" % name
-
-
-def test_the_list_of_disagreeing_flows_does_not_grow():
-    assert len(FLOW_DISAGREES) <= FLOW_DISAGREES_LIMIT and set(FLOW_DISAGREES) <= set(FLOW_TESTS)
 
 
 def test_the_list_of_options_without_an_equivalent_stays_short():
@@ -256,8 +234,8 @@ def test_the_list_of_options_without_an_equivalent_stays_short():
 
 
 def test_resync_on_error_goes_on_at_the_next_ip_from_the_command_line():
-    """ptxed-resync-bad_query-tip: the jnz finds a TIP; with --resync-on-error decoding goes
-    on at that TIP's IP, without it at the next PSB (there is none)."""
+    """ptxed-resync-bad_query-tip: the jnz finds a TIP (listed: libipt had decoded it); with
+    --resync-on-error decoding goes on at that TIP's IP, without it at the next PSB (there is none)."""
     import io
     import json
 
@@ -272,7 +250,47 @@ def test_resync_on_error_goes_on_at_the_next_ip_from_the_command_line():
         document = json.loads(stream.getvalue())
         listed[bool(option)] = [row["ip"] for row in document["buffers"][0]["instructions"]]
         assert [problem["kind"] for problem in document["problems"]] == ["ipt_flow_error"]
-    assert listed == {False: [], True: [0x100005]}
+    assert listed == {False: [0x100000], True: [0x100000, 0x100005]}
+
+
+def test_packets_with_the_tests_cpu_from_the_command_line():
+    """skz84 with ``ipt packets --cpu 6/85``: the corrupted TMA and the byte after it are one
+    invalid packet, as ptdump lists them; without the CPU the TMA does not decode."""
+    import io
+    import json
+
+    from dbgext.cli import main
+    argv = ["ipt", "packets", "--trace", str(SUITE / "skz84.pt")]
+    listed = {}
+    for cpu in ([], ["--cpu", "6/85"]):
+        stream = io.StringIO()
+        main(argv + cpu + ["--json"], stream=stream)
+        document = json.loads(stream.getvalue())
+        listed[bool(cpu)] = ([(row["offset"], row["type"]) for row in document["buffers"][0]["packets"]][3:5],
+                             document["cpu"], document["errata"])
+    assert listed[False] == ([(0x19, "psbend")], None, [])
+    assert listed[True] == ([(0x19, "psbend"), (0x1b, "invalid")], [6, 85], ["bdm70", "skd022", "skl014", "skz84"])
+    stream = io.StringIO()
+    main(argv + ["--cpu", "6/85"], stream=stream)
+    assert re.search(r"0x1b +invalid +erratum", stream.getvalue())
+
+
+
+def test_event_iflags_from_the_command_line_and_refused_with_libipt_in_one_line():
+    import io
+    import json
+
+    from dbgext.cli import main
+    name = "ptet-mode_exec-if"
+    argv = ["ipt", "flow", "--trace", str(SUITE / (name + ".pt")), "--image",
+            "%s@%x" % (SUITE / (name + ".bin"), directives(name)["org"]), "--event-iflags"]
+    stream = io.StringIO()
+    assert main(argv + ["--json"], stream=stream) == 0
+    kinds = [event["kind"] for event in json.loads(stream.getvalue())["buffers"][0]["events"]]
+    assert kinds == ["enabled", "interrupts_disabled", "interrupts_enabled", "interrupts_disabled", "disabled"]
+    error = io.StringIO()
+    assert main(argv + ["--decoder", "libipt"], stream=io.StringIO(), error_stream=error) == 1
+    assert error.getvalue().count("\n") == 1 and "report_iflags needs the python decoder" in error.getvalue()
 
 
 # -- events ---------------------------------------------------------------------------
@@ -284,14 +302,8 @@ PTXED_EVENTS = (("[enabled", "enabled"), ("[resumed", "enabled"), ("[disabled", 
                 ("[overflow", "overflow"), ("[interrupts enabled", "interrupts_enabled"),
                 ("[interrupts disabled", "interrupts_disabled"),
                 ("[interrupt", "interrupt"), ("[exstop", "exstop"), ("[ptwrite", "ptwrite"),
-                ("[begin transaction", "tsx_begin"), ("[committed", "tsx_commit"), ("[aborted", "tsx_abort"))
-# Tests whose events still differ: measured when the comparison was added; it only
-# shrinks.  ptet-mode_exec-if: upstream reports the interrupt flag a TIP.PGE enables
-# tracing with when no MODE.Exec said it before (with ptxed's --event:iflags); the flow
-# does not, as on a trace without event tracing (the IF bit always clear) that would be
-# an "interrupts disabled" at the first TIP.PGE after every PSB+ taken with tracing off.
-EVENTS_DISAGREE = frozenset(("ptet-mode_exec-if",))
-EVENTS_DISAGREE_LIMIT = 1
+                ("[begin transaction", "tsx_begin"), ("[committed", "tsx_commit"), ("[aborted", "tsx_abort"),
+                ("[paging", "paging"))
 
 
 # With --event:time ptxed starts an event line with the event's time stamp.
@@ -317,22 +329,22 @@ def expected_events(name):
 
 
 def our_events(name):
-    found = directives(name)
-    cpu = cpus(name)[0]
-    errata = cpu_errata(parse_cpu(cpu)) if cpu and cpu != "0/0" else frozenset()
-    code = CodeImage(images=[(found["org"], (SUITE / (name + ".bin")).read_bytes())])
-    result = decode_flow((SUITE / (name + ".pt")).read_bytes(), code, errata=errata,
-                         resync_on_error="--resync-on-error" in found["ptxed"])
+    result = decoded(name, cpus(name)[0])
     wanted = {kind for _, kind in PTXED_EVENTS} | {"event_interrupt"}
     return [event[1] for event in result.events if event[1] in wanted]
 
 
-@pytest.mark.parametrize("name", [name for name in FLOW_TESTS
-                                  if not_applicable(name) is None and name not in EVENTS_DISAGREE])
+@pytest.mark.parametrize("name", [name for name in FLOW_TESTS if not_applicable(name) is None])
 def test_flow_events_equal_ptxeds_events(name):
     assert our_events(name) == expected_events(name)
 
 
-def test_the_list_of_disagreeing_events_does_not_grow():
-    assert len(EVENTS_DISAGREE) <= EVENTS_DISAGREE_LIMIT and EVENTS_DISAGREE <= set(FLOW_TESTS)
-    assert all(our_events(name) != expected_events(name) for name in EVENTS_DISAGREE)
+def test_the_interrupt_flag_tracing_is_enabled_with_is_an_event_with_ptxeds_option_only():
+    """ptet-mode_exec-if (ptxed's --event:iflags): no MODE.Exec came before the one the
+    TIP.PGE enables tracing with, whose IF bit is clear."""
+    enabled_with = ["enabled", "interrupts_disabled", "interrupts_enabled", "interrupts_disabled", "disabled"]
+    assert our_events("ptet-mode_exec-if") == expected_events("ptet-mode_exec-if") == enabled_with
+    found = directives("ptet-mode_exec-if")
+    code = CodeImage(images=[(found["org"], (SUITE / "ptet-mode_exec-if.bin").read_bytes())])
+    default = decode_flow((SUITE / "ptet-mode_exec-if.pt").read_bytes(), code)
+    assert [event[1] for event in default.events] == enabled_with[:1] + enabled_with[2:]

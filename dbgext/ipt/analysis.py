@@ -161,34 +161,40 @@ class PacketBuffer(object):
 
 
 class PacketsResult(object):
-    """``buffers`` (PacketBuffer), ``stats`` (totals only), ``problems``."""
+    """``buffers`` (PacketBuffer), ``stats`` (totals only), ``cpu`` and its ``errata``, ``problems``."""
 
-    def __init__(self, buffers, stats=False):
+    def __init__(self, buffers, stats=False, cpu=None, errata=frozenset()):
         self.buffers = buffers
         self.stats = stats
+        self.cpu = cpu
+        self.errata = errata
         self.problems = _collect([(buffer.source, buffer.problems) for buffer in buffers])
 
     def as_dict(self):
-        return _document("packets", {"buffers": [buffer.as_dict() for buffer in self.buffers]}, self.problems,
-                         self.stats)
+        body = {"cpu": list(self.cpu) if self.cpu else None, "errata": sorted(self.errata),
+                "buffers": [buffer.as_dict() for buffer in self.buffers]}
+        return _document("packets", body, self.problems, self.stats)
 
 
 def list_packets(target=None, *, trace=None, data=None, address=None, size=None, format="raw", position=None,
-                 stats=False, max_packets=DEFAULT_MAX_PACKETS):
+                 stats=False, max_packets=DEFAULT_MAX_PACKETS, cpu=None):
     """The packets of a trace (``ipt packets``): every packet counted; listed up to
-    ``max_packets`` unless ``stats`` (totals only).  The trace comes as
-    :func:`load_buffers` says.  Returns a PacketsResult."""
+    ``max_packets`` unless ``stats`` (totals only).  ``cpu`` (family, model[, stepping]):
+    the listing shows the packets its packet-layer errata hit as libipt reads them (the
+    totals count the packets as encoded).  The trace comes as :func:`load_buffers` says.
+    Returns a PacketsResult."""
     _check_arch(target)
+    errata = cpu_errata(cpu)
     results = []
     for buffer in load_buffers(target, trace=trace, data=data, address=address, size=size, format=format,
                                position=position):
         totals = packet_stats(buffer.data)
         listing, truncated = None, False
         if not stats:
-            decode = decode_packets(buffer.data, max_packets=max_packets)
+            decode = decode_packets(buffer.data, max_packets=max_packets, errata=errata)
             listing, truncated = decode.packets, decode.truncated
         results.append(PacketBuffer(buffer, totals, listing, truncated))
-    return PacketsResult(results, stats)
+    return PacketsResult(results, stats, cpu, errata)
 
 
 # -- flow ------------------------------------------------------------------------------
@@ -305,7 +311,7 @@ def _decode_buffer(decoder, code, buffer, view, max_insns, stats, progress):
 
 def reconstruct_flow(target=None, *, trace=None, data=None, address=None, size=None, format="raw", position=None,
                      images=(), view="instructions", stats=False, max_insns=DEFAULT_MAX_INSNS, cpu=None,
-                     resync_on_error=False, progress=None, decoder="python"):
+                     resync_on_error=False, report_iflags=False, progress=None, decoder="python"):
     """The executed instructions of a trace (``ipt flow``), decoded to its end.
 
     The trace comes as :func:`load_buffers` says.  Code comes from ``images``
@@ -314,6 +320,7 @@ def reconstruct_flow(target=None, *, trace=None, data=None, address=None, size=N
     listing only; ``stats``: totals only.  ``cpu`` (family, model[, stepping])
     turns on libipt's errata workarounds for that CPU; ``resync_on_error`` goes on
     at the next packet naming an IP after an error, not at the next PSB;
+    ``report_iflags`` reports the interrupt flag tracing is enabled with (FlowDecoder);
     ``progress(fraction, instructions)`` is called now and then.  ``decoder``:
     "python" (dbgext's, the reference) or "libipt" (Intel's library through ctypes,
     where it is loadable: dbgext.ipt.libipt; same result).  Returns a FlowAnalysis."""
@@ -325,6 +332,8 @@ def reconstruct_flow(target=None, *, trace=None, data=None, address=None, size=N
     if decoder == "libipt" and resync_on_error:
         raise BadInput("resync_on_error needs the python decoder: libipt 2.0 resynchronises at the next PSB "
                        "only")
+    if decoder == "libipt" and report_iflags:
+        raise BadInput("report_iflags needs the python decoder: libipt 2.0 reports no interrupt flag events")
     buffers = load_buffers(target, trace=trace, data=data, address=address, size=size, format=format,
                            position=position)
     code = Code(target, images)
@@ -333,7 +342,8 @@ def reconstruct_flow(target=None, *, trace=None, data=None, address=None, size=N
         from .libipt import LibiptFlowDecoder   # loads the library: never at import (WinDbg has none)
         flow_decoder = LibiptFlowDecoder(code.image, code.suspicious, BlockCache(code.image), cpu)
     else:
-        flow_decoder = FlowDecoder(code.image, code.suspicious, BlockCache(code.image), errata, resync_on_error)
+        flow_decoder = FlowDecoder(code.image, code.suspicious, BlockCache(code.image), errata, resync_on_error,
+                                   report_iflags)
     results = [_decode_buffer(flow_decoder, code, buffer, view, max_insns, stats, progress) for buffer in buffers]
     return FlowAnalysis(results, view, stats, cpu, errata)
 

@@ -23,6 +23,15 @@ def _add_source_options(parser):
     parser.add_argument("--stats", action="store_true", help="decode everything, print only totals")
 
 
+def _add_cpu_option(parser, what):
+    parser.add_argument("--cpu", metavar="F/M[/S]", help="the traced CPU's family/model/stepping, for libipt's "
+                        "errata workarounds (e.g. 6/92/9): " + what)
+
+
+def _cpu(args):
+    return parse_cpu(args.cpu) if args.cpu else None
+
+
 def add_arguments(parser):
     sub = parser.add_subparsers(dest="ipt_command", metavar="SUBCOMMAND")
     packets = sub.add_parser("packets", help="list the packets of a trace")
@@ -30,6 +39,9 @@ def add_arguments(parser):
     packets.add_argument("--max-packets", metavar="N",
                          help="list at most N packets (hex; default 0n%d); totals count them all"
                          % DEFAULT_MAX_PACKETS)
+    _add_cpu_option(packets, "the listing shows the packets the packet layer's errata hit as ptdump does "
+                    "(SKD007: a CYC cut by an OVF is one ovf; SKZ84: a corrupted TMA and the byte after it are one "
+                    "invalid packet); --stats counts the packets as encoded")
     flow = sub.add_parser("flow", help="reconstruct the executed instructions")
     _add_source_options(flow)
     flow.add_argument("--image", action="append", default=[], metavar="FILE@BASE",
@@ -39,12 +51,15 @@ def add_arguments(parser):
     flow.add_argument("--view", choices=FLOW_VIEWS, default="instructions",
                       help="instructions with disassembly (default), path (one line per function entered), "
                       "calltree, functions")
-    flow.add_argument("--cpu", metavar="F/M[/S]", help="the traced CPU's family/model/stepping, for libipt's "
-                      "errata workarounds (e.g. 6/92/9); the flow applies all of them but SKL168 (timing only) "
-                      "and SKL014 (it needs address filters, which the flow is not given)")
+    _add_cpu_option(flow, "the flow applies all of them but SKL168 (timing only) and SKL014 (it needs address "
+                    "filters, which the flow is not given)")
     flow.add_argument("--resync-on-error", action="store_true",
                       help="after an error go on at the next packet that names an IP (as ptxed's option), not at "
                       "the next PSB")
+    flow.add_argument("--event-iflags", action="store_true",
+                      help="report the interrupt flag tracing is enabled with, where no MODE.Exec said it before "
+                      "(as ptxed's --event:iflags): for traces with event tracing; without it the IF bit always reads "
+                      "clear")
     flow.add_argument("--decoder", choices=DECODERS, default="python",
                       help="python: dbgext's own decoder (default, the reference); libipt: Intel's libipt through "
                       "ctypes (libipt.so.2, or the library DBGEXT_LIBIPT names): a cross-check, slower than python "
@@ -102,13 +117,13 @@ def _end_progress(ctx, progress):
 
 def _packets(ctx, args, progress):
     return list_packets(_target(ctx), stats=args.stats, max_packets=_number(args.max_packets) or DEFAULT_MAX_PACKETS,
-                        **_source_options(ctx, args))
+                        cpu=_cpu(args), **_source_options(ctx, args))
 
 
 def _flow(ctx, args, progress):
     return reconstruct_flow(_target(ctx), images=[parse_image(ctx, spec) for spec in args.image], view=args.view,
                             stats=args.stats, max_insns=_number(args.max_insns) or DEFAULT_MAX_INSNS,
-                            cpu=parse_cpu(args.cpu) if args.cpu else None, resync_on_error=args.resync_on_error,
+                            cpu=_cpu(args), resync_on_error=args.resync_on_error, report_iflags=args.event_iflags,
                             progress=progress, decoder=args.decoder, **_source_options(ctx, args))
 
 

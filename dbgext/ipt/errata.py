@@ -3,7 +3,8 @@ with the same CPU-to-erratum table as upstream libipt's ``pt_cpu_errata``.
 
 The flow decoder (flow.py) applies each workaround where and as libipt 2.0.5's
 instruction flow shows it (checked against libipt with and without the CPU,
-tests/test_ipt_differential.py):
+tests/test_ipt_differential.py); the two of the packet layer (SKD007, SKZ84) are
+packets.packet_errata, which the packet listing applies too:
 
 * BDM70 (query layer): a PSB+ while tracing is off holds a FUP (and MODE.Exec) right
   before a TIP.PGE: the FUP is ignored, IP and all (the TIP.PGE's IP builds on no
@@ -28,7 +29,8 @@ Two change nothing here, as in libipt's instruction flow: SKL014 (a TIP.PGD with
 its IP after a direct branch) applies only with an address-filter configuration,
 which libipt is not given by default and the flow has none of; SKL168 (a CYC/MTC
 dropped before a PSB) only corrects time calibration, and the flow reconstructs no
-timing.  The packet listing (``ipt packets``) decodes without errata.
+timing.  The packet listing (``ipt packets --cpu``) shows the packets SKD007 and SKZ84
+hit as libipt's packet decoder and ptdump do: one OVF, one invalid packet.
 """
 
 from ..errors import BadInput

@@ -14,9 +14,10 @@ suite.  Where they differ, upstream rules:
   reports the end of the trace with its events drained, where 2.0.5's decoder would
   list one instruction more after an event that moved the IP;
 * the CPU errata table is upstream's (errata.py), which knows more CPUs;
-* the instruction an error stops at: ptxed lists it when libipt had decoded it; the
-  flow leaves it out, as the harness (counting what pt_insn_next returned) does:
-  the suite's tests that show it are listed in tests/test_ipt_intel_suite.py.
+* the instruction an error stops at: listed, as ptxed lists it, when libipt had
+  decoded it (pt_insn_next failed after decoding: the query for its branch, its
+  return stack, an event after it; the harness counts it the same way, by its
+  instruction class), left out where libipt fails before (reading ahead);
 
 * events are bound only once the TNT bits are used up, as libipt's query decoder
   signals them only then;
@@ -50,7 +51,9 @@ suite.  Where they differ, upstream rules:
   is traced, also right before an OVF or at the end; so is MODE.Exec + FUP outside
   PSB+ (an interrupt flag change: ``interrupts_enabled``/``interrupts_disabled``,
   only where the IF bit differs from the last MODE.Exec's, as upstream; while tracing
-  is off too, an event at the FUP's IP);
+  is off too, an event at the FUP's IP); with ``report_iflags`` (ptxed's
+  ``--event:iflags``) also the MODE.Exec before a TIP.PGE, an event without IP
+  after the enable;
   a FUP after TRIG with its IP bit or after a CFE of a branching instruction (IRET,
   VMENTRY, UIRET, SYSCALL) is no transfer;
 * EXSTOP or PTW without its IP bit is an event at no IP where the walk reads it,
@@ -58,6 +61,14 @@ suite.  Where they differ, upstream rules:
   PTWRITE, whose IP it gives); with its IP bit while tracing is off, an event at the
   FUP's IP; an OVF in place of its FUP leaves it an event without IP (upstream
   ptxed; libipt 2.0.5 drops it);
+* a PIP outside PSB+ is a ``paging`` event: while tracing is off where it is read;
+  after a FUP whose transfer is due, right after that transfer's event; else after
+  the first MOV CR3, far branch or VM entry from the last trace data on (one PIP an
+  instruction).  While one is unbound libipt does not see the end of the trace: it
+  decodes on until a branch needs trace (listed: it decoded it) or the code stops (a
+  gap); where another event comes first, libipt holds that event back until the PIP
+  binds, the flow binds it where it comes (no suite test has it; libipt 2.0.5 then
+  decodes past the event);
 * an EVD before a CFE that does not take its type is an error (upstream's
   "unexpected packet context"); a CFE of an interrupt (INTR) is an ``event_interrupt``
   without IP where it is read (ptxed's "[interrupt <vector>]"; the ``interrupt``
@@ -116,10 +127,6 @@ _COND_EXTRA = {"loop", "loope", "loopne", "jrcxz", "jecxz", "jcxz"}
 
 # Erratum BDM64: how far libipt looks for a transaction abort's IP along straight-line code.
 BDM64_MAX_STEPS = 0x100
-# Erratum SKZ84: a TMA whose reserved bits are set (its reserved byte, or FC above bit 8).
-_SKZ84_CANDIDATE = re.compile(b"\\x02\\x73(?:..[^\\x00]|....[^\\x00\\x01])", re.DOTALL)
-# Erratum SKD007: a CYC's first byte with more bytes to come, then an OVF (02 F3).
-_SKD007_CANDIDATE = re.compile(b"[" + b"".join(re.escape(bytes([byte])) for byte in range(7, 256, 8)) + b"]\x02\xf3")
 
 MAX_BLOCK_BYTES = 0x1000
 # Committed instructions are handed on in chunks of at least this many.
@@ -366,11 +373,12 @@ F_END = 23  # no more packets (offset: the last packet's); _Walk.item() hands ou
 # It binds to no instruction: the walk records it where it reads it (walk_item), on or off.
 F_EVENT = 24
 F_BAD_CONTEXT = 25  # a packet where it cannot be (an EVD before a CFE that does not take it); value: why
+F_PIP = 26  # a PIP outside PSB+ (CR3 changed: libipt's paging event; _Walk.read_pip); value: None
 ITEM_NAMES = {F_TNT: "tnt", F_TIP: "tip", F_PGE: "tip.pge", F_PGD: "tip.pgd", F_FUP: "fup", F_MODE: "mode.exec",
               F_PSB: "psb", F_PSBEND: "psbend", F_OVF: "ovf", F_ERROR: "error", F_AT_IP: "event",
-              F_EVENT: "event", F_BAD_CONTEXT: "error"}
+              F_EVENT: "event", F_BAD_CONTEXT: "error", F_PIP: "pip"}
 # The items _Walk.item() does more with than hand them on (walk_item).
-_WALK_ITEMS = frozenset((F_PSB, F_ERROR, F_END, F_EVENT, F_BAD_CONTEXT))
+_WALK_ITEMS = frozenset((F_PSB, F_ERROR, F_END, F_EVENT, F_BAD_CONTEXT, F_PIP))
 _TAKEN = bytes.maketrans(b"TN", b"\x01\x00")
 
 
@@ -544,13 +552,20 @@ class FlowDecoder(object):
     ``suspicious``: {address: name} of functions a real trace should not enter
     (nt!KeBugCheckEx...); entering one adds a warning.  ``resync_on_error`` (ptxed's
     ``--resync-on-error``): after an error decoding resumes at the next packet that
-    names an IP (TIP, TIP.PGE, FUP + TIP, an OVF's resume point), not at the next PSB."""
+    names an IP (TIP, TIP.PGE, FUP + TIP, an OVF's resume point), not at the next PSB.
+    ``report_iflags`` (ptxed's ``--event:iflags``): the interrupt flag tracing is enabled
+    with (the MODE.Exec before a TIP.PGE) is an event when no MODE.Exec said it before;
+    off by default: on a trace without event tracing the IF bit is always clear, and
+    that would be an ``interrupts_disabled`` at the first TIP.PGE after every PSB+ taken
+    while tracing was off."""
 
-    def __init__(self, code, suspicious=None, cache=None, errata=frozenset(), resync_on_error=False):
+    def __init__(self, code, suspicious=None, cache=None, errata=frozenset(), resync_on_error=False,
+                 report_iflags=False):
         self.cache = cache or BlockCache(code)
         self.suspicious = dict(suspicious or {})
         self.errata = frozenset(errata)
         self.resync_on_error = resync_on_error
+        self.report_iflags = report_iflags
 
     def decode(self, data, start=0, end=None, max_insns=None, sink=None, progress=None, result=None):
         """Decode ``data[start:end]`` to the end.  Committed instructions go, in chunks,
@@ -571,56 +586,10 @@ class FlowDecoder(object):
             if sink is not None:
                 sink(chunk)
 
-        if "skd007" in self.errata:
-            data = _cyc_cut_by_overflow_to_pad(data, start, end)
-        if "skz84" in self.errata:
-            data = _corrupted_tma_to_pad(data, start, end)
-        _Walk(self, result, _flow_items(data, start, end), keep, progress, data).run()
+        data = P.packet_errata(data, start, end, self.errata)[0]
+        _Walk(self, result, _flow_items(data, start, end, self.report_iflags), keep, progress, data).run()
         result.blocks_built = self.cache.blocks_built
         return result
-
-
-def _cyc_cut_by_overflow_to_pad(data, start, end):
-    """Erratum SKD007: an OVF may come after the first byte of a multi-byte CYC, in place of
-    its other bytes.  As libipt's query decoder, a 2-byte CYC whose second byte and the
-    byte after it read 02 F3 is taken for that first byte: it becomes a PAD here, so the OVF
-    decodes (offsets stay as they are)."""
-    end = len(data) if end is None else min(end, len(data))
-    if not _SKD007_CANDIDATE.search(data, start, end):
-        return data
-    patched = None
-    for kind, offset, value in P.tokens(data, start, end):
-        if kind == P.K_OTHER and value[0] == "cyc" and data[offset] & 4 and offset + 2 < end \
-                and data[offset + 1] == 0x02 and data[offset + 2] == 0xF3:
-            if patched is None:
-                patched = bytearray(data)
-            patched[offset] = 0
-    return data if patched is None else bytes(patched)
-
-
-def _corrupted_tma_to_pad(data, start, end):
-    """Erratum SKZ84: with VMX TSC offsetting or scaling a TMA is corrupted and a bogus
-    byte follows it.  As libipt, a TMA with reserved bits set is skipped with the byte
-    after it (here: the 8 bytes become PADs, so offsets stay as they are)."""
-    end = len(data) if end is None else min(end, len(data))
-    if not _SKZ84_CANDIDATE.search(data, start, end):
-        return data
-    patched = bytearray(data)
-    position = start
-    changed = False
-    while position is not None:
-        segment, position = position, None
-        for kind, offset, value in P.tokens(patched, segment, end):
-            if kind == P.K_PSB:
-                segment = offset
-            corrupted = (kind == P.K_OTHER and value[0] == "tma" and patched[offset + 4]) or \
-                (kind == P.K_ERROR and value.startswith("tma packet with reserved bits"))
-            if corrupted and offset + 8 <= end:
-                patched[offset:offset + 8] = bytes(8)
-                changed = True
-                position = segment  # decode that stretch again past the PADs
-                break
-    return bytes(patched) if changed else data
 
 
 def _ip_table(tables, kept_bits):
@@ -634,7 +603,7 @@ def _ip_table(tables, kept_bits):
     return table
 
 
-def _flow_items(data, start, end):
+def _flow_items(data, start, end, report_iflags=False):
     """The items of ``data[start:end]`` from its first PSB on, then F_END forever.
 
     The packets (see _token_regex), reduced to what control flow keeps of them: TNT-8
@@ -644,7 +613,9 @@ def _flow_items(data, start, end):
     FUP that binds it become one F_AT_IP item (value: the IP and the event) and, as in
     libipt, the FUP of an abort also stays, as an asynchronous transfer to the TIP that
     follows; in PSB+ MODE.TSX is status, and the FUP is PSB+'s.  A packet that does
-    not decode is an F_ERROR item, and the items go on from the next PSB."""
+    not decode is an F_ERROR item, and the items go on from the next PSB.
+    ``report_iflags``: a MODE.Exec before a TIP.PGE whose IF bit differs from the last
+    MODE.Exec's (or no MODE.Exec came before) is an F_EVENT after the TIP.PGE."""
     end = len(data) if end is None else min(end, len(data))
     position = data.find(P.PSB, start, end)
     offset = start
@@ -762,6 +733,8 @@ def _flow_items(data, start, end):
                     elif opcode in _EVENT_AT_FUP:
                         bound = _EVENT_AT_FUP[opcode]
                         fup_bound = True
+                    elif opcode == 0x43 and not in_psb:  # PIP (in PSB+ it only restates CR3)
+                        yield F_PIP, offset, None
                     elif opcode in _EVENT_WITHOUT_IP:
                         yield F_EVENT, offset, _EVENT_WITHOUT_IP[opcode]
                     elif opcode == 0x13:  # CFE: the EVDs before it are its data
@@ -787,9 +760,12 @@ def _flow_items(data, start, end):
                 # transaction state tracing is enabled in is an event without IP (ptxed's).
                 if kind == F_PGE and bound in _TSX_STATES:
                     yield F_EVENT, offset, bound
+                enabled_with = bound if report_iflags and kind == F_PGE and bound in _IF_EVENT_KINDS else None
                 skip_fup = fup_bound = False
                 bound = None
                 yield kind, offset, ip
+                if enabled_with is not None:  # the interrupt flag tracing is enabled with (ptxed's --event:iflags)
+                    yield F_EVENT, offset, enabled_with
             elif skip_fup:
                 skip_fup = False
                 fup_bound = bound is not None
@@ -821,7 +797,7 @@ class _Walk(object):
                  "sink", "progress", "next_trace_item", "data", "pushed", "in_status", "mode", "retstack", "bits",
                  "bit_index", "lookahead", "ended", "committed", "resumed_at", "last_offset", "warned", "walking", "synced",
                  "off_ip", "psb_mode", "bdm64_checked", "waiting_fups", "held", "held_after",
-                 "resync_past_psb")
+                 "resync_past_psb", "pips", "paging_kept", "async_pips", "fup_in_flight")
 
     def __init__(self, decoder, result, items, sink, progress=None, data=b""):
         self.cache = decoder.cache
@@ -857,6 +833,10 @@ class _Walk(object):
         self.held = None         # a FUP libipt holds with the items up to its TIP (held_after) until its IP
         self.held_after = None
         self.resync_past_psb = False  # after this error, libipt resyncs past the next PSB (psb_follows)
+        self.pips = []           # PIPs read while walking and not bound yet: (offset, where binding starts)
+        self.paging_kept = 0     # the instructions up to the last one a PIP bound to stay (absolute count)
+        self.async_pips = []     # PIPs that go with the transfer of the FUP before them (their offsets)
+        self.fup_in_flight = False  # take_async reads what follows a FUP
 
     # -- items --------------------------------------------------------------------
 
@@ -893,6 +873,8 @@ class _Walk(object):
                     return item
             elif kind == F_EVENT:
                 self.event(item[2], item[1], None)
+            elif kind == F_PIP:
+                self.read_pip(item[1])
             elif kind == F_ERROR or kind == F_BAD_CONTEXT:
                 self.problems.add("ipt_packet_error" if kind == F_ERROR else "ipt_flow_error", None, item[2],
                                   offset=item[1])
@@ -968,12 +950,58 @@ class _Walk(object):
             self.in_status = False
 
     def event(self, kind, offset, ip):
-        """Record an event before the next instruction: (instruction index, kind, trace offset, IP)."""
+        """Record an event before the next instruction: (instruction index, kind, trace offset, IP).
+        The PIPs bound before it come first; those that go with a transfer follow it."""
+        if self.pips:
+            self.bind_pips()
         self.result.add_event((self.flushed + len(self.out), kind, offset, ip))
+        if self.async_pips and (kind == "interrupt" or kind == "disabled"):
+            for pip_offset in self.async_pips:
+                self.result.add_event((self.flushed + len(self.out), "paging", pip_offset, None))
+            self.async_pips = []
+
+    # -- paging (PIP) ---------------------------------------------------------------
+
+    def read_pip(self, offset):
+        """A PIP outside PSB+, libipt's paging event.  While tracing is off it is an event
+        where it is read; after a FUP whose transfer is due it goes with that transfer
+        (after its ``interrupt`` or ``disabled``); else it binds to the next MOV CR3, far
+        branch or VM entry from the last trace data on (bind_pips)."""
+        if not self.walking:
+            self.event("paging", offset, None)
+        elif self.fup_in_flight or self.held is not None or (self.lookahead is not None
+                                                             and self.lookahead[0] == F_FUP):
+            self.async_pips.append(offset)
+        else:
+            self.pips.append((offset, self.flushed + self.committed))
+            self.bind_pips()
+
+    def bind_pips(self):
+        """Bind each pending PIP, in order, to the first MOV CR3, far branch or VM entry
+        walked from where it binds on (one PIP an instruction): a ``paging`` event after
+        that instruction, which stays listed (libipt had decoded it and reports the event
+        before it sees the end of the trace)."""
+        out, flushed = self.out, self.flushed
+        while self.pips:
+            offset, start = self.pips[0]
+            for index in range(max(start - flushed, 0), len(out)):
+                address = out[index]
+                if self.is_far_transfer(address) or self.cache.disassemble(address).startswith("mov cr3"):
+                    break
+            else:
+                self.pips[0] = (offset, flushed + len(out))  # what was walked does not bind it
+                return
+            del self.pips[0]
+            self.paging_kept = flushed + index + 1
+            self.result.add_event((self.paging_kept, "paging", offset, None))
+            if self.pips:
+                self.pips[0] = (self.pips[0][0], max(self.pips[0][1], self.paging_kept))
 
     def flush(self):
         """Hand the committed instructions to the sink (in chunks of FLUSH_SIZE or more,
         and at the end), so a decode of any size holds one chunk at a time."""
+        if self.pips:
+            self.bind_pips()
         count = self.committed
         if count == 0:
             return
@@ -993,22 +1021,26 @@ class _Walk(object):
         self.retstack = []
         self.waiting_fups = []
         self.held = self.held_after = None
+        self.pips, self.async_pips = [], []
 
-    def drop_uncommitted(self, failed_at=None, at_end=False):
-        """Drop what was walked past the last trace data.  At the end of the trace,
-        while libipt holds an event (hold_async_branch) it does not see the end
-        coming: everything up to the branch that found no data (``failed_at``) stays."""
-        keep = self.committed
-        out = self.out
-        if at_end and self.held is not None:
-            keep = len(out) - (1 if out and out[-1] == failed_at else 0)
-        del out[keep:]
+    def drop_uncommitted(self, at_end=False):
+        """Drop what was walked past the last trace data, but for the instructions up to
+        the last one a PIP bound to.  At the end of the trace, while libipt holds an
+        event (hold_async_branch) or a PIP it has not bound, it does not see the end
+        coming: everything up to the branch that found no data stays, that branch too
+        (libipt had decoded it when its query met the end, and ptxed lists it)."""
+        if self.pips:
+            self.bind_pips()
+        if not (at_end and (self.held is not None or self.pips)):
+            del self.out[max(self.committed, self.paging_kept - self.flushed):]
 
-    def error(self, offset, message, failed_at=None):
-        """Report and abandon this PSB segment.  Like libipt, the instructions walked so far
-        stay and the instruction that could not proceed (``failed_at``) is left out."""
+    def error(self, offset, message, failed_at=None, decoded=True):
+        """Report and abandon this PSB segment.  Like ptxed, the instructions walked so far
+        stay, and so does the instruction that could not proceed (``failed_at``) when
+        libipt had decoded it (``decoded``: the query for its branch failed); where libipt
+        fails before it decodes that instruction (reading ahead), it is left out."""
         self.problems.add("ipt_flow_error", failed_at, message, offset=offset)
-        if failed_at is not None and self.out and self.out[-1] == failed_at:
+        if not decoded and failed_at is not None and self.out and self.out[-1] == failed_at:
             self.out.pop()
         raise _Resync()
 
@@ -1344,7 +1376,7 @@ class _Walk(object):
             if after_mode:
                 # libipt binds a MODE.Exec to the TIP right after it: TNT there fails the branch.
                 self.error(item[1], "MODE.Exec followed by TNT where the %s at 0x%x needs a TIP" % (wanted, address),
-                           address)
+                           address, decoded=False)
             # A deferred TIP: the TNT bits of the branches after this one come first,
             # one TNT packet of them (libipt fails on a second).
             first = self.data[item[1]]
@@ -1481,7 +1513,7 @@ class _Walk(object):
                         self.lookahead = None
                         tip = pushed.pop()
                         committed = self.committed = self.resumed_at = len(out)
-                        self.result.add_event((self.flushed + committed, "interrupt", tip[1], async_ip))
+                        self.event("interrupt", tip[1], async_ip)
                         ip = tip[2]
                         bits_used_up = True
                         idle_blocks = 0
@@ -1642,16 +1674,18 @@ class _Walk(object):
         the gap usually returns into the code that called it).
 
         Past the end of the trace or before an OVF there is no gap: what was walked
-        without trace data is dropped, as at any end of the trace or overflow."""
+        without trace data is dropped, as at any end of the trace or overflow; but for
+        a PIP libipt has not bound, with which it decodes on to the gap."""
         if self.bit_index >= len(self.bits):
             item = self.peek()
             if item is None:
                 self.drop_uncommitted(at_end=True)
-                return None
-            if item[0] == F_OVF:  # no gap either: what was walked after the last trace data is lost
+                if not self.pips:
+                    return None
+            elif item[0] == F_OVF:  # no gap either: what was walked after the last trace data is lost
                 self.drop_uncommitted()
                 return None
-            if item[0] == F_PGD and item[2] is None:  # tracing stopped at a MOV CR3 on the way
+            elif item[0] == F_PGD and item[2] is None:  # tracing stopped at a MOV CR3 on the way
                 return self.unbound_disable(item[1], block.end, "code")
         start = self.last_offset
         self.event("gap", start, block.end)
@@ -1801,8 +1835,8 @@ class _Walk(object):
     def unbound_disable(self, offset, address, what):
         """A TIP.PGD without an IP found by a branch that needs trace (``address``).  libipt
         binds it only to a far transfer or a MOV CR3: the first MOV CR3 walked since the
-        last trace data is where tracing stopped; else libipt fails the branch, silently
-        when the TIP.PGD ends the trace."""
+        last trace data is where tracing stopped; else libipt fails the branch (which it
+        had decoded: it stays listed), silently when the TIP.PGD ends the trace."""
         out = self.out
         for index in range(self.committed, len(out)):
             if out[index] != address and self.cache.disassemble(out[index]).startswith("mov cr3"):
@@ -1815,8 +1849,6 @@ class _Walk(object):
         if self.items_ahead(lambda item: True):
             self.error(offset, "tip.pgd without an IP where the %s at 0x%x needs trace (it binds only to a far "
                        "transfer)" % (what, address), address)
-        if out and out[-1] == address:
-            out.pop()
         self.lookahead = None
         self.committed = len(out)
         return None
@@ -1873,7 +1905,11 @@ class _Walk(object):
                 self.event(item[2][1], item[1], address)
             return address
         self.lookahead = None
-        item = self.peek_past_modes()
+        self.fup_in_flight = True  # a PIP before its TIP goes with the transfer (read_pip)
+        try:
+            item = self.peek_past_modes()
+        finally:
+            self.fup_in_flight = False
         if item is None:
             return None
         kind, offset, value = item
@@ -1902,7 +1938,7 @@ class _Walk(object):
         is dropped), TIP.PGD (tracing stops after the branch), or an error."""
         item = self.peek()
         if item is None:
-            self.drop_uncommitted(block.end, at_end=True)
+            self.drop_uncommitted(at_end=True)
             return
         if item[0] == F_OVF:
             self.drop_uncommitted()
@@ -1925,13 +1961,13 @@ class _Walk(object):
         # After a TIP.PGD libipt stands after a call (it expects the return there), else nowhere.
         self.off_ip = block.fallthrough if block.kind in (B_INDIRECT_CALL, B_FAR_CALL) else 0
         if self.lookahead is None:
-            self.drop_uncommitted(block.end, at_end=True)
+            self.drop_uncommitted(at_end=True)
         elif self.lookahead[0] == F_OVF:
             self.drop_uncommitted()
 
 
 def decode_flow(data, code, start=0, end=None, max_insns=None, suspicious=None, errata=frozenset(),
-                resync_on_error=False):
+                resync_on_error=False, report_iflags=False):
     """Convenience: decode ``data`` over ``code`` (a CodeImage)."""
-    return FlowDecoder(code, suspicious, errata=errata, resync_on_error=resync_on_error).decode(
-        data, start, end, max_insns)
+    return FlowDecoder(code, suspicious, errata=errata, resync_on_error=resync_on_error,
+                       report_iflags=report_iflags).decode(data, start, end, max_insns)

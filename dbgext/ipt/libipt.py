@@ -18,8 +18,9 @@ The layouts below are libipt 2.x's (intel-pt.h); another major version is refuse
 What it follows is libipt's own: its errata table (``pt_cpu_errata``, which knows
 fewer CPUs than upstream's in errata.py), the packets it knows (2.0 has no CFE, EVD
 or TRIG), resynchronisation at the next PSB after an error (``resync_on_error``
-needs the Python decoder), and at the end of the trace ptxed's rule: no instruction
-once libipt reports the end of the trace with its events drained.  The Python
+needs the Python decoder), and ptxed's rules: no instruction once libipt reports the
+end of the trace with its events drained; the instruction an error stopped at is
+listed when libipt had decoded it (pt_insn_next gave its class).  The Python
 decoder remains the reference (tests/test_ipt_libipt.py compares them).
 """
 
@@ -42,6 +43,7 @@ DEFAULT_NAMES = {"linux": ("libipt.so.2",), "win32": ("libipt.dll", "ipt.dll"), 
 # -- libipt 2.x's structures (intel-pt.h), as data -------------------------------------
 
 PTS_EVENT_PENDING = 1 << 0   # enum pt_status_flag
+PTS_IP_SUPPRESSED = 1 << 1
 PTS_EOS = 1 << 2
 PTE_EOS = 7                  # -pte_eos: the end of the trace
 PTE_NOMAP = 13               # -pte_nomap: no code at that address
@@ -98,6 +100,8 @@ EVENTS = {
     1: ("disabled", 0),           # ptev_disabled {ip}
     2: ("disabled", 0),           # ptev_async_disabled {at, ip}: where it happened
     3: ("interrupt", 0),          # ptev_async_branch {from, to}
+    4: ("paging", None),          # ptev_paging {cr3, non_root}: no IP
+    5: ("paging", None),          # ptev_async_paging {cr3, non_root, ip}: with the transfer, IP left out
     6: ("overflow", 0),           # ptev_overflow {ip}: see _event
     8: ("tsx", 0),                # ptev_tsx {ip, speculative:1 aborted:1}
     12: ("exstop", 0),            # ptev_exstop {ip}
@@ -348,10 +352,10 @@ class _Run(object):
         if known is None or event.flags & EVENT_STATUS_UPDATE:
             return
         kind, word = known
-        ip = None if event.flags & EVENT_IP_SUPPRESSED else event.variant[word]
+        ip = None if event.flags & EVENT_IP_SUPPRESSED or word is None else event.variant[word]
         if event.type in EVENTS_STARTING:
             self.sync_offset = None
-        elif self.sync_offset is not None:
+        elif self.sync_offset is not None and word is not None:   # an event without IP does not say where
             self.sync(ip)
         index = self.flushed + len(self.out)
         offset = self.trace_offset()
@@ -396,9 +400,10 @@ class _Run(object):
                 continue
             if status & PTS_EOS:
                 break   # as ptxed: the end of the trace, its events drained
+            tracing = not status & PTS_IP_SUPPRESSED  # else pt_insn_next returns and leaves insn as it was
             status = insn_next(decoder, insn_ref, insn_size)
-            if status < 0:
-                continue
+            if status < 0 and not (tracing and insn.iclass):
+                continue   # as ptxed, an error's instruction is listed when libipt had decoded it (its class)
             ip = last_ip = insn.ip
             if self.sync_offset is not None:
                 self.sync(ip)

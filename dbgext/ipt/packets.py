@@ -407,11 +407,86 @@ _ONE_BYTE_SIZES = {packet_type: size for _, packet_type, _, _, _, size, _ in ONE
 _SIMPLE_NAMES = {K_PSB: "psb", K_PSBEND: "psbend", K_OVF: "ovf"}
 
 
-def decode_packets(data, start=0, end=None, max_packets=None):
-    """Every packet of ``data[start:end]`` as :class:`Packet` objects (from the first PSB)."""
+# -- the packet-layer errata (errata.py) ---------------------------------------------------
+
+# The bytes an erratum may have hit (searched for first: most traces hold none).
+# SKD007: a CYC that goes on past its first byte (bits 0-2 set), then 02 F3.
+_SKD007_CANDIDATE = re.compile(_byte_class(range(7, 256, 8)) + b"\x02\xf3")
+# SKZ84: a TMA whose reserved bits are set (its reserved byte, or FC above bit 8).
+_SKZ84_CANDIDATE = re.compile(b"\x02\x73(?:..[^\x00]|....[^\x00\x01])", re.DOTALL)
+
+
+def packet_errata(data, start=0, end=None, errata=frozenset()):
+    """Where the packet-layer errata among ``errata`` hit ``data[start:end]``, read as
+    libipt's packet decoder (and ptdump, the flow through libipt's query decoder) reads
+    them.  Returns (``data`` with the bytes they hit made PADs, so that the packets after
+    them tokenize and offsets stay; {offset: the :class:`Packet` libipt reads there}):
+
+    * SKD007: an OVF may come after the first byte of a multi-byte CYC, in place of its
+      other bytes.  A 2-byte CYC whose second byte and the byte after it read 02 F3 is
+      that first byte and the OVF: one ``ovf`` packet of 3 bytes (the CYC's byte is the PAD);
+    * SKZ84: with VMX TSC offsetting or scaling a TMA is corrupted and a bogus byte
+      follows it.  A TMA with reserved bits set and the byte after it are one
+      ``invalid`` packet of 8 bytes (ptdump's ``<invalid>``; all 8 are PADs)."""
+    end = len(data) if end is None else min(end, len(data))
+    hits = {}
+    if "skd007" in errata and _SKD007_CANDIDATE.search(data, start, end):
+        patched = None
+        for kind, offset, value in tokens(data, start, end):
+            if kind == K_OTHER and value[0] == "cyc" and data[offset] & 4 and offset + 2 < end \
+                    and data[offset + 1] == 0x02 and data[offset + 2] == 0xF3:
+                if patched is None:
+                    patched = bytearray(data)
+                patched[offset] = 0
+                hits[offset] = Packet(offset, "ovf", 3, {"erratum": "skd007"})
+        data = data if patched is None else bytes(patched)
+    if "skz84" in errata and _SKZ84_CANDIDATE.search(data, start, end):
+        patched = bytearray(data)
+        changed = False
+        position = start
+        while position is not None:
+            segment, position = position, None
+            for kind, offset, value in tokens(patched, segment, end):
+                if kind == K_PSB:
+                    segment = offset
+                corrupted = (kind == K_OTHER and value[0] == "tma" and patched[offset + 4]) or \
+                    (kind == K_ERROR and value.startswith("tma packet with reserved bits"))
+                if corrupted and offset + 8 <= end:
+                    patched[offset:offset + 8] = bytes(8)
+                    hits[offset] = Packet(offset, "invalid", 8, {"erratum": "skz84"})
+                    changed = True
+                    position = segment  # decode that stretch again past the PADs
+                    break
+        data = bytes(patched) if changed else data
+    return data, hits
+
+
+def _listing_errata_packets(append, hits):
+    """decode_packets' ``append`` where an erratum hit: the packet libipt reads there
+    ({offset: Packet}) in place of what the tokenizer reads in its bytes."""
+    listed_to = 0  # the end of the last erratum packet listed
+
+    def add(packet):
+        nonlocal listed_to
+        hit = hits.get(packet.offset)
+        if hit is not None:
+            append(hit)
+            listed_to = hit.offset + hit.size
+        elif packet.offset >= listed_to:
+            append(packet)
+    return add
+
+
+def decode_packets(data, start=0, end=None, max_packets=None, errata=frozenset()):
+    """Every packet of ``data[start:end]`` as :class:`Packet` objects (from the first PSB).
+    ``errata``: the traced CPU's (errata.cpu_errata); the packet-layer ones (SKD007,
+    SKZ84: packet_errata) list the packets they hit as libipt's packet decoder reads them."""
     result = PacketDecode()
     packets = result.packets
     append = packets.append
+    data, hits = packet_errata(data, start, end, errata) if errata else (data, None)
+    if hits:
+        append = _listing_errata_packets(append, hits)
     limit = max_packets if max_packets is not None else -1
     for kind, offset, value in tokens(data, start, end):
         if kind == K_TNT8_RUN:

@@ -15,7 +15,8 @@ EVENT_WORDS = {"enabled": "tracing enabled at", "disabled": "tracing disabled", 
                "resync": "resynchronized at", "tsx_begin": "transaction begins at",
                "tsx_commit": "transaction commits at", "tsx_abort": "transaction aborts at",
                "exstop": "execution stopped (power event) at", "ptwrite": "ptwrite at",
-               "interrupts_enabled": "interrupts enabled at", "interrupts_disabled": "interrupts disabled at"}
+               "interrupts_enabled": "interrupts enabled at", "interrupts_disabled": "interrupts disabled at",
+               "paging": "paging: CR3 changed (PIP)"}
 
 
 def event_text(event):
