@@ -30,7 +30,7 @@ import test_ipt_differential as differential
 import test_ipt_intel_suite as suite
 from dbgext.cli import main
 from dbgext.errors import BadInput, UnreadableMemory
-from dbgext.ipt import libipt, reconstruct_flow
+from dbgext.ipt import libipt, libipt_api, reconstruct_flow
 from dbgext.ipt.errata import cpu_errata, parse_cpu
 from dbgext.ipt.flow import CodeImage, decode_flow
 from requirements import need_library
@@ -67,7 +67,7 @@ EVENTS_DIFFER = frozenset(("mwait-pwre-exstop_ip-ovf", "tip_pge-ptw-tip_pgd"))
 def loaded_library():
     """The back end's libipt, or skip the calling test (it is missing)."""
     try:
-        library = libipt.load()
+        library = libipt_api.load()
     except BadInput:
         library = None
     return need_library("libipt", library)
@@ -293,7 +293,7 @@ def test_resync_on_error_is_refused_with_libipt_in_one_line():
 
 def test_a_library_that_cannot_be_loaded_is_named_in_one_line_with_how_to_get_it(monkeypatch):
     bogus = str(REPO / "no-such-dir" / "libipt.so.2")
-    monkeypatch.setenv(libipt.LIBRARY_VARIABLE, bogus)
+    monkeypatch.setenv(libipt_api.LIBRARY_VARIABLE, bogus)
     with pytest.raises(BadInput) as raised:
         reconstruct_flow(data=(suite.SUITE / "tip-eos.pt").read_bytes(),
                          images=[(str(suite.SUITE / "tip-eos.bin"), 0x1000)], decoder="libipt")
@@ -312,7 +312,7 @@ class _OtherMajorVersion(object):
 
     class _Function(object):
         def __call__(self, *arguments):
-            return libipt.Version(1, 6, 1, 0, None)
+            return libipt_api.Version(1, 6, 1, 0, None)
 
     def __init__(self, name):
         self.name = name
@@ -324,12 +324,12 @@ class _OtherMajorVersion(object):
 
 
 def test_a_library_of_another_major_version_is_refused_in_one_line(monkeypatch):
-    monkeypatch.setattr(libipt.ctypes, "CDLL", _OtherMajorVersion)
+    monkeypatch.setattr(libipt_api.ctypes, "CDLL", _OtherMajorVersion)
     with pytest.raises(BadInput) as raised:
-        libipt.load("libipt-1.6.so")
+        libipt_api.load("libipt-1.6.so")
     message = str(raised.value)
     assert "\n" not in message and "libipt-1.6.so is version 1.6.1" in message and "2.x" in message
-    assert "libipt-1.6.so" not in libipt._loaded
+    assert "libipt-1.6.so" not in libipt_api._loaded
 
 
 def test_importing_the_ipt_modules_loads_no_libipt():

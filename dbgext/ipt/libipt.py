@@ -11,9 +11,9 @@ CodeImage: the same target memory and image files the Python decoder reads (the
 image files as sections, which libipt reads without a call per instruction).
 
 The library is loaded on first use, never at import (inside WinDbg it is usually
-absent): ``libipt.so.2`` on Linux; on Windows the DLL named by DBGEXT_LIBIPT
-(``libipt.dll``/``ipt.dll`` else).  DBGEXT_LIBIPT names the library on any system.
-The layouts below are libipt 2.x's (intel-pt.h); another major version is refused.
+absent), through libipt_api (its declarations, which the tests' harness shares):
+``libipt.so.2`` on Linux; on Windows the DLL named by DBGEXT_LIBIPT
+(``libipt.dll``/``ipt.dll`` else).  Another major version than 2 is refused.
 
 What it follows is libipt's own: its errata table (``pt_cpu_errata``, which knows
 fewer CPUs than upstream's in errata.py), the packets it knows (2.0 has no CFE, EVD
@@ -25,83 +25,29 @@ decoder remains the reference (tests/test_ipt_libipt.py compares them).
 
 import ctypes
 import os
-import sys
 import tempfile
 
 from ..errors import BadInput
 from ..target.base import PAGE_SIZE
-from .flow import (B_CALL, B_COND, B_FAR_CALL, B_FAR_RET, B_INDIRECT, B_JUMP, B_RET, FLUSH_SIZE, MODE_16, MODE_32,
-                   BlockCache, FlowResult)
+from .libipt_api import (EVENT_IP_SUPPRESSED, EVENT_STATUS_UPDATE, PACKET_TYPES, PTE_EOS, PTE_NOMAP, PTS_EOS,
+                         PTS_EVENT_PENDING, READ_MEMORY, Event, Insn, Packet, config_for, library_version, load)
+from .flow import FLUSH_SIZE, MODE_16, MODE_32, MODE_64, BlockCache, FlowResult
 
-LIBRARY_VARIABLE = "DBGEXT_LIBIPT"
-SUPPORTED_MAJOR = 2
-HOW_TO_GET = {"linux": "apt-get install libipt2, or set %s to its path" % LIBRARY_VARIABLE}
-BUILD_IT = "build it from https://github.com/intel/libipt and set %s to its path" % LIBRARY_VARIABLE
-DEFAULT_NAMES = {"linux": ("libipt.so.2",), "win32": ("libipt.dll", "ipt.dll"), "darwin": ("libipt.2.dylib",)}
-
-# -- libipt 2.x's structures (intel-pt.h), as data -------------------------------------
-
-PTS_EVENT_PENDING = 1 << 0   # enum pt_status_flag
-PTS_EOS = 1 << 2
-PTE_EOS = 7                  # -pte_eos: the end of the trace
-PTE_NOMAP = 13               # -pte_nomap: no code at that address
-
-
-class Version(ctypes.Structure):
-    """struct pt_version."""
-    _fields_ = [("major", ctypes.c_uint8), ("minor", ctypes.c_uint8), ("patch", ctypes.c_uint16),
-                ("build", ctypes.c_uint32), ("ext", ctypes.c_char_p)]
-
-
-class Cpu(ctypes.Structure):
-    """struct pt_cpu (vendor 1: Intel)."""
-    _fields_ = [("vendor", ctypes.c_int), ("family", ctypes.c_uint16), ("model", ctypes.c_uint8),
-                ("stepping", ctypes.c_uint8)]
-
-
-CPU_VENDOR_INTEL = 1
-
-
-class Config(ctypes.Structure):
-    """The leading fields of struct pt_config; libipt zero-fills the rest (flags, the
-    address filter) from ``size``."""
-    _fields_ = [("size", ctypes.c_size_t), ("begin", ctypes.c_void_p), ("end", ctypes.c_void_p),
-                ("callback", ctypes.c_void_p), ("context", ctypes.c_void_p), ("cpu", Cpu),
-                ("errata", ctypes.c_uint32 * 16), ("cpuid_0x15_eax", ctypes.c_uint32),
-                ("cpuid_0x15_ebx", ctypes.c_uint32), ("mtc_freq", ctypes.c_uint8), ("nom_freq", ctypes.c_uint8)]
-
-
-class Insn(ctypes.Structure):
-    """struct pt_insn."""
-    _fields_ = [("ip", ctypes.c_uint64), ("isid", ctypes.c_int), ("mode", ctypes.c_int),
-                ("iclass", ctypes.c_int), ("raw", ctypes.c_uint8 * 15), ("size", ctypes.c_uint8),
-                ("flags", ctypes.c_uint32)]
-
-
-class Event(ctypes.Structure):
-    """struct pt_event: the common fields, then the variant union as 64-bit words."""
-    _fields_ = [("type", ctypes.c_int), ("flags", ctypes.c_uint32), ("tsc", ctypes.c_uint64),
-                ("lost_mtc", ctypes.c_uint32), ("lost_cyc", ctypes.c_uint32), ("reserved", ctypes.c_uint64 * 2),
-                ("variant", ctypes.c_uint64 * 4)]
-
-
-EVENT_IP_SUPPRESSED = 1 << 0   # pt_event.flags bit 0
-EVENT_STATUS_UPDATE = 1 << 1
-
-# enum pt_event_type -> (the flow's event kind, which variant word is its IP); the
-# events the Python decoder reports, by the same names.  Others (paging, exec_mode,
-# timing, power...) are not flow events there, so they are not here either; nor are
-# status updates (a PSB+ restating the state).  A "disabled" event's IP is libipt's: none where libipt gives none (the
-# Python decoder gives the TIP.PGD's).
+# enum pt_event_type -> (the flow's event kind, whether pt_event's ip_suppressed flag is
+# about its first variant word, the IP the flow reports): the events the Python decoder
+# reports, by the same names.  Others (paging, exec_mode, timing, power...) are not
+# flow events there, so they are not here either; nor are status updates (a PSB+
+# restating the state).  An asynchronous event's first word (where it happened) is
+# always there: the flag is about its second (where it went).
 EVENTS = {
-    0: ("enabled", 0),            # ptev_enabled {ip, resumed}
-    1: ("disabled", 0),           # ptev_disabled {ip}
-    2: ("disabled", 0),           # ptev_async_disabled {at, ip}: where it happened
-    3: ("interrupt", 0),          # ptev_async_branch {from, to}
-    6: ("overflow", 0),           # ptev_overflow {ip}: see _event
-    8: ("tsx", 0),                # ptev_tsx {ip, speculative:1 aborted:1}
-    12: ("exstop", 0),            # ptev_exstop {ip}
-    16: ("ptwrite", 0),           # ptev_ptwrite {ip, size, payload}
+    0: ("enabled", True),            # ptev_enabled {ip, resumed}
+    1: ("disabled", True),           # ptev_disabled {ip}
+    2: ("disabled", False),          # ptev_async_disabled {at, ip}
+    3: ("interrupt", False),         # ptev_async_branch {from, to}
+    6: ("overflow", True),           # ptev_overflow {ip}: see event()
+    8: ("tsx", True),                # ptev_tsx {ip, speculative:1 aborted:1}
+    12: ("exstop", True),            # ptev_exstop {ip}
+    16: ("ptwrite", True),           # ptev_ptwrite {ip, size, payload}
 }
 EVENT_OVERFLOW, EVENT_TSX = 6, 8
 # Events after which tracing is on without a "sync" (the Python decoder's name for
@@ -110,72 +56,6 @@ EVENTS_STARTING = (0, 6)
 
 # enum pt_exec_mode -> the flow's mode, for the modes the listing cannot assume (64-bit).
 OTHER_MODES = {1: MODE_16, 2: MODE_32}
-
-# enum pt_insn_class -> the block kind the views read (CallTree: calls and returns).
-INSN_CLASSES = {2: B_CALL, 3: B_RET, 4: B_JUMP, 5: B_COND, 6: B_FAR_CALL, 7: B_FAR_RET, 8: B_INDIRECT}
-
-READ_MEMORY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_uint8), ctypes.c_size_t, ctypes.c_void_p,
-                               ctypes.c_uint64, ctypes.c_void_p)
-
-# (function, argument types, result type): every entry point used.
-FUNCTIONS = (
-    ("pt_library_version", [], Version),
-    ("pt_errstr", [ctypes.c_int], ctypes.c_char_p),
-    ("pt_cpu_errata", [ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int),
-    ("pt_insn_alloc_decoder", [ctypes.c_void_p], ctypes.c_void_p),
-    ("pt_insn_free_decoder", [ctypes.c_void_p], None),
-    ("pt_insn_get_image", [ctypes.c_void_p], ctypes.c_void_p),
-    ("pt_image_set_callback", [ctypes.c_void_p, READ_MEMORY, ctypes.c_void_p], ctypes.c_int),
-    ("pt_image_add_file", [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p,
-                           ctypes.c_uint64], ctypes.c_int),
-    ("pt_insn_sync_forward", [ctypes.c_void_p], ctypes.c_int),
-    ("pt_insn_next", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t], ctypes.c_int),
-    ("pt_insn_event", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t], ctypes.c_int),
-    ("pt_insn_get_offset", [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64)], ctypes.c_int),
-    ("pt_insn_get_sync_offset", [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64)], ctypes.c_int),
-)
-
-_loaded = {}  # library path or name -> CDLL with FUNCTIONS declared
-
-
-def _platform():
-    return "win32" if sys.platform == "win32" else "darwin" if sys.platform == "darwin" else "linux"
-
-
-def load(path=None):
-    """The libipt CDLL: ``path``, else DBGEXT_LIBIPT, else the system's default names.
-    Raises BadInput in one line (which library, why, how to get it) when it cannot be
-    loaded or is not version 2.x."""
-    names = (path,) if path else ((os.environ[LIBRARY_VARIABLE],) if os.environ.get(LIBRARY_VARIABLE)
-                                  else DEFAULT_NAMES[_platform()])
-    for name in names:
-        if name in _loaded:
-            return _loaded[name]
-    failures = []
-    for name in names:
-        try:
-            library = ctypes.CDLL(name)
-        except OSError as error:
-            failures.append(str(error) or name)
-            continue
-        for function, arguments, result in FUNCTIONS:
-            getattr(library, function).argtypes = arguments
-            getattr(library, function).restype = result
-        version = library.pt_library_version()
-        if version.major != SUPPORTED_MAJOR:
-            raise BadInput("libipt: %s is version %d.%d.%d; this back end reads libipt %d.x's layouts only "
-                           "(decode with the python decoder)" % (name, version.major, version.minor, version.patch,
-                                                       SUPPORTED_MAJOR))
-        _loaded[name] = library
-        return library
-    raise BadInput("libipt: cannot load %s (%s); %s, or decode with the python decoder"
-                   % (" or ".join(names), "; ".join(failures), HOW_TO_GET.get(_platform(), BUILD_IT)))
-
-
-def library_version(library):
-    version = library.pt_library_version()
-    return "%d.%d.%d" % (version.major, version.minor, version.patch)
-
 
 # -- code --------------------------------------------------------------------------------
 
@@ -236,6 +116,104 @@ class _CodeReader(object):
         return len(piece)
 
 
+# -- where each event is in the trace ------------------------------------------------------
+
+# The flow's event kind -> (the packet types that give it, the packet right before it
+# or None), for the offset the Python decoder reports: the packet that gives the event.
+# An EXSTOP or PTW with its IP bit ("exstop.ip", "ptw.ip") is named by the FUP after it.
+EVENT_PACKETS = {
+    "enabled": (("tip.pge",), None), "disabled": (("tip.pgd",), None), "overflow": (("ovf",), None),
+    "interrupt": (("tip",), "fup"), "tsx_begin": (("fup", "tip.pge"), "mode.tsx"),
+    "tsx_commit": (("fup", "tip.pge"), "mode.tsx"), "tsx_abort": (("fup", "tip.pge"), "mode.tsx"),
+    "exstop": (("exstop", "exstop.ip"), None), "ptwrite": (("ptw", "ptw.ip"), None),
+    "resumed": (("fup", "tip.pge", "tip", "psb"), "after overflow"),
+}
+# Packets between two packets that go together (timing, padding).
+_BETWEEN = frozenset(("pad", "mtc", "cyc", "tsc", "tma", "cbr", "mnt"))
+MODE_LEAF_TSX = 0x20   # pt_packet_mode.leaf: pt_mol_tsx
+# Where a packet's IP bit is in pt_packet's payload: (byte, bit).
+_IP_BITS = {"exstop": (0, 1), "ptw": (9, 1)}   # ptw: the bit-field after the 8-bit plc
+
+
+class _EventPackets(object):
+    """The packets of the trace as libipt's packet decoder reads them, read up to where
+    the instruction decoder stands as events come: libipt's decoder reads ahead (it is
+    past the packet that gave an event, often past later ones), so each event is named
+    by the next packet that gives an event of its kind, in trace order, before where
+    libipt stands."""
+
+    def __init__(self, lib, config):
+        self.lib = lib
+        self.decoder = lib.pt_pkt_alloc_decoder(ctypes.byref(config))
+        self.packets = []   # (offset, type) in trace order; inside a PSB+ the type is None (status only)
+        self.in_psb = False
+        self.offset = ctypes.c_uint64()
+        self.raw = Packet()
+        self.status = lib.pt_pkt_sync_forward(self.decoder) if self.decoder else -PTE_EOS
+        self.next = {}      # (types, before) -> index in packets where the next one may be
+        self.floor = 0      # no event before this offset (decoding resynchronised at it)
+        self.overflow_at = 0
+
+    def close(self):
+        if self.decoder:
+            self.lib.pt_pkt_free_decoder(self.decoder)
+
+    def _read_to(self, position):
+        lib, packets = self.lib, self.packets
+        while self.status >= 0 and (not packets or packets[-1][0] < position):
+            lib.pt_pkt_get_offset(self.decoder, ctypes.byref(self.offset))
+            self.status = lib.pt_pkt_next(self.decoder, ctypes.byref(self.raw), ctypes.sizeof(Packet))
+            if self.status >= 0:
+                kind = PACKET_TYPES[self.raw.type] if self.raw.type < len(PACKET_TYPES) else "unknown"
+                if kind == "mode":
+                    kind = "mode.tsx" if self.raw.payload[0] == MODE_LEAF_TSX else "mode.exec"
+                elif kind in _IP_BITS and self.raw.payload[_IP_BITS[kind][0]] & _IP_BITS[kind][1]:
+                    kind += ".ip"
+                self.in_psb = kind == "psb" or self.in_psb and kind not in ("psbend", "ovf")   # an OVF ends it
+                packets.append((self.offset.value, None if self.in_psb and kind != "psb" else kind))
+            elif self.status != -PTE_EOS:
+                self.status = lib.pt_pkt_sync_forward(self.decoder)
+
+    def name(self, kind, position):
+        """The offset of the packet that gave an event of ``kind``, None when none is
+        found before ``position`` (where libipt's decoder stands)."""
+        rule = EVENT_PACKETS.get(kind)
+        if rule is None:
+            return None
+        self._read_to(position)
+        types, before = rule
+        packets = self.packets
+        index = self.next.get(rule, 0)
+        if before == "after overflow":
+            index = max(index, self.overflow_at)
+        while index < len(packets) and packets[index][0] < position:
+            offset, packet = packets[index]
+            index += 1
+            if packet in types and offset >= self.floor and (before in (None, "after overflow")
+                                                              or self._before(index - 1) == before):
+                self.next[rule] = index
+                if kind == "overflow":
+                    self.overflow_at = index
+                if packet.endswith(".ip"):
+                    return self._fup_after(index)
+                return offset
+        return None
+
+    def _fup_after(self, index):
+        self._read_to(self.packets[-1][0] + 1)
+        while index < len(self.packets) and self.packets[index][1] != "fup":
+            index += 1
+        return self.packets[index][0] if index < len(self.packets) else None
+
+    def _before(self, index):
+        """The type of the packet before ``packets[index]``, timing and padding skipped."""
+        while index > 0:
+            index -= 1
+            if self.packets[index][1] not in _BETWEEN:
+                return self.packets[index][1]
+        return None
+
+
 # -- the decoder -------------------------------------------------------------------------
 
 class LibiptFlowDecoder(object):
@@ -253,18 +231,6 @@ class LibiptFlowDecoder(object):
         self.version = library_version(self.library)
         self.files = _ImageFiles(code) if code.images else None
 
-    def _config(self, buffer, size):
-        config = Config()
-        config.size = ctypes.sizeof(Config)
-        config.begin = ctypes.addressof(buffer)
-        config.end = config.begin + size
-        if self.cpu is not None:
-            family, model = self.cpu[0], self.cpu[1]
-            stepping = self.cpu[2] if len(self.cpu) > 2 else 0
-            config.cpu = Cpu(CPU_VENDOR_INTEL, family, model, stepping)
-            self.library.pt_cpu_errata(ctypes.byref(config.errata), ctypes.byref(config.cpu))
-        return config
-
     def decode(self, data, start=0, end=None, max_insns=None, sink=None, progress=None, result=None):
         """As flow.FlowDecoder.decode: ``data[start:end]`` to the end; instructions in
         chunks to ``sink``, the first ``max_insns`` kept in ``result.instructions``."""
@@ -272,7 +238,7 @@ class LibiptFlowDecoder(object):
         end = len(data) if end is None else min(end, len(data))
         trace = bytes(data[start:end])
         buffer = (ctypes.c_uint8 * max(len(trace), 1)).from_buffer_copy(trace or b"\0")
-        config = self._config(buffer, len(trace))
+        config = config_for(buffer, len(trace), self.cpu, self.library)
         lib = self.library
         decoder = lib.pt_insn_alloc_decoder(ctypes.byref(config))
         if not decoder:
@@ -282,9 +248,11 @@ class LibiptFlowDecoder(object):
             self.files.add_to(lib, image)
         reader = _CodeReader(self.code)
         lib.pt_image_set_callback(image, reader.callback, None)
+        packets = _EventPackets(lib, config)
         try:
-            _Run(self, result, decoder, start, max_insns, sink, progress).run()
+            _Run(self, result, decoder, packets, start, max_insns, sink, progress).run()
         finally:
+            packets.close()
             lib.pt_insn_free_decoder(decoder)
         result.blocks_built = self.cache.blocks_built
         return result
@@ -294,11 +262,12 @@ class _Run(object):
     """One decode: libipt's loop as ptxed runs it (events drained before each
     instruction; after an error, on at the next PSB; stop at the end of the trace)."""
 
-    def __init__(self, owner, result, decoder, start, max_insns, sink, progress):
+    def __init__(self, owner, result, decoder, packets, start, max_insns, sink, progress):
         self.owner = owner
         self.lib = owner.library
         self.result = result
         self.decoder = decoder
+        self.packets = packets
         self.start = start
         self.max_insns = max_insns
         self.sink = sink
@@ -334,7 +303,15 @@ class _Run(object):
 
     def synchronised(self):
         self.lib.pt_insn_get_sync_offset(self.decoder, ctypes.byref(self.offset))
+        self.packets.floor = self.offset.value
         self.sync_offset = self.start + self.offset.value
+
+    def event_offset(self, kind):
+        """Where the event is in the trace: the packet that gave it (as the Python
+        decoder says), else where libipt's decoder stands."""
+        self.lib.pt_insn_get_offset(self.decoder, ctypes.byref(self.offset))
+        named = self.packets.name(kind, self.offset.value)
+        return self.start + (self.offset.value if named is None else named)
 
     def sync(self, ip):
         """Tracing was on at the PSB+ synchronised at: the Python decoder's "sync" event,
@@ -347,23 +324,22 @@ class _Run(object):
         known = EVENTS.get(event.type)
         if known is None or event.flags & EVENT_STATUS_UPDATE:
             return
-        kind, word = known
-        ip = None if event.flags & EVENT_IP_SUPPRESSED else event.variant[word]
+        kind, suppressible = known
+        ip = None if suppressible and event.flags & EVENT_IP_SUPPRESSED else event.variant[0]
         if event.type in EVENTS_STARTING:
             self.sync_offset = None
         elif self.sync_offset is not None:
             self.sync(ip)
         index = self.flushed + len(self.out)
-        offset = self.trace_offset()
         if event.type == EVENT_OVERFLOW:
-            self.result.add_event((index, "overflow", offset, None))
+            self.result.add_event((index, "overflow", self.event_offset("overflow"), None))
             if ip is not None:
-                self.result.add_event((index, "resumed", offset, ip))
+                self.result.add_event((index, "resumed", self.event_offset("resumed"), ip))
             return
         if event.type == EVENT_TSX:
             bits = event.variant[1]
             kind = "tsx_abort" if bits & 2 else "tsx_begin" if bits & 1 else "tsx_commit"
-        self.result.add_event((index, kind, offset, ip))
+        self.result.add_event((index, kind, self.event_offset(kind), ip))
 
     def run(self):
         lib, decoder = self.lib, self.decoder
@@ -372,9 +348,10 @@ class _Run(object):
         insn_ref, insn_size = ctypes.byref(insn), ctypes.sizeof(Insn)
         event_ref, event_size = ctypes.byref(event), ctypes.sizeof(Event)
         cache = self.owner.cache
-        ends, suspicious, warned = cache.ends, self.owner.suspicious, set()
+        suspicious, warned = self.owner.suspicious, set()
         out = self.out
         last_ip = None
+        block, position = (), 0   # the instructions of the block being listed, and where in it
         status = lib.pt_insn_sync_forward(decoder)
         if status >= 0:
             self.synchronised()
@@ -383,6 +360,7 @@ class _Run(object):
                 if status == -PTE_EOS:
                     break
                 self.error(status, last_ip)
+                block = ()
                 status = lib.pt_insn_sync_forward(decoder)
                 if status >= 0:
                     self.synchronised()
@@ -403,10 +381,12 @@ class _Run(object):
             if self.sync_offset is not None:
                 self.sync(ip)
             out.append(ip)
-            if insn.iclass > 1 and ip not in ends:
-                ends[ip] = INSN_CLASSES.get(insn.iclass, B_INDIRECT)
-            if insn.mode in OTHER_MODES and ip not in cache.blocks(OTHER_MODES[insn.mode]):
-                cache.build(ip, OTHER_MODES[insn.mode])   # so that the listing disassembles it in its mode
+            position += 1
+            if position >= len(block) or block[position] != ip:
+                # A block of the Python decoder's walk starts here: built (and counted) as it builds it.
+                mode = OTHER_MODES.get(insn.mode, MODE_64)
+                found = cache.blocks(mode).get(ip) or cache.build(ip, mode)
+                block, position = found.insns, 0
             if ip in suspicious and ip not in warned:
                 warned.add(ip)
                 self.result.problems.add("ipt_suspicious_path", ip, "the path enters %s: a real trace rarely runs "
