@@ -34,28 +34,35 @@ from .libipt_api import (EVENT_IP_SUPPRESSED, EVENT_STATUS_UPDATE, PACKET_TYPES,
 from .flow import FLUSH_SIZE, MODE_16, MODE_32, MODE_64, BlockCache, FlowResult
 
 # enum pt_event_type -> (the flow's event kind, whether pt_event's ip_suppressed flag is
-# about its first variant word, the IP the flow reports): the events the Python decoder
-# reports, by the same names.  Others (paging, exec_mode, timing, power...) are not
-# flow events there, so they are not here either; nor are status updates (a PSB+
-# restating the state).  An asynchronous event's first word (where it happened) is
-# always there: the flag is about its second (where it went).
+# about its first variant word (the IP the flow reports), which word is where the
+# Python walk then stands or None): the events the Python decoder reports, by the same
+# names.  Others (paging, exec_mode, timing, power...) are not flow events there, so
+# they are not here either; nor are status updates (a PSB+ restating the state).  An
+# asynchronous event's first word (where it happened) is always there: the flag is
+# about its second (where it went).
 EVENTS = {
-    0: ("enabled", True),            # ptev_enabled {ip, resumed}
-    1: ("disabled", True),           # ptev_disabled {ip}
-    2: ("disabled", False),          # ptev_async_disabled {at, ip}
-    3: ("interrupt", False),         # ptev_async_branch {from, to}
-    6: ("overflow", True),           # ptev_overflow {ip}: see event()
-    8: ("tsx", True),                # ptev_tsx {ip, speculative:1 aborted:1}
-    12: ("exstop", True),            # ptev_exstop {ip}
-    16: ("ptwrite", True),           # ptev_ptwrite {ip, size, payload}
+    0: ("enabled", True, 0),            # ptev_enabled {ip, resumed}
+    1: ("disabled", True, None),        # ptev_disabled {ip}
+    2: ("disabled", False, None),       # ptev_async_disabled {at, ip}
+    3: ("interrupt", False, 1),         # ptev_async_branch {from, to}
+    6: ("overflow", True, 0),           # ptev_overflow {ip}: see event()
+    8: ("tsx", True, 0),                # ptev_tsx {ip, speculative:1 aborted:1}
+    12: ("exstop", True, 0),            # ptev_exstop {ip}
+    16: ("ptwrite", True, 0),           # ptev_ptwrite {ip, size, payload}
 }
 EVENT_OVERFLOW, EVENT_TSX = 6, 8
-# Events after which tracing is on without a "sync" (the Python decoder's name for
-# tracing found on at a PSB+).
-EVENTS_STARTING = (0, 6)
+# Asynchronous events (their first word: where it happened, which did not run).
+EVENTS_ASYNC = (2, 3)
+# Events after which tracing is on (the others leave it as it was, but "disabled").
+EVENTS_ENABLING = ("enabled", "overflow")
+
 
 # enum pt_exec_mode -> the flow's mode, for the modes the listing cannot assume (64-bit).
 OTHER_MODES = {1: MODE_16, 2: MODE_32}
+EXEC_MODE_16, EXEC_MODE_32, EXEC_MODE_64 = 1, 2, 3
+INSN_CLASS_ERROR = 0   # enum pt_insn_class: ptic_error, an instruction not decoded
+# How far past the end of the trace the blocks the Python walk builds are looked for.
+MAX_INSNS_PAST_END = 1 << 12
 
 # -- code --------------------------------------------------------------------------------
 
@@ -135,6 +142,18 @@ MODE_LEAF_TSX = 0x20   # pt_packet_mode.leaf: pt_mol_tsx
 _IP_BITS = {"exstop": (0, 1), "ptw": (9, 1)}   # ptw: the bit-field after the 8-bit plc
 
 
+def _status_ip(raw):
+    """The IP of a FUP right after a PSB (the last IP is zero there), None when suppressed:
+    struct pt_packet_ip {ipc, ip} with IP compression (pt_ipc_update_*)."""
+    ipc = raw.payload[0]
+    value = int.from_bytes(bytes(raw.payload[8:16]), "little")
+    if ipc == 0:
+        return None
+    if ipc == 3 and value & (1 << 47):   # sext-48
+        return value | 0xFFFF000000000000
+    return value
+
+
 class _EventPackets(object):
     """The packets of the trace as libipt's packet decoder reads them, read up to where
     the instruction decoder stands as events come: libipt's decoder reads ahead (it is
@@ -146,12 +165,15 @@ class _EventPackets(object):
         self.lib = lib
         self.decoder = lib.pt_pkt_alloc_decoder(ctypes.byref(config))
         self.packets = []   # (offset, type) in trace order; inside a PSB+ the type is None (status only)
+        self.status_fups = {}   # offset of a PSB -> the IP of the FUP in its PSB+
+        self.status_modes = {}  # offset of a PSB -> enum pt_exec_mode of the MODE.Exec in its PSB+
+        self.psb_at, self.status_fup = None, None
         self.in_psb = False
         self.offset = ctypes.c_uint64()
         self.raw = Packet()
         self.status = lib.pt_pkt_sync_forward(self.decoder) if self.decoder else -PTE_EOS
         self.next = {}      # (types, before) -> index in packets where the next one may be
-        self.floor = 0      # no event before this offset (decoding resynchronised at it)
+        self.floor = 0      # no event before this offset: the last event's, or where decoding resynchronised
         self.overflow_at = 0
 
     def close(self):
@@ -170,13 +192,31 @@ class _EventPackets(object):
                 elif kind in _IP_BITS and self.raw.payload[_IP_BITS[kind][0]] & _IP_BITS[kind][1]:
                     kind += ".ip"
                 self.in_psb = kind == "psb" or self.in_psb and kind not in ("psbend", "ovf")   # an OVF ends it
+                if kind == "psb":
+                    self.psb_at, self.status_fup = self.offset.value, None
+                elif kind == "mode.exec" and self.in_psb:
+                    bits = self.raw.payload[4]   # pt_packet_mode_exec {csl:1, csd:1}
+                    self.status_modes[self.psb_at] = (EXEC_MODE_64 if bits & 1 else EXEC_MODE_32 if bits & 2
+                                                      else EXEC_MODE_16)
+                elif kind == "fup" and self.in_psb:
+                    self.status_fup = _status_ip(self.raw)
+                elif kind == "psbend" and self.status_fup is not None:   # not a PSB+ an OVF cut short
+                    self.status_fups[self.psb_at] = self.status_fup
                 packets.append((self.offset.value, None if self.in_psb and kind != "psb" else kind))
             elif self.status != -PTE_EOS:
                 self.status = lib.pt_pkt_sync_forward(self.decoder)
 
+    def status_ip(self, psb):
+        """The IP of the FUP in the PSB+ at offset ``psb`` (tracing was on), or None."""
+        self._read_to(psb + 1)
+        while self.status >= 0 and self.in_psb:
+            self._read_to(self.packets[-1][0] + 1)
+        return self.status_fups.get(psb)
+
     def name(self, kind, position):
-        """The offset of the packet that gave an event of ``kind``, None when none is
-        found before ``position`` (where libipt's decoder stands)."""
+        """(offset, type) of the packet that gave an event of ``kind`` (an EXSTOP or PTW
+        with its IP bit: its FUP's offset), None when none is found before ``position``
+        (where libipt's decoder stands)."""
         rule = EVENT_PACKETS.get(kind)
         if rule is None:
             return None
@@ -192,11 +232,13 @@ class _EventPackets(object):
             if packet in types and offset >= self.floor and (before in (None, "after overflow")
                                                               or self._before(index - 1) == before):
                 self.next[rule] = index
+                self.floor = offset   # events come in trace order
                 if kind == "overflow":
                     self.overflow_at = index
                 if packet.endswith(".ip"):
-                    return self._fup_after(index)
-                return offset
+                    fup = self._fup_after(index)
+                    return None if fup is None else (fup, packet)
+                return offset, packet
         return None
 
     def _fup_after(self, index):
@@ -268,6 +310,9 @@ class _Run(object):
         self.result = result
         self.decoder = decoder
         self.packets = packets
+        self.exec_mode = EXEC_MODE_64   # enum pt_exec_mode of the last instruction or PSB+
+        self.standing = []              # where the Python walk stood, with no instruction listed since
+        self.tracing = False
         self.start = start
         self.max_insns = max_insns
         self.sink = sink
@@ -275,7 +320,6 @@ class _Run(object):
         self.out = []
         self.flushed = 0
         self.offset = ctypes.c_uint64()
-        self.sync_offset = None   # the PSB synchronised at, until its "sync" event or an event that starts tracing
 
     def trace_offset(self):
         self.lib.pt_insn_get_offset(self.decoder, ctypes.byref(self.offset))
@@ -302,44 +346,93 @@ class _Run(object):
                                  offset=self.trace_offset())
 
     def synchronised(self):
+        """Decoding (re)starts at a PSB: when its PSB+ has a FUP, tracing was on there:
+        the Python decoder's "sync" event, at the FUP's IP."""
         self.lib.pt_insn_get_sync_offset(self.decoder, ctypes.byref(self.offset))
-        self.packets.floor = self.offset.value
-        self.sync_offset = self.start + self.offset.value
+        psb = self.packets.floor = self.offset.value
+        ip = self.packets.status_ip(psb)
+        if ip is not None:
+            self.exec_mode = self.packets.status_modes.get(psb, self.exec_mode)
+            self.tracing = True
+            self.stands_at(ip)
+            self.result.add_event((self.flushed + len(self.out), "sync", self.start + psb, ip))
 
     def event_offset(self, kind):
-        """Where the event is in the trace: the packet that gave it (as the Python
-        decoder says), else where libipt's decoder stands."""
+        """(where the event is in the trace: the packet that gave it (as the Python
+        decoder says), else where libipt's decoder stands; that packet's type or None)."""
         self.lib.pt_insn_get_offset(self.decoder, ctypes.byref(self.offset))
         named = self.packets.name(kind, self.offset.value)
-        return self.start + (self.offset.value if named is None else named)
+        if named is None:
+            return self.start + self.offset.value, None
+        return self.start + named[0], named[1]
 
-    def sync(self, ip):
-        """Tracing was on at the PSB+ synchronised at: the Python decoder's "sync" event,
-        before the first event or instruction after it, at its IP."""
-        self.result.add_event((self.flushed + len(self.out), "sync", self.sync_offset, ip))
-        self.sync_offset = None
+    def stands_at(self, ip):
+        """The Python walk builds the block where it stands (code it may not run: where
+        the trace ends, where an event resumes or tracing stops): built here too, unless
+        the next instruction listed starts there (see run), so the blocks agree."""
+        if self.standing:
+            self.build_standing()
+        self.standing.append(ip)
 
-    def event(self, event):
-        """Record a libipt event under the flow's name for it, before the next instruction."""
+    def build_standing(self, listed=None):
+        """Build the blocks stood at, but one that the instruction listed at ``listed`` starts."""
+        mode = OTHER_MODES.get(self.exec_mode, MODE_64)
+        blocks = self.owner.cache.blocks(mode)
+        for ip in self.standing:
+            if ip != listed and ip not in blocks:
+                self.owner.cache.build(ip, mode)
+        self.standing = []
+
+    def walk_past_end(self, insn, block, position):
+        """Listing nothing more, build the blocks the Python walk builds past the end of
+        the trace: it walks on (and drops what it walked) until the code needs trace,
+        building the block that needs it; libipt's decoder goes on as far, and fails on
+        that block's instruction (still decoding it: its class is not ptic_error)."""
+        cache, insn_next, ref, size = self.owner.cache, self.lib.pt_insn_next, ctypes.byref(insn), ctypes.sizeof(Insn)
+        for _ in range(MAX_INSNS_PAST_END):
+            insn.iclass = INSN_CLASS_ERROR
+            status = insn_next(self.decoder, ref, size)
+            if insn.iclass == INSN_CLASS_ERROR:
+                return
+            position += 1
+            if position >= len(block) or block[position] != insn.ip:
+                mode = OTHER_MODES.get(insn.mode, MODE_64)
+                found = cache.blocks(mode).get(insn.ip) or cache.build(insn.ip, mode)
+                block, position = found.insns, 0
+            if status < 0:
+                return
+
+    def event(self, event, block_ended):
+        """Record a libipt event under the flow's name for it, before the next
+        instruction; ``block_ended``: the last instruction listed ends its block."""
         known = EVENTS.get(event.type)
         if known is None or event.flags & EVENT_STATUS_UPDATE:
             return
-        kind, suppressible = known
-        ip = None if suppressible and event.flags & EVENT_IP_SUPPRESSED else event.variant[0]
-        if event.type in EVENTS_STARTING:
-            self.sync_offset = None
-        elif self.sync_offset is not None:
-            self.sync(ip)
+        kind, suppressible, stands = known
+        suppressed = event.flags & EVENT_IP_SUPPRESSED
+        ip = None if suppressible and suppressed else event.variant[0]
         index = self.flushed + len(self.out)
-        if event.type == EVENT_OVERFLOW:
-            self.result.add_event((index, "overflow", self.event_offset("overflow"), None))
-            if ip is not None:
-                self.result.add_event((index, "resumed", self.event_offset("resumed"), ip))
-            return
         if event.type == EVENT_TSX:
             bits = event.variant[1]
             kind = "tsx_abort" if bits & 2 else "tsx_begin" if bits & 1 else "tsx_commit"
-        self.result.add_event((index, kind, self.event_offset(kind), ip))
+        offset, packet = self.event_offset("overflow" if event.type == EVENT_OVERFLOW else kind)
+        # The walk stands where the event says execution is, while tracing (an EXSTOP or
+        # PTW without its IP bit says nothing: libipt gives the next PTWRITE's IP).
+        if event.type in EVENTS_ASYNC and block_ended:   # the walk went on to the next block, and found the event
+            self.stands_at(event.variant[0])
+        if (stands is not None and not suppressed and (self.tracing or kind in EVENTS_ENABLING)
+                and packet not in ("exstop", "ptw")):
+            at = event.variant[stands]
+            if kind == "ptwrite":   # the PTWRITE ran: the walk goes on after it
+                at += self.owner.cache.instruction_size(at, OTHER_MODES.get(self.exec_mode, MODE_64))
+            self.stands_at(at)
+        self.tracing = kind in EVENTS_ENABLING or self.tracing and kind != "disabled"
+        if event.type == EVENT_OVERFLOW:
+            self.result.add_event((index, "overflow", offset, None))
+            if ip is not None:
+                self.result.add_event((index, "resumed", self.event_offset("resumed")[0], ip))
+            return
+        self.result.add_event((index, kind, offset, ip))
 
     def run(self):
         lib, decoder = self.lib, self.decoder
@@ -369,21 +462,23 @@ class _Run(object):
                 status = insn_event(decoder, event_ref, event_size)
                 if status < 0:
                     break
-                self.event(event)
+                self.event(event, position == len(block) - 1)
             if status < 0:
                 continue
             if status & PTS_EOS:
-                break   # as ptxed: the end of the trace, its events drained
+                self.walk_past_end(insn, block, position)   # as ptxed: the end of the trace, its events drained
+                break
             status = insn_next(decoder, insn_ref, insn_size)
             if status < 0:
                 continue
             ip = last_ip = insn.ip
-            if self.sync_offset is not None:
-                self.sync(ip)
             out.append(ip)
             position += 1
             if position >= len(block) or block[position] != ip:
                 # A block of the Python decoder's walk starts here: built (and counted) as it builds it.
+                if self.standing:
+                    self.build_standing(ip)
+                self.exec_mode = insn.mode
                 mode = OTHER_MODES.get(insn.mode, MODE_64)
                 found = cache.blocks(mode).get(ip) or cache.build(ip, mode)
                 block, position = found.insns, 0
@@ -395,5 +490,6 @@ class _Run(object):
             if len(out) >= FLUSH_SIZE:
                 self.flush()
                 out = self.out
+        self.build_standing()
         self.flush()
         self.result.instruction_count = self.flushed
