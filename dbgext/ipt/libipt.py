@@ -2,12 +2,23 @@
 
 ``reconstruct_flow(..., decoder="libipt")`` (``ipt flow --decoder libipt``) uses
 :class:`LibiptFlowDecoder` in place of flow.FlowDecoder: the same ``decode()``,
-filling the same FlowResult, so the JSON and the text are the same, but for what
-libipt does not say: no blocks are built, an event's trace offset is where libipt's
-decoder is (past the packet that gave it), a "disabled" event has the IP libipt gives
-(often none), and "sync" is inferred (see ``_Run.sync``).  libipt reads
-the code through its image callback (``pt_image_set_callback``) from the flow's
-CodeImage: the same target memory and image files the Python decoder reads (the
+filling the same FlowResult, so the JSON and the text are the same
+(tests/test_ipt_libipt_agrees.py compares the whole documents).  What libipt does
+not say is found as the Python decoder finds it:
+
+* an event's trace offset is the packet that gave it (libipt's decoder is past it,
+  often past later packets): libipt's packet decoder reads the trace alongside, and
+  each event is named by the next packet of its kind (EVENT_PACKETS), in trace order;
+* "sync": decoding (re)starts at a PSB whose PSB+ holds a FUP, at that FUP's IP;
+* ``blocks``: the basic blocks the listing's instructions lie in and the ones the
+  Python walk stands at (where an event resumes, where the code needs trace past the
+  end of the trace) are built in the same BlockCache, so both count alike, but for the
+  blocks the Python walk drops (past the last trace data before an OVF or an error);
+* an error is libipt's (its message, where its decoder stood), at the instruction it
+  stopped at when it had decoded it; a packet it cannot decode is a packet error.
+
+libipt reads the code through its image callback (``pt_image_set_callback``) from the
+flow's CodeImage: the same target memory and image files the Python decoder reads (the
 image files as sections, which libipt reads without a call per instruction).
 
 The library is loaded on first use, never at import (inside WinDbg it is usually
@@ -20,18 +31,21 @@ fewer CPUs than upstream's in errata.py), the packets it knows (2.0 has no CFE, 
 or TRIG), resynchronisation at the next PSB after an error (``resync_on_error``
 needs the Python decoder), and at the end of the trace ptxed's rule: no instruction
 once libipt reports the end of the trace with its events drained.  The Python
-decoder remains the reference (tests/test_ipt_libipt.py compares them).
+decoder remains the reference.
 """
 
 import ctypes
 import os
 import tempfile
+from bisect import bisect_left
 
 from ..errors import BadInput
 from ..target.base import PAGE_SIZE
-from .libipt_api import (EVENT_IP_SUPPRESSED, EVENT_STATUS_UPDATE, PACKET_TYPES, PTE_EOS, PTE_NOMAP, PTS_EOS,
-                         PTS_EVENT_PENDING, READ_MEMORY, Event, Insn, Packet, config_for, library_version, load)
-from .flow import FLUSH_SIZE, MODE_16, MODE_32, MODE_64, BlockCache, FlowResult
+from .libipt_api import (EVENT_IP_SUPPRESSED, EVENT_STATUS_UPDATE, PACKET_TYPES, PTE_BAD_OPC, PTE_BAD_PACKET,
+                         PTE_EOS, PTE_NOMAP, PTS_EOS, PTS_EVENT_PENDING, READ_MEMORY, Event, Insn, Packet, config_for,
+                         library_version, load)
+from .flow import (FLUSH_SIZE, MODE_16, MODE_32, MODE_64, BlockCache, FlowResult, _corrupted_tma_to_pad,
+                   _cyc_cut_by_overflow_to_pad)
 
 # enum pt_event_type -> (the flow's event kind, whether pt_event's ip_suppressed flag is
 # about its first variant word (the IP the flow reports), which word is where the
@@ -125,8 +139,9 @@ class _CodeReader(object):
 
 # -- where each event is in the trace ------------------------------------------------------
 
-# The flow's event kind -> (the packet types that give it, the packet right before it
-# or None), for the offset the Python decoder reports: the packet that gives the event.
+# The flow's event kind -> (the packet types that give it, the packet right before it,
+# "after overflow" (after the OVF the last overflow was named by) or None), for the
+# offset the Python decoder reports: the packet that gives the event.
 # An EXSTOP or PTW with its IP bit ("exstop.ip", "ptw.ip") is named by the FUP after it.
 EVENT_PACKETS = {
     "enabled": (("tip.pge",), None), "disabled": (("tip.pgd",), None), "overflow": (("ovf",), None),
@@ -138,6 +153,9 @@ EVENT_PACKETS = {
 # Packets between two packets that go together (timing, padding).
 _BETWEEN = frozenset(("pad", "mtc", "cyc", "tsc", "tma", "cbr", "mnt"))
 MODE_LEAF_TSX = 0x20   # pt_packet_mode.leaf: pt_mol_tsx
+ERRATUM_SKD007, ERRATUM_SKZ84 = 1 << 2, 1 << 9   # struct pt_errata's bits
+# Packets kept behind the last event named, for the packet-before lookups.
+PACKETS_KEPT = 64
 # Where a packet's IP bit is in pt_packet's payload: (byte, bit).
 _IP_BITS = {"exstop": (0, 1), "ptw": (9, 1)}   # ptw: the bit-field after the 8-bit plc
 
@@ -161,9 +179,16 @@ class _EventPackets(object):
     by the next packet that gives an event of its kind, in trace order, before where
     libipt stands."""
 
-    def __init__(self, lib, config):
+    def __init__(self, lib, trace, errata):
         self.lib = lib
-        self.decoder = lib.pt_pkt_alloc_decoder(ctypes.byref(config))
+        # The packets as libipt's query decoder reads them with its errata workarounds
+        # (its packet decoder applies none): the Python decoder's rewrites.
+        if errata & ERRATUM_SKD007:
+            trace = _cyc_cut_by_overflow_to_pad(trace, 0, len(trace))
+        if errata & ERRATUM_SKZ84:
+            trace = _corrupted_tma_to_pad(trace, 0, len(trace))
+        self.buffer = (ctypes.c_uint8 * max(len(trace), 1)).from_buffer_copy(trace or b"\0")
+        self.decoder = lib.pt_pkt_alloc_decoder(ctypes.byref(config_for(self.buffer, len(trace))))
         self.packets = []   # (offset, type) in trace order; inside a PSB+ the type is None (status only)
         self.status_fups = {}   # offset of a PSB -> the IP of the FUP in its PSB+
         self.status_modes = {}  # offset of a PSB -> enum pt_exec_mode of the MODE.Exec in its PSB+
@@ -220,6 +245,7 @@ class _EventPackets(object):
         rule = EVENT_PACKETS.get(kind)
         if rule is None:
             return None
+        self._forget_passed()
         self._read_to(position)
         types, before = rule
         packets = self.packets
@@ -240,6 +266,16 @@ class _EventPackets(object):
                     return None if fup is None else (fup, packet)
                 return offset, packet
         return None
+
+    def _forget_passed(self):
+        """Drop the packets before the last event named (they name no event any more),
+        so that what is kept does not grow with the trace."""
+        passed = bisect_left(self.packets, (self.floor,)) - PACKETS_KEPT
+        if passed < len(self.packets) // 2:
+            return
+        del self.packets[:passed]
+        self.next = {rule: max(index - passed, 0) for rule, index in self.next.items()}
+        self.overflow_at = max(self.overflow_at - passed, 0)
 
     def _fup_after(self, index):
         self._read_to(self.packets[-1][0] + 1)
@@ -262,7 +298,7 @@ class LibiptFlowDecoder(object):
     """flow.FlowDecoder's interface over libipt's instruction decoder.  ``code``: a
     flow.CodeImage; ``cpu``: (family, model[, stepping]) whose errata workarounds
     libipt applies (its own table); ``cache``: the BlockCache the views and the listing
-    disassemble with (no blocks are built while decoding)."""
+    disassemble with, where the blocks are built as the Python decoder builds them."""
 
     def __init__(self, code, suspicious=None, cache=None, cpu=None, library=None):
         self.library = library or load()
@@ -290,7 +326,7 @@ class LibiptFlowDecoder(object):
             self.files.add_to(lib, image)
         reader = _CodeReader(self.code)
         lib.pt_image_set_callback(image, reader.callback, None)
-        packets = _EventPackets(lib, config)
+        packets = _EventPackets(lib, trace, config.errata[0])
         try:
             _Run(self, result, decoder, packets, start, max_insns, sink, progress).run()
         finally:
@@ -342,8 +378,11 @@ class _Run(object):
             self.progress(self.trace_offset(), self.flushed)
 
     def error(self, status, ip):
-        self.result.problems.add("ipt_flow_error", ip, "libipt: %s" % self.lib.pt_errstr(-status).decode(),
-                                 offset=self.trace_offset())
+        """A packet libipt cannot decode is a packet error, at no instruction (as the
+        Python decoder's); anything else a flow error."""
+        packet = -status in (PTE_BAD_OPC, PTE_BAD_PACKET)
+        self.result.problems.add("ipt_packet_error" if packet else "ipt_flow_error", None if packet else ip,
+                                 "libipt: %s" % self.lib.pt_errstr(-status).decode(), offset=self.trace_offset())
 
     def synchronised(self):
         """Decoding (re)starts at a PSB: when its PSB+ has a FUP, tracing was on there:
@@ -452,8 +491,10 @@ class _Run(object):
             if status < 0:
                 if status == -PTE_EOS:
                     break
-                self.error(status, last_ip)
-                block = ()
+                # At the instruction libipt stopped at when it had decoded it (as the Python
+                # decoder names the branch that found no trace), else the last one listed.
+                self.error(status, insn.ip if insn.iclass != INSN_CLASS_ERROR else last_ip)
+                block, self.standing = (), []   # the Python walk fails where it stood, before building there
                 status = lib.pt_insn_sync_forward(decoder)
                 if status >= 0:
                     self.synchronised()

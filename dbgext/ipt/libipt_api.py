@@ -23,6 +23,8 @@ DEFAULT_NAMES = {"linux": ("libipt.so.2",), "win32": ("libipt.dll", "ipt.dll"), 
 
 PTS_EVENT_PENDING = 1 << 0   # enum pt_status_flag
 PTS_EOS = 1 << 2
+PTE_BAD_OPC = 4              # -pte_bad_opc: an unknown packet opcode
+PTE_BAD_PACKET = 5           # -pte_bad_packet: an unknown packet payload
 PTE_EOS = 7                  # -pte_eos: the end of the trace
 PTE_NOMAP = 13               # -pte_nomap: no code at that address
 
