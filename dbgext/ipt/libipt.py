@@ -196,7 +196,10 @@ class _EventPackets(object):
         self.in_psb = False
         self.offset = ctypes.c_uint64()
         self.raw = Packet()
+        self.raw_ref = ctypes.byref(self.raw)
         self.status = lib.pt_pkt_sync_forward(self.decoder) if self.decoder else -PTE_EOS
+        if self.status >= 0:
+            lib.pt_pkt_get_offset(self.decoder, ctypes.byref(self.offset))
         self.next = {}      # (types, before) -> index in packets where the next one may be
         self.floor = 0      # no event before this offset: the last event's, or where decoding resynchronised
         self.overflow_at = 0
@@ -206,30 +209,42 @@ class _EventPackets(object):
             self.lib.pt_pkt_free_decoder(self.decoder)
 
     def _read_to(self, position):
-        lib, packets = self.lib, self.packets
+        lib, decoder, packets, raw, append = self.lib, self.decoder, self.packets, self.raw, self.packets.append
+        packet_next, raw_ref, raw_size, payload = lib.pt_pkt_next, self.raw_ref, ctypes.sizeof(Packet), raw.payload
+        offset = self.offset.value
         while self.status >= 0 and (not packets or packets[-1][0] < position):
-            lib.pt_pkt_get_offset(self.decoder, ctypes.byref(self.offset))
-            self.status = lib.pt_pkt_next(self.decoder, ctypes.byref(self.raw), ctypes.sizeof(Packet))
-            if self.status >= 0:
-                kind = PACKET_TYPES[self.raw.type] if self.raw.type < len(PACKET_TYPES) else "unknown"
-                if kind == "mode":
-                    kind = "mode.tsx" if self.raw.payload[0] == MODE_LEAF_TSX else "mode.exec"
-                elif kind in _IP_BITS and self.raw.payload[_IP_BITS[kind][0]] & _IP_BITS[kind][1]:
-                    kind += ".ip"
-                self.in_psb = kind == "psb" or self.in_psb and kind not in ("psbend", "ovf")   # an OVF ends it
-                if kind == "psb":
-                    self.psb_at, self.status_fup = self.offset.value, None
-                elif kind == "mode.exec" and self.in_psb:
-                    bits = self.raw.payload[4]   # pt_packet_mode_exec {csl:1, csd:1}
-                    self.status_modes[self.psb_at] = (EXEC_MODE_64 if bits & 1 else EXEC_MODE_32 if bits & 2
-                                                      else EXEC_MODE_16)
-                elif kind == "fup" and self.in_psb:
-                    self.status_fup = _status_ip(self.raw)
-                elif kind == "psbend" and self.status_fup is not None:   # not a PSB+ an OVF cut short
-                    self.status_fups[self.psb_at] = self.status_fup
-                packets.append((self.offset.value, None if self.in_psb and kind != "psb" else kind))
-            elif self.status != -PTE_EOS:
-                self.status = lib.pt_pkt_sync_forward(self.decoder)
+            self.status = packet_next(decoder, raw_ref, raw_size)
+            if self.status < 0:
+                if self.status != -PTE_EOS:   # on at the next PSB, where the packet decoder stands
+                    self.status = lib.pt_pkt_sync_forward(decoder)
+                    lib.pt_pkt_get_offset(decoder, ctypes.byref(self.offset))
+                    offset = self.offset.value
+                continue
+            kind = PACKET_TYPES[raw.type] if raw.type < len(PACKET_TYPES) else "unknown"
+            if kind == "psb" or self.in_psb:
+                self._status(kind, offset)
+            elif kind in _IP_BITS and payload[_IP_BITS[kind][0]] & _IP_BITS[kind][1]:
+                kind += ".ip"
+            elif kind == "mode":
+                kind = "mode.tsx" if payload[0] == MODE_LEAF_TSX else "mode.exec"
+            append((offset, None if self.in_psb and kind != "psb" else kind))
+            offset += raw.size
+        self.offset.value = offset
+
+    def _status(self, kind, offset):
+        """Follow a PSB+: the FUP and the execution mode it gives (tracing was on)."""
+        payload = self.raw.payload
+        if kind == "psb":
+            self.in_psb, self.psb_at, self.status_fup = True, offset, None
+        elif kind == "mode" and payload[0] != MODE_LEAF_TSX:
+            bits = payload[4]   # pt_packet_mode_exec {csl:1, csd:1}
+            self.status_modes[self.psb_at] = EXEC_MODE_64 if bits & 1 else EXEC_MODE_32 if bits & 2 else EXEC_MODE_16
+        elif kind == "fup":
+            self.status_fup = _status_ip(self.raw)
+        elif kind in ("psbend", "ovf"):   # an OVF cuts the PSB+ short: tracing's state is unknown
+            self.in_psb = False
+            if kind == "psbend" and self.status_fup is not None:
+                self.status_fups[self.psb_at] = self.status_fup
 
     def status_ip(self, psb):
         """The IP of the FUP in the PSB+ at offset ``psb`` (tracing was on), or None."""
@@ -249,7 +264,7 @@ class _EventPackets(object):
         self._read_to(position)
         types, before = rule
         packets = self.packets
-        index = self.next.get(rule, 0)
+        index = max(self.next.get(rule, 0), bisect_left(packets, (self.floor,)))
         if before == "after overflow":
             index = max(index, self.overflow_at)
         while index < len(packets) and packets[index][0] < position:
