@@ -363,7 +363,7 @@ class _Run(object):
         self.packets = packets
         self.exec_mode = EXEC_MODE_64   # enum pt_exec_mode of the last instruction or PSB+
         self.standing = []              # where the Python walk stood, with no instruction listed since
-        self.tracing = False
+        self.tracing = False            # as the events say: where the walk stands after one depends on it
         self.start = start
         self.max_insns = max_insns
         self.sink = sink
@@ -442,7 +442,7 @@ class _Run(object):
         the trace: it walks on (and drops what it walked) until the code needs trace,
         building the block that needs it; libipt's decoder goes on as far, and fails on
         that block's instruction (still decoding it: its class is not ptic_error)."""
-        cache, insn_next, ref, size = self.owner.cache, self.lib.pt_insn_next, ctypes.byref(insn), ctypes.sizeof(Insn)
+        insn_next, ref, size = self.lib.pt_insn_next, ctypes.byref(insn), ctypes.sizeof(Insn)
         for _ in range(MAX_INSNS_PAST_END):
             insn.iclass = INSN_CLASS_ERROR
             status = insn_next(self.decoder, ref, size)
@@ -450,11 +450,17 @@ class _Run(object):
                 return
             position += 1
             if position >= len(block) or block[position] != insn.ip:
-                mode = OTHER_MODES.get(insn.mode, MODE_64)
-                found = cache.blocks(mode).get(insn.ip) or cache.build(insn.ip, mode)
-                block, position = found.insns, 0
+                block, position = self.enter(insn.ip, insn.mode), 0
             if status < 0:
                 return
+
+    def enter(self, ip, exec_mode):
+        """A block of the Python walk starts at ``ip``: built (and counted) as it builds
+        it, in the instruction's mode.  Returns its instructions."""
+        self.exec_mode = exec_mode
+        mode = OTHER_MODES.get(exec_mode, MODE_64)
+        cache = self.owner.cache
+        return (cache.blocks(mode).get(ip) or cache.build(ip, mode)).insns
 
     def event(self, event, block_ended):
         """Record a libipt event under the flow's name for it, before the next
@@ -494,7 +500,6 @@ class _Run(object):
         insn, event = Insn(), Event()
         insn_ref, insn_size = ctypes.byref(insn), ctypes.sizeof(Insn)
         event_ref, event_size = ctypes.byref(event), ctypes.sizeof(Event)
-        cache = self.owner.cache
         suspicious, warned = self.owner.suspicious, set()
         out = self.out
         last_ip = None
@@ -531,13 +536,9 @@ class _Run(object):
             out.append(ip)
             position += 1
             if position >= len(block) or block[position] != ip:
-                # A block of the Python decoder's walk starts here: built (and counted) as it builds it.
                 if self.standing:
                     self.build_standing(ip)
-                self.exec_mode = insn.mode
-                mode = OTHER_MODES.get(insn.mode, MODE_64)
-                found = cache.blocks(mode).get(ip) or cache.build(ip, mode)
-                block, position = found.insns, 0
+                block, position = self.enter(ip, insn.mode), 0
             if ip in suspicious and ip not in warned:
                 warned.add(ip)
                 self.result.problems.add("ipt_suspicious_path", ip, "the path enters %s: a real trace rarely runs "
