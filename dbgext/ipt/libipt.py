@@ -41,9 +41,10 @@ from bisect import bisect_left
 
 from ..errors import BadInput
 from ..target.base import PAGE_SIZE
-from .libipt_api import (EVENT_IP_SUPPRESSED, EVENT_STATUS_UPDATE, PACKET_TYPES, PTE_BAD_OPC, PTE_BAD_PACKET,
-                         PTE_EOS, PTE_NOMAP, PTS_EOS, PTS_EVENT_PENDING, READ_MEMORY, Event, Insn, Packet, config_for,
-                         library_version, load)
+from .libipt_api import (ERRATUM_SKD007, ERRATUM_SKZ84, EVENT_IP_SUPPRESSED, EVENT_STATUS_UPDATE, EXEC_MODE_16,
+                         EXEC_MODE_32, EXEC_MODE_64, INSN_CLASS_ERROR, MODE_LEAF_TSX, PACKET_IP_BITS, PACKET_TYPES,
+                         PTE_BAD_OPC, PTE_BAD_PACKET, PTE_EOS, PTE_NOMAP, PTS_EOS, PTS_EVENT_PENDING, READ_MEMORY,
+                         Event, Insn, Packet, config_for, library_version, load)
 from .flow import (FLUSH_SIZE, MODE_16, MODE_32, MODE_64, BlockCache, FlowResult, _corrupted_tma_to_pad,
                    _cyc_cut_by_overflow_to_pad)
 
@@ -72,9 +73,7 @@ EVENTS_ENABLING = ("enabled", "overflow")
 
 
 # enum pt_exec_mode -> the flow's mode, for the modes the listing cannot assume (64-bit).
-OTHER_MODES = {1: MODE_16, 2: MODE_32}
-EXEC_MODE_16, EXEC_MODE_32, EXEC_MODE_64 = 1, 2, 3
-INSN_CLASS_ERROR = 0   # enum pt_insn_class: ptic_error, an instruction not decoded
+OTHER_MODES = {EXEC_MODE_16: MODE_16, EXEC_MODE_32: MODE_32}
 # How far past the end of the trace the blocks the Python walk builds are looked for.
 MAX_INSNS_PAST_END = 1 << 12
 
@@ -152,12 +151,8 @@ EVENT_PACKETS = {
 }
 # Packets between two packets that go together (timing, padding).
 _BETWEEN = frozenset(("pad", "mtc", "cyc", "tsc", "tma", "cbr", "mnt"))
-MODE_LEAF_TSX = 0x20   # pt_packet_mode.leaf: pt_mol_tsx
-ERRATUM_SKD007, ERRATUM_SKZ84 = 1 << 2, 1 << 9   # struct pt_errata's bits
 # Packets kept behind the last event named, for the packet-before lookups.
 PACKETS_KEPT = 64
-# Where a packet's IP bit is in pt_packet's payload: (byte, bit).
-_IP_BITS = {"exstop": (0, 1), "ptw": (9, 1)}   # ptw: the bit-field after the 8-bit plc
 
 
 def _status_ip(raw):
@@ -223,7 +218,7 @@ class _EventPackets(object):
             kind = PACKET_TYPES[raw.type] if raw.type < len(PACKET_TYPES) else "unknown"
             if kind == "psb" or self.in_psb:
                 self._status(kind, offset)
-            elif kind in _IP_BITS and payload[_IP_BITS[kind][0]] & _IP_BITS[kind][1]:
+            elif kind in PACKET_IP_BITS and payload[PACKET_IP_BITS[kind][0]] & PACKET_IP_BITS[kind][1]:
                 kind += ".ip"
             elif kind == "mode":
                 kind = "mode.tsx" if payload[0] == MODE_LEAF_TSX else "mode.exec"

@@ -36,10 +36,14 @@ PACKET_TYPES = ("invalid", "unknown", "pad", "psb", "psbend", "fup", "tip", "tip
 EVENT_TYPES = ("enabled", "disabled", "async_disabled", "async_branch", "paging", "async_paging", "overflow",
                "exec_mode", "tsx", "stop", "vmcs", "async_vmcs", "exstop", "mwait", "pwre", "pwrx", "ptwrite",
                "tick", "cbr", "mnt")
-# enum pt_insn_class (ptic_error, ptic_other, then the branches).
-INSN_CLASSES = ("error", "other", "call", "return", "jump", "cond_jump", "far_call", "far_return", "far_jump",
-                "ptwrite")
+INSN_CLASS_ERROR = 0         # enum pt_insn_class: ptic_error, an instruction not decoded
 CPU_VENDOR_INTEL = 1         # enum pt_cpu_vendor
+EXEC_MODE_16, EXEC_MODE_32, EXEC_MODE_64 = 1, 2, 3   # enum pt_exec_mode
+MODE_LEAF_TSX = 0x20         # pt_packet_mode.leaf: pt_mol_tsx (pt_mol_exec: 0)
+ERRATUM_SKD007, ERRATUM_SKZ84 = 1 << 2, 1 << 9   # struct pt_errata's bit-fields, in the first word
+# Where a packet's IP bit is in pt_packet's payload union: (byte, bit); PTW's is the
+# bit-field after its 8-bit plc.
+PACKET_IP_BITS = {"exstop": (0, 1), "ptw": (9, 1)}
 EVENT_IP_SUPPRESSED = 1 << 0   # pt_event.flags bit 0
 EVENT_STATUS_UPDATE = 1 << 1
 
@@ -111,7 +115,6 @@ FUNCTIONS = (
     ("pt_pkt_alloc_decoder", _HANDLE, ctypes.c_void_p),
     ("pt_pkt_free_decoder", _HANDLE, None),
     ("pt_pkt_sync_forward", _HANDLE, ctypes.c_int),
-    ("pt_pkt_sync_set", [ctypes.c_void_p, ctypes.c_uint64], ctypes.c_int),
     ("pt_pkt_next", _NEXT, ctypes.c_int),
     ("pt_pkt_get_offset", _OFFSET, ctypes.c_int),
     ("pt_image_set_callback", [ctypes.c_void_p, READ_MEMORY, ctypes.c_void_p], ctypes.c_int),
