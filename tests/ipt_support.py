@@ -1,4 +1,5 @@
-"""ctypes bindings to Intel's libipt (Debian libipt2), the oracle for the ipt tests.
+"""Intel's libipt (Debian libipt2) as the oracle for the ipt tests, through the
+back end's ctypes declarations (dbgext/ipt/libipt_api.py).
 
 Only what the differential tests and the benchmark need: the packet encoder, the
 packet decoder, and the instruction / block flow decoders over an image whose
@@ -6,33 +7,26 @@ memory is served by a Python callback.
 """
 
 import ctypes
-import ctypes.util
 import struct
 
 import requirements
+from dbgext.errors import BadInput
+from dbgext.ipt import libipt_api
+# The declarations are the back end's (dbgext/ipt/libipt_api.py): one set.
+from dbgext.ipt.libipt_api import (EVENT_TYPES, INSN_CLASS_ERROR, PTE_EOS, PTE_NOMAP, PTS_EOS, PTS_EVENT_PENDING,
+                                   READ_MEMORY, Block, Event, Insn)
+from dbgext.ipt.libipt_api import Packet as RawPacket
 
-PPT = ["invalid", "unknown", "pad", "psb", "psbend", "fup", "tip", "tip.pge", "tip.pgd", "tnt8", "tnt64",
-       "mode", "pip", "vmcs", "cbr", "tsc", "tma", "mtc", "cyc", "stop", "ovf", "mnt", "exstop", "mwait",
-       "pwre", "pwrx", "ptw"]
+PPT = libipt_api.PACKET_TYPES
 PPT_CODE = {name: code for code, name in enumerate(PPT)}
-
-PTS_EVENT_PENDING = 1 << 0
-PTS_IP_SUPPRESSED = 1 << 1
-PTS_EOS = 1 << 2
-PTE_NOMAP = 13
-PTE_EOS = 7  # -pte_eos
-PTEM_64BIT = 3
+EVENT_SIZE = ctypes.sizeof(Event)
 
 
 def _load():
-    for name in ("libipt.so.2", ctypes.util.find_library("ipt")):
-        if not name:
-            continue
-        try:
-            return ctypes.CDLL(name)
-        except OSError:
-            continue
-    return None
+    try:
+        return libipt_api.load()
+    except BadInput:
+        return None
 
 
 LIB = _load()
@@ -40,70 +34,8 @@ LIB = _load()
 SKIP_REASON = requirements.MISSING + "library libipt (apt-get install libipt2 libipt-dev)"
 
 
-class Config(ctypes.Structure):
-    """The leading fields of struct pt_config; libipt zero-fills the rest from ``size``."""
-    _fields_ = [("size", ctypes.c_size_t), ("begin", ctypes.c_void_p), ("end", ctypes.c_void_p),
-                ("callback", ctypes.c_void_p), ("context", ctypes.c_void_p),
-                ("cpu", ctypes.c_byte * 8), ("errata", ctypes.c_uint32 * 16),
-                ("cpuid_0x15_eax", ctypes.c_uint32), ("cpuid_0x15_ebx", ctypes.c_uint32),
-                ("mtc_freq", ctypes.c_uint8), ("nom_freq", ctypes.c_uint8)]
-
-
-class RawPacket(ctypes.Structure):
-    """struct pt_packet: type, size, 16-byte payload union."""
-    _fields_ = [("type", ctypes.c_int), ("size", ctypes.c_uint8), ("alignment", ctypes.c_uint8 * 3),
-                ("payload", ctypes.c_uint8 * 16)]
-
-
-class Insn(ctypes.Structure):
-    _fields_ = [("ip", ctypes.c_uint64), ("isid", ctypes.c_int), ("mode", ctypes.c_int),
-                ("iclass", ctypes.c_int), ("raw", ctypes.c_uint8 * 15), ("size", ctypes.c_uint8),
-                ("flags", ctypes.c_uint32)]
-
-
-class Block(ctypes.Structure):
-    _fields_ = [("ip", ctypes.c_uint64), ("end_ip", ctypes.c_uint64), ("isid", ctypes.c_int),
-                ("mode", ctypes.c_int), ("iclass", ctypes.c_int), ("ninsn", ctypes.c_uint16),
-                ("raw", ctypes.c_uint8 * 15), ("size", ctypes.c_uint8), ("flags", ctypes.c_uint32)]
-
-
-EVENT_SIZE = 128
-READ_MEMORY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_uint8), ctypes.c_size_t,
-                               ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p)
-
-if LIB is not None:
-    for _name, _restype in [("pt_alloc_encoder", ctypes.c_void_p), ("pt_pkt_alloc_decoder", ctypes.c_void_p),
-                            ("pt_insn_alloc_decoder", ctypes.c_void_p), ("pt_blk_alloc_decoder", ctypes.c_void_p),
-                            ("pt_image_alloc", ctypes.c_void_p), ("pt_insn_get_image", ctypes.c_void_p),
-                            ("pt_blk_get_image", ctypes.c_void_p)]:
-        getattr(LIB, _name).restype = _restype
-    for _name in ("pt_free_encoder", "pt_pkt_free_decoder", "pt_insn_free_decoder", "pt_blk_free_decoder",
-                  "pt_image_free"):
-        getattr(LIB, _name).argtypes = [ctypes.c_void_p]
-        getattr(LIB, _name).restype = None
-    for _name in ("pt_enc_next", "pt_pkt_next", "pt_insn_next", "pt_blk_next", "pt_insn_event",
-                  "pt_blk_event"):
-        getattr(LIB, _name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
-    LIB.pt_cpu_errata.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-    for _name in ("pt_pkt_sync_forward", "pt_insn_sync_forward", "pt_blk_sync_forward"):
-        getattr(LIB, _name).argtypes = [ctypes.c_void_p]
-    for _name in ("pt_pkt_get_offset", "pt_insn_get_offset", "pt_enc_get_offset"):
-        getattr(LIB, _name).argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64)]
-    for _name in ("pt_alloc_encoder", "pt_pkt_alloc_decoder", "pt_insn_alloc_decoder", "pt_blk_alloc_decoder",
-                  "pt_insn_get_image", "pt_blk_get_image"):
-        getattr(LIB, _name).argtypes = [ctypes.c_void_p]
-    LIB.pt_image_set_callback.argtypes = [ctypes.c_void_p, READ_MEMORY, ctypes.c_void_p]
-    LIB.pt_insn_set_image.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-    LIB.pt_blk_set_image.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-
-
 def _config(buffer):
-    config = Config()
-    config.size = ctypes.sizeof(Config)
-    address = ctypes.addressof(buffer)
-    config.begin = address
-    config.end = address + len(buffer)
-    return config
+    return libipt_api.config_for(buffer, len(buffer))
 
 
 # -- encoding ---------------------------------------------------------------------
@@ -251,11 +183,6 @@ class _Memory(object):
         return -PTE_NOMAP
 
 
-EVENT_TYPES = ["enabled", "disabled", "async_disabled", "async_branch", "paging", "async_paging", "overflow",
-               "exec_mode", "tsx", "stop", "vmcs", "async_vmcs", "exstop", "mwait", "pwre", "pwrx", "ptwrite",
-               "tick", "cbr", "mnt"]
-
-
 def _event_ip(event):
     """(type name, the event's first IP field or None when suppressed) of a struct pt_event."""
     kind, flags = struct.unpack_from("<iI", bytes(event))
@@ -314,9 +241,9 @@ def instruction_segments(trace, regions, cpu=None, max_insns=10 ** 7, events=Non
                 break
             if status < 0:
                 continue
-            tracing = not status & PTS_IP_SUPPRESSED  # else pt_insn_next returns and leaves insn as it was
+            insn.iclass = INSN_CLASS_ERROR   # pt_insn_next may fail before it writes insn
             status = LIB.pt_insn_next(decoder, ctypes.byref(insn), ctypes.sizeof(Insn))
-            if status < 0 and not (tracing and insn.iclass):
+            if status < 0 and insn.iclass == INSN_CLASS_ERROR:
                 continue
             # As ptxed, an instruction counts when pt_insn_next decoded it (its class is set),
             # also when proceeding past it then failed (a query for its branch, an event after it).

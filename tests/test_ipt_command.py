@@ -11,7 +11,7 @@ import ipt_tracer as T
 from dbgext.cli import main
 from dbgext.ipt import fixtures as F
 from dbgext.ipt import sources
-from dbgext.ipt.packets import PACKET_TYPES, PSB
+from dbgext.ipt.packets import PACKET_TYPES, PSB, PTDUMP_NAMES
 from dbgext.sample.scenario import Scenario
 
 BASE = 0xFFFFF80012341000
@@ -106,6 +106,15 @@ def test_packets_stats(files):
     assert stats["packets"] == sum(stats["types"].values())
     code, text = run("ipt", "packets", "--trace", files["trace"], "--stats")
     assert code == 0 and "tnt8" in text and "errors: 0" in text
+
+
+def test_the_packet_listing_names_packets_as_ptdump_does_and_the_json_keeps_its_types(files):
+    packets = only_buffer(run_json("ipt", "packets", "--trace", files["trace"]))["packets"]
+    code, text = run("ipt", "packets", "--trace", files["trace"])
+    listed = [line.split()[1] for line in text.splitlines() if re.match(r"^0x[0-9a-f]+ ", line)]
+    assert code == 0 and "tnt8" in {packet["type"] for packet in packets}
+    assert listed == [PTDUMP_NAMES[packet["type"]] for packet in packets]
+    assert "tnt.8" in listed and "tnt8" not in listed
 
 
 def test_packets_position_is_hex_and_reports_stored_offsets(files, tmp_path):

@@ -1,25 +1,17 @@
-"""The libipt back end (dbgext.ipt.libipt, ``ipt flow --decoder libipt``) against
-dbgext's own decoder, which remains the reference.
+"""The libipt back end (dbgext.ipt.libipt, ``ipt flow --decoder libipt``): how it reads
+code and how it is loaded.  That it gives the Python decoder's documents, over Intel's
+suite and the generated cases, is tests/test_ipt_libipt_agrees.py.
 
-* Intel's suite: on every applicable flow test (tests/test_ipt_intel_suite.py: dbgext
-  agrees with ptxed on each), with each of the test's CPUs, the back end lists
-  the same instruction addresses and the same events (a "disabled" event's IP and
-  "sync" aside: see ``comparable``), except where libipt 2.0.5 itself differs from upstream
-  (LIBIPT_2_0_DIFFERS, by family; a ratchet: each still differs);
-* the generated cases of tests/test_ipt_differential.py (its classes, its erratum
-  classes with and without their CPU, its packet combinations): the same instructions
-  and events;
-* the same JSON and text from the command line, but for the blocks built (the back end
-  builds none) and the events' trace offsets (libipt's decoder is past the packet);
+* code comes from target memory through libipt's image callback, read a page at a
+  time; code the target cannot read is an error with its trace offset;
+* 32-bit code is listed in its mode; ``--resync-on-error`` is refused in one line;
 * where the library cannot be loaded, one line says which library and how to get it
   (no library needed: a bogus path); a library of another major version is refused in
   one line; nothing loads libipt at import.
 """
 
 import io
-import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -30,141 +22,20 @@ import test_ipt_differential as differential
 import test_ipt_intel_suite as suite
 from dbgext.cli import main
 from dbgext.errors import BadInput, UnreadableMemory
-from dbgext.ipt import libipt, reconstruct_flow
-from dbgext.ipt.errata import cpu_errata, parse_cpu
+from dbgext.ipt import libipt, libipt_api, reconstruct_flow
 from dbgext.ipt.flow import CodeImage, decode_flow
 from requirements import need_library
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Intel-suite flows where libipt 2.0.5 (the installed library) differs from upstream
-# libipt, which the suite and the Python decoder follow.
-LIBIPT_2_0_DIFFERS_BY_FAMILY = {
-    "libipt 2.0.5's errata table does not know some of the test's CPUs (upstream's, in errata.py, does), "
-    "so it applies no workaround for them":
-        ("apl11", "bdm70-psb_fup-tip_pge", "bdm70-tip_pgd-psb_fup-tip_pge", "skd022", "skz84"),
-    "libipt 2.0 does not know the TRIG, CFE and EVD packets, nor MODE.Exec's IF bit (an unknown opcode, "
-    "or a trace out of step)":
-        ("exstop-trig", "fup-tip-trig", "mode-trig-trig", "psb-fup-ptw-trig", "psb-fup-trig", "tip-trig",
-         "tip_pge-trig", "tnt-trig", "trig", "trig-fup", "ptet", "ptet-init-sipi", "ptet-int-eretu",
-         "ptet-int-int-erets-eretu", "ptet-int-iret", "ptet-int-iret-cpl_0", "ptet-int-iret-cpl_3",
-         "ptet-mode_exec-if", "ptet-mode_exec-spurious", "ptet-smi-rsm", "ptet-uint-uiret", "ptet-vmexit-vmentry",
-         "ptet-vmexit-vmentry-nonroot", "ptet-vmexit-vmentry-root"),
-    "libipt 2.0's instruction decoder does not know JMPABS, ERETU or ERETS as branches":
-        ("int-eretu", "int-eretu-cpl_0", "tip-jmpabs", "tip_pgd-jmpabs"),
-    "libipt 2.0.5 lists code after a TIP.PGE that follows power events while tracing is off, where "
-    "upstream's ptxed lists none, and fails on unmapped code":
-        ("tip_pgd-mwait-pwre-exstop-pwrx-tip_pge",),
-}
-LIBIPT_2_0_DIFFERS = {name: family for family, names in LIBIPT_2_0_DIFFERS_BY_FAMILY.items() for name in names}
-# Events that differ in where or whether they are reported: a PTW without IP is an event
-# at no IP where the Python decoder reads it, libipt binds it to the PTWRITE that runs
-# next (its IP and instruction index); an EXSTOP whose FUP an OVF replaced is no event in
-# libipt 2.0.5, upstream ptxed and the Python decoder list it without IP.
-EVENTS_DIFFER = frozenset(("mwait-pwre-exstop_ip-ovf", "tip_pge-ptw-tip_pgd"))
-
 
 def loaded_library():
     """The back end's libipt, or skip the calling test (it is missing)."""
     try:
-        library = libipt.load()
+        library = libipt_api.load()
     except BadInput:
         library = None
     return need_library("libipt", library)
-
-
-def comparable(result):
-    """A FlowResult's events as (instruction index, kind, IP), a "disabled" event's IP
-    left out (libipt often gives none), and no "sync" (libipt reports none: the back end
-    infers one before the first event or instruction after a PSB+, which misses a PSB+
-    that an OVF follows), no "gap" (where the code cannot be read libipt fails instead:
-    flow_facts)."""
-    return [(index, kind, None if kind == "disabled" else ip) for index, kind, _, ip in result.events
-            if kind != "sync" and kind != "gap"]
-
-
-def both(trace, regions, cpu=None):
-    """(the Python decoder's FlowResult, the back end's) over ``regions`` [(base, bytes)],
-    each with its errata workarounds for ``cpu``."""
-    code = CodeImage(images=regions)
-    ours = decode_flow(trace, code, errata=cpu_errata(cpu))
-    theirs = libipt.LibiptFlowDecoder(code, cpu=cpu, library=loaded_library()).decode(trace)
-    return ours, theirs
-
-
-# -- Intel's suite ------------------------------------------------------------------------
-
-def suite_flows(name):
-    """[(cpu, Python decoder's result, back end's result)] of one suite test, each of its CPUs."""
-    found = suite.directives(name)
-    trace = (suite.SUITE / (name + ".pt")).read_bytes()
-    regions = [(found["org"], (suite.SUITE / (name + ".bin")).read_bytes())]
-    runs = []
-    for cpu in suite.cpus(name):
-        parsed = parse_cpu(cpu) if cpu and cpu != "0/0" else None
-        runs.append((cpu,) + both(trace, regions, parsed))
-    return runs
-
-
-# The applicable flow tests (dbgext agrees with ptxed on each), without ptxed's --resync-on-error
-# (libipt 2.0 has no resync).
-SUITE_COMPARED = [name for name in suite.FLOW_TESTS
-                  if suite.not_applicable(name) is None
-                  and "--resync-on-error" not in suite.directives(name)["ptxed"]]
-
-
-def flow_facts(result, events=True):
-    """What is compared: instructions, whether it failed (where libipt fails on code it
-    cannot read, the Python decoder reports a gap and goes on), and (``events``) the events."""
-    failed = bool(result.problems.errors) or any(problem.kind == "ipt_gap" for problem in result.problems)
-    return result.instructions, failed, comparable(result) if events else None
-
-
-@pytest.mark.parametrize("name", [name for name in SUITE_COMPARED if name not in LIBIPT_2_0_DIFFERS])
-def test_suite_flow_through_libipt_lists_the_python_decoders_instructions_and_events(name):
-    for cpu, ours, theirs in suite_flows(name):
-        events = name not in EVENTS_DIFFER
-        assert (cpu, flow_facts(theirs, events)) == (cpu, flow_facts(ours, events))
-
-
-@pytest.mark.parametrize("name", sorted(LIBIPT_2_0_DIFFERS))
-def test_a_suite_flow_listed_as_libipt_2_0s_difference_still_differs(name):
-    assert name in SUITE_COMPARED
-    assert any(flow_facts(theirs) != flow_facts(ours) for _, ours, theirs in suite_flows(name)), \
-        "%s agrees now: remove it from LIBIPT_2_0_DIFFERS" % name
-
-
-def test_the_events_listed_as_differing_still_differ():
-    loaded_library()
-    for name in sorted(EVENTS_DIFFER):
-        assert any(comparable(theirs) != comparable(ours) for _, ours, theirs in suite_flows(name)), name
-
-
-# -- generated cases ------------------------------------------------------------------------
-
-GENERATED_SEEDS = 8
-
-
-@pytest.mark.parametrize("name,cpu", [(name, ()) for name in sorted(differential.CLASSES)]
-                         + differential.COMPARED_RUNS)
-def test_generated_flows_through_libipt_equal_the_python_decoders(name, cpu):
-    """The differential test's classes (its erratum classes with and without their CPU)."""
-    for seed in range(GENERATED_SEEDS):
-        program, trace = differential.compared_case(name, seed)
-        run_cpu = differential.CLASSES[name][1] if cpu == () else cpu
-        ours, theirs = both(trace, [(program.base, program.code)], run_cpu)
-        assert (seed, theirs.instructions) == (seed, ours.instructions)
-        assert (seed, comparable(theirs)) == (seed, comparable(ours))
-
-
-@pytest.mark.parametrize("where,group", [combination for combination in differential.COMBINATIONS
-                                         if combination not in differential.LIBIPT_ARTIFACTS])
-def test_packet_groups_anywhere_decode_through_libipt_as_the_code_ran(where, group):
-    for seed in range(GENERATED_SEEDS):
-        program, trace, executed = differential.combination_case(where, group, seed)
-        ours, theirs = both(trace, [(program.base, program.code)])
-        assert (seed, theirs.instructions) == (seed, executed) == (seed, ours.instructions)
-        assert (seed, comparable(theirs)) == (seed, comparable(ours))
 
 
 # -- code from target memory (the image callback) -------------------------------------------
@@ -222,51 +93,6 @@ def test_code_the_target_cannot_read_is_an_error_with_its_trace_offset():
 
 # -- the command ----------------------------------------------------------------------------
 
-def run_flow(name, *options):
-    """(exit code, output) of ``ipt flow`` over a suite test."""
-    argv = ["ipt", "flow", "--trace", str(suite.SUITE / (name + ".pt")), "--image",
-            "%s@%x" % (suite.SUITE / (name + ".bin"), suite.directives(name)["org"])] + list(options)
-    stream = io.StringIO()
-    code = main(argv, stream=stream)
-    return code, stream.getvalue()
-
-
-def without_blocks_and_event_offsets(document):
-    """The document without what the back end says otherwise: the blocks built (it
-    builds none) and where each event is in the trace (libipt's decoder is past the
-    packet that gave it, dbgext names the packet)."""
-    for buffer in document["buffers"]:
-        buffer.pop("blocks")
-    return _without_event_offsets(document)
-
-
-def _without_event_offsets(value):
-    if isinstance(value, list):
-        return [_without_event_offsets(item) for item in value]
-    if isinstance(value, dict):
-        return {key: _without_event_offsets(item) for key, item in value.items()
-                if not (key == "offset" and "kind" in value)}
-    return value
-
-
-_EVENT_OFFSET = re.compile(r"(\[.*), trace offset 0x[0-9a-f]+\]")
-
-
-@pytest.mark.parametrize("view", ["instructions", "calltree", "functions", "path"])
-@pytest.mark.parametrize("name", ["tip_pgd-direct_call", "tip_pgd-indirect_call", "fup-pip-vmcs-tip_pgd"])
-def test_the_command_gives_the_same_json_and_text_with_either_decoder(name, view):
-    loaded_library()
-    outputs = {}
-    for decoder in ("python", "libipt"):
-        code, text = run_flow(name, "--view", view, "--decoder", decoder)
-        _, document = run_flow(name, "--view", view, "--decoder", decoder, "--json")
-        assert code == 0
-        outputs[decoder] = ([_EVENT_OFFSET.sub(r"\1]", line) for line in text.splitlines()
-                             if not line.startswith("blocks:")],
-                            without_blocks_and_event_offsets(json.loads(document)))
-    assert outputs["libipt"] == outputs["python"]
-
-
 def test_32_bit_code_is_listed_in_its_mode_with_either_decoder(tmp_path):
     """inc eax, inc ecx, then jmp eax, which a TIP.PGD without IP cannot stop (libipt
     decodes it, then fails it): in 64-bit mode 40 and 41 would be REX prefixes."""
@@ -298,7 +124,7 @@ def test_resync_on_error_is_refused_with_libipt_in_one_line():
 
 def test_a_library_that_cannot_be_loaded_is_named_in_one_line_with_how_to_get_it(monkeypatch):
     bogus = str(REPO / "no-such-dir" / "libipt.so.2")
-    monkeypatch.setenv(libipt.LIBRARY_VARIABLE, bogus)
+    monkeypatch.setenv(libipt_api.LIBRARY_VARIABLE, bogus)
     with pytest.raises(BadInput) as raised:
         reconstruct_flow(data=(suite.SUITE / "tip-eos.pt").read_bytes(),
                          images=[(str(suite.SUITE / "tip-eos.bin"), 0x1000)], decoder="libipt")
@@ -317,7 +143,7 @@ class _OtherMajorVersion(object):
 
     class _Function(object):
         def __call__(self, *arguments):
-            return libipt.Version(1, 6, 1, 0, None)
+            return libipt_api.Version(1, 6, 1, 0, None)
 
     def __init__(self, name):
         self.name = name
@@ -329,12 +155,12 @@ class _OtherMajorVersion(object):
 
 
 def test_a_library_of_another_major_version_is_refused_in_one_line(monkeypatch):
-    monkeypatch.setattr(libipt.ctypes, "CDLL", _OtherMajorVersion)
+    monkeypatch.setattr(libipt_api.ctypes, "CDLL", _OtherMajorVersion)
     with pytest.raises(BadInput) as raised:
-        libipt.load("libipt-1.6.so")
+        libipt_api.load("libipt-1.6.so")
     message = str(raised.value)
     assert "\n" not in message and "libipt-1.6.so is version 1.6.1" in message and "2.x" in message
-    assert "libipt-1.6.so" not in libipt._loaded
+    assert "libipt-1.6.so" not in libipt_api._loaded
 
 
 def test_importing_the_ipt_modules_loads_no_libipt():

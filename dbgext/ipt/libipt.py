@@ -2,184 +2,84 @@
 
 ``reconstruct_flow(..., decoder="libipt")`` (``ipt flow --decoder libipt``) uses
 :class:`LibiptFlowDecoder` in place of flow.FlowDecoder: the same ``decode()``,
-filling the same FlowResult, so the JSON and the text are the same, but for what
-libipt does not say: no blocks are built, an event's trace offset is where libipt's
-decoder is (past the packet that gave it), a "disabled" event has the IP libipt gives
-(often none), and "sync" is inferred (see ``_Run.sync``).  libipt reads
-the code through its image callback (``pt_image_set_callback``) from the flow's
-CodeImage: the same target memory and image files the Python decoder reads (the
+filling the same FlowResult, so the JSON and the text are the same
+(tests/test_ipt_libipt_agrees.py compares the whole documents).  What libipt does
+not say is found as the Python decoder finds it:
+
+* an event's trace offset is the packet that gave it (libipt's decoder is past it,
+  often past later packets): libipt's packet decoder reads the trace alongside, and
+  each event is named by the next packet of its kind (EVENT_PACKETS), in trace order;
+* "sync": decoding (re)starts at a PSB whose PSB+ holds a FUP, at that FUP's IP;
+* ``blocks``: the basic blocks the listing's instructions lie in and the ones the
+  Python walk stands at (where an event resumes, where the code needs trace past the
+  end of the trace) are built in the same BlockCache, so both count alike, but for the
+  blocks the Python walk drops (past the last trace data before an OVF or an error);
+* an error is libipt's (its message, where its decoder stood), at the instruction it
+  stopped at when it had decoded it (listed, as ptxed lists it: pt_insn_next gave its
+  class); a packet it cannot decode is a packet error.
+
+libipt reads the code through its image callback (``pt_image_set_callback``) from the
+flow's CodeImage: the same target memory and image files the Python decoder reads (the
 image files as sections, which libipt reads without a call per instruction).
 
 The library is loaded on first use, never at import (inside WinDbg it is usually
-absent): ``libipt.so.2`` on Linux; on Windows the DLL named by DBGEXT_LIBIPT
-(``libipt.dll``/``ipt.dll`` else).  DBGEXT_LIBIPT names the library on any system.
-The layouts below are libipt 2.x's (intel-pt.h); another major version is refused.
+absent), through libipt_api (its declarations, which the tests' harness shares):
+``libipt.so.2`` on Linux; on Windows the DLL named by DBGEXT_LIBIPT
+(``libipt.dll``/``ipt.dll`` else).  Another major version than 2 is refused.
 
 What it follows is libipt's own: its errata table (``pt_cpu_errata``, which knows
 fewer CPUs than upstream's in errata.py), the packets it knows (2.0 has no CFE, EVD
 or TRIG), resynchronisation at the next PSB after an error (``resync_on_error``
-needs the Python decoder), and ptxed's rules: no instruction once libipt reports the
-end of the trace with its events drained; the instruction an error stopped at is
-listed when libipt had decoded it (pt_insn_next gave its class).  The Python
-decoder remains the reference (tests/test_ipt_libipt.py compares them).
+needs the Python decoder), and at the end of the trace ptxed's rule: no instruction
+once libipt reports the end of the trace with its events drained.  The Python
+decoder remains the reference.
 """
 
 import ctypes
 import os
-import sys
 import tempfile
+from bisect import bisect_left
 
 from ..errors import BadInput
 from ..target.base import PAGE_SIZE
-from .flow import (B_CALL, B_COND, B_FAR_CALL, B_FAR_RET, B_INDIRECT, B_JUMP, B_RET, FLUSH_SIZE, MODE_16, MODE_32,
-                   BlockCache, FlowResult)
+from .libipt_api import (EVENT_IP_SUPPRESSED, EVENT_STATUS_UPDATE, EXEC_MODE_16, EXEC_MODE_32, EXEC_MODE_64,
+                         INSN_CLASS_ERROR, MODE_LEAF_TSX, PACKET_ERRATA, PACKET_IP_BITS, PACKET_TYPES, PTE_BAD_OPC,
+                         PTE_BAD_PACKET, PTE_EOS, PTE_NOMAP, PTS_EOS, PTS_EVENT_PENDING, READ_MEMORY, Event, Insn,
+                         Packet, config_for, library_version, load)
+from .flow import FLUSH_SIZE, MODE_16, MODE_32, MODE_64, BlockCache, FlowResult
+from .packets import packet_errata
 
-LIBRARY_VARIABLE = "DBGEXT_LIBIPT"
-SUPPORTED_MAJOR = 2
-HOW_TO_GET = {"linux": "apt-get install libipt2, or set %s to its path" % LIBRARY_VARIABLE}
-BUILD_IT = "build it from https://github.com/intel/libipt and set %s to its path" % LIBRARY_VARIABLE
-DEFAULT_NAMES = {"linux": ("libipt.so.2",), "win32": ("libipt.dll", "ipt.dll"), "darwin": ("libipt.2.dylib",)}
-
-# -- libipt 2.x's structures (intel-pt.h), as data -------------------------------------
-
-PTS_EVENT_PENDING = 1 << 0   # enum pt_status_flag
-PTS_IP_SUPPRESSED = 1 << 1
-PTS_EOS = 1 << 2
-PTE_EOS = 7                  # -pte_eos: the end of the trace
-PTE_NOMAP = 13               # -pte_nomap: no code at that address
-
-
-class Version(ctypes.Structure):
-    """struct pt_version."""
-    _fields_ = [("major", ctypes.c_uint8), ("minor", ctypes.c_uint8), ("patch", ctypes.c_uint16),
-                ("build", ctypes.c_uint32), ("ext", ctypes.c_char_p)]
-
-
-class Cpu(ctypes.Structure):
-    """struct pt_cpu (vendor 1: Intel)."""
-    _fields_ = [("vendor", ctypes.c_int), ("family", ctypes.c_uint16), ("model", ctypes.c_uint8),
-                ("stepping", ctypes.c_uint8)]
-
-
-CPU_VENDOR_INTEL = 1
-
-
-class Config(ctypes.Structure):
-    """The leading fields of struct pt_config; libipt zero-fills the rest (flags, the
-    address filter) from ``size``."""
-    _fields_ = [("size", ctypes.c_size_t), ("begin", ctypes.c_void_p), ("end", ctypes.c_void_p),
-                ("callback", ctypes.c_void_p), ("context", ctypes.c_void_p), ("cpu", Cpu),
-                ("errata", ctypes.c_uint32 * 16), ("cpuid_0x15_eax", ctypes.c_uint32),
-                ("cpuid_0x15_ebx", ctypes.c_uint32), ("mtc_freq", ctypes.c_uint8), ("nom_freq", ctypes.c_uint8)]
-
-
-class Insn(ctypes.Structure):
-    """struct pt_insn."""
-    _fields_ = [("ip", ctypes.c_uint64), ("isid", ctypes.c_int), ("mode", ctypes.c_int),
-                ("iclass", ctypes.c_int), ("raw", ctypes.c_uint8 * 15), ("size", ctypes.c_uint8),
-                ("flags", ctypes.c_uint32)]
-
-
-class Event(ctypes.Structure):
-    """struct pt_event: the common fields, then the variant union as 64-bit words."""
-    _fields_ = [("type", ctypes.c_int), ("flags", ctypes.c_uint32), ("tsc", ctypes.c_uint64),
-                ("lost_mtc", ctypes.c_uint32), ("lost_cyc", ctypes.c_uint32), ("reserved", ctypes.c_uint64 * 2),
-                ("variant", ctypes.c_uint64 * 4)]
-
-
-EVENT_IP_SUPPRESSED = 1 << 0   # pt_event.flags bit 0
-EVENT_STATUS_UPDATE = 1 << 1
-
-# enum pt_event_type -> (the flow's event kind, which variant word is its IP); the
-# events the Python decoder reports, by the same names.  Others (paging, exec_mode,
+# enum pt_event_type -> (the flow's event kind, its IP: IP_FIRST (the first variant
+# word, unless pt_event's ip_suppressed flag is set), IP_AT (the first word, always
+# there) or None (no IP), which word is where the Python walk then stands or None):
+# the events the Python decoder reports, by the same names.  Others (exec_mode,
 # timing, power...) are not flow events there, so they are not here either; nor are
-# status updates (a PSB+ restating the state).  A "disabled" event's IP is libipt's: none where libipt gives none (the
-# Python decoder gives the TIP.PGD's).
+# status updates (a PSB+ restating the state).  An asynchronous event's first word
+# (where it happened) is always there: the flag is about its second (where it went).
+IP_FIRST, IP_AT = "first", "at"
 EVENTS = {
-    0: ("enabled", 0),            # ptev_enabled {ip, resumed}
-    1: ("disabled", 0),           # ptev_disabled {ip}
-    2: ("disabled", 0),           # ptev_async_disabled {at, ip}: where it happened
-    3: ("interrupt", 0),          # ptev_async_branch {from, to}
-    4: ("paging", None),          # ptev_paging {cr3, non_root}: no IP
-    5: ("paging", None),          # ptev_async_paging {cr3, non_root, ip}: with the transfer, IP left out
-    6: ("overflow", 0),           # ptev_overflow {ip}: see _event
-    8: ("tsx", 0),                # ptev_tsx {ip, speculative:1 aborted:1}
-    12: ("exstop", 0),            # ptev_exstop {ip}
-    16: ("ptwrite", 0),           # ptev_ptwrite {ip, size, payload}
+    0: ("enabled", IP_FIRST, 0),        # ptev_enabled {ip, resumed}
+    1: ("disabled", IP_FIRST, None),    # ptev_disabled {ip}
+    2: ("disabled", IP_AT, None),       # ptev_async_disabled {at, ip}
+    3: ("interrupt", IP_AT, 1),         # ptev_async_branch {from, to}
+    4: ("paging", None, None),          # ptev_paging {cr3, non_root}
+    5: ("paging", None, None),          # ptev_async_paging {cr3, non_root, ip}: with the transfer
+    6: ("overflow", IP_FIRST, 0),       # ptev_overflow {ip}: see event()
+    8: ("tsx", IP_FIRST, 0),            # ptev_tsx {ip, speculative:1 aborted:1}
+    12: ("exstop", IP_FIRST, 0),        # ptev_exstop {ip}
+    16: ("ptwrite", IP_FIRST, 0),       # ptev_ptwrite {ip, size, payload}
 }
 EVENT_OVERFLOW, EVENT_TSX = 6, 8
-# Events after which tracing is on without a "sync" (the Python decoder's name for
-# tracing found on at a PSB+).
-EVENTS_STARTING = (0, 6)
+# Asynchronous events (their first word: where it happened, which did not run).
+EVENTS_ASYNC = (2, 3)
+# Events after which tracing is on (the others leave it as it was, but "disabled").
+EVENTS_ENABLING = ("enabled", "overflow")
+
 
 # enum pt_exec_mode -> the flow's mode, for the modes the listing cannot assume (64-bit).
-OTHER_MODES = {1: MODE_16, 2: MODE_32}
-
-# enum pt_insn_class -> the block kind the views read (CallTree: calls and returns).
-INSN_CLASSES = {2: B_CALL, 3: B_RET, 4: B_JUMP, 5: B_COND, 6: B_FAR_CALL, 7: B_FAR_RET, 8: B_INDIRECT}
-
-READ_MEMORY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_uint8), ctypes.c_size_t, ctypes.c_void_p,
-                               ctypes.c_uint64, ctypes.c_void_p)
-
-# (function, argument types, result type): every entry point used.
-FUNCTIONS = (
-    ("pt_library_version", [], Version),
-    ("pt_errstr", [ctypes.c_int], ctypes.c_char_p),
-    ("pt_cpu_errata", [ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int),
-    ("pt_insn_alloc_decoder", [ctypes.c_void_p], ctypes.c_void_p),
-    ("pt_insn_free_decoder", [ctypes.c_void_p], None),
-    ("pt_insn_get_image", [ctypes.c_void_p], ctypes.c_void_p),
-    ("pt_image_set_callback", [ctypes.c_void_p, READ_MEMORY, ctypes.c_void_p], ctypes.c_int),
-    ("pt_image_add_file", [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p,
-                           ctypes.c_uint64], ctypes.c_int),
-    ("pt_insn_sync_forward", [ctypes.c_void_p], ctypes.c_int),
-    ("pt_insn_next", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t], ctypes.c_int),
-    ("pt_insn_event", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t], ctypes.c_int),
-    ("pt_insn_get_offset", [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64)], ctypes.c_int),
-    ("pt_insn_get_sync_offset", [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64)], ctypes.c_int),
-)
-
-_loaded = {}  # library path or name -> CDLL with FUNCTIONS declared
-
-
-def _platform():
-    return "win32" if sys.platform == "win32" else "darwin" if sys.platform == "darwin" else "linux"
-
-
-def load(path=None):
-    """The libipt CDLL: ``path``, else DBGEXT_LIBIPT, else the system's default names.
-    Raises BadInput in one line (which library, why, how to get it) when it cannot be
-    loaded or is not version 2.x."""
-    names = (path,) if path else ((os.environ[LIBRARY_VARIABLE],) if os.environ.get(LIBRARY_VARIABLE)
-                                  else DEFAULT_NAMES[_platform()])
-    for name in names:
-        if name in _loaded:
-            return _loaded[name]
-    failures = []
-    for name in names:
-        try:
-            library = ctypes.CDLL(name)
-        except OSError as error:
-            failures.append(str(error) or name)
-            continue
-        for function, arguments, result in FUNCTIONS:
-            getattr(library, function).argtypes = arguments
-            getattr(library, function).restype = result
-        version = library.pt_library_version()
-        if version.major != SUPPORTED_MAJOR:
-            raise BadInput("libipt: %s is version %d.%d.%d; this back end reads libipt %d.x's layouts only "
-                           "(decode with the python decoder)" % (name, version.major, version.minor, version.patch,
-                                                       SUPPORTED_MAJOR))
-        _loaded[name] = library
-        return library
-    raise BadInput("libipt: cannot load %s (%s); %s, or decode with the python decoder"
-                   % (" or ".join(names), "; ".join(failures), HOW_TO_GET.get(_platform(), BUILD_IT)))
-
-
-def library_version(library):
-    version = library.pt_library_version()
-    return "%d.%d.%d" % (version.major, version.minor, version.patch)
-
+OTHER_MODES = {EXEC_MODE_16: MODE_16, EXEC_MODE_32: MODE_32}
+# How far past the end of the trace the blocks the Python walk builds are looked for.
+MAX_INSNS_PAST_END = 1 << 12
 
 # -- code --------------------------------------------------------------------------------
 
@@ -240,13 +140,178 @@ class _CodeReader(object):
         return len(piece)
 
 
+# -- where each event is in the trace ------------------------------------------------------
+
+# The flow's event kind -> (the packet types that give it, the packet right before it,
+# "after overflow" (after the OVF the last overflow was named by) or None), for the
+# offset the Python decoder reports: the packet that gives the event.
+# An EXSTOP or PTW with its IP bit ("exstop.ip", "ptw.ip") is named by the FUP after it.
+EVENT_PACKETS = {
+    "enabled": (("tip.pge",), None), "disabled": (("tip.pgd",), None), "overflow": (("ovf",), None),
+    "interrupt": (("tip",), "fup"), "tsx_begin": (("fup", "tip.pge"), "mode.tsx"),
+    "tsx_commit": (("fup", "tip.pge"), "mode.tsx"), "tsx_abort": (("fup", "tip.pge"), "mode.tsx"),
+    "exstop": (("exstop", "exstop.ip"), None), "ptwrite": (("ptw", "ptw.ip"), None),
+    "resumed": (("fup", "tip.pge", "tip", "psb"), "after overflow"),
+    "paging": (("pip",), None),
+}
+# Packets between two packets that go together (timing, padding).
+_BETWEEN = frozenset(("pad", "mtc", "cyc", "tsc", "tma", "cbr", "mnt"))
+# Packets kept behind the last event named, for the packet-before lookups.
+PACKETS_KEPT = 64
+
+
+def _status_ip(raw):
+    """The IP of a FUP right after a PSB (the last IP is zero there), None when suppressed:
+    struct pt_packet_ip {ipc, ip} with IP compression (pt_ipc_update_*)."""
+    ipc = raw.payload[0]
+    value = int.from_bytes(bytes(raw.payload[8:16]), "little")
+    if ipc == 0:
+        return None
+    if ipc == 3 and value & (1 << 47):   # sext-48
+        return value | 0xFFFF000000000000
+    return value
+
+
+class _EventPackets(object):
+    """The packets of the trace as libipt's packet decoder reads them, read up to where
+    the instruction decoder stands as events come: libipt's decoder reads ahead (it is
+    past the packet that gave an event, often past later ones), so each event is named
+    by the next packet that gives an event of its kind, in trace order, before where
+    libipt stands."""
+
+    def __init__(self, lib, trace, errata):
+        self.lib = lib
+        # The packets as libipt's query decoder reads them with its errata workarounds
+        # (its packet decoder applies none): the Python decoder's rewrites.
+        trace = packet_errata(trace, 0, len(trace), frozenset(name for name, bit in PACKET_ERRATA.items()
+                                                              if errata & bit))[0]
+        self.buffer = (ctypes.c_uint8 * max(len(trace), 1)).from_buffer_copy(trace or b"\0")
+        self.decoder = lib.pt_pkt_alloc_decoder(ctypes.byref(config_for(self.buffer, len(trace))))
+        self.packets = []   # (offset, type) in trace order; inside a PSB+ the type is None (status only)
+        self.status_fups = {}   # offset of a PSB -> the IP of the FUP in its PSB+
+        self.status_modes = {}  # offset of a PSB -> enum pt_exec_mode of the MODE.Exec in its PSB+
+        self.psb_at, self.status_fup = None, None
+        self.in_psb = False
+        self.offset = ctypes.c_uint64()
+        self.raw = Packet()
+        self.raw_ref = ctypes.byref(self.raw)
+        self.status = lib.pt_pkt_sync_forward(self.decoder) if self.decoder else -PTE_EOS
+        if self.status >= 0:
+            lib.pt_pkt_get_offset(self.decoder, ctypes.byref(self.offset))
+        self.next = {}      # (types, before) -> index in packets where the next one may be
+        self.floor = 0      # no event before this offset: the last event's, or where decoding resynchronised
+        self.overflow_at = 0
+
+    def close(self):
+        if self.decoder:
+            self.lib.pt_pkt_free_decoder(self.decoder)
+
+    def _read_to(self, position):
+        lib, decoder, packets, raw, append = self.lib, self.decoder, self.packets, self.raw, self.packets.append
+        packet_next, raw_ref, raw_size, payload = lib.pt_pkt_next, self.raw_ref, ctypes.sizeof(Packet), raw.payload
+        offset = self.offset.value
+        while self.status >= 0 and (not packets or packets[-1][0] < position):
+            self.status = packet_next(decoder, raw_ref, raw_size)
+            if self.status < 0:
+                if self.status != -PTE_EOS:   # on at the next PSB, where the packet decoder stands
+                    self.status = lib.pt_pkt_sync_forward(decoder)
+                    lib.pt_pkt_get_offset(decoder, ctypes.byref(self.offset))
+                    offset = self.offset.value
+                continue
+            kind = PACKET_TYPES[raw.type] if raw.type < len(PACKET_TYPES) else "unknown"
+            if kind == "psb" or self.in_psb:
+                self._status(kind, offset)
+            elif kind in PACKET_IP_BITS and payload[PACKET_IP_BITS[kind][0]] & PACKET_IP_BITS[kind][1]:
+                kind += ".ip"
+            elif kind == "mode":
+                kind = "mode.tsx" if payload[0] == MODE_LEAF_TSX else "mode.exec"
+            append((offset, None if self.in_psb and kind != "psb" else kind))
+            offset += raw.size
+        self.offset.value = offset
+
+    def _status(self, kind, offset):
+        """Follow a PSB+: the FUP and the execution mode it gives (tracing was on)."""
+        payload = self.raw.payload
+        if kind == "psb":
+            self.in_psb, self.psb_at, self.status_fup = True, offset, None
+        elif kind == "mode" and payload[0] != MODE_LEAF_TSX:
+            bits = payload[4]   # pt_packet_mode_exec {csl:1, csd:1}
+            self.status_modes[self.psb_at] = EXEC_MODE_64 if bits & 1 else EXEC_MODE_32 if bits & 2 else EXEC_MODE_16
+        elif kind == "fup":
+            self.status_fup = _status_ip(self.raw)
+        elif kind in ("psbend", "ovf"):   # an OVF cuts the PSB+ short: tracing's state is unknown
+            self.in_psb = False
+            if kind == "psbend" and self.status_fup is not None:
+                self.status_fups[self.psb_at] = self.status_fup
+
+    def status_ip(self, psb):
+        """The IP of the FUP in the PSB+ at offset ``psb`` (tracing was on), or None."""
+        self._read_to(psb + 1)
+        while self.status >= 0 and self.in_psb:
+            self._read_to(self.packets[-1][0] + 1)
+        return self.status_fups.get(psb)
+
+    def name(self, kind, position):
+        """(offset, type) of the packet that gave an event of ``kind`` (an EXSTOP or PTW
+        with its IP bit: its FUP's offset), None when none is found before ``position``
+        (where libipt's decoder stands)."""
+        rule = EVENT_PACKETS.get(kind)
+        if rule is None:
+            return None
+        self._forget_passed()
+        self._read_to(position)
+        types, before = rule
+        packets = self.packets
+        index = max(self.next.get(rule, 0), bisect_left(packets, (self.floor,)))
+        if before == "after overflow":
+            index = max(index, self.overflow_at)
+        while index < len(packets) and packets[index][0] < position:
+            offset, packet = packets[index]
+            index += 1
+            if packet in types and offset >= self.floor and (before in (None, "after overflow")
+                                                              or self._before(index - 1) == before):
+                self.next[rule] = index
+                self.floor = offset   # events come in trace order
+                if kind == "overflow":
+                    self.overflow_at = index
+                if packet.endswith(".ip"):
+                    fup = self._fup_after(index)
+                    return None if fup is None else (fup, packet)
+                return offset, packet
+        return None
+
+    def _forget_passed(self):
+        """Drop the packets before the last event named (they name no event any more),
+        so that what is kept does not grow with the trace."""
+        passed = bisect_left(self.packets, (self.floor,)) - PACKETS_KEPT
+        if passed < len(self.packets) // 2:
+            return
+        del self.packets[:passed]
+        self.next = {rule: max(index - passed, 0) for rule, index in self.next.items()}
+        self.overflow_at = max(self.overflow_at - passed, 0)
+
+    def _fup_after(self, index):
+        self._read_to(self.packets[-1][0] + 1)
+        while index < len(self.packets) and self.packets[index][1] != "fup":
+            index += 1
+        return self.packets[index][0] if index < len(self.packets) else None
+
+    def _before(self, index):
+        """The type of the packet before ``packets[index]``, timing and padding skipped."""
+        while index > 0:
+            index -= 1
+            if self.packets[index][1] not in _BETWEEN:
+                return self.packets[index][1]
+        return None
+
+
 # -- the decoder -------------------------------------------------------------------------
 
 class LibiptFlowDecoder(object):
     """flow.FlowDecoder's interface over libipt's instruction decoder.  ``code``: a
     flow.CodeImage; ``cpu``: (family, model[, stepping]) whose errata workarounds
     libipt applies (its own table); ``cache``: the BlockCache the views and the listing
-    disassemble with (no blocks are built while decoding)."""
+    disassemble with, where the blocks are built as the Python decoder builds them."""
 
     def __init__(self, code, suspicious=None, cache=None, cpu=None, library=None):
         self.library = library or load()
@@ -257,18 +322,6 @@ class LibiptFlowDecoder(object):
         self.version = library_version(self.library)
         self.files = _ImageFiles(code) if code.images else None
 
-    def _config(self, buffer, size):
-        config = Config()
-        config.size = ctypes.sizeof(Config)
-        config.begin = ctypes.addressof(buffer)
-        config.end = config.begin + size
-        if self.cpu is not None:
-            family, model = self.cpu[0], self.cpu[1]
-            stepping = self.cpu[2] if len(self.cpu) > 2 else 0
-            config.cpu = Cpu(CPU_VENDOR_INTEL, family, model, stepping)
-            self.library.pt_cpu_errata(ctypes.byref(config.errata), ctypes.byref(config.cpu))
-        return config
-
     def decode(self, data, start=0, end=None, max_insns=None, sink=None, progress=None, result=None):
         """As flow.FlowDecoder.decode: ``data[start:end]`` to the end; instructions in
         chunks to ``sink``, the first ``max_insns`` kept in ``result.instructions``."""
@@ -276,7 +329,7 @@ class LibiptFlowDecoder(object):
         end = len(data) if end is None else min(end, len(data))
         trace = bytes(data[start:end])
         buffer = (ctypes.c_uint8 * max(len(trace), 1)).from_buffer_copy(trace or b"\0")
-        config = self._config(buffer, len(trace))
+        config = config_for(buffer, len(trace), self.cpu, self.library)
         lib = self.library
         decoder = lib.pt_insn_alloc_decoder(ctypes.byref(config))
         if not decoder:
@@ -286,9 +339,11 @@ class LibiptFlowDecoder(object):
             self.files.add_to(lib, image)
         reader = _CodeReader(self.code)
         lib.pt_image_set_callback(image, reader.callback, None)
+        packets = _EventPackets(lib, trace, config.errata[0])
         try:
-            _Run(self, result, decoder, start, max_insns, sink, progress).run()
+            _Run(self, result, decoder, packets, start, max_insns, sink, progress).run()
         finally:
+            packets.close()
             lib.pt_insn_free_decoder(decoder)
         result.blocks_built = self.cache.blocks_built
         return result
@@ -298,11 +353,15 @@ class _Run(object):
     """One decode: libipt's loop as ptxed runs it (events drained before each
     instruction; after an error, on at the next PSB; stop at the end of the trace)."""
 
-    def __init__(self, owner, result, decoder, start, max_insns, sink, progress):
+    def __init__(self, owner, result, decoder, packets, start, max_insns, sink, progress):
         self.owner = owner
         self.lib = owner.library
         self.result = result
         self.decoder = decoder
+        self.packets = packets
+        self.exec_mode = EXEC_MODE_64   # enum pt_exec_mode of the last instruction or PSB+
+        self.standing = []              # where the Python walk stood, with no instruction listed since
+        self.tracing = False            # as the events say: where the walk stands after one depends on it
         self.start = start
         self.max_insns = max_insns
         self.sink = sink
@@ -310,7 +369,6 @@ class _Run(object):
         self.out = []
         self.flushed = 0
         self.offset = ctypes.c_uint64()
-        self.sync_offset = None   # the PSB synchronised at, until its "sync" event or an event that starts tracing
 
     def trace_offset(self):
         self.lib.pt_insn_get_offset(self.decoder, ctypes.byref(self.offset))
@@ -333,40 +391,105 @@ class _Run(object):
             self.progress(self.trace_offset(), self.flushed)
 
     def error(self, status, ip):
-        self.result.problems.add("ipt_flow_error", ip, "libipt: %s" % self.lib.pt_errstr(-status).decode(),
-                                 offset=self.trace_offset())
+        """A packet libipt cannot decode is a packet error, at no instruction (as the
+        Python decoder's); anything else a flow error."""
+        packet = -status in (PTE_BAD_OPC, PTE_BAD_PACKET)
+        self.result.problems.add("ipt_packet_error" if packet else "ipt_flow_error", None if packet else ip,
+                                 "libipt: %s" % self.lib.pt_errstr(-status).decode(), offset=self.trace_offset())
 
     def synchronised(self):
+        """Decoding (re)starts at a PSB: when its PSB+ has a FUP, tracing was on there:
+        the Python decoder's "sync" event, at the FUP's IP."""
         self.lib.pt_insn_get_sync_offset(self.decoder, ctypes.byref(self.offset))
-        self.sync_offset = self.start + self.offset.value
+        psb = self.packets.floor = self.offset.value
+        ip = self.packets.status_ip(psb)
+        if ip is not None:
+            self.exec_mode = self.packets.status_modes.get(psb, self.exec_mode)
+            self.tracing = True
+            self.stands_at(ip)
+            self.result.add_event((self.flushed + len(self.out), "sync", self.start + psb, ip))
 
-    def sync(self, ip):
-        """Tracing was on at the PSB+ synchronised at: the Python decoder's "sync" event,
-        before the first event or instruction after it, at its IP."""
-        self.result.add_event((self.flushed + len(self.out), "sync", self.sync_offset, ip))
-        self.sync_offset = None
+    def event_offset(self, kind):
+        """(where the event is in the trace: the packet that gave it (as the Python
+        decoder says), else where libipt's decoder stands; that packet's type or None)."""
+        self.lib.pt_insn_get_offset(self.decoder, ctypes.byref(self.offset))
+        named = self.packets.name(kind, self.offset.value)
+        if named is None:
+            return self.start + self.offset.value, None
+        return self.start + named[0], named[1]
 
-    def event(self, event):
-        """Record a libipt event under the flow's name for it, before the next instruction."""
+    def stands_at(self, ip):
+        """The Python walk builds the block where it stands (code it may not run: where
+        the trace ends, where an event resumes or tracing stops): built here too, unless
+        the next instruction listed starts there (see run), so the blocks agree."""
+        if self.standing:
+            self.build_standing()
+        self.standing.append(ip)
+
+    def build_standing(self, listed=None):
+        """Build the blocks stood at, but one that the instruction listed at ``listed`` starts."""
+        mode = OTHER_MODES.get(self.exec_mode, MODE_64)
+        blocks = self.owner.cache.blocks(mode)
+        for ip in self.standing:
+            if ip != listed and ip not in blocks:
+                self.owner.cache.build(ip, mode)
+        self.standing = []
+
+    def walk_past_end(self, insn, block, position):
+        """Listing nothing more, build the blocks the Python walk builds past the end of
+        the trace: it walks on (and drops what it walked) until the code needs trace,
+        building the block that needs it; libipt's decoder goes on as far, and fails on
+        that block's instruction (still decoding it: its class is not ptic_error)."""
+        insn_next, ref, size = self.lib.pt_insn_next, ctypes.byref(insn), ctypes.sizeof(Insn)
+        for _ in range(MAX_INSNS_PAST_END):
+            insn.iclass = INSN_CLASS_ERROR
+            status = insn_next(self.decoder, ref, size)
+            if insn.iclass == INSN_CLASS_ERROR:
+                return
+            position += 1
+            if position >= len(block) or block[position] != insn.ip:
+                block, position = self.enter(insn.ip, insn.mode), 0
+            if status < 0:
+                return
+
+    def enter(self, ip, exec_mode):
+        """A block of the Python walk starts at ``ip``: built (and counted) as it builds
+        it, in the instruction's mode.  Returns its instructions."""
+        self.exec_mode = exec_mode
+        mode = OTHER_MODES.get(exec_mode, MODE_64)
+        cache = self.owner.cache
+        return (cache.blocks(mode).get(ip) or cache.build(ip, mode)).insns
+
+    def event(self, event, block_ended):
+        """Record a libipt event under the flow's name for it, before the next
+        instruction; ``block_ended``: the last instruction listed ends its block."""
         known = EVENTS.get(event.type)
         if known is None or event.flags & EVENT_STATUS_UPDATE:
             return
-        kind, word = known
-        ip = None if event.flags & EVENT_IP_SUPPRESSED or word is None else event.variant[word]
-        if event.type in EVENTS_STARTING:
-            self.sync_offset = None
-        elif self.sync_offset is not None and word is not None:   # an event without IP does not say where
-            self.sync(ip)
+        kind, has_ip, stands = known
+        suppressed = event.flags & EVENT_IP_SUPPRESSED
+        ip = None if has_ip is None or has_ip == IP_FIRST and suppressed else event.variant[0]
         index = self.flushed + len(self.out)
-        offset = self.trace_offset()
-        if event.type == EVENT_OVERFLOW:
-            self.result.add_event((index, "overflow", offset, None))
-            if ip is not None:
-                self.result.add_event((index, "resumed", offset, ip))
-            return
         if event.type == EVENT_TSX:
             bits = event.variant[1]
             kind = "tsx_abort" if bits & 2 else "tsx_begin" if bits & 1 else "tsx_commit"
+        offset, packet = self.event_offset("overflow" if event.type == EVENT_OVERFLOW else kind)
+        # The walk stands where the event says execution is, while tracing (an EXSTOP or
+        # PTW without its IP bit says nothing: libipt gives the next PTWRITE's IP).
+        if event.type in EVENTS_ASYNC and block_ended:   # the walk went on to the next block, and found the event
+            self.stands_at(event.variant[0])
+        if (stands is not None and not suppressed and (self.tracing or kind in EVENTS_ENABLING)
+                and packet not in ("exstop", "ptw")):
+            at = event.variant[stands]
+            if kind == "ptwrite":   # the PTWRITE ran: the walk goes on after it
+                at += self.owner.cache.instruction_size(at, OTHER_MODES.get(self.exec_mode, MODE_64))
+            self.stands_at(at)
+        self.tracing = kind in EVENTS_ENABLING or self.tracing and kind != "disabled"
+        if event.type == EVENT_OVERFLOW:
+            self.result.add_event((index, "overflow", offset, None))
+            if ip is not None:
+                self.result.add_event((index, "resumed", self.event_offset("resumed")[0], ip))
+            return
         self.result.add_event((index, kind, offset, ip))
 
     def run(self):
@@ -375,10 +498,10 @@ class _Run(object):
         insn, event = Insn(), Event()
         insn_ref, insn_size = ctypes.byref(insn), ctypes.sizeof(Insn)
         event_ref, event_size = ctypes.byref(event), ctypes.sizeof(Event)
-        cache = self.owner.cache
-        ends, suspicious, warned = cache.ends, self.owner.suspicious, set()
+        suspicious, warned = self.owner.suspicious, set()
         out = self.out
         last_ip = None
+        block, position = (), 0   # the instructions of the block being listed, and where in it
         status = lib.pt_insn_sync_forward(decoder)
         if status >= 0:
             self.synchronised()
@@ -386,7 +509,10 @@ class _Run(object):
             if status < 0:
                 if status == -PTE_EOS:
                     break
-                self.error(status, last_ip)
+                # At the instruction libipt stopped at when it had decoded it (as the Python
+                # decoder names the branch that found no trace), else the last one listed.
+                self.error(status, insn.ip if insn.iclass != INSN_CLASS_ERROR else last_ip)
+                block, self.standing = (), []   # the Python walk fails where it stood, before building there
                 status = lib.pt_insn_sync_forward(decoder)
                 if status >= 0:
                     self.synchronised()
@@ -395,23 +521,23 @@ class _Run(object):
                 status = insn_event(decoder, event_ref, event_size)
                 if status < 0:
                     break
-                self.event(event)
+                self.event(event, position == len(block) - 1)
             if status < 0:
                 continue
             if status & PTS_EOS:
-                break   # as ptxed: the end of the trace, its events drained
-            tracing = not status & PTS_IP_SUPPRESSED  # else pt_insn_next returns and leaves insn as it was
+                self.walk_past_end(insn, block, position)   # as ptxed: the end of the trace, its events drained
+                break
+            insn.iclass = INSN_CLASS_ERROR   # pt_insn_next may fail before it writes insn
             status = insn_next(decoder, insn_ref, insn_size)
-            if status < 0 and not (tracing and insn.iclass):
-                continue   # as ptxed, an error's instruction is listed when libipt had decoded it (its class)
+            if status < 0 and insn.iclass == INSN_CLASS_ERROR:
+                continue   # as ptxed, the instruction an error stopped at is listed when libipt had decoded it
             ip = last_ip = insn.ip
-            if self.sync_offset is not None:
-                self.sync(ip)
             out.append(ip)
-            if insn.iclass > 1 and ip not in ends:
-                ends[ip] = INSN_CLASSES.get(insn.iclass, B_INDIRECT)
-            if insn.mode in OTHER_MODES and ip not in cache.blocks(OTHER_MODES[insn.mode]):
-                cache.build(ip, OTHER_MODES[insn.mode])   # so that the listing disassembles it in its mode
+            position += 1
+            if position >= len(block) or block[position] != ip:
+                if self.standing:
+                    self.build_standing(ip)
+                block, position = self.enter(ip, insn.mode), 0
             if ip in suspicious and ip not in warned:
                 warned.add(ip)
                 self.result.problems.add("ipt_suspicious_path", ip, "the path enters %s: a real trace rarely runs "
@@ -420,5 +546,6 @@ class _Run(object):
             if len(out) >= FLUSH_SIZE:
                 self.flush()
                 out = self.out
+        self.build_standing()
         self.flush()
         self.result.instruction_count = self.flushed

@@ -7,6 +7,7 @@ list after the function counts and the totals."""
 
 from ..render.text import hexaddr
 from .analysis import problems_by_kind
+from .packets import PTDUMP_NAMES
 
 EVENT_WORDS = {"enabled": "tracing enabled at", "disabled": "tracing disabled", "sync": "synchronized at",
                "overflow": "overflow: packets lost", "resumed": "resumed after the overflow at",
@@ -70,11 +71,13 @@ def _counts(out, title, counts):
 
 
 def packets(out, result, windbg=False):
+    """The listing names each packet as ptdump does (tnt.8, tnt.64); the JSON keeps
+    its ``type`` and the totals count by it."""
     for buffer in result.buffers:
         source_lines(out, buffer.source)
         if buffer.packets is not None:
-            rows = [("0x%x" % buffer.source.original_offset(packet.offset), packet.type,
-                     _details(dict(packet.as_dict(), type=packet.type))) for packet in buffer.packets]
+            rows = [("0x%x" % buffer.source.original_offset(packet.offset),
+                     PTDUMP_NAMES.get(packet.type, packet.type), _details(dict(packet.as_dict(), type=packet.type))) for packet in buffer.packets]
             out.table(rows, headers=("offset", "packet", "payload"))
             if buffer.listing_truncated:
                 out.line("(listed %d of %d packets: --max-packets N lists more; --stats counts them all)"
