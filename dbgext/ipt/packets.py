@@ -536,12 +536,13 @@ class _Counter(object):
             elif name == "pad":
                 rest = b"(?!\\x00)"  # the whole run: a shorter one would give a failing match a second way
             keyed.append(key + rest)
-        packet = b"|".join(keyed) + b"|\\x02(?:" + b"|".join(key + rest for _, key, rest in _EXTENDED_PACKETS) + b")"
+        extended = sorted(_EXTENDED_PACKETS, key=lambda packet: packet[0] != "tnt64")
+        packet = b"|".join(keyed) + b"|\\x02(?:" + b"|".join(key + rest for _, key, rest in extended) + b")"
         cyc = dict((name, key) for name, key, _ in _COMMON)["cyc"]
         one_byte_keys = _byte_class(set(range(256)) - {0x00, 0x02, 0x59, 0x99, 0xD9, _SILENT_TIP} - _CYC_CONTINUED
                                     - _TNT8)
         # A PAD run's key goes on into the next byte, so that two runs stay two keys.
-        key = one_byte_keys + b"|[\\x02\\x99\\xd9].|\\x00+[^\\x00]?|" + cyc
+        key = one_byte_keys + b"|(?=\\x02\\xa3)|\\x02[^\\xa3]|[\\x99\\xd9].|\\x00+[^\\x00]?|" + cyc
         if variant != _MTC_CAPTURED:
             key = b"\\x59|" + key  # MTC as a literal: sre tries one without a call
         keyed_packet = b"(?=(" + key + b"))(?:" + packet + b")"
@@ -605,7 +606,8 @@ class _Counter(object):
             pieces[1 + self.trailing::stride] = [None] * matches
         singles = matches - pieces[1 + self.marker::stride].count(None)
         slots = _SLOTS * (matches - singles) + singles
-        parts = self.longer_keys.split("".join(filter(None, pieces)))
+        keys = list(filter(None, pieces))
+        parts = self.longer_keys.split("".join(keys))
         # As bytes: deleting a key from bytes is one table pass, from text a search per key.
         one_byte = "".join(parts[0::2]).encode("latin-1")
         keyed_slots = len(one_byte) + len(parts) // 2 + len(trailing)
@@ -622,6 +624,12 @@ class _Counter(object):
             name, packets, size = self.longer_key_type(key)
             found[name] += number * packets
             keyed_bytes += number * size
+        tnt64 = 0
+        if data.find(b"\x02\xa3", start, end) >= 0:
+            tnt64 = len(pieces) - pieces.count(None) - len(keys) - matches - 1 - singles
+        found["tnt64"] += tnt64
+        keyed_slots += tnt64
+        keyed_bytes += 8 * tnt64
         silent_tips = slots - keyed_slots
         found["tip"] += silent_tips
         found["tnt8"] += end - start - keyed_bytes - 3 * silent_tips
