@@ -40,7 +40,7 @@ def json_types(row, packet):
         return [row.type]
     if row.type == "pad":
         return ["pad"] * len(packet)
-    return [P.packet_type(row, packet)]
+    return [P.row_type(row, packet)]
 
 
 @settings(max_examples=25)
@@ -65,7 +65,7 @@ def test_a_packet_added_to_the_tables_is_tokenized_counted_and_read_by_the_flow(
     tokenizer = P._build_pattern(ONE_BYTE_ROWS, EXTENDED_ROWS)[0]
     assert [match.lastgroup for match in tokenizer.finditer(trace)] == [
         "psb", "psbend", "fake", "ip2", "fake_ext", "mtc", "tnt8"]
-    for variant in (P._PLAIN, P._MTC_CAPTURED, P._TIP_FIRST):
+    for variant in (P._PLAIN, P._MTC_CAPTURED, P._TIP_FIRST, P._MTC_SILENT):
         counter = P._Counter(variant, ONE_BYTE_ROWS, EXTENDED_ROWS)
         found, _ = counter.count(trace, 0, len(trace))
         assert {name: count for name, count in found.items() if count} == {

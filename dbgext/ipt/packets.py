@@ -521,7 +521,9 @@ class PacketStats(object):
 _SLOTS = 32
 _WINDOW = 1 << 20   # bytes per split() at most: bounds the lists it builds
 _FIRST_WINDOW = 1 << 14
-_SILENT_TIP = 0x2D  # TIP, IPBytes 1
+# The packets a slot matches without a capture, the commoner in the window before:
+# TIP with IPBytes 1, or MTC where timing packets are on.
+_SILENT_TIP, _SILENT_MTC = 0x2D, 0x59
 # The packet whose key the counter captures empty: TNT-64, where TNT-8 is off.  An empty
 # key costs a slot no second split of the joined keys, as a two-byte key does; the
 # empty captures are counted (only where the window holds its two bytes at all: a
@@ -536,7 +538,7 @@ _RUN_BYTES = bytes(ord("T") if byte in _TNT8 else ord(".") for byte in range(256
 _TNT_CLASSES, _ZEROS = re.compile(b"T+"), re.compile(b"\x00+")
 
 
-def packet_type(row, key):
+def row_type(row, key):
     """The JSON type of the ONE_BYTE_PACKETS ``row`` packet whose key is ``key`` (bytes)."""
     if row.type:
         return row.type
@@ -559,34 +561,42 @@ def count_keys(one_byte_packets, extended_packets):
             if row.size is None:
                 whole[opcode] = row.type
             elif row.seconds is None:
-                one_byte[opcode] = packet_type(row, bytes((opcode,))), row.size
+                one_byte[opcode] = row_type(row, bytes((opcode,))), row.size
             else:
-                two_byte.update((bytes((opcode, second)), (packet_type(row, bytes((opcode, second))), row.size))
+                two_byte.update((bytes((opcode, second)), (row_type(row, bytes((opcode, second))), row.size))
                                 for second in row.seconds)
     two_byte.update((bytes((EXTENDED_OPCODE, second)), (row.type, row.size))
                     for row in extended_packets for second in row.seconds)
     return one_byte, two_byte, whole
 
 
-_MTC_CAPTURED, _TIP_FIRST, _PLAIN = "mtc-captured", "tip-first", "plain"
+# The variants: (the silent packet's opcode, whether a slot tries it before TNT-8
+# bytes, whether an MTC has a group of its own).
+_PLAIN, _TIP_FIRST, _MTC_CAPTURED, _MTC_SILENT = (
+    (_SILENT_TIP, False, False), (_SILENT_TIP, True, False), (_SILENT_TIP, False, True), (_SILENT_MTC, False, False))
 
 
 class _Counter(object):
     """The slot regex and the tables that turn its captures into counts (built on
     first use), all from the packet tables.
 
-    Three variants; each window is counted by the one that suits the window before:
+    Each window is counted by the variant that suits the window before (_variant_for):
+    - _MTC_SILENT: MTC is the silent packet, matched without a capture, and TIP is
+      keyed: where MTCs are a quarter of the slots or more and TIPs fewer (a capture
+      costs a slot about as much as the rest of it);
     - _MTC_CAPTURED: a slot captures an MTC's header in a group of its own instead of
       through the key's lookahead.  That halves what an MTC costs and costs every
-      slot a group more, so it pays where MTCs are a quarter of the slots or more
-      (timing packets on, as in most Windows traces).
+      slot a group more, so it pays where MTCs and TIPs are each a quarter of the
+      slots or more (timing packets on, as in most Windows traces);
     - _TIP_FIRST: a silent TIP is tried before the TNT-8 bytes in front of a packet
       are counted.  A silent TIP with no TNT-8 byte before it then costs less, and a
       packet after TNT-8 bytes pays for a failed try, so it pays where TNT-8 bytes
-      are fewer than half the slots (a TIP-heavy trace).
+      are fewer than a third of the slots (a TIP-heavy trace);
     - _PLAIN otherwise."""
 
     def __init__(self, variant, one_byte_packets=ONE_BYTE_PACKETS, extended_packets=EXTENDED_PACKETS):
+        silent, first, mtc_group = variant
+        silent_row = next(row for row in one_byte_packets if silent in row.opcodes)
         one_byte, two_byte, whole = count_keys(one_byte_packets, extended_packets)
         mtc, pad, empty = _row("mtc", one_byte_packets), _row("pad", one_byte_packets), _row(_EMPTY_KEYED,
                                                                                              extended_packets)
@@ -597,8 +607,8 @@ class _Counter(object):
         keyed = []
         # MTC first: where timing is on, it is the commonest keyed packet.
         for row in sorted(one_byte_packets, key=lambda row: row is not mtc):
-            if row is not mtc or variant != _MTC_CAPTURED:
-                keyed.append(one_byte_key(row._replace(opcodes=set(row.opcodes) - {_SILENT_TIP})) + row.rest)
+            if set(row.opcodes) - {silent} and not (row is mtc and mtc_group):  # (their own alternatives)
+                keyed.append(one_byte_key(row._replace(opcodes=set(row.opcodes) - {silent})) + row.rest)
         extended = sorted(extended_packets, key=lambda row: row is not empty)
         packet = b"|".join(keyed) + b"|" + _class_of([EXTENDED_OPCODE]) + b"(?:" + b"|".join(
             _class_of(row.seconds) + row.rest for row in extended) + b")"
@@ -606,23 +616,26 @@ class _Counter(object):
         pad_byte = _class_of(pad.opcodes)
         pad_after = pad_byte + b"*[^" + pad_byte + b"]?"  # what follows its first byte
         pad_key = pad_byte + pad_after
+        # The key's alternatives start with bytes of their own (the empty keys and the
+        # other two-byte keys of their first byte: second bytes of their own), and each
+        # goes on one way (PAD: the whole run), so a key matches in one way only.
         seconds = {}  # the first byte of a two-byte key -> its second bytes
         for key in two_byte:
             seconds.setdefault(key[0], set()).add(key[1])
-        key = b"|".join([_class_of(set(one_byte) - {_SILENT_TIP} - set(mtc.opcodes))]
+        key = b"|".join([_class_of(set(one_byte) - {silent} - set(mtc.opcodes))]
                         + [b"(?=" + b"".join(_class_of([byte]) for byte in key) + b")" for key in empty_keys]
                         + [_class_of([first]) + _class_of(seconds[first]) for first in sorted(seconds)]
                         + [pad_key] + [one_byte_key(row) + row.rest for row in one_byte_packets if row.size is None])
-        if variant != _MTC_CAPTURED:
+        if silent not in mtc.opcodes and not mtc_group:
             key = one_byte_key(mtc) + b"|" + key  # MTC as a literal: sre tries one without a call
         keyed_packet = b"(?=(" + key + b"))(?:" + packet + b")"
-        tip = _class_of([_SILENT_TIP]) + b".."
-        if variant == _MTC_CAPTURED:
-            slot = tnt8 + b"*(?:" + tip + b"|(" + one_byte_key(mtc) + b")" + mtc.rest + b"|" + keyed_packet + b")"
-        elif variant == _TIP_FIRST:
-            slot = b"(?:" + tip + b"|" + tnt8 + tnt8 + b"*" + tip + b"|" + tnt8 + b"*" + keyed_packet + b")"
+        quiet = _class_of([silent]) + silent_row.rest
+        if mtc_group:
+            slot = tnt8 + b"*(?:" + quiet + b"|(" + one_byte_key(mtc) + b")" + mtc.rest + b"|" + keyed_packet + b")"
+        elif first:
+            slot = b"(?:" + quiet + b"|" + tnt8 + tnt8 + b"*" + quiet + b"|" + tnt8 + b"*" + keyed_packet + b")"
         else:
-            slot = tnt8 + b"*(?:" + tip + b"|" + keyed_packet + b")"
+            slot = tnt8 + b"*(?:" + quiet + b"|" + keyed_packet + b")"
         # Fewer than _SLOTS slots left: one per match, marked by an empty capture; TNT-8
         # bytes that end the range and a byte that is no packet are captured (the rest
         # of the range is then left unread).
@@ -633,7 +646,7 @@ class _Counter(object):
         # _MTC_CAPTURED; then the marker, the slot's groups, trailing TNT-8 bytes and bad
         # byte of a single-slot match), then the empty text up to the next match.
         self.stride = self.regex.groups + 1
-        groups = 2 if variant == _MTC_CAPTURED else 1  # per slot
+        groups = 2 if mtc_group else 1  # per slot
         self.marker = groups * _SLOTS
         self.trailing, self.bad = self.marker + groups + 1, self.marker + groups + 2
         # Keys longer than a byte, in the joined keys: the pattern starts with a
@@ -646,11 +659,12 @@ class _Counter(object):
         self.longer_keys = re.compile(longer.decode("latin-1"), re.DOTALL)
         self.one_byte_types = one_byte
         self.two_byte_types = {key.decode("latin-1"): found for key, found in two_byte.items()}
-        self.whole_types = {chr(opcode): packet_type for opcode, packet_type in whole.items()}
+        self.whole_types = {chr(opcode): name for opcode, name in whole.items()}
         self.pad = chr(pad.opcodes[0])
         # sre finds a literal with memchr: faster than bytes.find for a two-byte needle.
         self.empty_key_search = re.compile(b"|".join(map(re.escape, empty_keys))).search
         self.empty_type, self.empty_size = empty.type, empty.size
+        self.silent_type, self.silent_size = row_type(silent_row, bytes((silent,))), silent_row.size
 
     def longer_key_type(self, key):
         """(type, packets, bytes) of a key longer than one byte."""
@@ -700,9 +714,9 @@ class _Counter(object):
             found[self.empty_type] += empty
             keyed_slots += empty
             keyed_bytes += empty * self.empty_size
-        silent_tips = slots - keyed_slots
-        found["tip"] += silent_tips
-        found["tnt8"] += end - start - keyed_bytes - 3 * silent_tips
+        silent = slots - keyed_slots
+        found[self.silent_type] += silent
+        found["tnt8"] += end - start - keyed_bytes - self.silent_size * silent
         return found, slots
 
 
@@ -721,15 +735,15 @@ def _counter(variant):
 def compile_counters():
     """Compile every packet_stats variant now (a process that counts much, a
     benchmark): otherwise each is compiled when first worth it."""
-    for variant in (_PLAIN, _MTC_CAPTURED, _TIP_FIRST):
+    for variant in (_PLAIN, _TIP_FIRST, _MTC_CAPTURED, _MTC_SILENT):
         _counter(variant)
 
 
 def _variant_for(found, slots):
     """The _Counter variant for a window like the one that gave ``found`` in ``slots``."""
     if 4 * found["mtc"] > slots:
-        return _MTC_CAPTURED
-    return _TIP_FIRST if 2 * found["tnt8"] < slots else _PLAIN
+        return _MTC_CAPTURED if 4 * found["tip"] > slots else _MTC_SILENT
+    return _TIP_FIRST if 3 * found["tnt8"] < slots else _PLAIN
 
 
 def _count_tokens(stats, stream, stop):
