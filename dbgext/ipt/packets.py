@@ -657,7 +657,11 @@ class _Counter(object):
         longer = b"(" + _class_of(set().union(*(firsts for firsts, _ in after))) + b"(?:" + b"|".join(
             b"(?<=" + _class_of(firsts) + b")" + rest for firsts, rest in after) + b"))"
         self.longer_keys = re.compile(longer.decode("latin-1"), re.DOTALL)
-        self.one_byte_types = one_byte
+        # A one-byte key -> the index of its (type, size) among the kinds: the keys of one
+        # kind are counted together.
+        self.one_byte_kinds = sorted(set(one_byte.values()))
+        self.kind_of_key = bytes(self.one_byte_kinds.index(one_byte[opcode]) if opcode in one_byte else 0
+                                 for opcode in range(256))
         self.two_byte_types = {key.decode("latin-1"): found for key, found in two_byte.items()}
         self.whole_types = {chr(opcode): name for opcode, name in whole.items()}
         self.pad = chr(pad.opcodes[0])
@@ -691,18 +695,18 @@ class _Counter(object):
         slots = _SLOTS * (matches - singles) + singles
         keys = list(filter(None, pieces))
         parts = self.longer_keys.split("".join(keys))
-        # As bytes: deleting a key from bytes is one table pass, from text a search per key.
-        one_byte = "".join(parts[0::2]).encode("latin-1")
-        keyed_slots = len(one_byte) + len(parts) // 2 + len(trailing)
+        # As bytes: deleting a kind from bytes is one table pass, from text a search per key.
+        kinds = "".join(parts[0::2]).encode("latin-1").translate(self.kind_of_key)
+        keyed_slots = len(kinds) + len(parts) // 2 + len(trailing)
         keyed_bytes = 0
         found = Counter()
-        while one_byte:
-            key = one_byte[0]
-            number = one_byte.count(key)
-            name, size = self.one_byte_types[key]
+        while kinds:
+            kind = kinds[0]
+            number = kinds.count(kind)
+            name, size = self.one_byte_kinds[kind]
             found[name] += number
             keyed_bytes += number * size
-            one_byte = one_byte.translate(None, bytes((key,)))
+            kinds = kinds.translate(None, bytes((kind,)))
         for key, number in Counter(parts[1::2]).items():
             name, packets, size = self.longer_key_type(key)
             found[name] += number * packets
