@@ -508,11 +508,11 @@ class PacketStats(object):
 # so it does not pay for a regex match per packet (sre's fixed cost of a match is
 # about 900 machine instructions, a packet's own matching a small part of that).  One
 # match covers _SLOTS slots; a slot is the TNT-8 bytes before a packet, then the
-# packet.  The commonest packets, TNT-8 (1 byte) and TIP with two IP bytes (3 bytes),
-# capture nothing; every other packet captures its key (ONE_BYTE_PACKETS: the bytes
-# that name its type and size) through a lookahead, and TNT-64 an empty one.  The
-# slots the captures leave are the silent TIPs, and the bytes they leave the TNT-8
-# packets.
+# packet.  The commonest packets, TNT-8 (1 byte) and the silent packet (TIP with two
+# IP bytes, or MTC), capture nothing; every other packet captures its key
+# (ONE_BYTE_PACKETS: the bytes that name its type and size) through a lookahead, and
+# TNT-64 an empty one.  The slots the captures leave are the silent packets, and the
+# bytes they leave the TNT-8 packets.
 #
 # Every slot has exactly one way to match, so a match that fails backtracks in time
 # linear in what it covered.  Runs of _LONG_RUN or more TNT-8 or PAD bytes (a tight
@@ -524,10 +524,10 @@ _FIRST_WINDOW = 1 << 14
 # The packets a slot matches without a capture, the commoner in the window before:
 # TIP with IPBytes 1, or MTC where timing packets are on.
 _SILENT_TIP, _SILENT_MTC = 0x2D, 0x59
-# The packet whose key the counter captures empty: TNT-64, where TNT-8 is off.  An empty
-# key costs a slot no second split of the joined keys, as a two-byte key does; the
-# empty captures are counted (only where the window holds its two bytes at all: a
-# count looks at every capture).
+# The packet whose key the counter captures empty: TNT-64 (long runs of conditional
+# branches between TIPs).  An empty key costs a slot no second split of the joined
+# keys, as a two-byte key does; the empty captures are counted (only where the window
+# holds its two bytes at all: a count looks at every capture).
 _EMPTY_KEYED = "tnt64"
 _LONG_RUN = 4096  # shorter runs cost less in the regex than a window cut at them
 # Where a run of TNT-8 or PAD bytes starts, the packet around it ends within 16
