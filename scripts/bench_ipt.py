@@ -10,9 +10,9 @@ compressed-return calls, syscalls, interrupts):
 * TNT-heavy: conditional branches and compressed returns, few TIPs;
 * TIP-heavy: every return uncompressed and an interrupt every ~20 instructions;
 
-and six other mixes (long TNT-8 runs, TNT-64, TIP-dense, timing packets everywhere,
-PSB-dense, mostly PAD), so that the speed is not tuned on three traces: the last
-line gives the worst ratio of all.
+and seven other mixes (long TNT-8 runs, TNT-64, TIP-dense, timing packets everywhere,
+PSB-dense, mostly PAD, TNT-64 among MTCs and interrupts), so that the speed is not
+tuned on three traces: the last line gives the worst ratio of all.
 
 A trace is one traced stretch repeated: each stretch ends with FUP + TIP.PGD, so
 the copies concatenate into one valid trace.
@@ -70,6 +70,8 @@ TRACES = [
     ("timing", {"timing": True, "extras": ("timing",), "extras_where": ("branch",)}),  # MTC, TSC, CYC everywhere
     ("psb", {"psb_every": 48}),                                       # a PSB+ every 48 bytes
     ("pad", {"pad_every": 64}),                                       # mostly PAD
+    # TNT-64 between MTCs, FUP + TIPs and TNT-8:
+    ("tnt64mix", {"use_tnt64": True, "timing": True, "interrupt_every": 40, "taken_probability": 0.9}),
 ]
 STRETCH_INSNS = 400000
 

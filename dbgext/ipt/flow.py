@@ -450,31 +450,45 @@ _WINDOW = 1 << 20  # bytes per split(), at most about
 
 def _token_regex():
     """The regex, compiled on first use (it takes a quarter of a second on Python 3.8)."""
-    if _TOKENS:
-        return _TOKENS[0]
-    quiet = b"|".join(key + rest for name, key, rest in P._COMMON if name in P.QUIET_PACKETS)
+    if not _TOKENS:
+        _TOKENS.append(token_regex(P.ONE_BYTE_PACKETS, P.EXTENDED_PACKETS))
+    return _TOKENS[0]
+
+
+def token_regex(one_byte_packets, extended_packets):
+    """_flow_items' regex, from the packet tables."""
+    quiet = b"|".join(P.one_byte_key(row) + row.rest for row in one_byte_packets if row.flow == P.FLOW_TIMING)
     element = b"(?:" + P._byte_class(P._TNT8) + b"|" + quiet + b")"
     packet = b"|".join([element + b"{1,%d}" % _RUN_PACKETS]
-                       + [key + rest for name, key, rest in P._COMMON if name not in P.QUIET_PACKETS]
-                       + [b"\\x02(?:" + b"|".join(key + rest for _, key, rest in P._EXTENDED_PACKETS) + b")"])
+                       + [P.one_byte_key(row) + row.rest for row in one_byte_packets if row.flow != P.FLOW_TIMING]
+                       + [P._class_of([P.EXTENDED_OPCODE]) + b"(?:"
+                          + b"|".join(P._class_of(row.seconds) + row.rest for row in extended_packets) + b")"])
     token = b"(" + packet + b")"
     # "(?:token|)", not "token?": the same match, and sre runs it as a plain branch (20% faster).
-    _TOKENS.append(re.compile(token + (b"(?:" + token + b"|)") * (_SLOTS - 1) + b"|(.).*", re.DOTALL))
-    return _TOKENS[0]
+    return re.compile(token + (b"(?:" + token + b"|)") * (_SLOTS - 1) + b"|(.).*", re.DOTALL)
 
 
 _TOKENS = []  # _token_regex(), once compiled
 _BAD_COLUMN = _SLOTS  # in split()'s rows: a packet per slot, then the bad byte
-# What a packet's first byte makes it, for _flow_items.
+# What a packet's first byte makes it, for _flow_items: from the packet tables' flow column.
 _RUN, _IP0, _IP2, _IP4, _IP6, _IP8, _MODE, _EXTENDED, _TRIG, _UNUSED = range(10)
-_FIRST_BYTE = [_UNUSED] * 256
-for _byte in range(256):
-    if _byte in P.IP_KIND_OF_OPCODE and _byte >> 5 in P.IP_PAYLOAD:
-        _FIRST_BYTE[_byte] = {0: _IP0, 2: _IP2, 4: _IP4, 6: _IP6, 8: _IP8}[P.IP_PAYLOAD[_byte >> 5]]
-    elif _byte in P._TNT8 or _byte in (0x00, 0x59, 0x19) or _byte & 3 == 3:
-        _FIRST_BYTE[_byte] = _RUN  # TNT-8, PAD, MTC, TSC, CYC
-_FIRST_BYTE[0x99], _FIRST_BYTE[0x02], _FIRST_BYTE[0xD9] = _MODE, _EXTENDED, _TRIG
-del _byte
+_IP_OF_SIZE = {1: _IP0, 3: _IP2, 5: _IP4, 7: _IP6, 9: _IP8}  # an IP packet's size: its item
+_OF_FLOW = {P.FLOW_TIMING: _RUN, P.FLOW_MODE: _MODE, P.FLOW_TRIG: _TRIG}
+
+
+def first_byte_table(one_byte_packets):
+    """[first byte: what _flow_items makes of the packet] from the packets' flow column."""
+    table = [_UNUSED] * 256
+    for row in one_byte_packets:
+        for opcode in row.opcodes:
+            table[opcode] = _IP_OF_SIZE[row.size] if row.flow == P.FLOW_IP else _OF_FLOW[row.flow]
+    for opcode in P._TNT8:
+        table[opcode] = _RUN
+    table[P.EXTENDED_OPCODE] = _EXTENDED
+    return table
+
+
+_FIRST_BYTE = first_byte_table(P.ONE_BYTE_PACKETS)
 # Extended opcodes (PTW, EXSTOP) whose IP bit says the next FUP is theirs, not a control
 # transfer's: the event they name binds to its IP.  (TRIG's flags byte, bit 7, says the
 # same for TRIG, which changes nothing in the flow.)

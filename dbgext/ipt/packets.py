@@ -9,8 +9,10 @@ does not tokenize at all: one match of a second expression covers many packets.
 
 The packet grammar is two tables, ONE_BYTE_PACKETS and EXTENDED_PACKETS (behind the
 0x02 prefix): a row gives a packet's opcode bytes, its size, its fields by their JSON
-names and the name Intel's ptdump prints; the tokenizer's, the counter's and the
-flow's regular expressions, the listing's sizes and the JSON fields come from them.
+names, the name Intel's ptdump prints and what the flow makes of it.  The
+tokenizer's, the counter's and the flow's regular expressions, the counter's keys,
+the flow's first-byte dispatch, the listing's sizes, the JSON fields and the list of
+packet types come from them: adding a packet is adding a row.
 
 Everything starts at a PSB.  An unknown opcode, a reserved IPBytes value or a packet
 cut off by the end of the buffer is reported with its offset and decoding resumes
@@ -18,7 +20,7 @@ at the next PSB, so the decoder never reads past the buffer and always terminate
 """
 
 import re
-from collections import Counter
+from collections import Counter, namedtuple
 
 from ..problems import ProblemLog
 
@@ -68,10 +70,6 @@ _TRIG_LONG = frozenset(flags for flags in range(256) if flags & _TRIG_ICNT)
 _TRIG_SHORT = frozenset(range(256)) - _TRIG_LONG
 
 
-def _trig_size(flags):
-    return 5 if flags & _TRIG_ICNT else 3
-
-
 def _byte_class(values):
     return b"[" + b"".join(re.escape(bytes([v])) for v in sorted(values)) + b"]"
 
@@ -114,12 +112,15 @@ def _no_fields(data, at):
     return {}
 
 
-# The packets behind the 0x02 prefix, one row each: (tokenizer name, JSON type, ptdump
-# name, second bytes, size, the regex of the bytes after the second, fields).  The
-# tokenizer's alternatives (tried in this order, the most frequent first), the counter's
-# and the flow's opcode table (_EXTENDED), the listing's sizes and fields and the error
-# messages all come from it (PSB, PSBEND, OVF and TNT-64 are tokens of their own: no fields).
-EXTENDED_PACKETS = (
+# The packets behind the 0x02 prefix, one row each: name (the tokenizer's group), JSON
+# type, the name Intel's ptdump prints, second bytes, size, the regex of the bytes after
+# the second, fields (by their JSON names; None: a token of its own, no fields).  The
+# tokenizer's alternatives (tried in this order, the most frequent first), the
+# counter's keys, the flow's opcode table (_EXTENDED), the listing's sizes and fields
+# and the error messages all come from it.
+ExtendedPacket = namedtuple("ExtendedPacket", "name type ptdump seconds size rest fields")
+EXTENDED_OPCODE = 0x02
+EXTENDED_PACKETS = tuple(ExtendedPacket(*row) for row in (
     ("psb", "psb", "psb", (0x82,), 16, b"(?:\\x02\\x82){7}", None),
     ("psbend", "psbend", "psbend", (0x23,), 2, b"", None),
     ("tnt64", "tnt64", "tnt.64", (0xA3,), 8, b"(?!\\x00{6}).{6}", None),
@@ -147,10 +148,9 @@ EXTENDED_PACKETS = (
      lambda data, at: {"cfe_type": data[at + 2] & 0x1F, "vector": data[at + 3], "ip": data[at + 2] >> 7}),
     ("evd", "evd", "evd", (0x53,), 11, b".{9}",
      lambda data, at: {"evd_type": data[at + 2] & 0x3F, "payload": _u(data, at + 3, 8)}),
-)
+))
 # Second byte of an extended packet -> (JSON type, size).
-_EXTENDED = {second: (packet_type, size)
-             for _, packet_type, _, seconds, size, _, _ in EXTENDED_PACKETS for second in seconds}
+_EXTENDED = {second: (row.type, row.size) for row in EXTENDED_PACKETS for second in row.seconds}
 
 
 def _ip_opcodes(payload_length):
@@ -159,71 +159,98 @@ def _ip_opcodes(payload_length):
             if length == payload_length}
 
 
-_CYC_KEY = (b"(?:" + _byte_class(b for b in range(256) if b & 3 == 3 and not b & 4) + b"|"
-            + _byte_class(b for b in range(256) if b & 3 == 3 and b & 4) + _byte_class(range(1, 256, 2))
-            + b"{0,7}" + _byte_class(range(0, 256, 2)) + b")")
+# What the flow makes of a packet with a one-byte opcode (the "flow" column below).
+FLOW_TIMING = "timing"  # nothing: read as part of the TNT-8 run it interrupts
+FLOW_IP = "ip"          # an IP packet: TIP, TIP.PGE, TIP.PGD, FUP
+FLOW_MODE = "mode"
+FLOW_TRIG = "trig"
+
+_ODD, _EVEN = _byte_class(range(1, 256, 2)), _byte_class(range(0, 256, 2))
 
 # The packets without the 0x02 prefix (TNT-8 apart: its runs are one token), one row
-# each: (tokenizer name, JSON type, ptdump name, key, the regex of the rest, size,
-# fields).  A packet is key + rest; the key alone names its type (the whole run for PAD, the whole
-# packet for CYC).  The rows are the tokenizer's alternatives in the order sre tries
-# them, the most frequent first.  An IP row's JSON and ptdump type come from the
-# opcode (IP_TYPES), MODE's from its leaf (mode_fields); CYC and TRIG have a size of
-# their own (None here); the IP packets, MODE and PAD are tokens of their own (no fields).
-ONE_BYTE_PACKETS = (
-    ("ip2", None, None, _byte_class(_ip_opcodes(2)), b"..", 3, None),
-    ("mtc", "mtc", "mtc", b"\\x59", b".", 2, lambda data, at: {"ctc": data[at + 1]}),
-    ("ip4", None, None, _byte_class(_ip_opcodes(4)), b".{4}", 5, None),
-    ("cyc", "cyc", "cyc", _CYC_KEY, b"", None, _cyc_fields),
-    ("ip6", None, None, _byte_class(_ip_opcodes(6)), b".{6}", 7, None),
-    ("ip0", None, None, _byte_class(_ip_opcodes(0)), b"", 1, None),
-    ("tsc", "tsc", "tsc", b"\\x19", b".{7}", 8, lambda data, at: {"tsc": _u(data, at + 1, 7)}),
-    ("mode", None, None, b"\\x99[\\x00-\\x3f]", b"", 2, None),
-    ("ip8", None, None, _byte_class(_ip_opcodes(8)), b".{8}", 9, None),
+# each: name (the tokenizer's group); JSON type (None: from the opcode, IP_TYPES, for
+# an IP packet, from the leaf, mode_fields, for MODE); the name ptdump prints (None:
+# that of its JSON type); opcodes, its first bytes; seconds, the second bytes where they too
+# name its type or size (None: the opcode alone does); the regex of the bytes after
+# those (rest); size (None: the rest decides); flow (FLOW_*); fields.
+#
+# A packet's key is its opcode and its second byte where seconds names them: what
+# names its type and size, and what the counter captures (a packet whose rest decides
+# its size is its own key).  The rows are the tokenizer's alternatives in the order sre
+# tries them, the most frequent first.  IP packets, MODE and PAD are tokens of their
+# own (no fields).
+OneBytePacket = namedtuple("OneBytePacket", "name type ptdump opcodes seconds rest size flow fields")
+ONE_BYTE_PACKETS = tuple(OneBytePacket(*row) for row in (
+    ("ip2", None, None, _ip_opcodes(2), None, b"..", 3, FLOW_IP, None),
+    ("mtc", "mtc", "mtc", (0x59,), None, b".", 2, FLOW_TIMING, lambda data, at: {"ctc": data[at + 1]}),
+    ("ip4", None, None, _ip_opcodes(4), None, b".{4}", 5, FLOW_IP, None),
+    ("cyc", "cyc", "cyc", [b for b in range(256) if b & 7 == 3], None, b"", 1, FLOW_TIMING, _cyc_fields),
+    # A CYC whose first byte says "more": bytes up to the first whose low bit says none.
+    ("cyc_more", "cyc", "cyc", [b for b in range(256) if b & 7 == 7], None, _ODD + b"{0,7}" + _EVEN, None,
+     FLOW_TIMING, _cyc_fields),
+    ("ip6", None, None, _ip_opcodes(6), None, b".{6}", 7, FLOW_IP, None),
+    ("ip0", None, None, _ip_opcodes(0), None, b"", 1, FLOW_IP, None),
+    ("tsc", "tsc", "tsc", (0x19,), None, b".{7}", 8, FLOW_TIMING, lambda data, at: {"tsc": _u(data, at + 1, 7)}),
+    ("mode", None, None, (0x99,), range(0x40), b"", 2, FLOW_MODE, None),
+    ("ip8", None, None, _ip_opcodes(8), None, b".{8}", 9, FLOW_IP, None),
     # A PAD run is all of it: "(?!\\x00)" keeps a run from also matching as two
     # shorter ones, which inside a repeated group would backtrack exponentially.
-    ("pad", "pad", "pad", b"\\x00+", b"(?!\\x00)", 1, None),
+    ("pad", "pad", "pad", (0x00,), None, b"\\x00*(?!\\x00)", 1, FLOW_TIMING, None),
     # TRIG: flags (IP, ICNT valid, MULT), TRBV, then a 2-byte ICNT when its flag is set.
-    ("trig", "trig", "trig", b"\\xd9",
-     b"(?:" + _byte_class(_TRIG_SHORT) + b"." + b"|" + _byte_class(_TRIG_LONG) + b"...)", None, _trig_fields),
-)
+    ("trig", "trig", "trig", (0xD9,), _TRIG_SHORT, b".", 3, FLOW_TRIG, _trig_fields),
+    ("trig_icnt", "trig", "trig", (0xD9,), _TRIG_LONG, b"...", 5, FLOW_TRIG, _trig_fields),
+))
 # JSON type -> the name Intel's ptdump prints, for every packet type.
 PTDUMP_NAMES = dict(
-    [(packet_type, ptdump) for table in (ONE_BYTE_PACKETS, EXTENDED_PACKETS)
-     for _, packet_type, ptdump, *_ in table if packet_type]
-    + [(packet_type, packet_type) for packet_type in IP_TYPES.values()]
-    + [("tnt8", "tnt.8"), ("mode.exec", "mode.exec"), ("mode.tsx", "mode.tsx")])
+    [("tnt8", "tnt.8")] + [(packet_type, packet_type) for packet_type in IP_TYPES.values()]
+    + [(row.type, row.ptdump) for table in (ONE_BYTE_PACKETS, EXTENDED_PACKETS) for row in table if row.type]
+    + [("mode.exec", "mode.exec"), ("mode.tsx", "mode.tsx")])
 # Tokenizer name -> (JSON type, its fields) of the packets the tokenizer yields as K_OTHER.
-_FIELDS = {row[0]: (row[1], row[-1]) for row in ONE_BYTE_PACKETS + EXTENDED_PACKETS if row[-1]}
+_FIELDS = {row.name: (row.type, row.fields) for row in ONE_BYTE_PACKETS + EXTENDED_PACKETS if row.fields}
+# TRIG flags -> size.
+_TRIG_SIZES = {flags: row.size for row in ONE_BYTE_PACKETS if row.flow == FLOW_TRIG for flags in row.seconds}
 
 
-def _second_byte_class(seconds):
-    """The regex of an extended packet's second byte (written as \\xNN, readable in a dump of the pattern)."""
-    escaped = b"".join(b"\\x%02x" % second for second in seconds)
-    return escaped if len(seconds) == 1 else b"[" + escaped + b"]"
+def _trig_size(flags):
+    return _TRIG_SIZES[flags]
 
 
-def _build_pattern():
+def _class_of(values):
+    """The regex of a set of bytes, written as \\xNN (readable in a dump of the pattern)."""
+    values = sorted(values)
+    escaped = b"".join(b"\\x%02x" % value for value in values)
+    return escaped if len(values) == 1 else b"[" + escaped + b"]"
+
+
+def one_byte_key(row):
+    """The regex of a one-byte-opcode packet's key (see ONE_BYTE_PACKETS)."""
+    return _class_of(row.opcodes) + (b"" if row.seconds is None else _class_of(row.seconds))
+
+
+def _build_pattern(one_byte_packets, extended_packets):
+    """The tokenizer's regex, QUIET_RE and the reserved IP opcodes, from the packet tables."""
     reserved_ip = {low | ipbytes << 5 for low in IP_TYPES for ipbytes in range(8) if ipbytes not in IP_PAYLOAD}
     # (name, key, rest).  Extended packets sit behind one 0x02 prefix so other bytes
     # skip all of them with one comparison.
-    common = [(name, key, rest) for name, _, _, key, rest, _, _ in ONE_BYTE_PACKETS]
-    extended = [(name, _second_byte_class(seconds), rest) for name, _, _, seconds, _, rest, _ in EXTENDED_PACKETS]
+    common = [(row.name, one_byte_key(row), row.rest) for row in one_byte_packets]
+    extended = [(row.name, _class_of(row.seconds), row.rest) for row in extended_packets]
     tnt_run = _byte_class(_TNT8) + b"+"
 
     def named(entries):
         return b"|".join(b"(?P<" + name.encode() + b">" + key + rest + b")" for name, key, rest in entries)
 
-    rest = named(common) + b"|\\x02(?:" + named(extended) + b")|(?P<bad>.)"
+    rest = named(common) + b"|" + _class_of([EXTENDED_OPCODE]) + b"(?:" + named(extended) + b")|(?P<bad>.)"
     source = b"(?P<tnt8>" + tnt_run + b")|" + rest
     # The timing packets (PAD, MTC, CYC, TSC) mean nothing to control flow: the flow
     # reads them as part of the TNT-8 run they interrupt (QUIET_RE takes them out).
-    quiet_re = b"(?:" + b"|".join(key + tail for name, key, tail in common if name in QUIET_PACKETS) + b")+"
-    return re.compile(source, re.DOTALL), re.compile(quiet_re, re.DOTALL), reserved_ip, common, extended
+    quiet = [one_byte_key(row) + row.rest for row in one_byte_packets if row.flow == FLOW_TIMING]
+    quiet_re = b"(?:" + b"|".join(quiet) + b")+"
+    return re.compile(source, re.DOTALL), re.compile(quiet_re, re.DOTALL), reserved_ip
 
 
-QUIET_PACKETS = ("pad", "mtc", "cyc", "tsc")
-PACKET_RE, QUIET_RE, RESERVED_IP_OPCODES, _COMMON, _EXTENDED_PACKETS = _build_pattern()
+# The JSON types of the timing packets.
+QUIET_PACKETS = tuple(sorted(set(row.type for row in ONE_BYTE_PACKETS if row.flow == FLOW_TIMING)))
+PACKET_RE, QUIET_RE, RESERVED_IP_OPCODES = _build_pattern(ONE_BYTE_PACKETS, EXTENDED_PACKETS)
 G = PACKET_RE.groupindex
 G_TNT8, G_PAD, G_IP0, G_IP2, G_IP4, G_IP6, G_IP8 = (
     G["tnt8"], G["pad"], G["ip0"], G["ip2"], G["ip4"], G["ip6"], G["ip8"])
@@ -402,7 +429,7 @@ class PacketDecode(object):
 
 _IP_SIZES = {ipbytes: 1 + length for ipbytes, length in IP_PAYLOAD.items()}  # IPBytes -> packet size
 # The one-byte-opcode packets of one size, by JSON type (the extended ones: _EXTENDED).
-_ONE_BYTE_SIZES = {packet_type: size for _, packet_type, _, _, _, size, _ in ONE_BYTE_PACKETS if packet_type and size}
+_ONE_BYTE_SIZES = {row.type: row.size for row in ONE_BYTE_PACKETS if row.type and row.size}
 # The tokens with no value.
 _SIMPLE_NAMES = {K_PSB: "psb", K_PSBEND: "psbend", K_OVF: "ovf"}
 
@@ -527,9 +554,7 @@ def decode_packets(data, start=0, end=None, max_packets=None, errata=frozenset()
     return result
 
 
-PACKET_TYPES = ("pad", "tnt8", "tnt64", "tip", "tip.pge", "tip.pgd", "fup", "psb", "psbend", "pip",
-                "mode.exec", "mode.tsx", "tsc", "mtc", "cyc", "cbr", "tma", "vmcs", "ovf", "stop", "mnt",
-                "exstop", "mwait", "pwre", "pwrx", "ptw", "cfe", "evd", "trig")
+PACKET_TYPES = tuple(PTDUMP_NAMES)  # every JSON type
 
 
 class PacketStats(object):
@@ -558,10 +583,11 @@ class PacketStats(object):
 # so it does not pay for a regex match per packet (sre's fixed cost of a match is
 # about 900 machine instructions, a packet's own matching a small part of that).  One
 # match covers _SLOTS slots; a slot is the TNT-8 bytes before a packet, then the
-# packet.  The commonest packets, TNT-8 (1 byte) and TIP with two IP bytes (3 bytes),
-# capture nothing; every other packet captures its key, the bytes that name its type,
-# through a lookahead.  The slots the keys leave are the silent TIPs, and the bytes
-# they leave the TNT-8 packets.
+# packet.  The commonest packets, TNT-8 (1 byte) and the silent packet (TIP with two
+# IP bytes, or MTC), capture nothing; every other packet captures its key
+# (ONE_BYTE_PACKETS: the bytes that name its type and size) through a lookahead, and
+# TNT-64 an empty one.  The slots the captures leave are the silent packets, and the
+# bytes they leave the TNT-8 packets.
 #
 # Every slot has exactly one way to match, so a match that fails backtracks in time
 # linear in what it covered.  Runs of _LONG_RUN or more TNT-8 or PAD bytes (a tight
@@ -570,8 +596,14 @@ class PacketStats(object):
 _SLOTS = 32
 _WINDOW = 1 << 20   # bytes per split() at most: bounds the lists it builds
 _FIRST_WINDOW = 1 << 14
-_SILENT_TIP = 0x2D  # TIP, IPBytes 1
-_CYC_CONTINUED = frozenset(b for b in range(256) if b & 7 == 7)  # a CYC that goes on past its first byte
+# The packets a slot matches without a capture, the commoner in the window before:
+# TIP with IPBytes 1, or MTC where timing packets are on.
+_SILENT_TIP, _SILENT_MTC = 0x2D, 0x59
+# The packet whose key the counter captures empty: TNT-64 (long runs of conditional
+# branches between TIPs).  An empty key costs a slot no second split of the joined
+# keys, as a two-byte key does; the empty captures are counted (only where the window
+# holds its two bytes at all: a count looks at every capture).
+_EMPTY_KEYED = "tnt64"
 _LONG_RUN = 4096  # shorter runs cost less in the regex than a window cut at them
 # Where a run of TNT-8 or PAD bytes starts, the packet around it ends within 16
 # bytes (no packet is longer); from there on, every byte of the run is a packet of
@@ -581,52 +613,113 @@ _RUN_BYTES = bytes(ord("T") if byte in _TNT8 else ord(".") for byte in range(256
 _TNT_CLASSES, _ZEROS = re.compile(b"T+"), re.compile(b"\x00+")
 
 
-_MTC_CAPTURED, _TIP_FIRST, _PLAIN = "mtc-captured", "tip-first", "plain"
+def row_type(row, key):
+    """The JSON type of the ONE_BYTE_PACKETS ``row`` packet whose key is ``key`` (bytes)."""
+    if row.type:
+        return row.type
+    return IP_TYPES[key[0] & 0x1F] if row.flow == FLOW_IP else mode_fields(key[1])[0]
+
+
+def _row(name, rows):
+    return next(row for row in rows if row.name == name)
+
+
+def count_keys(one_byte_packets, extended_packets):
+    """The counter's keys, from the packet tables: ({opcode: (JSON type, size)} of the
+    packets their opcode names, {two-byte key: (JSON type, size)}, {opcode: JSON type}
+    of the packets that are their own key).  PAD is counted by its runs."""
+    one_byte, two_byte, whole = {}, {}, {}
+    for row in one_byte_packets:
+        for opcode in row.opcodes:
+            if row.type == "pad":
+                continue
+            if row.size is None:
+                whole[opcode] = row.type
+            elif row.seconds is None:
+                one_byte[opcode] = row_type(row, bytes((opcode,))), row.size
+            else:
+                two_byte.update((bytes((opcode, second)), (row_type(row, bytes((opcode, second))), row.size))
+                                for second in row.seconds)
+    two_byte.update((bytes((EXTENDED_OPCODE, second)), (row.type, row.size))
+                    for row in extended_packets for second in row.seconds)
+    return one_byte, two_byte, whole
+
+
+# The variants: (the silent packet's opcode, whether a slot tries it before TNT-8
+# bytes, whether an MTC has a group of its own).
+_PLAIN, _TIP_FIRST, _MTC_CAPTURED, _MTC_SILENT = (
+    (_SILENT_TIP, False, False), (_SILENT_TIP, True, False), (_SILENT_TIP, False, True), (_SILENT_MTC, False, False))
 
 
 class _Counter(object):
-    """The slot regex and the tables that turn its captures into counts (built on first use).
+    """The slot regex and the tables that turn its captures into counts (built on
+    first use), all from the packet tables.
 
-    Three variants; each window is counted by the one that suits the window before:
+    Each window is counted by the variant that suits the window before (_variant_for):
+    - _MTC_SILENT: MTC is the silent packet, matched without a capture, and TIP is
+      keyed: where MTCs are a quarter of the slots or more and TIPs fewer (a capture
+      costs a slot about as much as the rest of it);
     - _MTC_CAPTURED: a slot captures an MTC's header in a group of its own instead of
       through the key's lookahead.  That halves what an MTC costs and costs every
-      slot a group more, so it pays where MTCs are a quarter of the slots or more
-      (timing packets on, as in most Windows traces).
+      slot a group more, so it pays where MTCs and TIPs are each a quarter of the
+      slots or more (timing packets on, as in most Windows traces);
     - _TIP_FIRST: a silent TIP is tried before the TNT-8 bytes in front of a packet
       are counted.  A silent TIP with no TNT-8 byte before it then costs less, and a
       packet after TNT-8 bytes pays for a failed try, so it pays where TNT-8 bytes
-      are fewer than half the slots (a TIP-heavy trace).
+      are fewer than a third of the slots (a TIP-heavy trace);
     - _PLAIN otherwise."""
 
-    def __init__(self, variant):
+    def __init__(self, variant, one_byte_packets=ONE_BYTE_PACKETS, extended_packets=EXTENDED_PACKETS):
+        silent, first, mtc_group = variant
+        silent_row = next(row for row in one_byte_packets if silent in row.opcodes)
+        one_byte, two_byte, whole = count_keys(one_byte_packets, extended_packets)
+        mtc, pad, empty = _row("mtc", one_byte_packets), _row("pad", one_byte_packets), _row(_EMPTY_KEYED,
+                                                                                             extended_packets)
+        empty_keys = [bytes((EXTENDED_OPCODE, second)) for second in empty.seconds]
+        for key in empty_keys:
+            del two_byte[key]
+        # An extended packet whose second byte is a TNT-8 byte (PSB, PTW...) is keyed by
+        # that byte alone: no other key starts with a TNT-8 byte, and a one-byte key is
+        # counted with the others in one table pass, not split out of the joined keys.
+        by_second = sorted(key[1] for key in two_byte if key[0] == EXTENDED_OPCODE and key[1] in _TNT8)
+        for second in by_second:
+            one_byte[second] = two_byte.pop(bytes((EXTENDED_OPCODE, second)))
         tnt8 = _byte_class(_TNT8)
         keyed = []
         # MTC first: where timing is on, it is the commonest keyed packet.
-        for name, key, rest in sorted(_COMMON, key=lambda packet: packet[0] != "mtc"):
-            if name == "mtc" and variant == _MTC_CAPTURED:
-                continue
-            if name == "ip2":
-                key = _byte_class(opcode for opcode in IP_KIND_OF_OPCODE
-                                  if opcode != _SILENT_TIP and IP_PAYLOAD.get(opcode >> 5) == 2)
-            elif name == "pad":
-                rest = b"(?!\\x00)"  # the whole run: a shorter one would give a failing match a second way
-            keyed.append(key + rest)
-        packet = b"|".join(keyed) + b"|\\x02(?:" + b"|".join(key + rest for _, key, rest in _EXTENDED_PACKETS) + b")"
-        cyc = dict((name, key) for name, key, _ in _COMMON)["cyc"]
-        one_byte_keys = _byte_class(set(range(256)) - {0x00, 0x02, 0x59, 0x99, 0xD9, _SILENT_TIP} - _CYC_CONTINUED
-                                    - _TNT8)
+        for row in sorted(one_byte_packets, key=lambda row: row is not mtc):
+            if set(row.opcodes) - {silent} and not (row is mtc and mtc_group):  # (their own alternatives)
+                keyed.append(one_byte_key(row._replace(opcodes=set(row.opcodes) - {silent})) + row.rest)
+        extended = sorted(extended_packets, key=lambda row: row is not empty)
+        packet = b"|".join(keyed) + b"|" + _class_of([EXTENDED_OPCODE]) + b"(?:" + b"|".join(
+            _class_of(row.seconds) + row.rest for row in extended) + b")"
         # A PAD run's key goes on into the next byte, so that two runs stay two keys.
-        key = one_byte_keys + b"|[\\x02\\x99\\xd9].|\\x00+[^\\x00]?|" + cyc
-        if variant != _MTC_CAPTURED:
-            key = b"\\x59|" + key  # MTC as a literal: sre tries one without a call
-        keyed_packet = b"(?=(" + key + b"))(?:" + packet + b")"
-        tip = re.escape(bytes([_SILENT_TIP])) + b".."
-        if variant == _MTC_CAPTURED:
-            slot = tnt8 + b"*(?:" + tip + b"|(\\x59).|" + keyed_packet + b")"
-        elif variant == _TIP_FIRST:
-            slot = b"(?:" + tip + b"|" + tnt8 + tnt8 + b"*" + tip + b"|" + tnt8 + b"*" + keyed_packet + b")"
+        pad_byte = _class_of(pad.opcodes)
+        pad_after = pad_byte + b"*[^" + pad_byte + b"]?"  # what follows its first byte
+        pad_key = pad_byte + pad_after
+        # The key's alternatives start with bytes of their own (the empty keys and the
+        # other two-byte keys of their first byte: second bytes of their own), and each
+        # goes on one way (PAD: the whole run), so a key matches in one way only.
+        seconds = {}  # the first byte of a two-byte key -> its second bytes
+        for key in two_byte:
+            seconds.setdefault(key[0], set()).add(key[1])
+        key = b"|".join([_class_of(set(one_byte) - {silent} - set(mtc.opcodes))]
+                        + [b"(?=" + b"".join(_class_of([byte]) for byte in key) + b")" for key in empty_keys]
+                        + [_class_of([first]) + _class_of(seconds[first]) for first in sorted(seconds)]
+                        + [pad_key] + [one_byte_key(row) + row.rest for row in one_byte_packets if row.size is None])
+        if silent not in mtc.opcodes and not mtc_group:
+            key = one_byte_key(mtc) + b"|" + key  # MTC as a literal: sre tries one without a call
+        # The prefix of a key of its second byte: the one way there is ("|": a branch,
+        # which sre tries faster than an optional group).
+        second_keyed = _class_of([EXTENDED_OPCODE]) + b"(?=" + _class_of(by_second) + b")|"
+        keyed_packet = b"(?=(?:" + second_keyed + b")(" + key + b"))(?:" + packet + b")"
+        quiet = _class_of([silent]) + silent_row.rest
+        if mtc_group:
+            slot = tnt8 + b"*(?:" + quiet + b"|(" + one_byte_key(mtc) + b")" + mtc.rest + b"|" + keyed_packet + b")"
+        elif first:
+            slot = b"(?:" + quiet + b"|" + tnt8 + tnt8 + b"*" + quiet + b"|" + tnt8 + b"*" + keyed_packet + b")"
         else:
-            slot = tnt8 + b"*(?:" + tip + b"|" + keyed_packet + b")"
+            slot = tnt8 + b"*(?:" + quiet + b"|" + keyed_packet + b")"
         # Fewer than _SLOTS slots left: one per match, marked by an empty capture; TNT-8
         # bytes that end the range and a byte that is no packet are captured (the rest
         # of the range is then left unread).
@@ -637,35 +730,39 @@ class _Counter(object):
         # _MTC_CAPTURED; then the marker, the slot's groups, trailing TNT-8 bytes and bad
         # byte of a single-slot match), then the empty text up to the next match.
         self.stride = self.regex.groups + 1
-        groups = 2 if variant == _MTC_CAPTURED else 1  # per slot
+        groups = 2 if mtc_group else 1  # per slot
         self.marker = groups * _SLOTS
         self.trailing, self.bad = self.marker + groups + 1, self.marker + groups + 2
         # Keys longer than a byte, in the joined keys: the pattern starts with a
-        # character class, so split() skips the other characters fast.
-        odd, even = _byte_class(range(1, 256, 2)), _byte_class(range(0, 256, 2))
-        longer = (b"(" + _byte_class({0x00, 0x02, 0x99, 0xD9} | _CYC_CONTINUED) + b"(?:(?<=\\x00)\\x00*[^\\x00]?|"
-                  b"(?<=[\\x02\\x99\\xd9]).|" + odd + b"{0,7}" + even + b"))")
+        # character class, so split() skips the other characters fast; a lookbehind
+        # at the key's first byte picks the one way its key goes on.
+        after = [(pad.opcodes, pad_after), (set(seconds), b".")] + [
+            (row.opcodes, row.rest) for row in one_byte_packets if row.size is None]
+        longer = b"(" + _class_of(set().union(*(firsts for firsts, _ in after))) + b"(?:" + b"|".join(
+            b"(?<=" + _class_of(firsts) + b")" + rest for firsts, rest in after) + b"))"
         self.longer_keys = re.compile(longer.decode("latin-1"), re.DOTALL)
-        types = self.one_byte_types = {opcode: (IP_KIND_NAMES[kind], 1 + IP_PAYLOAD[opcode >> 5])
-                                       for opcode, kind in IP_KIND_OF_OPCODE.items() if opcode >> 5 in IP_PAYLOAD}
-        types.update((opcode, (name, _ONE_BYTE_SIZES[name])) for opcode, name in ((0x59, "mtc"), (0x19, "tsc")))
-        types.update((byte, ("cyc", 1)) for byte in range(256) if byte & 7 == 3)
+        # A one-byte key -> the index of its (type, size) among the kinds: the keys of one
+        # kind are counted together.
+        self.one_byte_kinds = sorted(set(one_byte.values()))
+        self.kind_of_key = bytes(self.one_byte_kinds.index(one_byte[opcode]) if opcode in one_byte else 0
+                                 for opcode in range(256))
+        self.two_byte_types = {key.decode("latin-1"): found for key, found in two_byte.items()}
+        self.whole_types = {chr(opcode): name for opcode, name in whole.items()}
+        self.pad = chr(pad.opcodes[0])
+        # sre finds a literal with memchr: faster than bytes.find for a two-byte needle.
+        self.empty_key_search = re.compile(b"|".join(map(re.escape, empty_keys))).search
+        self.empty_type, self.empty_size = empty.type, empty.size
+        self.silent_type, self.silent_size = row_type(silent_row, bytes((silent,))), silent_row.size
 
-    @staticmethod
-    def longer_key_type(key):
+    def longer_key_type(self, key):
         """(type, packets, bytes) of a key longer than one byte."""
-        first = key[0]
-        if first == "\x00":
-            pads = len(key) - (key[-1] != "\x00")
+        if key[0] == self.pad:
+            pads = len(key) - (key[-1] != self.pad)
             return "pad", pads, pads
-        if first == "\x02":
-            name, size = _EXTENDED[ord(key[1])]
-            return name, 1, size
-        if first == "\x99":
-            return ("mode.exec" if ord(key[1]) >> 5 == 0 else "mode.tsx"), 1, 2
-        if first == "\xd9":
-            return "trig", 1, _trig_size(ord(key[1]))
-        return "cyc", 1, len(key)
+        found = self.two_byte_types.get(key)
+        if found:
+            return found[0], 1, found[1]
+        return self.whole_types[key[0]], 1, len(key)
 
     def count(self, data, start, end):
         """(packets per type, slots read) of ``data[start:end]``, where a packet must
@@ -680,26 +777,34 @@ class _Counter(object):
             pieces[1 + self.trailing::stride] = [None] * matches
         singles = matches - pieces[1 + self.marker::stride].count(None)
         slots = _SLOTS * (matches - singles) + singles
-        parts = self.longer_keys.split("".join(filter(None, pieces)))
-        # As bytes: deleting a key from bytes is one table pass, from text a search per key.
-        one_byte = "".join(parts[0::2]).encode("latin-1")
-        keyed_slots = len(one_byte) + len(parts) // 2 + len(trailing)
+        keys = list(filter(None, pieces))
+        parts = self.longer_keys.split("".join(keys))
+        # As bytes: deleting a kind from bytes is one table pass, from text a search per key.
+        kinds = "".join(parts[0::2]).encode("latin-1").translate(self.kind_of_key)
+        keyed_slots = len(kinds) + len(parts) // 2 + len(trailing)
         keyed_bytes = 0
         found = Counter()
-        while one_byte:
-            key = one_byte[0]
-            number = one_byte.count(key)
-            name, size = self.one_byte_types[key]
+        while kinds:
+            kind = kinds[0]
+            number = kinds.count(kind)
+            name, size = self.one_byte_kinds[kind]
             found[name] += number
             keyed_bytes += number * size
-            one_byte = one_byte.translate(None, bytes((key,)))
+            kinds = kinds.translate(None, bytes((kind,)))
         for key, number in Counter(parts[1::2]).items():
             name, packets, size = self.longer_key_type(key)
             found[name] += number * packets
             keyed_bytes += number * size
-        silent_tips = slots - keyed_slots
-        found["tip"] += silent_tips
-        found["tnt8"] += end - start - keyed_bytes - 3 * silent_tips
+        if self.empty_key_search(data, start, end):
+            # The empty captures: all but those of the splits (one before each match
+            # and one after the last) and of the single-slot markers.
+            empty = len(pieces) - pieces.count(None) - len(keys) - (matches + 1) - singles
+            found[self.empty_type] += empty
+            keyed_slots += empty
+            keyed_bytes += empty * self.empty_size
+        silent = slots - keyed_slots
+        found[self.silent_type] += silent
+        found["tnt8"] += end - start - keyed_bytes - self.silent_size * silent
         return found, slots
 
 
@@ -718,15 +823,15 @@ def _counter(variant):
 def compile_counters():
     """Compile every packet_stats variant now (a process that counts much, a
     benchmark): otherwise each is compiled when first worth it."""
-    for variant in (_PLAIN, _MTC_CAPTURED, _TIP_FIRST):
+    for variant in (_PLAIN, _TIP_FIRST, _MTC_CAPTURED, _MTC_SILENT):
         _counter(variant)
 
 
 def _variant_for(found, slots):
     """The _Counter variant for a window like the one that gave ``found`` in ``slots``."""
     if 4 * found["mtc"] > slots:
-        return _MTC_CAPTURED
-    return _TIP_FIRST if 2 * found["tnt8"] < slots else _PLAIN
+        return _MTC_CAPTURED if 4 * found["tip"] > slots else _MTC_SILENT
+    return _TIP_FIRST if 3 * found["tnt8"] < slots else _PLAIN
 
 
 def _count_tokens(stats, stream, stop):
