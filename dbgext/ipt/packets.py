@@ -668,7 +668,8 @@ class _Counter(object):
     - _MTC_CAPTURED: a slot captures an MTC's header in a group of its own instead of
       through the key's lookahead.  That halves what an MTC costs and costs every
       slot a group more, so it pays where MTCs and TIPs are each a quarter of the
-      slots or more (timing packets on, as in most Windows traces);
+      slots or more (timing packets on, as in most Windows traces), and no TNT-64
+      is about: counting the empty keys compares every capture, the MTCs' too;
     - _TIP_FIRST: a silent TIP is tried before the TNT-8 bytes in front of a packet
       are counted.  A silent TIP with no TNT-8 byte before it then costs less, and a
       packet after TNT-8 bytes pays for a failed try, so it pays where TNT-8 bytes
@@ -837,7 +838,9 @@ def compile_counters():
 def _variant_for(found, slots):
     """The _Counter variant for a window like the one that gave ``found`` in ``slots``."""
     if 4 * found["mtc"] > slots:
-        return _MTC_CAPTURED if 4 * found["tip"] > slots else _MTC_SILENT
+        if 4 * found["tip"] <= slots:
+            return _MTC_SILENT
+        return _PLAIN if found[_EMPTY_KEYED] else _MTC_CAPTURED
     return _TIP_FIRST if 3 * found["tnt8"] < slots else _PLAIN
 
 
