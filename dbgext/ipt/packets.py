@@ -619,6 +619,18 @@ _TNT8_REPEAT = b"*+" if sys.version_info >= (3, 11) else b"*"
 _TNT_CLASSES, _ZEROS = re.compile(b"T+"), re.compile(b"\x00+")
 
 
+# A counted repeat of one byte or of a group of literal bytes, as the packet tables write
+# a payload (".{6}", "(?:\\x02\\x82){7}").
+_COUNTED_REPEAT = re.compile(rb"(\.|\\x[0-9a-f]{2}|\(\?:((?:\\x[0-9a-f]{2})+)\))\{(\d+)\}")
+
+
+def _unrolled(rest):
+    """``rest`` with each counted repeat written out (".{3}" -> "..."): sre matches a
+    counted repeat with a call and a backtracking frame, written-out bytes with an
+    instruction each, which costs a keyed TNT-64 or PSB half its time."""
+    return _COUNTED_REPEAT.sub(lambda match: (match.group(2) or match.group(1)) * int(match.group(3)), rest)
+
+
 def row_type(row, key):
     """The JSON type of the ONE_BYTE_PACKETS ``row`` packet whose key is ``key`` (bytes)."""
     if row.type:
@@ -678,6 +690,8 @@ class _Counter(object):
 
     def __init__(self, variant, one_byte_packets=ONE_BYTE_PACKETS, extended_packets=EXTENDED_PACKETS):
         silent, first, mtc_group = variant
+        one_byte_packets = [row._replace(rest=_unrolled(row.rest)) for row in one_byte_packets]
+        extended_packets = [row._replace(rest=_unrolled(row.rest)) for row in extended_packets]
         silent_row = next(row for row in one_byte_packets if silent in row.opcodes)
         one_byte, two_byte, whole = count_keys(one_byte_packets, extended_packets)
         mtc, pad, empty = _row("mtc", one_byte_packets), _row("pad", one_byte_packets), _row(_EMPTY_KEYED,
@@ -693,13 +707,15 @@ class _Counter(object):
             one_byte[second] = two_byte.pop(bytes((EXTENDED_OPCODE, second)))
         tnt8 = _byte_class(_TNT8)
         keyed = []
-        # MTC first: where timing is on, it is the commonest keyed packet.
-        for row in sorted(one_byte_packets, key=lambda row: row is not mtc):
+        # The packet's alternatives: those of one opcode among the timing packets (MTC,
+        # TSC, PAD: sre rejects a literal with a comparison, a class with a call) first,
+        # then in the table's order.
+        for row in sorted(one_byte_packets, key=lambda row: not (row.flow == FLOW_TIMING and len(row.opcodes) == 1)):
             if set(row.opcodes) - {silent} and not (row is mtc and mtc_group):  # (their own alternatives)
                 keyed.append(one_byte_key(row._replace(opcodes=set(row.opcodes) - {silent})) + row.rest)
         extended = sorted(extended_packets, key=lambda row: row is not empty)
-        packet = b"|".join(keyed) + b"|" + _class_of([EXTENDED_OPCODE]) + b"(?:" + b"|".join(
-            _class_of(row.seconds) + row.rest for row in extended) + b")"
+        packet = _class_of([EXTENDED_OPCODE]) + b"(?:" + b"|".join(
+            _class_of(row.seconds) + row.rest for row in extended) + b")|" + b"|".join(keyed)
         # A PAD run's key goes on into the next byte, so that two runs stay two keys.
         pad_byte = _class_of(pad.opcodes)
         pad_after = pad_byte + b"*[^" + pad_byte + b"]?"  # what follows its first byte
