@@ -810,8 +810,9 @@ class _Counter(object):
         return self.whole_types[key[0]], 1, len(key)
 
     def count(self, data, start, end):
-        """(packets per type, slots read) of ``data[start:end]``, where a packet must
-        start at ``start``; None unless every byte up to ``end`` decodes."""
+        """(packets per type, packets other than TNT-8: the slots but in _TIP_RUNS) of
+        ``data[start:end]``, where a packet must start at ``start``; None unless every
+        byte up to ``end`` decodes."""
         pieces = self.regex.split(str(memoryview(data)[start:end], "latin-1"))
         stride = self.stride
         matches = len(pieces) // stride
