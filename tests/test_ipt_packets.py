@@ -347,7 +347,8 @@ def random_stream(generator, count):
     return PSB + b"".join(generator.choices(makers, weights)[0](generator) for _ in range(count))
 
 
-@pytest.mark.parametrize("variant", [packets._PLAIN, packets._MTC_CAPTURED, packets._TIP_FIRST, packets._MTC_SILENT])
+@pytest.mark.parametrize("variant", [packets._PLAIN, packets._MTC_CAPTURED, packets._TIP_FIRST, packets._TIP_RUNS,
+                                     packets._MTC_SILENT])
 @pytest.mark.parametrize("window, long_run", [(61, 64), (250, 4096), (1 << 20, 64), (1 << 20, 4096)])
 @pytest.mark.parametrize("seed", range(12))
 def test_counts_agree_with_the_full_decode_across_windows_and_corruption(monkeypatch, seed, window, long_run,

@@ -20,6 +20,7 @@ at the next PSB, so the decoder never reads past the buffer and always terminate
 """
 
 import re
+import sys
 from collections import Counter, namedtuple
 
 from ..problems import ProblemLog
@@ -587,7 +588,8 @@ class PacketStats(object):
 # IP bytes, or MTC), capture nothing; every other packet captures its key
 # (ONE_BYTE_PACKETS: the bytes that name its type and size) through a lookahead, and
 # TNT-64 an empty one.  The slots the captures leave are the silent packets, and the
-# bytes they leave the TNT-8 packets.
+# bytes they leave the TNT-8 packets (in _TIP_RUNS, where a slot is silent packets,
+# then a TNT-8 byte or a keyed packet, the other way round).
 #
 # Every slot has exactly one way to match, so a match that fails backtracks in time
 # linear in what it covered.  Runs of _LONG_RUN or more TNT-8 or PAD bytes (a tight
@@ -610,7 +612,26 @@ _LONG_RUN = 4096  # shorter runs cost less in the regex than a window cut at the
 # its own.  So a run is cut 16 bytes in, at a packet start.
 _RUN_CUT = 16
 _RUN_BYTES = bytes(ord("T") if byte in _TNT8 else ord(".") for byte in range(256))
+# The repeats in a slot (its TNT-8 bytes; the silent packets of a _TIP_RUNS slot) are
+# of bytes or packets that what follows them never starts with, so the run a slot
+# starts with is all of it, and a possessive repeat (Python 3.11 on) matches what a
+# greedy one does.  It saves sre a backtracking frame per slot (a sixth of a slot's
+# time), and a repeated packet a repeat context; 3.8 has no possessive repeats.
+_POSSESSIVE = sys.version_info >= (3, 11)
+_REPEAT = b"*+" if _POSSESSIVE else b"*"
 _TNT_CLASSES, _ZEROS = re.compile(b"T+"), re.compile(b"\x00+")
+
+
+# A counted repeat of one byte or of a group of literal bytes, as the packet tables write
+# a payload (".{6}", "(?:\\x02\\x82){7}").
+_COUNTED_REPEAT = re.compile(rb"(\.|\\x[0-9a-f]{2}|\(\?:((?:\\x[0-9a-f]{2})+)\))\{(\d+)\}")
+
+
+def _unrolled(rest):
+    """``rest`` with each counted repeat written out (".{3}" -> "..."): sre matches a
+    counted repeat with a call and a backtracking frame, written-out bytes with an
+    instruction each, which costs a keyed TNT-64 or PSB half its time."""
+    return _COUNTED_REPEAT.sub(lambda match: (match.group(2) or match.group(1)) * int(match.group(3)), rest)
 
 
 def row_type(row, key):
@@ -645,10 +666,17 @@ def count_keys(one_byte_packets, extended_packets):
     return one_byte, two_byte, whole
 
 
-# The variants: (the silent packet's opcode, whether a slot tries it before TNT-8
-# bytes, whether an MTC has a group of its own).
-_PLAIN, _TIP_FIRST, _MTC_CAPTURED, _MTC_SILENT = (
-    (_SILENT_TIP, False, False), (_SILENT_TIP, True, False), (_SILENT_TIP, False, True), (_SILENT_MTC, False, False))
+# What a slot is: TNT-8 bytes, then a packet; the same, a silent packet tried first;
+# silent packets, then a TNT-8 byte or a keyed packet.
+_TNT8_THEN_PACKET, _SILENT_FIRST, _SILENT_RUNS = "tnt8 then packet", "silent first", "silent runs"
+# The variants: (the silent packet's opcode, what a slot is, whether an MTC has a group
+# of its own).
+_PLAIN, _TIP_FIRST, _TIP_RUNS, _MTC_CAPTURED, _MTC_SILENT = (
+    (_SILENT_TIP, _TNT8_THEN_PACKET, False), (_SILENT_TIP, _SILENT_FIRST, False), (_SILENT_TIP, _SILENT_RUNS, False),
+    (_SILENT_TIP, _TNT8_THEN_PACKET, True), (_SILENT_MTC, _TNT8_THEN_PACKET, False))
+# The variant for few TNT-8 bytes among many TIPs: silent runs cost a repeat context
+# per packet without possessive repeats, more than a slot.
+_TIP_HEAVY = _TIP_RUNS if _POSSESSIVE else _TIP_FIRST
 
 
 class _Counter(object):
@@ -662,15 +690,24 @@ class _Counter(object):
     - _MTC_CAPTURED: a slot captures an MTC's header in a group of its own instead of
       through the key's lookahead.  That halves what an MTC costs and costs every
       slot a group more, so it pays where MTCs and TIPs are each a quarter of the
-      slots or more (timing packets on, as in most Windows traces);
-    - _TIP_FIRST: a silent TIP is tried before the TNT-8 bytes in front of a packet
-      are counted.  A silent TIP with no TNT-8 byte before it then costs less, and a
-      packet after TNT-8 bytes pays for a failed try, so it pays where TNT-8 bytes
-      are fewer than a third of the slots (a TIP-heavy trace);
+      slots or more (timing packets on, as in most Windows traces), and no TNT-64
+      is about: counting the empty keys compares every capture, the MTCs' too;
+    - _TIP_HEAVY, where TNT-8 bytes are fewer than a third of the slots (a TIP-heavy
+      trace), is one of
+      - _TIP_RUNS (Python 3.11 on): a slot is a run of silent TIPs, then a TNT-8
+        byte or a keyed packet.  A silent TIP costs a repeat, not a slot, and each
+        TNT-8 byte a slot.  The slots count the TNT-8 bytes and the keyed packets,
+        and the bytes left the silent TIPs.  A failed match (at the end of a
+        window) reads its slots again, long runs too, at most _SLOTS + 1 times;
+      - _TIP_FIRST: a silent TIP is tried before the TNT-8 bytes in front of a
+        packet are counted.  A silent TIP with no TNT-8 byte before it then costs
+        less, and a packet after TNT-8 bytes pays for a failed try;
     - _PLAIN otherwise."""
 
     def __init__(self, variant, one_byte_packets=ONE_BYTE_PACKETS, extended_packets=EXTENDED_PACKETS):
-        silent, first, mtc_group = variant
+        silent, form, mtc_group = variant
+        one_byte_packets = [row._replace(rest=_unrolled(row.rest)) for row in one_byte_packets]
+        extended_packets = [row._replace(rest=_unrolled(row.rest)) for row in extended_packets]
         silent_row = next(row for row in one_byte_packets if silent in row.opcodes)
         one_byte, two_byte, whole = count_keys(one_byte_packets, extended_packets)
         mtc, pad, empty = _row("mtc", one_byte_packets), _row("pad", one_byte_packets), _row(_EMPTY_KEYED,
@@ -686,13 +723,15 @@ class _Counter(object):
             one_byte[second] = two_byte.pop(bytes((EXTENDED_OPCODE, second)))
         tnt8 = _byte_class(_TNT8)
         keyed = []
-        # MTC first: where timing is on, it is the commonest keyed packet.
-        for row in sorted(one_byte_packets, key=lambda row: row is not mtc):
+        # The packet's alternatives: those of one opcode among the timing packets (MTC,
+        # TSC, PAD: sre rejects a literal with a comparison, a class with a call) first,
+        # then in the table's order.
+        for row in sorted(one_byte_packets, key=lambda row: not (row.flow == FLOW_TIMING and len(row.opcodes) == 1)):
             if set(row.opcodes) - {silent} and not (row is mtc and mtc_group):  # (their own alternatives)
                 keyed.append(one_byte_key(row._replace(opcodes=set(row.opcodes) - {silent})) + row.rest)
         extended = sorted(extended_packets, key=lambda row: row is not empty)
-        packet = b"|".join(keyed) + b"|" + _class_of([EXTENDED_OPCODE]) + b"(?:" + b"|".join(
-            _class_of(row.seconds) + row.rest for row in extended) + b")"
+        packet = _class_of([EXTENDED_OPCODE]) + b"(?:" + b"|".join(
+            _class_of(row.seconds) + row.rest for row in extended) + b")|" + b"|".join(keyed)
         # A PAD run's key goes on into the next byte, so that two runs stay two keys.
         pad_byte = _class_of(pad.opcodes)
         pad_after = pad_byte + b"*[^" + pad_byte + b"]?"  # what follows its first byte
@@ -714,20 +753,26 @@ class _Counter(object):
         second_keyed = _class_of([EXTENDED_OPCODE]) + b"(?=" + _class_of(by_second) + b")|"
         keyed_packet = b"(?=(?:" + second_keyed + b")(" + key + b"))(?:" + packet + b")"
         quiet = _class_of([silent]) + silent_row.rest
+        tnt_run = tnt8 + _REPEAT
         if mtc_group:
-            slot = tnt8 + b"*(?:" + quiet + b"|(" + one_byte_key(mtc) + b")" + mtc.rest + b"|" + keyed_packet + b")"
-        elif first:
-            slot = b"(?:" + quiet + b"|" + tnt8 + tnt8 + b"*" + quiet + b"|" + tnt8 + b"*" + keyed_packet + b")"
+            slot = tnt_run + b"(?:" + quiet + b"|(" + one_byte_key(mtc) + b")" + mtc.rest + b"|" + keyed_packet + b")"
+        elif form == _SILENT_FIRST:
+            slot = b"(?:" + quiet + b"|" + tnt8 + tnt_run + quiet + b"|" + tnt_run + keyed_packet + b")"
+        elif form == _SILENT_RUNS:
+            slot = b"(?:" + quiet + b")" + _REPEAT + b"(?:" + tnt8 + b"|" + keyed_packet + b")"
         else:
-            slot = tnt8 + b"*(?:" + quiet + b"|" + keyed_packet + b")"
-        # Fewer than _SLOTS slots left: one per match, marked by an empty capture; TNT-8
-        # bytes that end the range and a byte that is no packet are captured (the rest
-        # of the range is then left unread).
-        single = b"()(?:" + slot + b"|(" + tnt8 + b"+)\\Z|(.).*)"
+            slot = tnt_run + b"(?:" + quiet + b"|" + keyed_packet + b")"
+        # Fewer than _SLOTS slots left: one per match, marked by an empty capture; what
+        # ends the range after the last slot (TNT-8 bytes; silent packets where a slot
+        # ends with a TNT-8 byte) and a byte that is no packet are captured (the rest of
+        # the range is then left unread).
+        self.runs = form == _SILENT_RUNS
+        trailing = b"(?:" + quiet + b")+" if self.runs else tnt8 + b"+"
+        single = b"()(?:" + slot + b"|(" + trailing + b")\\Z|(.).*)"
         # On text (the buffer decoded as latin-1): joining str keys is much cheaper than bytes.
         self.regex = re.compile((slot * _SLOTS + b"|" + single).decode("latin-1"), re.DOTALL)
         # split() gives per match its groups (per slot its key, after its MTC in
-        # _MTC_CAPTURED; then the marker, the slot's groups, trailing TNT-8 bytes and bad
+        # _MTC_CAPTURED; then the marker, the slot's groups, the trailing bytes and bad
         # byte of a single-slot match), then the empty text up to the next match.
         self.stride = self.regex.groups + 1
         groups = 2 if mtc_group else 1  # per slot
@@ -765,8 +810,9 @@ class _Counter(object):
         return self.whole_types[key[0]], 1, len(key)
 
     def count(self, data, start, end):
-        """(packets per type, slots read) of ``data[start:end]``, where a packet must
-        start at ``start``; None unless every byte up to ``end`` decodes."""
+        """(packets per type, packets other than TNT-8: the slots but in _TIP_RUNS) of
+        ``data[start:end]``, where a packet must start at ``start``; None unless every
+        byte up to ``end`` decodes."""
         pieces = self.regex.split(str(memoryview(data)[start:end], "latin-1"))
         stride = self.stride
         matches = len(pieces) // stride
@@ -781,7 +827,7 @@ class _Counter(object):
         parts = self.longer_keys.split("".join(keys))
         # As bytes: deleting a kind from bytes is one table pass, from text a search per key.
         kinds = "".join(parts[0::2]).encode("latin-1").translate(self.kind_of_key)
-        keyed_slots = len(kinds) + len(parts) // 2 + len(trailing)
+        keyed_slots = len(kinds) + len(parts) // 2
         keyed_bytes = 0
         found = Counter()
         while kinds:
@@ -802,6 +848,14 @@ class _Counter(object):
             found[self.empty_type] += empty
             keyed_slots += empty
             keyed_bytes += empty * self.empty_size
+        # The single-slot matches of the trailing bytes hold no slot's packet.
+        slots -= len(trailing)
+        if self.runs:  # a slot: a TNT-8 byte or a keyed packet
+            tnt8 = slots - keyed_slots
+            silent = (end - start - keyed_bytes - tnt8) // self.silent_size
+            found[self.silent_type] += silent
+            found["tnt8"] += tnt8
+            return found, silent + keyed_slots
         silent = slots - keyed_slots
         found[self.silent_type] += silent
         found["tnt8"] += end - start - keyed_bytes - self.silent_size * silent
@@ -823,15 +877,17 @@ def _counter(variant):
 def compile_counters():
     """Compile every packet_stats variant now (a process that counts much, a
     benchmark): otherwise each is compiled when first worth it."""
-    for variant in (_PLAIN, _TIP_FIRST, _MTC_CAPTURED, _MTC_SILENT):
+    for variant in (_PLAIN, _TIP_HEAVY, _MTC_CAPTURED, _MTC_SILENT):
         _counter(variant)
 
 
 def _variant_for(found, slots):
     """The _Counter variant for a window like the one that gave ``found`` in ``slots``."""
     if 4 * found["mtc"] > slots:
-        return _MTC_CAPTURED if 4 * found["tip"] > slots else _MTC_SILENT
-    return _TIP_FIRST if 3 * found["tnt8"] < slots else _PLAIN
+        if 4 * found["tip"] <= slots:
+            return _MTC_SILENT
+        return _PLAIN if found[_EMPTY_KEYED] else _MTC_CAPTURED
+    return _TIP_HEAVY if 3 * found["tnt8"] < slots else _PLAIN
 
 
 def _count_tokens(stats, stream, stop):
