@@ -16,12 +16,11 @@ from .. import packets as P
 from .kinds import B_FAR_CALL, B_FAR_RET, B_INDIRECT, B_INDIRECT_CALL, B_JUMP, B_CALL, F_AT_IP, F_FUP, F_MODE, \
     F_OVF, F_PGD, F_PGE, F_TIP, F_TNT, ITEM_NAMES
 from .reader import ItemReader
-from .state import FLUSH_SIZE
 
 # Erratum BDM64: how far libipt looks for a transaction abort's IP along straight-line code.
 BDM64_MAX_STEPS = 0x100
-# pending_event's answer when nothing comes: no TNT bits, no asynchronous event, no TIP.PGD target.
-NOTHING_DUE = (None, None, -1)
+# pending_event's answer when nothing binds: no asynchronous event, no TIP.PGD target.
+NOTHING_DUE = (None, -1)
 
 
 class EventBinder(ItemReader):
@@ -43,57 +42,39 @@ class EventBinder(ItemReader):
         self.waiting_fups = []
         self.held = self.held_after = None
 
-    def pending_event(self, committed, bits_left):
-        """What comes once the step's TNT bits are used up (``bits_left``: they are
-        not; ``committed``: the step's count, stored first): (the bits of the TNT
-        packet that comes next, taken, or None; the address where an asynchronous event
-        binds (FUP, MODE.TSX...) or None; the target of a TIP.PGD that binds to the
-        direct branch going there, or -1).  As libipt's query decoder, an event is
-        signalled only once the bits are used up, and the committed instructions are
-        handed on before more bits are taken, once there are FLUSH_SIZE of them.
+    def pending_event(self, bits_left):
+        """What the next item means once the TNT bits are used up (``bits_left``: the
+        step's are not), as libipt's query decoder signals it only then: (address where
+        an asynchronous event binds (FUP, MODE.TSX...) or None, target of a TIP.PGD that
+        binds to the direct branch going there (-1: none)).  The step asks where the
+        next item is no TNT or TIP (they bind nothing), or where a FUP is held or waiting.
 
         A FUP followed by TNT (a trace libipt misreads, e.g. past an erratum it does
-        not know) waits, as in libipt, for the TIP it binds to: the TNT bits come first.
-        The step calls this after each TNT packet or TIP it used up: a TNT packet, a
-        TIP and a FUP right before its TIP are answered first."""
-        self.committed = committed
+        not know) waits, as in libipt, for the TIP it binds to: the TNT bits come first."""
         if self.held is not None:
-            return None, self.held[2], -1
+            return self.held[2], -1
         if bits_left:
             return NOTHING_DUE
         if self.waiting_fups:
             self.release_waiting_fup()
-        item = self.lookahead
+        item = self.lookahead or self.peek()  # (the step has usually read it ahead)
         if item is None:
-            if self.ended:
-                return NOTHING_DUE
-            item = self.lookahead = self.item()
-            if item is None:
-                return NOTHING_DUE
-        kind = item[0]
-        if kind == F_TNT:
-            if not item[2]:
-                return NOTHING_DUE  # (refill reads past it)
-            if committed >= FLUSH_SIZE:
-                self.flush()
-            self.lookahead = None
-            return item[2], None, -1
-        if kind == F_TIP:
             return NOTHING_DUE
+        kind = item[0]
         if kind == F_FUP:
             # A FUP right before a TIP (an interrupt) binds now; fup_waits looks further.
             following = self.item()
             if following is not None:
                 self.pushed.append(following)
                 if following[0] == F_TIP:
-                    return None, item[2], -1
+                    return item[2], -1
             if self.fup_waits():
                 return NOTHING_DUE
-            return None, item[2], -1
+            return item[2], -1
         if kind == F_AT_IP:
-            return None, item[2][0], -1
+            return item[2][0], -1
         if kind == F_PGD and item[2] is not None:
-            return None, None, item[2]
+            return None, item[2]
         if kind == F_PGE:
             # libipt handles it as soon as it is due, and tracing is already on.
             self.resync_past_psb = self.psb_follows(item[1])

@@ -14,7 +14,7 @@ from .. import packets as P
 from .kinds import F_BAD_CONTEXT, F_END, F_ERROR, F_EVENT, F_FUP, F_MODE, F_PSB, F_PSBEND
 from .state import Resync, WalkState
 
-# The items item() does more with than hand them on (walk_item).
+# The items peek() does more with than hand them on (walk_item).
 WALK_ITEMS = frozenset((F_PSB, F_ERROR, F_END, F_EVENT, F_BAD_CONTEXT))
 
 
@@ -32,21 +32,36 @@ class ItemReader(WalkState):
         self.ended = False
         self.in_status = False   # reading a PSB+ as status (skip_status_psb)
 
-    def item(self):
-        """The next item (see _flow_items), or None at the end.
+    def peek(self):
+        """The next item (see _flow_items), read ahead into ``lookahead``, or None at
+        the end.  The one place the items are read: ``item()`` reads on past the
+        lookahead with it.
 
         A packet that does not decode is reported and, while walking, abandons the
         walk (Resync); a PSB+ while walking is read as status (skip_status_psb)."""
-        if self.pushed:
-            return self.pushed.pop()
+        item = self.lookahead
+        if item is not None or self.ended:
+            return item
+        pushed = self.pushed
+        if pushed:
+            item = self.lookahead = pushed.pop()
+            return item
         item = self.next_trace_item()
         self.last_offset = item[1]
         if item[0] in WALK_ITEMS:
-            return self.walk_item(item)
+            item = self.walk_item(item)
+        self.lookahead = item
+        return item
+
+    def item(self):
+        """The item after the lookahead (which stays), or None at the end."""
+        ahead, self.lookahead = self.lookahead, None
+        item = self.peek()
+        self.lookahead = ahead
         return item
 
     def walk_item(self, item):
-        """item() for the items of WALK_ITEMS, and what it reads on from them."""
+        """peek() for the items of WALK_ITEMS, and what it reads on from them."""
         while True:
             kind = item[0]
             if kind == F_END:
@@ -76,16 +91,10 @@ class ItemReader(WalkState):
             self.last_offset = item[1]
 
     def next_item(self):
-        item = self.lookahead
-        if item is not None:
-            self.lookahead = None
-            return item
-        return self.item()
-
-    def peek(self):
-        if self.lookahead is None and not self.ended:
-            self.lookahead = self.item()
-        return self.lookahead
+        """The next item, taken (the lookahead, or the one read now)."""
+        item = self.peek()
+        self.lookahead = None
+        return item
 
     def items_ahead(self, last):
         """The items after the lookahead up to the first one for which ``last(item)`` is

@@ -21,8 +21,6 @@ from .state import FLUSH_SIZE, Resync
 RETSTACK_DEPTH = 64
 # Blocks walked without consuming any trace before we call it a runaway path.
 MAX_BLOCKS_WITHOUT_TRACE = 100000
-# take_ip's answer for a RET that TNT bits follow: a compressed RET.
-RET_BITS = -1
 
 
 class Walk(Resumer):
@@ -56,41 +54,25 @@ class Walk(Resumer):
         self.flush()
         self.result.instruction_count = self.flushed
 
-    def refill(self, committed):
-        """The TNT bits for the step's next branches once its own are used up, or None
-        with the next item that is not TNT left in lookahead.  ``committed``: the step's
-        count, stored first (the committed instructions are handed on here once there
-        are FLUSH_SIZE of them)."""
-        self.committed = committed
-        if committed >= FLUSH_SIZE:
+    def refill(self):
+        """Make TNT bits available, or leave the next non-TNT item in lookahead."""
+        if self.committed >= FLUSH_SIZE:
             self.flush()
-        while True:
-            item = self.lookahead
-            if item is None:
-                item = self.peek()
+        while self.bit_index >= len(self.bits):
+            item = self.peek()
             if item is None or item[0] != F_TNT:
                 if item is not None and item[0] == F_FUP and (self.fup_waits() or self.hold_async_branch()):
                     continue
-                self.bits, self.bit_index = b"", 0
-                return None
+                return False
             self.lookahead = None
-            if item[2]:
-                self.bits, self.bit_index = item[2], 0
-                return item[2]
+            self.bits = item[2]
+            self.bit_index = 0
+        return True
 
     def take_ip(self, address, wanted):
-        """Consume the TIP an indirect transfer at ``address`` needs (``wanted``: "ret"
-        or "indirect branch"): returns the new IP, None when tracing stops there
-        (TIP.PGD or the end of the trace), or for a RET whose TNT bits are used up
-        RET_BITS when TNT bits come instead (a compressed RET: they are in ``bits``).
-        First: the TIP already read ahead, with the bits used up (the common case)."""
-        item = self.lookahead
-        if item is not None and item[0] == F_TIP and item[2] is not None and self.bit_index >= len(self.bits) \
-                and self.committed < FLUSH_SIZE and not self.waiting_fups:
-            self.lookahead = None
-            return item[2]
-        if wanted == "ret" and self.bit_index >= len(self.bits) and self.refill(self.committed) is not None:
-            return RET_BITS
+        """Consume the TIP an indirect transfer at ``address`` needs: returns the new IP
+        or None when tracing stops there (TIP.PGD or the end of the trace).  (The step
+        takes a TIP already read ahead itself.)"""
         if self.committed >= FLUSH_SIZE:
             self.flush()
         left = len(self.bits) - self.bit_index
@@ -142,30 +124,31 @@ class Walk(Resumer):
                    address)
 
     def walk(self, ip, *, len=len, bisect_left=bisect_left, B_COND=B_COND, B_JUMP=B_JUMP, B_CALL=B_CALL,
-             B_RET=B_RET, B_INDIRECT_CALL=B_INDIRECT_CALL, B_STOP=B_STOP, RETSTACK_DEPTH=RETSTACK_DEPTH,
-             MAX_BLOCKS_WITHOUT_TRACE=MAX_BLOCKS_WITHOUT_TRACE, RET_BITS=RET_BITS):
+             B_RET=B_RET, B_INDIRECT_CALL=B_INDIRECT_CALL, B_STOP=B_STOP, F_TIP=F_TIP, F_TNT=F_TNT,
+             BINDS_NOTHING=frozenset((F_TIP, F_TNT)), FLUSH_SIZE=FLUSH_SIZE, RETSTACK_DEPTH=RETSTACK_DEPTH, MAX_BLOCKS_WITHOUT_TRACE=MAX_BLOCKS_WITHOUT_TRACE):
         """Follow the code from ``ip`` until the trace ends, tracing stops, or an error.
 
         The loop keeps the TNT bits, their index and the committed length in locals;
-        ``save()`` hands them to the parts that read them.  Once the bits are used up
-        (and after a TIP or an event) it asks ``pending_event`` what comes: more TNT
-        bits, or an event due at an IP (walked up to, then ``take_async``), or a TIP.PGD
-        bound to a direct branch.  The parts it calls are bound methods in locals, and
-        the globals it reads are keyword-only defaults (locals): on Python 3.8 every
-        attribute lookup counts, and 3.8 caches global lookups only for functions
-        called often, not for one frame that loops for a whole trace."""
+        ``save()`` hands them to the parts that read them (the reader needs
+        ``committed`` for a PSB+ it reads as status).  Once the bits are used up it
+        looks at the next item (``peek``): a TNT packet or a TIP binds nothing (the
+        branch that needs it takes it) unless a FUP is held back (events.py); anything
+        else goes to ``pending_event``.  The parts it calls are bound methods in
+        locals, and the globals it reads are keyword-only defaults (locals): on Python
+        3.8 every attribute lookup counts, and 3.8 caches global lookups only for
+        functions called often, not for one frame that loops for a whole trace."""
         out = self.out
         cache = self.cache
         retstack = self.retstack
         suspicious = self.suspicious
         extend = out.extend
-        pending_event, refill, take_ip, take_async = self.pending_event, self.refill, self.take_ip, self.take_async
+        peek, pending_event, take_async = self.peek, self.pending_event, self.take_async
         bits, bi = self.bits, self.bit_index
         nbits = len(bits)
-        committed = self.resumed_at = len(out)
-        async_ip, disable_target = None, -1
+        self.committed = self.resumed_at = len(out)
+        async_ip, disable_target = pending_event(bi < nbits)
         # The mode changes only with items read: it is looked at again after each
-        # step that may have read some.
+        # step that may have read some (the helpers, the item read when the bits are used up).
         mode = self.mode
         rows = cache.rows(mode)
         bdm64 = "bdm64" in self.errata
@@ -174,14 +157,23 @@ class Walk(Resumer):
         def save():
             self.bits, self.bit_index, self.committed = bits, bi, committed
 
-        bits_used_up = True  # (what comes first)
+        committed = self.committed
+        bits_used_up = False
         while True:
             if bits_used_up:
+                # What the next item binds now.  A TIP or TNT binds nothing while no FUP
+                # is held or waiting: the branch that needs it takes it.
                 bits_used_up = False
-                more, async_ip, disable_target = pending_event(committed, bi < nbits)
-                if more is not None:
-                    bits, bi, nbits = more, 0, len(more)
-                    committed = self.committed  # (it may have handed some on)
+                if self.held is None and not self.waiting_fups:
+                    self.committed = committed
+                    item = peek()
+                    if item is None or item[0] in BINDS_NOTHING:
+                        async_ip, disable_target = None, -1
+                    else:
+                        async_ip, disable_target = pending_event(bi < nbits)
+                else:
+                    self.committed = committed
+                    async_ip, disable_target = pending_event(bi < nbits)
                 if self.mode != mode:
                     mode = self.mode
                     rows = cache.rows(mode)
@@ -214,14 +206,21 @@ class Walk(Resumer):
             if kind == B_COND:
                 extend(insns)
                 if bi >= nbits:
-                    bits = refill(committed)
-                    if bits is None:
-                        self.stop_at(block, "conditional branch")
-                        return
-                    bi, nbits = 0, len(bits)
-                    if self.mode != mode:
-                        mode = self.mode
-                        rows = cache.rows(mode)
+                    item = self.lookahead
+                    if item is not None and item[0] == F_TNT and item[2] and committed < FLUSH_SIZE:
+                        self.lookahead = None  # the TNT is already read ahead (refill)
+                        bits, bi = item[2], 0
+                        nbits = len(bits)
+                    else:
+                        save()
+                        if not self.refill():
+                            self.stop_at(block, "conditional branch")
+                            return
+                        bits, bi = self.bits, self.bit_index
+                        nbits = len(bits)
+                        if self.mode != mode:
+                            mode = self.mode
+                            rows = cache.rows(mode)
                 ip = target if bits[bi] else fallthrough
                 bi += 1
                 committed = len(out)
@@ -259,39 +258,73 @@ class Walk(Resumer):
                 idle_blocks = 0
             else:  # returns, indirect and far transfers
                 extend(insns)
-                idle_blocks = 0
-                if kind != B_RET or bi >= nbits:
+                item = self.lookahead
+                if item is not None and item[0] == F_TIP and item[2] is not None and committed < FLUSH_SIZE \
+                        and (bi >= nbits or kind != B_RET):
+                    # The TIP is already read ahead.  TNT bits still cached stay for the
+                    # branches after this one, as in libipt.
+                    ip = item[2]
+                    if kind == B_INDIRECT_CALL:
+                        retstack.append(fallthrough)
+                        if len(retstack) > RETSTACK_DEPTH:
+                            del retstack[0]
+                    committed = len(out)
+                    idle_blocks = 0
+                    self.lookahead = None
+                    if bi < nbits:
+                        async_ip, disable_target = None, -1
+                    else:
+                        bits_used_up = True
+                    continue
+                if kind == B_RET and bi >= nbits:
                     save()
-                    ip = take_ip(end, "ret" if kind == B_RET else "indirect branch")
-                    if ip is None:
-                        self.finish_segment(block)
-                        return
-                    bits, bi = self.bits, self.bit_index  # a deferred TIP's (a compressed RET's) TNT bits
-                    nbits = len(bits)
-                    if ip != RET_BITS:
+                    if self.refill():  # a compressed RET after all
+                        bits, bi = self.bits, self.bit_index
+                        nbits = len(bits)
+                        if self.mode != mode:
+                            mode = self.mode
+                            rows = cache.rows(mode)
+                if kind == B_RET and bi < nbits:
+                    bit = bits[bi]
+                    bi += 1
+                    if not bit:
+                        save()
+                        self.error(self.last_offset, "compressed RET at 0x%x with a not-taken bit: the "
+                                   "reconstruction went wrong before it" % end, end)
+                    if not retstack:
+                        save()
+                        self.error(self.last_offset, "compressed RET at 0x%x with an empty return stack" % end, end)
+                    ip = retstack.pop()
+                    committed = len(out)
+                    bits_used_up = bi >= nbits
+                else:
+                    if kind == B_RET:
+                        ip = self.take_ip(end, "ret")
+                        if ip is None:
+                            self.finish_segment(block)
+                            return
+                        bits, bi = self.bits, self.bit_index  # a deferred TIP's TNT bits come first
+                        nbits = len(bits)
+                        committed = len(out)
+                        save()
+                    else:
+                        save()
+                        ip = self.take_ip(end, "indirect branch")
+                        if ip is None:
+                            self.finish_segment(block)
+                            return
+                        bits, bi = self.bits, self.bit_index
+                        nbits = len(bits)
                         if kind == B_INDIRECT_CALL:
                             retstack.append(fallthrough)
                             if len(retstack) > RETSTACK_DEPTH:
                                 del retstack[0]
-                        committed = len(out)
-                        bits_used_up = True
-                        continue
+                        committed = self.committed = len(out)
+                    async_ip, disable_target = pending_event(bi < nbits)
                     if self.mode != mode:
                         mode = self.mode
                         rows = cache.rows(mode)
-                # A compressed RET: a taken bit, to the most recent call's successor.
-                bit = bits[bi]
-                bi += 1
-                if not bit:
-                    save()
-                    self.error(self.last_offset, "compressed RET at 0x%x with a not-taken bit: the "
-                               "reconstruction went wrong before it" % end, end)
-                if not retstack:
-                    save()
-                    self.error(self.last_offset, "compressed RET at 0x%x with an empty return stack" % end, end)
-                ip = retstack.pop()
-                committed = len(out)
-                bits_used_up = bi >= nbits
+                idle_blocks = 0
 
     def stop_at(self, block, what):
         """The trace has no TNT bit for ``block``'s branch: the end or an OVF (walked code
