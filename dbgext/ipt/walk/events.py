@@ -57,13 +57,13 @@ class EventBinder(ItemReader):
             return NOTHING_DUE
         if self.waiting_fups:
             self.release_waiting_fup()
-        item = self.lookahead or self.peek()  # (the step has usually read it ahead)
+        item = self.lookahead or self.read(False)  # (peek(): the step has usually read it ahead)
         if item is None:
             return NOTHING_DUE
         kind = item[0]
         if kind == F_FUP:
             # A FUP right before a TIP (an interrupt) binds now; fup_waits looks further.
-            following = self.item()
+            following = self.read(True)  # (item())
             if following is not None:
                 self.pushed.append(following)
                 if following[0] == F_TIP:

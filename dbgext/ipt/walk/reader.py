@@ -14,7 +14,7 @@ from .. import packets as P
 from .kinds import F_BAD_CONTEXT, F_END, F_ERROR, F_EVENT, F_FUP, F_MODE, F_PSB, F_PSBEND
 from .state import Resync, WalkState
 
-# The items peek() does more with than hand them on (walk_item).
+# The items read() does more with than hand them on (walk_item).
 WALK_ITEMS = frozenset((F_PSB, F_ERROR, F_END, F_EVENT, F_BAD_CONTEXT))
 
 
@@ -32,36 +32,39 @@ class ItemReader(WalkState):
         self.ended = False
         self.in_status = False   # reading a PSB+ as status (skip_status_psb)
 
-    def peek(self):
-        """The next item (see _flow_items), read ahead into ``lookahead``, or None at
-        the end.  The one place the items are read: ``item()`` reads on past the
-        lookahead with it.
+    def read(self, past_lookahead):
+        """The reader: the next item (see _flow_items), read ahead into ``lookahead``
+        (``peek()``), or None at the end; with ``past_lookahead``, the item after the
+        lookahead (which stays), handed out (``item()``).  The one place the items are
+        read.  (No default argument: on 3.8 a method with one is called the slow way.)
 
         A packet that does not decode is reported and, while walking, abandons the
         walk (Resync); a PSB+ while walking is read as status (skip_status_psb)."""
         item = self.lookahead
-        if item is not None or self.ended:
+        if item is not None and not past_lookahead:
             return item
         pushed = self.pushed
         if pushed:
-            item = self.lookahead = pushed.pop()
-            return item
-        item = self.next_trace_item()
-        self.last_offset = item[1]
-        if item[0] in WALK_ITEMS:
-            item = self.walk_item(item)
-        self.lookahead = item
+            item = pushed.pop()
+        else:
+            item = self.next_trace_item()
+            self.last_offset = item[1]
+            if item[0] in WALK_ITEMS:
+                item = self.walk_item(item)
+        if not past_lookahead:
+            self.lookahead = item
         return item
+
+    def peek(self):
+        """The next item, read ahead into ``lookahead`` (None at the end)."""
+        return self.read(False)
 
     def item(self):
         """The item after the lookahead (which stays), or None at the end."""
-        ahead, self.lookahead = self.lookahead, None
-        item = self.peek()
-        self.lookahead = ahead
-        return item
+        return self.read(True)
 
     def walk_item(self, item):
-        """peek() for the items of WALK_ITEMS, and what it reads on from them."""
+        """read() for the items of WALK_ITEMS, and what it reads on from them."""
         while True:
             kind = item[0]
             if kind == F_END:

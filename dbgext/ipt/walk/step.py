@@ -142,7 +142,7 @@ class Walk(Resumer):
         retstack = self.retstack
         suspicious = self.suspicious
         extend = out.extend
-        peek, pending_event, take_async = self.peek, self.pending_event, self.take_async
+        read, pending_event, take_async = self.read, self.pending_event, self.take_async
         bits, bi = self.bits, self.bit_index
         nbits = len(bits)
         self.committed = self.resumed_at = len(out)
@@ -164,19 +164,19 @@ class Walk(Resumer):
                 # What the next item binds now.  A TIP or TNT binds nothing while no FUP
                 # is held or waiting: the branch that needs it takes it.
                 bits_used_up = False
+                self.committed = committed
                 if self.held is None and not self.waiting_fups:
-                    self.committed = committed
-                    item = peek()
-                    if item is None or item[0] in BINDS_NOTHING:
-                        async_ip, disable_target = None, -1
-                    else:
-                        async_ip, disable_target = pending_event(bi < nbits)
+                    item = read(False)  # peek() (reading changes no mode)
+                    due = item is not None and item[0] not in BINDS_NOTHING
                 else:
-                    self.committed = committed
+                    due = True
+                if due:
                     async_ip, disable_target = pending_event(bi < nbits)
-                if self.mode != mode:
-                    mode = self.mode
-                    rows = cache.rows(mode)
+                    if self.mode != mode:
+                        mode = self.mode
+                        rows = cache.rows(mode)
+                else:
+                    async_ip, disable_target = None, -1
             try:
                 row = rows[ip]
             except KeyError:
