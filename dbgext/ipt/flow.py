@@ -5,6 +5,12 @@ instructions up to and including one branch) is disassembled once with capstone 
 cached per execution mode, so the steady state is "look up block, append its
 addresses, take one TNT bit or TIP for its branch".
 
+This module holds the code image and the block cache (CodeImage, BlockCache), the
+tokenizer that reduces the packets to what control flow needs (_flow_items), and
+FlowDecoder, which runs the walk over them.  The walk itself is dbgext.ipt.walk:
+its decoder state, its one item reader, its event handling (tracing on; tracing
+off and resuming) and its per-block step, a module each (see its docstring).
+
 Conventions follow libipt's instruction decoder so the outputs compare line for
 line: tests/test_ipt_differential.py checks each class against the installed libipt
 (Debian's 2.0.5) and tests/test_ipt_intel_suite.py against Intel's upstream test
@@ -92,9 +98,10 @@ from ..errors import BadInput, UnreadableMemory
 from ..pe import PEImage
 from ..problems import ProblemLog
 from . import packets as P
-from .walk.kinds import (B_CALL, B_COND, B_FAR_CALL, B_FAR_RET, B_INDIRECT, B_INDIRECT_CALL, B_JUMP, B_RET,  # noqa: F401
-                         B_STOP, EXEC_MODES, F_AT_IP, F_BAD_CONTEXT, F_END, F_ERROR, F_EVENT, F_FUP, F_MODE, F_OVF,
-                         F_PGD, F_PGE, F_PSB, F_PSBEND, F_TIP, F_TNT, ITEM_NAMES, MODE_16, MODE_32, MODE_64,
+# The walk's vocabulary, also dbgext.ipt.flow's (libipt.py, views.py, the tests import it from here).
+from .walk.kinds import (B_CALL, B_COND, B_FAR_CALL, B_FAR_RET, B_INDIRECT, B_INDIRECT_CALL, B_JUMP,  # noqa: F401
+                         B_RET, B_STOP, EXEC_MODES, F_AT_IP, F_BAD_CONTEXT, F_END, F_ERROR, F_EVENT, F_FUP, F_MODE,
+                         F_OVF, F_PGD, F_PGE, F_PSB, F_PSBEND, F_TIP, F_TNT, ITEM_NAMES, MODE_16, MODE_32, MODE_64,
                          TNT8_TAKEN, RunBits)
 # (under the names the tokenizer below uses)
 from .walk.kinds import TSX_STATES as _TSX_STATES, taken as _taken

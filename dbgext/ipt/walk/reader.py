@@ -1,10 +1,11 @@
 """The walk's one item reader: every item the walk, its events and its errata
-workarounds see comes through ``item()``.
+workarounds see comes through ``read()`` (``peek()``, ``item()``, ``next_item()``).
 
 It owns the items (_flow_items' generator, ``next_trace_item``), the one item read
 ahead (``lookahead``: ``peek()`` fills it, ``next_item()`` takes it), the items read
 further ahead and put back (``pushed``, last first: ``items_ahead()``,
-``drop_items()``), and whether the trace has ended.  It handles on its own the items
+``drop_items()``; ``item()`` reads past the lookahead), and whether the trace has
+ended.  It handles on its own the items
 that are no step of the walk (WALK_ITEMS): it records an event without IP where it
 reads it, reports a packet that does not decode (abandoning the walk), and while
 walking reads a PSB+ as status (``skip_status_psb``).

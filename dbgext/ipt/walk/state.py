@@ -1,12 +1,13 @@
 """The walk's decoder state: where execution is and what of it is confirmed.
 
-It owns the trace position (the offset of the last item read), the execution mode, the TNT bits not yet used (``bits`` from ``bit_index``
-on), the return stack, and the instructions walked: ``out`` holds those not yet
-handed to the sink, of which ``out[:committed]`` are confirmed by trace data
-consumed (a TNT bit, a TIP, an event); the rest were walked on straight-line code
-and direct branches past the last trace data, and an end of trace, an overflow or
-an error drops them.  It records events (at the index of the next instruction) and
-reports errors, which abandon the PSB segment (Resync).
+It owns the trace position (the offset of the last item read), the execution mode,
+the TNT bits not yet used (``bits`` from ``bit_index`` on), the return stack, and
+the instructions walked: ``out`` holds those not yet handed to the sink, of which
+``out[:committed]`` are confirmed by trace data consumed (a TNT bit, a TIP, an
+event); the rest were walked on straight-line code and direct branches past the
+last trace data, and an end of trace, an overflow or an error drops them.  It
+records events (at the index of the next instruction) and reports errors, which
+abandon the PSB segment (Resync).
 
 The per-block step (step.py) keeps ``bits``, ``bit_index`` and ``committed`` in
 locals while it runs and stores them here before it calls a part that reads them.
@@ -28,7 +29,8 @@ class WalkState(object):
     # Slots: the walk reads and writes its state once per packet, and on 3.8 a slot
     # is cheaper to reach than an instance dict entry.  Each part declares its own.
     __slots__ = ("cache", "suspicious", "errata", "resync_on_error", "result", "problems", "out", "flushed",
-                 "committed", "resumed_at", "sink", "progress", "mode", "retstack", "bits", "bit_index", "last_offset", "walking")
+                 "committed", "resumed_at", "sink", "progress", "mode", "retstack", "bits", "bit_index",
+                 "last_offset", "walking")
 
     def __init__(self, decoder, result, sink, progress):
         self.cache = decoder.cache

@@ -2,11 +2,14 @@
 return address for each block's branch, and the driver around it (``run``).
 
 The hot loop (``walk``) keeps the TNT bits, their index and the committed length in
-locals and stores them (``save``) before it calls a part that reads them; it reads
-every item through the reader (reader.py) and learns what is due through
-``pending_event`` (events.py), each called once per TNT packet or TIP used up.  The
-step also owns the return stack's use (compressed RETs, calls), the TIP an indirect
-branch takes (``take_ip``), the TNT bits a conditional branch takes (``refill``),
+locals and stores them (``save``) before it calls a part that reads them.  Once its
+bits are used up (and after a TIP or an event) it peeks at the next item through the
+reader (reader.py): a TNT packet or a TIP binds nothing, and the branch that needs
+it takes it from the lookahead; any other item, or a FUP held back, goes to
+``pending_event`` (events.py), which says where an event is due.  The step also
+owns the return stack's use (compressed RETs, calls), what an indirect branch takes
+when its TIP is not simply next (``take_ip``: a deferred TIP, a TIP.PGD, errors),
+what a conditional branch takes when its TNT packet is not simply next (``refill``),
 and what happens when the trace has no TNT bit or TIP for a branch (``stop_at``,
 ``finish_segment``).
 """
@@ -55,7 +58,8 @@ class Walk(Resumer):
         self.result.instruction_count = self.flushed
 
     def refill(self):
-        """Make TNT bits available, or leave the next non-TNT item in lookahead."""
+        """Make TNT bits available, or leave the next non-TNT item in lookahead.  (The
+        step takes a TNT packet already read ahead itself.)"""
         if self.committed >= FLUSH_SIZE:
             self.flush()
         while self.bit_index >= len(self.bits):
@@ -125,15 +129,12 @@ class Walk(Resumer):
 
     def walk(self, ip, *, len=len, bisect_left=bisect_left, B_COND=B_COND, B_JUMP=B_JUMP, B_CALL=B_CALL,
              B_RET=B_RET, B_INDIRECT_CALL=B_INDIRECT_CALL, B_STOP=B_STOP, F_TIP=F_TIP, F_TNT=F_TNT,
-             BINDS_NOTHING=frozenset((F_TIP, F_TNT)), FLUSH_SIZE=FLUSH_SIZE, RETSTACK_DEPTH=RETSTACK_DEPTH, MAX_BLOCKS_WITHOUT_TRACE=MAX_BLOCKS_WITHOUT_TRACE):
+             BINDS_NOTHING=frozenset((F_TIP, F_TNT)), FLUSH_SIZE=FLUSH_SIZE, RETSTACK_DEPTH=RETSTACK_DEPTH,
+             MAX_BLOCKS_WITHOUT_TRACE=MAX_BLOCKS_WITHOUT_TRACE):
         """Follow the code from ``ip`` until the trace ends, tracing stops, or an error.
 
-        The loop keeps the TNT bits, their index and the committed length in locals;
-        ``save()`` hands them to the parts that read them (the reader needs
-        ``committed`` for a PSB+ it reads as status).  Once the bits are used up it
-        looks at the next item (``peek``): a TNT packet or a TIP binds nothing (the
-        branch that needs it takes it) unless a FUP is held back (events.py); anything
-        else goes to ``pending_event``.  The parts it calls are bound methods in
+        See the module docstring.  The reader needs ``committed`` for a PSB+ it reads
+        as status.  The parts the loop calls for every item are bound methods in
         locals, and the globals it reads are keyword-only defaults (locals): on Python
         3.8 every attribute lookup counts, and 3.8 caches global lookups only for
         functions called often, not for one frame that loops for a whole trace."""
