@@ -161,11 +161,12 @@ class EventBinder(ItemReader):
         self.lookahead = None
         pushed = self.pushed
         if pushed and pushed[-1][0] == F_TIP and pushed[-1][2] is not None:
-            item = pushed.pop()
-        else:
-            item = self.peek_past_modes()
-            if item is None:
-                return None
+            _, offset, value = pushed.pop()
+            self.event("interrupt", offset, address)
+            return value
+        item = self.peek_past_modes()
+        if item is None:
+            return None
         kind, offset, value = item
         if kind == F_TIP and value is not None:
             self.lookahead = None
