@@ -101,10 +101,9 @@ from . import packets as P
 # The walk's vocabulary, also dbgext.ipt.flow's (libipt.py, views.py, the tests import it from here).
 from .walk.kinds import (B_CALL, B_COND, B_FAR_CALL, B_FAR_RET, B_INDIRECT, B_INDIRECT_CALL, B_JUMP,  # noqa: F401
                          B_RET, B_STOP, EXEC_MODES, F_AT_IP, F_BAD_CONTEXT, F_END, F_ERROR, F_EVENT, F_FUP, F_MODE,
-                         F_OVF, F_PGD, F_PGE, F_PSB, F_PSBEND, F_TIP, F_TNT, ITEM_NAMES, MODE_16, MODE_32, MODE_64,
-                         TNT8_TAKEN, RunBits)
+                         F_OVF, F_PGD, F_PGE, F_PSB, F_PSBEND, F_TIP, F_TNT, ITEM_NAMES, MODE_16, MODE_32, MODE_64)
 # (under the names the tokenizer below uses)
-from .walk.kinds import TSX_STATES as _TSX_STATES, taken as _taken
+from .walk.kinds import TNT8_TAKEN as _TNT8_TAKEN, TSX_STATES as _TSX_STATES, RunBits as _RunBits, taken as _taken
 from .walk.state import FLUSH_SIZE  # noqa: F401 (dbgext.ipt.libipt's too)
 from .walk.step import RETSTACK_DEPTH, Walk  # noqa: F401 (the tests' tracer's too)
 
@@ -344,12 +343,12 @@ def _classify(mnemonic, operands):
 def _run_bits(run):
     """F_TNT's bits of a run of TNT-8 and timing packets."""
     if len(run) == 1:
-        return TNT8_TAKEN.get(run[0], b"")
+        return _TNT8_TAKEN.get(run[0], b"")
     packets = P.QUIET_RE.sub(b"", run)
     if len(packets) <= 1:
-        return TNT8_TAKEN[packets[0]] if packets else b""
-    bits = RunBits(b"".join([TNT8_TAKEN[byte] for byte in packets]))
-    bits.last_packet = len(TNT8_TAKEN[packets[-1]])
+        return _TNT8_TAKEN[packets[0]] if packets else b""
+    bits = _RunBits(b"".join([_TNT8_TAKEN[byte] for byte in packets]))
+    bits.last_packet = len(_TNT8_TAKEN[packets[-1]])
     return bits
 
 
