@@ -481,12 +481,22 @@ class FlowResult(object):
         self.blocks_built = 0
 
     def add_event(self, event):
-        self.event_count += 1
-        self.event_kinds[event[1]] = self.event_kinds.get(event[1], 0) + 1
-        if len(self.events) < MAX_EVENTS:
-            self.events.append(event)
+        """One event (add_events)."""
+        self.add_events((event,))
+
+    def add_events(self, events):
+        """Count ``events`` (in order), keep them while fewer than MAX_EVENTS are kept,
+        and hand each to the listeners."""
+        self.event_count += len(events)
+        kinds = self.event_kinds
+        for event in events:
+            kinds[event[1]] = kinds.get(event[1], 0) + 1
+        room = MAX_EVENTS - len(self.events)
+        if room > 0:
+            self.events.extend(events[:room])
         for listener in self.listeners:
-            listener(event)
+            for event in events:
+                listener(event)
 
 
 class FlowDecoder(object):

@@ -301,6 +301,6 @@ class EventBinder(ItemReader):
                 return
             del self.pips[0]
             self.paging_kept = flushed + index + 1
-            self.result.add_event((self.paging_kept, "paging", offset, None))
+            self.record((self.paging_kept, "paging", offset, None))
             if self.pips:
                 self.pips[0] = (self.pips[0][0], max(self.pips[0][1], self.paging_kept))

@@ -6,8 +6,9 @@ the instructions walked: ``out`` holds those not yet handed to the sink, of whic
 ``out[:committed]`` are confirmed by trace data consumed (a TNT bit, a TIP, an
 event); the rest were walked on straight-line code and direct branches past the
 last trace data, and an end of trace, an overflow or an error drops them.  It
-records events (at the index of the next instruction) and reports errors, which
-abandon the PSB segment (Resync).  It also holds the PIPs (paging events) not yet
+records events (at the index of the next instruction; handed to the result in
+batches, hand_over_events) and reports errors, which abandon the PSB segment
+(Resync).  It also holds the PIPs (paging events) not yet
 recorded: those waiting for the instruction they bind to (``pips``, bound by
 events.py's ``bind_pips`` before any other event is recorded and before a flush)
 and those that go with the transfer of the FUP before them (``async_pips``).
@@ -20,6 +21,8 @@ from .kinds import MODE_64
 
 # Committed instructions are handed on in chunks of at least this many.
 FLUSH_SIZE = 1 << 16
+# Events are handed to the result in batches of at most this many (and at each flush).
+EVENT_BATCH = 1 << 10
 
 
 class Resync(Exception):
@@ -33,7 +36,7 @@ class WalkState(object):
     # is cheaper to reach than an instance dict entry.  Each part declares its own.
     __slots__ = ("cache", "suspicious", "errata", "resync_on_error", "result", "problems", "out", "flushed",
                  "committed", "resumed_at", "sink", "progress", "mode", "retstack", "bits", "bit_index",
-                 "last_offset", "walking", "pips", "paging_kept", "async_pips")
+                 "last_offset", "walking", "pips", "paging_kept", "async_pips", "recorded", "record")
 
     def __init__(self, decoder, result, sink, progress):
         self.cache = decoder.cache
@@ -57,23 +60,36 @@ class WalkState(object):
         self.pips = []           # PIPs read while walking and not bound yet: (offset, where binding starts)
         self.paging_kept = 0     # the instructions up to the last one a PIP bound to stay (absolute count)
         self.async_pips = []     # PIPs that go with the transfer of the FUP before them (their offsets)
+        self.recorded = []       # events recorded and not yet handed to the result (hand_over_events)
+        self.record = self.recorded.append
 
     def event(self, kind, offset, ip):
         """Record an event before the next instruction: (instruction index, kind, trace offset, IP).
         The PIPs bound before it come first; those that go with a transfer follow it."""
         if self.pips:
             self.bind_pips()
-        self.result.add_event((self.flushed + len(self.out), kind, offset, ip))
+        self.record((self.flushed + len(self.out), kind, offset, ip))
         if self.async_pips and (kind == "interrupt" or kind == "disabled"):
             for pip_offset in self.async_pips:
-                self.result.add_event((self.flushed + len(self.out), "paging", pip_offset, None))
+                self.record((self.flushed + len(self.out), "paging", pip_offset, None))
             self.async_pips = []
+        if len(self.recorded) >= EVENT_BATCH:
+            self.hand_over_events()
+
+    def hand_over_events(self):
+        """Hand the events recorded to the result, in order: in batches (a list append
+        costs less than the result's counting, one call per event), at the latest
+        before the instructions they come before go to the sink (flush)."""
+        self.result.add_events(self.recorded)
+        del self.recorded[:]
 
     def flush(self):
         """Hand the committed instructions to the sink (in chunks of FLUSH_SIZE or more,
         and at the end), so a decode of any size holds one chunk at a time."""
         if self.pips:
             self.bind_pips()
+        if self.recorded:
+            self.hand_over_events()
         count = self.committed
         if count == 0:
             return
