@@ -116,8 +116,8 @@ from .walk.kinds import (B_CALL, B_COND, B_FAR_CALL, B_FAR_RET, B_INDIRECT, B_IN
                          MODE_64)
 # (under the names the tokenizer below uses)
 from .walk.kinds import TNT8_TAKEN as _TNT8_TAKEN, TSX_STATES as _TSX_STATES, RunBits as _RunBits, taken as _taken
-from .walk.state import FLUSH_SIZE  # noqa: F401 (dbgext.ipt.libipt's too)
-from .walk.step import RETSTACK_DEPTH, Walk  # noqa: F401 (the tests' tracer's too)
+from .walk.state import FLUSH_SIZE, RETSTACK_DEPTH  # noqa: F401 (dbgext.ipt.libipt's, the tests' tracer's)
+from .walk.step import Walk
 
 _FAR_CALLS = {"syscall", "sysenter", "int", "int1", "int3", "into", "lcall", "vmcall", "vmmcall"}
 _FAR_RETURNS = {"iret", "iretd", "iretq", "retf", "retfq", "sysret", "sysretq", "sysexit", "sysexitq",

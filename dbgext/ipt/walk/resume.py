@@ -336,8 +336,9 @@ class Resumer(EventBinder):
             return None
         if kind != F_PGE:  # a TIP.PGE's "enabled" says where
             self.event("resync", self.last_offset, resume)
-        if resume in self.retstack:
-            del self.retstack[len(self.retstack) - 1 - self.retstack[::-1].index(resume):]
+        if resume in self.retstack:  # down to the frame it returns to, that one too
+            while self.retstack.pop() != resume:
+                pass
         self.committed = self.resumed_at = len(self.out)
         return resume
 

@@ -17,8 +17,12 @@ The per-block step (step.py) keeps ``bits``, ``bit_index`` and ``committed`` in
 locals while it runs and stores them here before it calls a part that reads them.
 """
 
+from collections import deque
+
 from .kinds import MODE_64
 
+# The return stack's depth, as the hardware's: a call beyond it drops the oldest entry.
+RETSTACK_DEPTH = 64
 # Committed instructions are handed on in chunks of at least this many.
 FLUSH_SIZE = 1 << 16
 # Events are handed to the result in batches of at most this many (and at each flush).
@@ -52,7 +56,7 @@ class WalkState(object):
         self.sink = sink
         self.progress = progress
         self.mode = MODE_64
-        self.retstack = []
+        self.retstack = deque(maxlen=RETSTACK_DEPTH)
         self.bits = b""
         self.bit_index = 0
         self.last_offset = 0     # the trace offset of the last item read: where decoding is
@@ -108,7 +112,7 @@ class WalkState(object):
         at a gap)."""
         self.bits = b""
         self.bit_index = 0
-        self.retstack = []
+        self.retstack = deque(maxlen=RETSTACK_DEPTH)
         self.pips, self.async_pips = [], []
 
     def error(self, offset, message, failed_at=None, decoded=True):

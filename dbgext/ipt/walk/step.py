@@ -20,8 +20,6 @@ from .kinds import B_CALL, B_COND, B_FAR_CALL, B_INDIRECT_CALL, B_JUMP, B_RET, B
     F_PGD, F_TIP, F_TNT, ITEM_NAMES, TNT8_TAKEN
 from .resume import Resumer
 from .state import FLUSH_SIZE, Resync
-
-RETSTACK_DEPTH = 64
 # Blocks walked without consuming any trace before we call it a runaway path.
 MAX_BLOCKS_WITHOUT_TRACE = 100000
 
@@ -129,7 +127,7 @@ class Walk(Resumer):
 
     def walk(self, ip, *, len=len, bisect_left=bisect_left, B_COND=B_COND, B_JUMP=B_JUMP, B_CALL=B_CALL,
              B_RET=B_RET, B_INDIRECT_CALL=B_INDIRECT_CALL, B_STOP=B_STOP, F_TIP=F_TIP, F_TNT=F_TNT,
-             BINDS_NOTHING=frozenset((F_TIP, F_TNT)), FLUSH_SIZE=FLUSH_SIZE, RETSTACK_DEPTH=RETSTACK_DEPTH,
+             BINDS_NOTHING=frozenset((F_TIP, F_TNT)), FLUSH_SIZE=FLUSH_SIZE,
              MAX_BLOCKS_WITHOUT_TRACE=MAX_BLOCKS_WITHOUT_TRACE):
         """Follow the code from ``ip`` until the trace ends, tracing stops, or an error.
 
@@ -238,8 +236,6 @@ class Walk(Resumer):
                 ip = target
                 if kind == B_CALL:
                     retstack.append(fallthrough)
-                    if len(retstack) > RETSTACK_DEPTH:
-                        del retstack[0]
                 idle_blocks += 1
                 if idle_blocks > MAX_BLOCKS_WITHOUT_TRACE:
                     save()
@@ -267,8 +263,6 @@ class Walk(Resumer):
                     ip = item[2]
                     if kind == B_INDIRECT_CALL:
                         retstack.append(fallthrough)
-                        if len(retstack) > RETSTACK_DEPTH:
-                            del retstack[0]
                     committed = len(out)
                     idle_blocks = 0
                     self.lookahead = None
@@ -318,8 +312,6 @@ class Walk(Resumer):
                         nbits = len(bits)
                         if kind == B_INDIRECT_CALL:
                             retstack.append(fallthrough)
-                            if len(retstack) > RETSTACK_DEPTH:
-                                del retstack[0]
                         committed = self.committed = len(out)
                     async_ip, disable_target = pending_event(bi < nbits)
                     if self.mode != mode:
