@@ -408,12 +408,14 @@ def decode_ipt_flow(path, directory):
 
 def parse_pe(path, directory):
     from dbgext.pe import PEImage
+    from dbgext.stacks.images import runtime_functions
     image = PEImage.from_file(path)
-    for part in ("exports", "imports", "runtime_functions", "coff_functions", "relocations", "codeview",
-                 "load_config", "seh_handlers", "guard_functions"):
+    for part in ("exports", "imports", "coff_functions", "relocations", "codeview", "load_config", "seh_handlers",
+                 "guard_functions"):
         value = getattr(image, part)
         if callable(value):
             value()
+    runtime_functions(image)
 
 
 def stackuse_listing_is_depths_listing(path, directory):
