@@ -8,11 +8,14 @@ further ahead and put back (``pushed``, last first: ``items_ahead()``,
 ended.  It handles on its own the items that are no step of the walk (WALK_ITEMS):
 it records an event without IP where it reads it, hands a PIP to the events
 (events.py's ``read_pip``), reports a packet that does not decode (abandoning the
-walk), and while walking reads a PSB+ as status (``skip_status_psb``).
+walk), and while walking reads a PSB+ as status (``skip_status_psb``).  An interrupt
+item (F_ASYNC: FUP + TIP) is handed out whole only by ``read()``, to the event
+binding (events.py); ``peek()`` and ``item()`` hand it out as its FUP and put its
+TIP back (``split``), so that everything else sees the two packets' items.
 """
 
 from .. import packets as P
-from .kinds import F_BAD_CONTEXT, F_END, F_ERROR, F_EVENT, F_FUP, F_MODE, F_PIP, F_PSB, F_PSBEND
+from .kinds import F_ASYNC, F_BAD_CONTEXT, F_END, F_ERROR, F_EVENT, F_FUP, F_MODE, F_PIP, F_PSB, F_PSBEND
 from .state import Resync, WalkState
 
 # The items read() does more with than hand them on (walk_item).
@@ -47,6 +50,8 @@ class ItemReader(WalkState):
         pushed = self.pushed
         if pushed:
             item = pushed.pop()
+            if item[1] > self.last_offset:  # an interrupt's TIP (split): read as it is handed out
+                self.last_offset = item[1]
         else:
             item = self.next_trace_item()
             self.last_offset = item[1]
@@ -58,11 +63,25 @@ class ItemReader(WalkState):
 
     def peek(self):
         """The next item, read ahead into ``lookahead`` (None at the end)."""
-        return self.read(False)
+        item = self.read(False)
+        if item is not None and item[0] == F_ASYNC:
+            item = self.lookahead = self.split(item)
+        return item
 
     def item(self):
         """The item after the lookahead (which stays), or None at the end."""
-        return self.read(True)
+        item = self.read(True)
+        if item is not None and item[0] == F_ASYNC:
+            item = self.split(item)
+        return item
+
+    def split(self, interrupt):
+        """An interrupt item (F_ASYNC) as its FUP item, its TIP item put back to be read
+        next.  (The TIP's offset becomes ``last_offset`` when it is handed out, as if
+        read then, unless it was read past already: pending_event.)"""
+        fup, tip = interrupt[2]
+        self.pushed.append(tip)
+        return fup
 
     def walk_item(self, item):
         """read() for the items of WALK_ITEMS, and what it reads on from them."""
