@@ -3,8 +3,9 @@ step walks, and taking it when the step reaches it.
 
 As libipt's query decoder, an event is due only once the TNT bits are used up
 (``pending_event``): a FUP (an asynchronous transfer, with the TIP or TIP.PGD after
-it), an event a FUP binds to an IP (F_AT_IP: MODE.TSX, MODE.Exec's interrupt flag,
-EXSTOP, PTW), or a TIP.PGD that binds to a direct branch.  The step walks up to the
+it; a FUP right before its TIP comes as one F_ASYNC item, an interrupt), an event a
+FUP binds to an IP (F_AT_IP: MODE.TSX, MODE.Exec's interrupt flag, EXSTOP, PTW), or a
+TIP.PGD that binds to a direct branch.  The step walks up to the
 event's IP and calls ``take_async``.  It owns the FUPs libipt lets wait behind TNT
 (``waiting_fups``), the FUP + TIP it holds until decoding reaches the FUP's IP
 (``held``), where tracing stopped (``off_ip``), and the errata workarounds that act
