@@ -1,6 +1,7 @@
 """Layer 3: instruction flow, against the tracer's own path and libipt's decoder."""
 
 import os
+import random
 
 import pytest
 
@@ -8,6 +9,7 @@ import ipt_support as libipt
 import ipt_tracer as T
 from dbgext.ipt import fixtures as F
 from dbgext.ipt import flow
+from dbgext.ipt import packets as P
 from dbgext.ipt.flow import CodeImage, FlowDecoder, decode_flow
 from dbgext.ipt.packets import PSB
 from dbgext.sample.scenario import Scenario
@@ -443,3 +445,42 @@ def test_fuzzed_traces_decode_to_problems_not_exceptions(name, problem, errata):
         trace = handle.read()
     result = FlowDecoder(CodeImage(images=[(base, program.code)]), errata=errata).decode(trace, max_insns=None)
     assert any(problem in entry.message for entry in result.problems)
+
+
+def pad_after_each_fup(trace):
+    """``trace`` with a PAD after every FUP packet: no FUP is then right before its TIP."""
+    tokens = list(P.tokens(trace))
+    out, last = bytearray(), 0
+    for (kind, _, _), (_, following, _) in zip(tokens, tokens[1:]):
+        if kind == P.K_FUP:
+            out += trace[last:following] + b"\x00"
+            last = following
+    return bytes(out + trace[last:])
+
+
+@pytest.mark.parametrize("damage", [False, True])
+@pytest.mark.parametrize("errata", [frozenset(), ALL_ERRATA], ids=["no errata", "every erratum"])
+@pytest.mark.parametrize("shape", [
+    {"interrupt_every": 5},
+    {"interrupt_every": 7, "psb_every": 40, "deferred_tip_every": 9},
+    {"interrupt_every": 9, "overflow_every": 50, "disable_every": 40, "tsx_every": 30},
+    {"interrupt_every": 6, "extras": ("power", "exstop", "ptw_ip", "psb"), "extras_where": ("branch",)},
+])
+def test_an_interrupt_read_as_one_item_decodes_as_its_fup_and_tip_apart(shape, errata, damage):
+    """A FUP right before its TIP is one item to the walk (an interrupt); in every
+    state it decodes as the two packets apart (a PAD between them) do, also where
+    random bytes (fixed seed) make the decoder misread the trace."""
+    trace, _ = T.trace_program(RANDOM, 3000, seed=5, **shape)
+    if damage:
+        generator = random.Random(3)
+        trace = bytearray(trace)
+        for offset in range(150, len(trace), 211):
+            trace[offset] = generator.randrange(256)
+        trace = bytes(trace)
+    padded = pad_after_each_fup(trace)
+    assert len(padded) > len(trace)
+    together, apart = ours(trace, RANDOM, errata=errata), ours(padded, RANDOM, errata=errata)
+    assert together.instructions == apart.instructions
+    assert [event[:2] + event[3:] for event in together.events] == [event[:2] + event[3:] for event in apart.events]
+    assert [(problem.kind, problem.address) for problem in together.problems] == \
+        [(problem.kind, problem.address) for problem in apart.problems]

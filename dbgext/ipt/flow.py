@@ -111,9 +111,9 @@ from ..problems import ProblemLog
 from . import packets as P
 # The walk's vocabulary, also dbgext.ipt.flow's (libipt.py, views.py, the tests import it from here).
 from .walk.kinds import (B_CALL, B_COND, B_FAR_CALL, B_FAR_RET, B_INDIRECT, B_INDIRECT_CALL, B_JUMP,  # noqa: F401
-                         B_RET, B_STOP, EXEC_MODES, F_AT_IP, F_BAD_CONTEXT, F_END, F_ERROR, F_EVENT, F_FUP, F_MODE,
-                         F_OVF, F_PGD, F_PGE, F_PIP, F_PSB, F_PSBEND, F_TIP, F_TNT, ITEM_NAMES, MODE_16, MODE_32,
-                         MODE_64)
+                         B_RET, B_STOP, EXEC_MODES, F_ASYNC, F_AT_IP, F_BAD_CONTEXT, F_END, F_ERROR, F_EVENT, F_FUP,
+                         F_MODE, F_OVF, F_PGD, F_PGE, F_PIP, F_PSB, F_PSBEND, F_TIP, F_TNT, ITEM_NAMES, MODE_16,
+                         MODE_32, MODE_64)
 # (under the names the tokenizer below uses)
 from .walk.kinds import TNT8_TAKEN as _TNT8_TAKEN, TSX_STATES as _TSX_STATES, RunBits as _RunBits, taken as _taken
 from .walk.state import FLUSH_SIZE, RETSTACK_DEPTH  # noqa: F401 (dbgext.ipt.libipt's, the tests' tracer's)
@@ -579,8 +579,9 @@ def _flow_items(data, start, end, report_iflags=False):
     left out; MODE.TSX, MODE.Exec outside PSB+, EXSTOP or PTW with its IP bit and the
     FUP that binds it become one F_AT_IP item (value: the IP and the event) and, as in
     libipt, the FUP of an abort also stays, as an asynchronous transfer to the TIP that
-    follows; in PSB+ MODE.TSX is status, and the FUP is PSB+'s.  A packet that does
-    not decode is an F_ERROR item, and the items go on from the next PSB.
+    follows; in PSB+ MODE.TSX is status, and the FUP is PSB+'s.  A FUP with its IP
+    right before a TIP with its IP (an interrupt) is one F_ASYNC item.  A packet that
+    does not decode is an F_ERROR item, and the items go on from the next PSB.
     ``report_iflags``: a MODE.Exec before a TIP.PGE whose IF bit differs from the last
     MODE.Exec's (or no MODE.Exec came before) is an F_EVENT after the TIP.PGE."""
     end = len(data) if end is None else min(end, len(data))
@@ -593,6 +594,7 @@ def _flow_items(data, start, end, report_iflags=False):
     bound = None         # the event the next FUP binds (MODE.TSX or MODE.Exec outside PSB+, EXSTOP, PTW)
     fup_bound = False    # skip_fup or bound: the next FUP is not a plain one
     in_psb = False
+    interrupted = None   # a FUP item whose packet a TIP with its IP follows (one F_ASYNC item with it)
     evd_types = frozenset()  # the types of the EVDs since the last CFE (that it must take)
     exec_mode = None     # the last MODE.Exec's
     interrupt_flag = None  # the last MODE.Exec's IF bit (4 or 0)
@@ -720,7 +722,14 @@ def _flow_items(data, start, end, report_iflags=False):
                     skip_fup = fup_bound = True
                 continue
             if not fup_bound:
-                yield kind, offset, ip
+                if interrupted is not None:  # the TIP after it
+                    yield F_ASYNC, interrupted[1], (interrupted, (kind, offset, ip))
+                    interrupted = None
+                elif kind == f_fup and ip is not None and next_offset < stop \
+                        and ip_kind_of_opcode.get(data[next_offset]) == F_TIP and data[next_offset] >> 5:
+                    interrupted = kind, offset, ip  # a TIP next, its IP bits not 0: its IP is not suppressed
+                else:
+                    yield kind, offset, ip
             elif kind != f_fup:
                 # Another IP packet first: the MODE.Exec or MODE.TSX went with it (a far
                 # transfer, tracing enabled in a transaction), and no FUP is theirs.  The
@@ -748,6 +757,9 @@ def _flow_items(data, start, end, report_iflags=False):
             position = next_offset  # a packet cut by the window: read it in the next one
         else:
             offset = next_offset
+            if interrupted is not None:  # the TIP after it does not decode
+                yield interrupted
+                interrupted = None
             yield F_ERROR, offset, P._error_message(data, offset, end)
             # As the packet decoder (packets.tokens): at the PSB that holds the bad byte, or the next.
             position = data.find(P.PSB, max(last_psb + 1, offset - len(P.PSB) + 1), end)

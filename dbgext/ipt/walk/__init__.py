@@ -9,7 +9,7 @@ module and a class that builds on the one before, each owning its own state:
   stack, the instructions walked and how many of them are committed), events and
   errors;
 * reader.py, ItemReader: the one item reader (read: peek, item, next_item;
-  items_ahead, pushed, lookahead), which also handles the items that are no step
+  items_ahead, pushed, lookahead; split, an interrupt item as its FUP and TIP), which also handles the items that are no step
   (errors, events without IP, PSB+ while walking);
 * events.py, EventBinder: events while tracing is on (FUP binding, TSX, interrupt
   flag, EXSTOP, PTW, TIP.PGD binding; BDM64, SKD022);

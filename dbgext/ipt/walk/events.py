@@ -3,8 +3,9 @@ step walks, and taking it when the step reaches it.
 
 As libipt's query decoder, an event is due only once the TNT bits are used up
 (``pending_event``): a FUP (an asynchronous transfer, with the TIP or TIP.PGD after
-it), an event a FUP binds to an IP (F_AT_IP: MODE.TSX, MODE.Exec's interrupt flag,
-EXSTOP, PTW), or a TIP.PGD that binds to a direct branch.  The step walks up to the
+it; a FUP right before its TIP comes as one F_ASYNC item, an interrupt), an event a
+FUP binds to an IP (F_AT_IP: MODE.TSX, MODE.Exec's interrupt flag, EXSTOP, PTW), or a
+TIP.PGD that binds to a direct branch.  The step walks up to the
 event's IP and calls ``take_async``.  It owns the FUPs libipt lets wait behind TNT
 (``waiting_fups``), the FUP + TIP it holds until decoding reaches the FUP's IP
 (``held``), where tracing stopped (``off_ip``), and the errata workarounds that act
@@ -14,7 +15,7 @@ while tracing is on (BDM64, SKD022).  Tracing disabled without an IP binds here 
 """
 
 from .. import packets as P
-from .kinds import B_FAR_CALL, B_FAR_RET, B_INDIRECT, B_INDIRECT_CALL, B_JUMP, B_CALL, F_AT_IP, F_FUP, F_MODE, \
+from .kinds import B_FAR_CALL, B_FAR_RET, B_INDIRECT, B_INDIRECT_CALL, B_JUMP, B_CALL, F_ASYNC, F_AT_IP, F_FUP, F_MODE, \
     F_OVF, F_PGD, F_PGE, F_TIP, F_TNT, ITEM_NAMES
 from .reader import ItemReader
 
@@ -64,9 +65,14 @@ class EventBinder(ItemReader):
         if item is None:
             return NOTHING_DUE
         kind = item[0]
+        if kind == F_ASYNC:
+            # An interrupt (FUP + TIP) binds now.  Its TIP counts as read (as below).
+            fup, tip = item[2]
+            self.last_offset = tip[1]
+            return fup[2], -1
         if kind == F_FUP:
-            # A FUP right before a TIP (an interrupt) binds now; fup_waits looks further.
-            following = self.read(True)  # (item())
+            # A FUP right before a TIP binds now; fup_waits looks further.
+            following = self.item()
             if following is not None:
                 self.pushed.append(following)
                 if following[0] == F_TIP:
@@ -145,7 +151,13 @@ class EventBinder(ItemReader):
                     self.mode = mode
             self.event("interrupt", fup_offset, address)
             return ahead[-1][2]
-        if self.lookahead[0] == F_AT_IP:
+        kind = self.lookahead[0]
+        if kind == F_ASYNC:  # an interrupt: the TIP after the FUP
+            _, (_, offset, value) = self.lookahead[2]
+            self.lookahead = None
+            self.event("interrupt", offset, address)
+            return value
+        if kind == F_AT_IP:
             item, self.lookahead = self.lookahead, None
             if item[2][1] == "ptwrite":
                 # The PTWRITE at the FUP's IP ran (it is no branch): it is traced, the
@@ -278,7 +290,7 @@ class EventBinder(ItemReader):
         if not self.walking:
             self.event("paging", offset, None)
         elif self.fup_in_flight or self.held is not None or (self.lookahead is not None
-                                                             and self.lookahead[0] == F_FUP):
+                                                             and self.lookahead[0] in (F_FUP, F_ASYNC)):
             self.async_pips.append(offset)
         else:
             self.pips.append((offset, self.flushed + self.committed))

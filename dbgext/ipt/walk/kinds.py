@@ -36,6 +36,11 @@ F_END = 23  # no more packets (offset: the last packet's); the reader's item() h
 F_EVENT = 24
 F_BAD_CONTEXT = 25  # a packet where it cannot be (an EVD before a CFE that does not take it); value: why
 F_PIP = 26  # a PIP outside PSB+ (CR3 changed: libipt's paging event; events.py's read_pip); value: None
+# F_ASYNC: an interrupt, a FUP with its IP right before a TIP with its IP, as one item (one
+# read and one event binding where the interrupt path would take two items); offset: the
+# FUP's; value: (the FUP item, the TIP item).  Only the walk's event binding takes it whole
+# (pending_event, take_async); the reader's peek() and item() hand it out as its two items.
+F_ASYNC = 27
 ITEM_NAMES = {F_TNT: "tnt", F_TIP: "tip", F_PGE: "tip.pge", F_PGD: "tip.pgd", F_FUP: "fup", F_MODE: "mode.exec",
               F_PSB: "psb", F_PSBEND: "psbend", F_OVF: "ovf", F_ERROR: "error", F_AT_IP: "event",
               F_EVENT: "event", F_BAD_CONTEXT: "error", F_PIP: "pip"}

@@ -1,18 +1,21 @@
 """The walk's one item reader: every item the walk, its events and its errata
 workarounds see comes through ``read()`` (``peek()``, ``item()``, ``next_item()``).
 
-It owns the items (_flow_items' generator, ``next_trace_item``), the one item read
+It owns the items (_flow_items' generator, ``trace_items``), the one item read
 ahead (``lookahead``: ``peek()`` fills it, ``next_item()`` takes it), the items read
 further ahead and put back (``pushed``, last first: ``items_ahead()``,
 ``drop_items()``; ``item()`` reads past the lookahead), and whether the trace has
 ended.  It handles on its own the items that are no step of the walk (WALK_ITEMS):
 it records an event without IP where it reads it, hands a PIP to the events
 (events.py's ``read_pip``), reports a packet that does not decode (abandoning the
-walk), and while walking reads a PSB+ as status (``skip_status_psb``).
+walk), and while walking reads a PSB+ as status (``skip_status_psb``).  An interrupt
+item (F_ASYNC: FUP + TIP) is handed out whole only by ``read()``, to the event
+binding (events.py); ``peek()`` and ``item()`` hand it out as its FUP and put its
+TIP back (``split``), so that everything else sees the two packets' items.
 """
 
 from .. import packets as P
-from .kinds import F_BAD_CONTEXT, F_END, F_ERROR, F_EVENT, F_FUP, F_MODE, F_PIP, F_PSB, F_PSBEND
+from .kinds import F_ASYNC, F_BAD_CONTEXT, F_END, F_ERROR, F_EVENT, F_FUP, F_MODE, F_PIP, F_PSB, F_PSBEND
 from .state import Resync, WalkState
 
 # The items read() does more with than hand them on (walk_item).
@@ -22,11 +25,13 @@ WALK_ITEMS = frozenset((F_PSB, F_ERROR, F_END, F_EVENT, F_BAD_CONTEXT, F_PIP))
 class ItemReader(WalkState):
     """The item reader (see the module docstring)."""
 
-    __slots__ = ("next_trace_item", "data", "pushed", "lookahead", "ended", "in_status")
+    __slots__ = ("trace_items", "data", "pushed", "lookahead", "ended", "in_status")
 
     def __init__(self, decoder, result, items, sink, progress, data):
         WalkState.__init__(self, decoder, result, sink, progress)
-        self.next_trace_item = items.__next__  # _flow_items: the items read on (F_END at the end)
+        # _flow_items: the items read on (F_END at the end).  Read with next(): on 3.11 a
+        # generator's bound __next__ costs a third more per call.
+        self.trace_items = items
         self.data = data         # the trace the items come from (for errata that re-read a packet)
         self.pushed = []         # items to hand out again before reading on (last first): item(), items_ahead()
         self.lookahead = None    # one item read ahead (kind, offset, value) or None at the end
@@ -47,8 +52,10 @@ class ItemReader(WalkState):
         pushed = self.pushed
         if pushed:
             item = pushed.pop()
+            if item[1] > self.last_offset:  # an interrupt's TIP (split): read as it is handed out
+                self.last_offset = item[1]
         else:
-            item = self.next_trace_item()
+            item = next(self.trace_items)
             self.last_offset = item[1]
             if item[0] in WALK_ITEMS:
                 item = self.walk_item(item)
@@ -58,11 +65,25 @@ class ItemReader(WalkState):
 
     def peek(self):
         """The next item, read ahead into ``lookahead`` (None at the end)."""
-        return self.read(False)
+        item = self.read(False)
+        if item is not None and item[0] == F_ASYNC:
+            item = self.lookahead = self.split(item)
+        return item
 
     def item(self):
         """The item after the lookahead (which stays), or None at the end."""
-        return self.read(True)
+        item = self.read(True)
+        if item is not None and item[0] == F_ASYNC:
+            item = self.split(item)
+        return item
+
+    def split(self, interrupt):
+        """An interrupt item (F_ASYNC) as its FUP item, its TIP item put back to be read
+        next.  (The TIP's offset becomes ``last_offset`` when it is handed out, as if
+        read then, unless it was read past already: pending_event.)"""
+        fup, tip = interrupt[2]
+        self.pushed.append(tip)
+        return fup
 
     def walk_item(self, item):
         """read() for the items of WALK_ITEMS, and what it reads on from them."""
@@ -93,7 +114,7 @@ class ItemReader(WalkState):
                     raise Resync()
             else:
                 return item
-            item = self.next_trace_item()
+            item = next(self.trace_items)
             self.last_offset = item[1]
 
     def next_item(self):
