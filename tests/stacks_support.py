@@ -193,16 +193,23 @@ def run(config, function, argument, stop_at, hit=1, interrupt_at=None):
     return Stopped(image, data, state, bytes(machine.mem_read(STACK_LIMIT, STACK_SIZE)), calls)
 
 
-def epilogue_offset(path, function):
-    """Offset in ``function`` of the first instruction after its last ``add rsp``
-    (inside the epilogue: the frame is gone, the pops and ret remain)."""
+def _exported_function(path, function):
+    """(start RVA, its instructions) of the exported x64 ``function``, to the end
+    its ``.pdata`` entry gives."""
     from dbgext.disasm import Disassembler
 
     image, data = _load(path)
     start = image.exports_by_name[function]
     end = next(e for b, e, _ in runtime_functions(image) if b == start)
+    return start, Disassembler(64).decode(data[start:end], start)
+
+
+def epilogue_offset(path, function):
+    """Offset in ``function`` of the first instruction after its last ``add rsp``
+    (inside the epilogue: the frame is gone, the pops and ret remain)."""
+    start, instructions = _exported_function(path, function)
     after = None
-    for address, size, mnemonic, operands in Disassembler(64).decode(data[start:end], start):
+    for address, size, mnemonic, operands in instructions:
         if mnemonic == "add" and operands.startswith("rsp,"):
             after = address + size - start
     if after is None:
@@ -213,13 +220,9 @@ def epilogue_offset(path, function):
 def tail_call_epilogue_offsets(path, function):
     """Offsets in ``function`` of each instruction after its last ``add rsp`` up
     to and including the indirect ``jmp`` that ends it (a tail call)."""
-    from dbgext.disasm import Disassembler
-
-    image, data = _load(path)
-    start = image.exports_by_name[function]
-    end = next(e for b, e, _ in runtime_functions(image) if b == start)
+    start, instructions = _exported_function(path, function)
     offsets = None
-    for address, size, mnemonic, operands in Disassembler(64).decode(data[start:end], start):
+    for address, size, mnemonic, operands in instructions:
         if mnemonic == "add" and operands.startswith("rsp,"):
             offsets = []
         elif offsets is not None:
