@@ -101,7 +101,7 @@ def decode_packets(data):
     """libipt's packet decoder from the first PSB: [(offset, type, fields)], [(offset, status)].
 
     IP packets come with libipt's raw payload (``ipc``, ``payload``); TNT with ``bits``."""
-    buffer = (ctypes.c_uint8 * max(len(data), 1)).from_buffer_copy(data or b"\0")
+    buffer = libipt_api.trace_buffer(data)
     config = _config(buffer)
     config.end = config.begin + len(data)
     decoder = LIB.pt_pkt_alloc_decoder(ctypes.byref(config))
@@ -197,7 +197,7 @@ def instruction_segments(trace, regions, cpu=None, max_insns=10 ** 7, events=Non
     Errors (of an instruction or of an event) resync at the next PSB, as ptxed does.  ``cpu``: (family, model,
     stepping) whose errata workarounds libipt applies (pt_cpu_errata).  ``events``:
     a list to append (instructions before it, type name, IP) of each event to."""
-    buffer = (ctypes.c_uint8 * max(len(trace), 1)).from_buffer_copy(trace or b"\0")
+    buffer = libipt_api.trace_buffer(trace)
     config = _config(buffer)
     config.end = config.begin + len(trace)
     if cpu is not None:
@@ -264,7 +264,7 @@ def instruction_flow(trace, regions, cpu=None, max_insns=10 ** 7):
 
 def block_flow_count(trace, regions):
     """libipt's block decoder: total instructions (for the benchmark)."""
-    buffer = (ctypes.c_uint8 * max(len(trace), 1)).from_buffer_copy(trace or b"\0")
+    buffer = libipt_api.trace_buffer(trace)
     config = _config(buffer)
     config.end = config.begin + len(trace)
     decoder = LIB.pt_blk_alloc_decoder(ctypes.byref(config))
@@ -295,7 +295,7 @@ def block_flow_count(trace, regions):
 
 def packet_decode_count(data):
     """libipt packet decoding of the whole buffer, counting packets (for the benchmark)."""
-    buffer = (ctypes.c_uint8 * max(len(data), 1)).from_buffer_copy(data or b"\0")
+    buffer = libipt_api.trace_buffer(data)
     config = _config(buffer)
     config.end = config.begin + len(data)
     decoder = LIB.pt_pkt_alloc_decoder(ctypes.byref(config))

@@ -109,11 +109,11 @@ from ..errors import BadInput, UnreadableMemory
 from ..pe import PEImage
 from ..problems import ProblemLog
 from . import packets as P
-# The walk's vocabulary, also dbgext.ipt.flow's (libipt.py, views.py, the tests import it from here).
+# The walk's vocabulary, also dbgext.ipt.flow's (libipt.py and views.py import it from here).
 from .walk.kinds import (B_CALL, B_COND, B_FAR_CALL, B_FAR_RET, B_INDIRECT, B_INDIRECT_CALL, B_JUMP,  # noqa: F401
                          B_RET, B_STOP, EXEC_MODES, F_ASYNC, F_AT_IP, F_BAD_CONTEXT, F_END, F_ERROR, F_EVENT, F_FUP,
-                         F_MODE, F_OVF, F_PGD, F_PGE, F_PIP, F_PSB, F_PSBEND, F_TIP, F_TNT, ITEM_NAMES, MODE_16,
-                         MODE_32, MODE_64)
+                         F_MODE, F_OVF, F_PGE, F_PIP, F_PSB, F_PSBEND, F_TIP, F_TNT, MODE_16, MODE_32,
+                         MODE_64)
 # (under the names the tokenizer below uses)
 from .walk.kinds import TNT8_TAKEN as _TNT8_TAKEN, TSX_STATES as _TSX_STATES, RunBits as _RunBits, taken as _taken
 from .walk.state import FLUSH_SIZE, RETSTACK_DEPTH  # noqa: F401 (dbgext.ipt.libipt's, the tests' tracer's)
@@ -409,12 +409,10 @@ def _token_regex():
 
 def token_regex(one_byte_packets, extended_packets):
     """_flow_items' regex, from the packet tables."""
-    quiet = b"|".join(P.one_byte_key(row) + row.rest for row in one_byte_packets if row.flow == P.FLOW_TIMING)
-    element = b"(?:" + P._byte_class(P._TNT8) + b"|" + quiet + b")"
+    element = b"(?:" + P._byte_class(P._TNT8) + b"|" + P.timing_pattern(one_byte_packets) + b")"
     packet = b"|".join([element + b"{1,%d}" % _RUN_PACKETS]
                        + [P.one_byte_key(row) + row.rest for row in one_byte_packets if row.flow != P.FLOW_TIMING]
-                       + [P._class_of([P.EXTENDED_OPCODE]) + b"(?:"
-                          + b"|".join(P._class_of(row.seconds) + row.rest for row in extended_packets) + b")"])
+                       + [P.extended_pattern(extended_packets)])
     token = b"(" + packet + b")"
     # "(?:token|)", not "token?": the same match, and sre runs it as a plain branch (20% faster).
     return re.compile(token + (b"(?:" + token + b"|)") * (_SLOTS - 1) + b"|(.).*", re.DOTALL)

@@ -42,12 +42,12 @@ from bisect import bisect_left
 
 from ..errors import BadInput
 from ..target.base import PAGE_SIZE
-from .libipt_api import (EVENT_IP_SUPPRESSED, EVENT_STATUS_UPDATE, EXEC_MODE_16, EXEC_MODE_32, EXEC_MODE_64,
+from .libipt_api import (EVENT_IP_SUPPRESSED, EVENT_STATUS_UPDATE, EVENT_TYPES, EXEC_MODE_16, EXEC_MODE_32, EXEC_MODE_64,
                          INSN_CLASS_ERROR, MODE_LEAF_TSX, PACKET_ERRATA, PACKET_IP_BITS, PACKET_TYPES, PTE_BAD_OPC,
                          PTE_BAD_PACKET, PTE_EOS, PTE_NOMAP, PTS_EOS, PTS_EVENT_PENDING, READ_MEMORY, Event, Insn,
-                         Packet, config_for, library_version, load)
+                         Packet, config_for, library_version, load, trace_buffer)
 from .flow import FLUSH_SIZE, MODE_16, MODE_32, MODE_64, BlockCache, FlowResult
-from .packets import packet_errata
+from .packets import IP_KEPT_BITS, QUIET_PACKETS, decompress_ip, packet_errata
 
 # enum pt_event_type -> (the flow's event kind, its IP: IP_FIRST (the first variant
 # word, unless pt_event's ip_suppressed flag is set), IP_AT (the first word, always
@@ -69,7 +69,7 @@ EVENTS = {
     12: ("exstop", IP_FIRST, 0),        # ptev_exstop {ip}
     16: ("ptwrite", IP_FIRST, 0),       # ptev_ptwrite {ip, size, payload}
 }
-EVENT_OVERFLOW, EVENT_TSX = 6, 8
+EVENT_OVERFLOW, EVENT_TSX = EVENT_TYPES.index("overflow"), EVENT_TYPES.index("tsx")
 # Asynchronous events (their first word: where it happened, which did not run).
 EVENTS_ASYNC = (2, 3)
 # Events after which tracing is on (the others leave it as it was, but "disabled").
@@ -155,21 +155,18 @@ EVENT_PACKETS = {
     "paging": (("pip",), None),
 }
 # Packets between two packets that go together (timing, padding).
-_BETWEEN = frozenset(("pad", "mtc", "cyc", "tsc", "tma", "cbr", "mnt"))
+_BETWEEN = frozenset(QUIET_PACKETS) | {"tma", "cbr", "mnt"}
 # Packets kept behind the last event named, for the packet-before lookups.
 PACKETS_KEPT = 64
 
 
 def _status_ip(raw):
     """The IP of a FUP right after a PSB (the last IP is zero there), None when suppressed:
-    struct pt_packet_ip {ipc, ip} with IP compression (pt_ipc_update_*)."""
+    struct pt_packet_ip {ipc, ip}, decompressed as every IP is (packets.decompress_ip)."""
     ipc = raw.payload[0]
-    value = int.from_bytes(bytes(raw.payload[8:16]), "little")
-    if ipc == 0:
+    if ipc not in IP_KEPT_BITS:
         return None
-    if ipc == 3 and value & (1 << 47):   # sext-48
-        return value | 0xFFFF000000000000
-    return value
+    return decompress_ip(ipc, int.from_bytes(bytes(raw.payload[8:16]), "little"), 0)
 
 
 class _EventPackets(object):
@@ -185,7 +182,7 @@ class _EventPackets(object):
         # (its packet decoder applies none): the Python decoder's rewrites.
         trace = packet_errata(trace, 0, len(trace), frozenset(name for name, bit in PACKET_ERRATA.items()
                                                               if errata & bit))[0]
-        self.buffer = (ctypes.c_uint8 * max(len(trace), 1)).from_buffer_copy(trace or b"\0")
+        self.buffer = trace_buffer(trace)
         self.decoder = lib.pt_pkt_alloc_decoder(ctypes.byref(config_for(self.buffer, len(trace))))
         self.packets = []   # (offset, type) in trace order; inside a PSB+ the type is None (status only)
         self.status_fups = {}   # offset of a PSB -> the IP of the FUP in its PSB+
@@ -328,7 +325,7 @@ class LibiptFlowDecoder(object):
         result = result if result is not None else FlowResult()
         end = len(data) if end is None else min(end, len(data))
         trace = bytes(data[start:end])
-        buffer = (ctypes.c_uint8 * max(len(trace), 1)).from_buffer_copy(trace or b"\0")
+        buffer = trace_buffer(trace)
         config = config_for(buffer, len(trace), self.cpu, self.library)
         lib = self.library
         decoder = lib.pt_insn_alloc_decoder(ctypes.byref(config))

@@ -179,6 +179,12 @@ def library_version(library):
     return "%d.%d.%d" % (version.major, version.minor, version.patch)
 
 
+def trace_buffer(data):
+    """``data`` as the uint8 array libipt's decoders read (one byte at least: a
+    ctypes array of none has no address to give)."""
+    return (ctypes.c_uint8 * max(len(data), 1)).from_buffer_copy(data or b"\0")
+
+
 def config_for(buffer, size, cpu=None, library=None):
     """A pt_config over the first ``size`` bytes of the ctypes ``buffer``; with ``cpu``
     (family, model[, stepping]) and ``library``, libipt's errata workarounds for it."""

@@ -212,10 +212,6 @@ _FIELDS = {row.name: (row.type, row.fields) for row in ONE_BYTE_PACKETS + EXTEND
 _TRIG_SIZES = {flags: row.size for row in ONE_BYTE_PACKETS if row.flow == FLOW_TRIG for flags in row.seconds}
 
 
-def _trig_size(flags):
-    return _TRIG_SIZES[flags]
-
-
 def _class_of(values):
     """The regex of a set of bytes, written as \\xNN (readable in a dump of the pattern)."""
     values = sorted(values)
@@ -226,6 +222,19 @@ def _class_of(values):
 def one_byte_key(row):
     """The regex of a one-byte-opcode packet's key (see ONE_BYTE_PACKETS)."""
     return _class_of(row.opcodes) + (b"" if row.seconds is None else _class_of(row.seconds))
+
+
+def timing_pattern(one_byte_packets):
+    """The timing packets (PAD, MTC, CYC, TSC) as one alternation: what control
+    flow reads past (the tokenizer's QUIET_RE, the flow's TNT-8 runs)."""
+    return b"|".join(one_byte_key(row) + row.rest for row in one_byte_packets if row.flow == FLOW_TIMING)
+
+
+def extended_pattern(extended_packets):
+    """The extended packets behind their one 0x02 prefix, so that other bytes skip
+    all of them with one comparison (the counter's and the flow's tokens)."""
+    return _class_of([EXTENDED_OPCODE]) + b"(?:" + b"|".join(
+        _class_of(row.seconds) + row.rest for row in extended_packets) + b")"
 
 
 def _build_pattern(one_byte_packets, extended_packets):
@@ -244,8 +253,7 @@ def _build_pattern(one_byte_packets, extended_packets):
     source = b"(?P<tnt8>" + tnt_run + b")|" + rest
     # The timing packets (PAD, MTC, CYC, TSC) mean nothing to control flow: the flow
     # reads them as part of the TNT-8 run they interrupt (QUIET_RE takes them out).
-    quiet = [one_byte_key(row) + row.rest for row in one_byte_packets if row.flow == FLOW_TIMING]
-    quiet_re = b"(?:" + b"|".join(quiet) + b")+"
+    quiet_re = b"(?:" + timing_pattern(one_byte_packets) + b")+"
     return re.compile(source, re.DOTALL), re.compile(quiet_re, re.DOTALL), reserved_ip
 
 
@@ -269,7 +277,7 @@ def _error_message(data, offset, end):
     elif byte == 0x19:
         need = 8
     elif byte == 0xD9:
-        need = _trig_size(data[offset + 1]) if remaining >= 2 else 3
+        need = _TRIG_SIZES[data[offset + 1]] if remaining >= 2 else 3
     elif byte == 0x99 and remaining >= 2:
         return "mode packet with unknown leaf %d" % (data[offset + 1] >> 5)
     elif byte in (0x59, 0x99):
@@ -537,7 +545,7 @@ def decode_packets(data, start=0, end=None, max_packets=None, errata=frozenset()
                 while data[offset + size - 1] & (4 if size == 1 else 1):
                     size += 1
             elif name == "trig":
-                size = _trig_size(data[offset + 1])
+                size = _TRIG_SIZES[data[offset + 1]]
             elif data[offset] == 0x02:
                 size = _EXTENDED[data[offset + 1]][1]
             else:
@@ -730,8 +738,7 @@ class _Counter(object):
             if set(row.opcodes) - {silent} and not (row is mtc and mtc_group):  # (their own alternatives)
                 keyed.append(one_byte_key(row._replace(opcodes=set(row.opcodes) - {silent})) + row.rest)
         extended = sorted(extended_packets, key=lambda row: row is not empty)
-        packet = _class_of([EXTENDED_OPCODE]) + b"(?:" + b"|".join(
-            _class_of(row.seconds) + row.rest for row in extended) + b")|" + b"|".join(keyed)
+        packet = extended_pattern(extended) + b"|" + b"|".join(keyed)
         # A PAD run's key goes on into the next byte, so that two runs stay two keys.
         pad_byte = _class_of(pad.opcodes)
         pad_after = pad_byte + b"*[^" + pad_byte + b"]?"  # what follows its first byte
