@@ -232,12 +232,18 @@ def test_a_trap_frame_is_crossed_into_the_interrupted_function_at_its_first_inst
         assert result.frames[interrupted].function == "chain!many_saved", where
 
 
-def test_k_from_the_trap_frame_starts_at_the_faulting_instruction():
+def _a_stop_inside_the_interrupted_function():
+    """(image path, a stop halfway through the -O1 trap run, its expected frames, the
+    index of the interrupted ``many_saved`` frame, the trap frame's address)."""
     path, exports, stops = _trapped_stops("O1")
     stopped = stops[len(stops) // 2]
     expected = stopped.expected_frames()
     interrupted = [pc for pc, _ in expected].index(exports["many_saved"])
-    trap_frame = _trap_frame_address(expected[interrupted][1])
+    return path, stopped, expected, interrupted, _trap_frame_address(expected[interrupted][1])
+
+
+def test_k_from_the_trap_frame_starts_at_the_faulting_instruction():
+    path, stopped, expected, interrupted, trap_frame = _a_stop_inside_the_interrupted_function()
     target = scenario(stopped, path).target()
     out = io.StringIO()
     assert main(["k", "--trap", "0x%x" % trap_frame, "--json"], stream=out, error_stream=io.StringIO(),
@@ -250,11 +256,7 @@ def test_k_from_the_trap_frame_starts_at_the_faulting_instruction():
 
 
 def test_kv_on_a_kernel_target_names_the_trap_frame_the_walk_crossed():
-    path, exports, stops = _trapped_stops("O1")
-    stopped = stops[len(stops) // 2]
-    expected = stopped.expected_frames()
-    interrupted = [pc for pc, _ in expected].index(exports["many_saved"])
-    trap_frame = _trap_frame_address(expected[interrupted][1])
+    path, stopped, expected, interrupted, trap_frame = _a_stop_inside_the_interrupted_function()
     machine = scenario(stopped, path)
     machine.mode = "kernel"         # the same memory, read as a kernel target's
     result = analyze(machine.target())
